@@ -1,0 +1,428 @@
+//! `tessera`: verify and benchmark tessera's GPU operators, or, without a GPU, run the CPU
+//! reference path and say what is missing.
+
+mod cpu;
+mod ops;
+mod report;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use tessera::runtime::{probe, timing, Context, TimingOptions};
+
+use report::{BenchReport, BenchRow, Metric};
+
+#[derive(Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "GPU operators for LLM inference: verify, benchmark, inspect."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Driver, CUDA, device and NVRTC versions, and the kernel cache directory.
+    Info,
+    /// Checks operators against their f64 CPU references on fresh random inputs.
+    Verify {
+        /// Operators (default: all).
+        ops: Vec<String>,
+        /// A small case set (for compute-sanitizer).
+        #[arg(long)]
+        quick: bool,
+        /// Seed for the random inputs (default: $TESSERA_SEED, else time-based; always printed).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// GPU ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+    },
+    /// Compiles every kernel variant of the operators with NVRTC for the given architectures
+    /// (no GPU needed) into the kernel cache, and reports registers and spills.
+    Compile {
+        /// Operators (default: all).
+        ops: Vec<String>,
+        /// Target architectures, comma separated (default: sm_80,sm_86,sm_89,sm_90a).
+        #[arg(long, value_delimiter = ',')]
+        arch: Vec<String>,
+        /// Print every variant, not just the summary.
+        #[arg(long)]
+        verbose: bool,
+    },
+    /// Times operators against their baselines (CUDA events, median of 7 groups).
+    Bench {
+        /// Operators (default: all).
+        ops: Vec<String>,
+        /// Fewer shapes and a smaller copy roofline.
+        #[arg(long)]
+        quick: bool,
+        /// Write <DIR>/<op>.json and <DIR>/<op>.png.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// Also run the Python baselines (torch, ...) on the same shapes in this run.
+        #[arg(long)]
+        baselines: bool,
+        #[arg(long)]
+        seed: Option<u64>,
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let command_line = std::env::args().collect::<Vec<_>>().join(" ");
+    let result = match cli.command {
+        None => main_job(&command_line),
+        Some(Command::Info) => info(),
+        Some(Command::Verify {
+            ops,
+            quick,
+            seed,
+            device,
+        }) => with_device(device).and_then(|ctx| verify(&ctx, &ops, quick, seed).map(|failed| failed == 0)),
+        Some(Command::Compile { ops, arch, verbose }) => compile(&ops, &arch, verbose),
+        Some(Command::Bench {
+            ops,
+            quick,
+            json,
+            baselines,
+            seed,
+            device,
+        }) => with_device(device).and_then(|ctx| bench(&ctx, &ops, quick, json, baselines, seed, &command_line)),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("tessera: error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+type CliResult<T> = std::result::Result<T, String>;
+
+fn with_device(ordinal: usize) -> CliResult<Context> {
+    Context::new(ordinal).map_err(|e| format!("{e}\n(run `tessera info` to see what this machine has)"))
+}
+
+fn seed_or_default(seed: Option<u64>) -> CliResult<u64> {
+    match seed {
+        Some(s) => Ok(s),
+        None => tessera::testdata::seed_from_env_or_time().map_err(|e| e.to_string()),
+    }
+}
+
+/// The main job: on a GPU, verify and benchmark everything (with baselines when Python has
+/// them); without one, the CPU reference path on small shapes.
+fn main_job(command_line: &str) -> CliResult<bool> {
+    match Context::new(0) {
+        Ok(ctx) => {
+            println!(
+                "tessera: GPU found: {} ({}). Verifying, then benchmarking every operator.",
+                ctx.info().name,
+                ctx.arch()
+            );
+            let failed = verify(&ctx, &[], false, None)?;
+            let ok = bench(
+                &ctx,
+                &[],
+                false,
+                Some(PathBuf::from("bench-out")),
+                true,
+                None,
+                command_line,
+            )?;
+            Ok(failed == 0 && ok)
+        }
+        Err(e) => {
+            println!("tessera: no GPU run possible here: {e}");
+            println!("tessera: running the CPU reference path on small shapes instead (no kernel runs).\n");
+            cpu::run()
+        }
+    }
+}
+
+fn info() -> CliResult<bool> {
+    println!("tessera {}", env!("CARGO_PKG_VERSION"));
+    match probe::nvrtc() {
+        Ok(n) => println!("NVRTC:        {}.{} from {}", n.version.0, n.version.1, n.library.path),
+        Err(e) => println!("NVRTC:        missing: {e}"),
+    }
+    match tessera::runtime::jit::default_cache_dir() {
+        Some(d) => println!("kernel cache: {}", d.display()),
+        None => println!("kernel cache: memory only (no $TESSERA_CACHE_DIR, $XDG_CACHE_HOME or $HOME)"),
+    }
+    match probe::driver() {
+        Ok(d) => {
+            println!(
+                "driver:       CUDA {}.{} ({}), {} device(s)",
+                d.version / 1000,
+                d.version % 1000 / 10,
+                d.library.path,
+                d.device_count
+            );
+            for i in 0..d.device_count as usize {
+                match Context::new(i) {
+                    Ok(ctx) => {
+                        let inf = ctx.info();
+                        println!(
+                            "device {i}:     {}, compute capability {}.{} (kernels built for {}), {} SMs, {:.1} GiB, \
+                             L2 {} MiB, {} KiB shared memory per block (opt-in)",
+                            inf.name,
+                            inf.compute_capability.0,
+                            inf.compute_capability.1,
+                            ctx.arch(),
+                            inf.sm_count,
+                            inf.total_memory as f64 / (1u64 << 30) as f64,
+                            inf.l2_bytes >> 20,
+                            inf.max_shared_per_block_optin >> 10
+                        );
+                    }
+                    Err(e) => println!("device {i}:     cannot open: {e}"),
+                }
+            }
+        }
+        Err(e) => println!("driver:       {e}\nGPU:          none usable; `tessera` runs the CPU reference path"),
+    }
+    match probe::cublas() {
+        Ok(l) => println!("cuBLAS:       {} (roofline GEMM)", l.path),
+        Err(e) => println!("cuBLAS:       {e}"),
+    }
+    Ok(true)
+}
+
+fn compile(ops: &[String], arch: &[String], verbose: bool) -> CliResult<bool> {
+    use rayon::prelude::*;
+    use tessera::runtime::{compile_only, Arch};
+    let ops = ops::select(ops)?;
+    let archs: Vec<Arch> = if arch.is_empty() {
+        Arch::CI_TARGETS.to_vec()
+    } else {
+        arch.iter()
+            .map(|a| Arch::parse(a).ok_or_else(|| format!("unknown architecture `{a}` (e.g. sm_90a, sm_80)")))
+            .collect::<CliResult<_>>()?
+    };
+    let nv = probe::nvrtc().map_err(|e| e.to_string())?;
+    println!(
+        "compile: NVRTC {}.{} ({}), cache {:?}",
+        nv.version.0,
+        nv.version.1,
+        nv.library.path,
+        tessera::runtime::jit::default_cache_dir()
+    );
+    let mut ok = true;
+    for op in ops {
+        let specs = ops::kernel_specs(op);
+        let jobs: Vec<_> = archs.iter().flat_map(|&a| specs.iter().map(move |s| (s, a))).collect();
+        let pb = progress(jobs.len(), &format!("compile {op}"));
+        let t = Instant::now();
+        let results: Vec<_> = jobs
+            .par_iter()
+            .map(|(s, a)| {
+                let r = compile_only(s, *a);
+                pb.inc(1);
+                (s.name.clone(), *a, r)
+            })
+            .collect();
+        pb.finish_and_clear();
+        let (mut max_regs, mut spilled, mut failed) = (0, 0, 0);
+        for (name, a, r) in &results {
+            match r {
+                Ok(c) => {
+                    max_regs = max_regs.max(c.resources.registers);
+                    if !c.resources.spill_free() {
+                        spilled += 1;
+                        println!("SPILL {name} {a}: {:?}", c.resources);
+                    } else if verbose {
+                        println!(
+                            "ok    {name:<72} {a:<7} {:>3} regs {:>6} B smem",
+                            c.resources.registers, c.resources.shared_bytes
+                        );
+                    }
+                }
+                Err(e) => {
+                    failed += 1;
+                    println!("FAIL  {name} {a}: {e}");
+                }
+            }
+        }
+        println!(
+            "compile {op}: {} variants x {} archs in {:.1}s: {} failed, {} spilled, max {} registers",
+            specs.len(),
+            archs.len(),
+            t.elapsed().as_secs_f64(),
+            failed,
+            spilled,
+            max_regs
+        );
+        ok &= failed == 0 && spilled == 0;
+    }
+    Ok(ok)
+}
+
+fn progress(n: usize, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(n as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {elapsed} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(what.to_string());
+    pb
+}
+
+/// Returns the number of failed cases.
+fn verify(ctx: &Context, ops: &[String], quick: bool, seed: Option<u64>) -> CliResult<usize> {
+    let ops = ops::select(ops)?;
+    let seed = seed_or_default(seed)?;
+    println!(
+        "verify: device {} ({}), seed {seed} (replay with --seed {seed})",
+        ctx.info().name,
+        ctx.arch()
+    );
+    let mut failed = 0;
+    let mut total = 0;
+    for op in ops {
+        let jobs = ops::verify_jobs(op, quick);
+        let pb = progress(jobs.len(), &format!("verify {op}"));
+        let mut lines = Vec::new();
+        for (i, job) in jobs.iter().enumerate() {
+            pb.set_message(job.name.clone());
+            let t = Instant::now();
+            let case_seed = seed.wrapping_add(i as u64);
+            let line = match (job.run)(ctx, case_seed) {
+                Ok(o) => {
+                    if !o.passed {
+                        failed += 1;
+                    }
+                    let status = if o.passed { "ok  " } else { "FAIL" };
+                    let mut s = format!(
+                        "{status} {:<64} rel_l2 {:>9.2e} (budget {:.0e}) max_abs {:>9.2e}  {:<22} {:>6.2}s",
+                        o.case,
+                        o.comparison.rel_l2,
+                        o.budget,
+                        o.comparison.max_abs_err,
+                        o.path,
+                        t.elapsed().as_secs_f64()
+                    );
+                    if !o.passed {
+                        s += &format!("\n     seed {case_seed}: {}", o.comparison);
+                        if let Some(n) = &o.note {
+                            s += &format!("\n     {n}");
+                        }
+                    }
+                    s
+                }
+                Err(e) => {
+                    failed += 1;
+                    format!("FAIL {:<64} error: {e} (seed {case_seed})", job.name)
+                }
+            };
+            total += 1;
+            pb.suspend(|| println!("{line}"));
+            lines.push(line);
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+    }
+    println!("verify: {} passed, {} failed", total - failed, failed);
+    Ok(failed)
+}
+
+fn bench(
+    ctx: &Context,
+    ops: &[String],
+    quick: bool,
+    json: Option<PathBuf>,
+    baselines: bool,
+    seed: Option<u64>,
+    command_line: &str,
+) -> CliResult<bool> {
+    let ops = ops::select(ops)?;
+    let seed = seed_or_default(seed)?;
+    println!("bench: device {} ({}), seed {seed}", ctx.info().name, ctx.arch());
+    let copy_bytes = if quick { 256 << 20 } else { 1 << 30 };
+    let copy = timing::copy_bandwidth_gbps(ctx, copy_bytes).map_err(|e| e.to_string())?;
+    let gemm = match tessera::runtime::gemm::cublas_bf16_tflops(ctx, 8192) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            eprintln!("bench: cuBLAS roofline unavailable: {e}");
+            None
+        }
+    };
+    let _ = ctx.trim_pool();
+    println!(
+        "roofline: device copy {:.0} GB/s ({} MiB, read + write); cuBLAS bf16 8192^3 {}",
+        copy,
+        copy_bytes >> 20,
+        gemm.map(|t| format!("{t:.0} TFLOP/s"))
+            .unwrap_or_else(|| "unavailable".into())
+    );
+    let mut all_ok = true;
+    for op in ops {
+        let mut report = BenchReport::new(ctx.info().name.clone(), command_line);
+        report.roofline.copy_gbps = Some(copy);
+        report.roofline.bf16_tflops = gemm;
+        let jobs = ops::bench_jobs(op, quick);
+        let pb = progress(jobs.len(), &format!("bench {op}"));
+        for (i, job) in jobs.iter().enumerate() {
+            pb.set_message(job.name.clone());
+            match (job.run)(ctx, seed.wrapping_add(i as u64), TimingOptions::default()) {
+                Ok(o) => {
+                    report.verify.passed += 1;
+                    let mut row = BenchRow::new(o.case, o.params, o.implementation);
+                    row.ms = Some(o.ms);
+                    row.gbps = o.gbps;
+                    row.tflops = o.tflops;
+                    row.extra_mib = o.extra_mib;
+                    row.max_abs_err = o.max_abs_err;
+                    row.rel_l2 = o.rel_l2;
+                    report.rows.push(row);
+                }
+                Err(e) => {
+                    all_ok = false;
+                    report.verify.failed += 1;
+                    pb.suspend(|| eprintln!("bench: {}: {e}", job.name));
+                }
+            }
+            let _ = ctx.trim_pool();
+            pb.inc(1);
+        }
+        pb.finish_and_clear();
+        let impls = ops::baseline_impls(op);
+        if baselines {
+            let cases: Vec<(String, serde_json::Value)> = jobs.iter().filter_map(|j| j.baseline.clone()).collect();
+            let script = report::baseline_script(ops::baseline_script(op));
+            println!("bench: running baselines {impls:?} for {op} with {}", script.display());
+            match report::run_python_baseline(&script, op, &cases) {
+                report::BaselineOutcome::Rows(rows) => report.rows.extend(rows),
+                report::BaselineOutcome::Missing(why) => println!("bench: baselines for {op} missing: {why}"),
+            }
+        }
+        println!(
+            "\n{op} on {} (ratio = baseline ms / ours ms; > 1 means tessera is faster)",
+            ctx.info().name
+        );
+        report::print_table(&report, impls);
+        if let Some(dir) = &json {
+            let jp = dir.join(format!("{op}.json"));
+            let pp = dir.join(format!("{op}.png"));
+            report.write_json(&jp)?;
+            let metric = Metric::infer(&report);
+            if let Err(e) = report::plot_png(&report, &pp, metric, &format!("{op} on {}", ctx.info().name)) {
+                eprintln!("bench: plot {}: {e}", pp.display());
+            }
+            println!("bench: wrote {} and {}", jp.display(), pp.display());
+        }
+    }
+    Ok(all_ok)
+}

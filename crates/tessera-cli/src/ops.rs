@@ -1,0 +1,96 @@
+//! The operators the CLI knows, and how it verifies, benchmarks and demonstrates each. Adding
+//! an operator means adding one arm to each function here; the operator's cases, checks and
+//! timings live in its own library folder.
+
+use tessera::harness::{BenchOutcome, VerifyOutcome};
+use tessera::runtime::{Context, TimingOptions};
+use tessera::{softmax, Result};
+
+/// Every implemented operator, in dependency order.
+pub const ALL: &[&str] = &["softmax"];
+
+/// Resolves the user's operator list (empty = all); unknown names are an error listing ALL.
+pub fn select(requested: &[String]) -> std::result::Result<Vec<&'static str>, String> {
+    if requested.is_empty() {
+        return Ok(ALL.to_vec());
+    }
+    requested
+        .iter()
+        .map(|r| {
+            ALL.iter()
+                .find(|a| a.eq_ignore_ascii_case(r))
+                .copied()
+                .ok_or_else(|| format!("unknown operator `{r}`; implemented: {}", ALL.join(", ")))
+        })
+        .collect()
+}
+
+/// Runs one verification case with a seed.
+pub type VerifyFn = Box<dyn Fn(&Context, u64) -> Result<VerifyOutcome>>;
+/// Verifies and times one benchmark case.
+pub type BenchFn = Box<dyn Fn(&Context, u64, TimingOptions) -> Result<BenchOutcome>>;
+
+/// A verification case, boxed so the CLI can iterate cases of any operator.
+pub struct VerifyJob {
+    pub name: String,
+    pub run: VerifyFn,
+}
+
+pub fn verify_jobs(op: &str, quick: bool) -> Vec<VerifyJob> {
+    match op {
+        "softmax" => softmax::verify::cases(quick)
+            .into_iter()
+            .map(|c| VerifyJob {
+                name: c.name(),
+                run: Box::new(move |ctx: &Context, seed| softmax::verify::verify_case(ctx, &c, seed)),
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A benchmark case of ours plus its baseline description.
+pub struct BenchJob {
+    pub name: String,
+    /// `(case, params)` for the baseline runner, when this case has baselines.
+    pub baseline: Option<(String, serde_json::Value)>,
+    pub run: BenchFn,
+}
+
+pub fn bench_jobs(op: &str, quick: bool) -> Vec<BenchJob> {
+    match op {
+        "softmax" => softmax::bench::cases(quick)
+            .into_iter()
+            .map(|c| {
+                let baseline = (c.path == softmax::SoftmaxPath::Auto).then(|| (c.name(), c.params()));
+                BenchJob {
+                    name: c.name(),
+                    baseline,
+                    run: Box::new(move |ctx: &Context, seed, t| softmax::bench::bench_case(ctx, &c, seed, t)),
+                }
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Every kernel variant an operator's dispatcher can produce (what `tessera compile` builds).
+pub fn kernel_specs(op: &str) -> Vec<tessera::runtime::KernelSpec> {
+    match op {
+        "softmax" => softmax::plan::ci_variants().iter().map(|v| v.spec()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The baseline implementations each operator is compared against (Python runners).
+pub fn baseline_impls(op: &str) -> &'static [&'static str] {
+    match op {
+        "softmax" => &["torch"],
+        _ => &[],
+    }
+}
+
+/// The Python runner script for an operator's baselines.
+pub fn baseline_script(_op: &str) -> &'static str {
+    "bench_torch.py" // torch covers softmax; FlashInfer/CuPy runners come with their operators
+}

@@ -1,0 +1,183 @@
+//! Storage dtypes and the host element trait.
+
+use half::{bf16, f16};
+
+/// Storage dtype of a tensor. Compute is always at least f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    F8E4M3,
+    F8E5M2,
+    F64,
+    /// Raw bytes (workspaces, L2 flush buffers).
+    U8,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::F64 => 8,
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::F8E4M3 | DType::F8E5M2 | DType::U8 => 1,
+        }
+    }
+    /// Short name used in CLI output, JSON (`"fp16"`) and kernel keys.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F64 => "fp64",
+            DType::F32 => "fp32",
+            DType::F16 => "fp16",
+            DType::BF16 => "bf16",
+            DType::F8E4M3 => "fp8e4m3",
+            DType::F8E5M2 => "fp8e5m2",
+            DType::U8 => "u8",
+        }
+    }
+    /// The device-library type name (`src/cuda/dtype.cuh`).
+    pub const fn cuda_type(self) -> &'static str {
+        match self {
+            DType::F64 => "double",
+            DType::F32 => "float",
+            DType::F16 => "ts::f16",
+            DType::BF16 => "ts::bf16",
+            DType::F8E4M3 => "ts::fp8e4m3",
+            DType::F8E5M2 => "ts::fp8e5m2",
+            DType::U8 => "uint8_t",
+        }
+    }
+    /// Relative-L2 error budget of DESIGN.md for outputs stored in this dtype.
+    pub const fn rel_l2_budget(self) -> f64 {
+        match self {
+            DType::F64 => 1e-12,
+            DType::F32 => 1e-5,
+            DType::F16 => 2e-3,
+            DType::BF16 => 1e-2,
+            DType::F8E4M3 | DType::F8E5M2 => 6e-2,
+            DType::U8 => 0.0,
+        }
+    }
+    /// Parses `fp32|f32|float32`, `fp16|f16|half|float16`, `bf16|bfloat16`.
+    pub fn parse(s: &str) -> Option<DType> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "fp64" | "f64" | "float64" => DType::F64,
+            "fp32" | "f32" | "float32" | "float" => DType::F32,
+            "fp16" | "f16" | "float16" | "half" => DType::F16,
+            "bf16" | "bfloat16" => DType::BF16,
+            "fp8e4m3" | "e4m3" => DType::F8E4M3,
+            "fp8e5m2" | "e5m2" => DType::F8E5M2,
+            "u8" | "uint8" => DType::U8,
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A host element type that has a device storage dtype.
+///
+/// # Safety
+/// `Self` must have exactly the size and bit layout of `Self::DTYPE` on the device, and every
+/// bit pattern must be a valid value (device memory is copied into it byte for byte).
+pub unsafe trait Element: Copy + Send + Sync + Default + std::fmt::Debug + 'static {
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+    fn to_f32(self) -> f32 {
+        self.to_f64() as f32
+    }
+    fn from_f32(v: f32) -> Self {
+        Self::from_f64(v as f64)
+    }
+}
+
+// SAFETY: f32/f64 are IEEE binary32/64 on host and device; all bit patterns valid.
+unsafe impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+// SAFETY: as above.
+unsafe impl Element for f64 {
+    const DTYPE: DType = DType::F64;
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+}
+// SAFETY: one byte, every pattern valid.
+unsafe impl Element for u8 {
+    const DTYPE: DType = DType::U8;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as u8
+    }
+}
+// SAFETY: `half::f16` is a `u16` holding IEEE binary16 bits, as `ts::f16` on the device.
+unsafe impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(v: f64) -> Self {
+        f16::from_f64(v)
+    }
+    fn to_f32(self) -> f32 {
+        self.to_f32()
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+}
+// SAFETY: `half::bf16` is a `u16` holding bfloat16 bits, as `ts::bf16` on the device.
+unsafe impl Element for bf16 {
+    const DTYPE: DType = DType::BF16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f64(v)
+    }
+    fn to_f32(self) -> f32 {
+        self.to_f32()
+    }
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_match_host_types() {
+        assert_eq!(DType::F32.size(), std::mem::size_of::<f32>());
+        assert_eq!(DType::F16.size(), std::mem::size_of::<f16>());
+        assert_eq!(DType::BF16.size(), std::mem::size_of::<bf16>());
+        for d in [DType::F32, DType::F16, DType::BF16, DType::F8E4M3, DType::F64] {
+            assert_eq!(DType::parse(d.name()), Some(d));
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! [`Context`]: one device, one stream, a stream-ordered memory pool, the kernel cache and
+//! lazily created library handles. Cheap to clone.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::sys;
+use cudarc::driver::{CudaContext, CudaStream};
+
+use super::jit::{Arch, JitCache, KernelSpec};
+use super::launch::Kernel;
+use super::probe;
+use crate::error::{Error, Result};
+
+/// Turns a driver status into a `Result`, naming the call.
+pub(crate) fn check(call: &'static str, r: sys::CUresult) -> Result<()> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut s: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorString writes a pointer to a static string or leaves it null.
+    unsafe { sys::cuGetErrorString(r, &mut s) };
+    let msg = if s.is_null() {
+        format!("{r:?}")
+    } else {
+        // SAFETY: non-null pointer to a NUL-terminated static string from the driver.
+        format!("{r:?}: {}", unsafe { std::ffi::CStr::from_ptr(s) }.to_string_lossy())
+    };
+    Err(Error::cuda(call, msg))
+}
+
+/// What tessera needs to know about a device, read once.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    /// Compute capability (major, minor).
+    pub compute_capability: (u32, u32),
+    pub sm_count: u32,
+    pub total_memory: usize,
+    /// Shared memory a block may use after opting in (`cuFuncSetAttribute`).
+    pub max_shared_per_block_optin: u32,
+    pub max_shared_per_sm: u32,
+    pub max_threads_per_sm: u32,
+    pub l2_bytes: u32,
+    /// `cuDriverGetVersion` (13000 = CUDA 13.0).
+    pub driver_version: i32,
+}
+
+impl DeviceInfo {
+    /// The architecture kernels are compiled for.
+    pub fn arch(&self) -> Arch {
+        Arch {
+            major: self.compute_capability.0,
+            minor: self.compute_capability.1,
+        }
+    }
+}
+
+/// Memory pool statistics in bytes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolStats {
+    /// Memory the pool holds from the driver.
+    pub reserved: u64,
+    /// Memory handed out and not yet freed.
+    pub used: u64,
+    /// High-water mark of `used` since the last [`Context::reset_peak`].
+    pub used_peak: u64,
+}
+
+pub(crate) struct Inner {
+    pub(crate) info: DeviceInfo,
+    pub(crate) pool: sys::CUmemoryPool,
+    pub(crate) kernels: Mutex<HashMap<[u8; 32], Arc<Kernel>>>,
+    pub(crate) jit: Arc<JitCache>,
+    pub(crate) blas: OnceLock<std::result::Result<Arc<cudarc::cublas::CudaBlas>, String>>,
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) cuda: Arc<CudaContext>,
+}
+
+// SAFETY: the raw pool handle is only used through the driver API, which is thread safe once
+// the context is bound to the calling thread (every entry point binds it).
+unsafe impl Send for Inner {}
+// SAFETY: as above; mutable state sits behind Mutex/OnceLock.
+unsafe impl Sync for Inner {}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let _ = self.cuda.bind_to_thread();
+        let _ = self.stream.synchronize();
+        self.kernels.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        // SAFETY: every buffer from this pool holds an Arc<Inner>, so none is alive now.
+        unsafe {
+            sys::cuMemPoolDestroy(self.pool);
+        }
+    }
+}
+
+/// A device, its stream and its resources. Clone freely: clones share everything.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("device", &self.inner.info.name)
+            .finish()
+    }
+}
+
+fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32> {
+    let mut v = 0;
+    // SAFETY: out-parameter, valid device handle.
+    check("cuDeviceGetAttribute", unsafe {
+        sys::cuDeviceGetAttribute(&mut v, a, dev)
+    })?;
+    Ok(v)
+}
+
+impl Context {
+    /// Opens device `ordinal`. Fails with [`Error::NoDriver`], [`Error::NoDevice`] or
+    /// [`Error::NoNvrtc`] (never panics) when the machine cannot run kernels.
+    pub fn new(ordinal: usize) -> Result<Context> {
+        let drv = probe::driver()?;
+        probe::nvrtc()?;
+        if ordinal >= drv.device_count as usize {
+            return Err(Error::NoDevice(format!(
+                "device {ordinal} requested but the driver reports {} device(s)",
+                drv.device_count
+            )));
+        }
+        let cuda = CudaContext::new(ordinal)?;
+        cuda.bind_to_thread()?;
+        let stream = cuda.new_stream()?;
+        let dev = cuda.cu_device();
+        use sys::CUdevice_attribute as A;
+        let info = DeviceInfo {
+            ordinal,
+            name: cuda.name()?,
+            compute_capability: (
+                attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as u32,
+                attr(dev, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as u32,
+            ),
+            sm_count: attr(dev, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+            total_memory: cuda.total_mem()?,
+            max_shared_per_block_optin: attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
+            max_shared_per_sm: attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as u32,
+            max_threads_per_sm: attr(dev, A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32,
+            l2_bytes: attr(dev, A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u32,
+            driver_version: drv.version,
+        };
+        let pool = create_pool(ordinal)?;
+        Ok(Context {
+            inner: Arc::new(Inner {
+                info,
+                pool,
+                kernels: Mutex::new(HashMap::new()),
+                jit: Arc::new(JitCache::new(super::jit::default_cache_dir())),
+                blas: OnceLock::new(),
+                stream,
+                cuda,
+            }),
+        })
+    }
+
+    /// The device's properties.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.inner.info
+    }
+
+    /// The architecture kernels are compiled for.
+    pub fn arch(&self) -> Arch {
+        self.inner.info.arch()
+    }
+
+    /// The raw stream all work of this context is ordered on.
+    pub fn cu_stream(&self) -> sys::CUstream {
+        self.inner.stream.cu_stream()
+    }
+
+    /// The kernel cache of this context (its on-disk directory is shared by all contexts).
+    pub fn jit(&self) -> &JitCache {
+        &self.inner.jit
+    }
+
+    /// Binds the context to the calling thread (every public entry point does this).
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.inner.cuda.bind_to_thread()?;
+        Ok(())
+    }
+
+    /// Waits for all work queued on the stream.
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: valid stream handle.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.cu_stream())
+        })
+    }
+
+    /// Compiles (or fetches from the cache) and loads a kernel.
+    pub fn kernel(&self, spec: &KernelSpec) -> Result<Arc<Kernel>> {
+        self.bind()?;
+        let key = JitCache::key(spec, self.arch(), &[])?;
+        if let Some(k) = self.inner.kernels.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(k.clone());
+        }
+        let compiled = self.inner.jit.get(spec, self.arch())?;
+        let kernel = Arc::new(Kernel::load(spec, compiled)?);
+        self.inner
+            .kernels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, kernel.clone());
+        Ok(kernel)
+    }
+
+    /// Pool statistics (reserved and used bytes).
+    pub fn pool_stats(&self) -> Result<PoolStats> {
+        self.bind()?;
+        let get = |a: sys::CUmemPool_attribute| -> Result<u64> {
+            let mut v: u64 = 0;
+            // SAFETY: these attributes are 64-bit values.
+            check("cuMemPoolGetAttribute", unsafe {
+                sys::cuMemPoolGetAttribute(self.inner.pool, a, &mut v as *mut u64 as *mut _)
+            })?;
+            Ok(v)
+        };
+        use sys::CUmemPool_attribute as P;
+        Ok(PoolStats {
+            reserved: get(P::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            used: get(P::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            used_peak: get(P::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+        })
+    }
+
+    /// Resets the pool's high-water mark of used memory to the current use.
+    pub fn reset_peak(&self) -> Result<()> {
+        self.bind()?;
+        let mut zero: u64 = 0;
+        // SAFETY: resetting the high-water mark takes a zero 64-bit value.
+        check("cuMemPoolSetAttribute", unsafe {
+            sys::cuMemPoolSetAttribute(
+                self.inner.pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                &mut zero as *mut u64 as *mut _,
+            )
+        })
+    }
+
+    /// Gives memory the pool holds but does not use back to the driver.
+    pub fn trim_pool(&self) -> Result<()> {
+        self.synchronize()?;
+        // SAFETY: valid pool.
+        check("cuMemPoolTrimTo", unsafe { sys::cuMemPoolTrimTo(self.inner.pool, 0) })
+    }
+
+    /// The cuBLAS handle of this context, created on first use, bound to its stream.
+    pub fn cublas(&self) -> Result<Arc<cudarc::cublas::CudaBlas>> {
+        self.bind()?;
+        self.inner
+            .blas
+            .get_or_init(|| {
+                probe::cublas().map_err(|e| e.to_string())?;
+                cudarc::cublas::CudaBlas::new(self.inner.stream.clone())
+                    .map(Arc::new)
+                    .map_err(|e| format!("{e:?}"))
+            })
+            .clone()
+            .map_err(|e| Error::Unsupported(format!("cuBLAS: {e}")))
+    }
+
+    pub(crate) fn pool(&self) -> sys::CUmemoryPool {
+        self.inner.pool
+    }
+}
+
+fn create_pool(ordinal: usize) -> Result<sys::CUmemoryPool> {
+    // SAFETY: all-zero is the documented default for the reserved/optional fields.
+    let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
+    props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+    props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = ordinal as i32;
+    let mut pool = std::ptr::null_mut();
+    // SAFETY: props is fully initialised; out-parameter.
+    check("cuMemPoolCreate", unsafe { sys::cuMemPoolCreate(&mut pool, &props) })?;
+    // Keep freed memory in the pool: repeated plans and runs then allocate without the driver.
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: the release threshold is a 64-bit value.
+    check("cuMemPoolSetAttribute", unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &mut threshold as *mut u64 as *mut _,
+        )
+    })?;
+    Ok(pool)
+}

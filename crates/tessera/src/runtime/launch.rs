@@ -1,0 +1,149 @@
+//! Loaded kernels and launching them with one `#[repr(C)]` parameter struct.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use cudarc::driver::sys;
+
+use super::context::{check, Context};
+use super::jit::{Compiled, KernelResources, KernelSpec};
+use crate::error::{Error, Result};
+
+/// A kernel parameter struct, passed by value as the kernel's single
+/// `const __grid_constant__` argument.
+///
+/// # Safety
+/// The type must be `#[repr(C)]` and have exactly the size, alignment and field layout of the
+/// struct the kernel declares, and contain only plain data (device pointers as `u64`).
+pub unsafe trait KernelParams: Copy {}
+
+/// Grid, block and dynamic shared memory of a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// A 1-D launch.
+    pub fn linear(grid: u32, block: u32, shared_bytes: u32) -> Self {
+        LaunchConfig {
+            grid: (grid, 1, 1),
+            block: (block, 1, 1),
+            shared_bytes,
+        }
+    }
+}
+
+/// A compiled kernel loaded into a context.
+pub struct Kernel {
+    pub name: String,
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+    pub resources: KernelResources,
+    /// The dynamic shared-memory limit currently set on the function.
+    dynamic_limit: AtomicU32,
+}
+
+// SAFETY: module/function handles are usable from any thread with the context bound.
+unsafe impl Send for Kernel {}
+// SAFETY: as above; the only mutable state is atomic.
+unsafe impl Sync for Kernel {}
+
+impl Drop for Kernel {
+    fn drop(&mut self) {
+        // SAFETY: the module was loaded by `load` and is unloaded once; the owning context
+        // is still alive (kernels are dropped before the context's fields).
+        unsafe {
+            sys::cuModuleUnload(self.module);
+        }
+    }
+}
+
+impl Kernel {
+    /// Loads CUBIN into the current context. The caller has bound the context.
+    pub(crate) fn load(spec: &KernelSpec, compiled: Compiled) -> Result<Kernel> {
+        let mut module = std::ptr::null_mut();
+        // SAFETY: the image is a complete CUBIN produced by NVRTC for this device's arch.
+        check("cuModuleLoadData", unsafe {
+            sys::cuModuleLoadData(&mut module, compiled.cubin.as_ptr() as *const _)
+        })?;
+        let entry = std::ffi::CString::new(spec.entry).map_err(|_| Error::invalid("entry", "contains NUL"))?;
+        let mut function = std::ptr::null_mut();
+        // SAFETY: valid module and NUL-terminated name.
+        if let Err(e) = check("cuModuleGetFunction", unsafe {
+            sys::cuModuleGetFunction(&mut function, module, entry.as_ptr())
+        }) {
+            // SAFETY: loaded just above and not shared.
+            unsafe { sys::cuModuleUnload(module) };
+            return Err(e);
+        }
+        Ok(Kernel {
+            name: spec.name.clone(),
+            module,
+            function,
+            resources: compiled.resources,
+            dynamic_limit: AtomicU32::new(48 * 1024),
+        })
+    }
+
+    /// Resident CTAs per SM for this block size and dynamic shared memory.
+    pub fn max_active_blocks_per_sm(&self, ctx: &Context, block: u32, shared_bytes: u32) -> Result<u32> {
+        ctx.bind()?;
+        self.allow_shared(shared_bytes)?;
+        let mut n = 0;
+        // SAFETY: valid function, out-parameter.
+        check("cuOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, self.function, block as i32, shared_bytes as usize)
+        })?;
+        Ok(n as u32)
+    }
+
+    /// Raises the function's dynamic shared-memory limit when a launch needs more than 48 KB.
+    fn allow_shared(&self, bytes: u32) -> Result<()> {
+        if bytes <= self.dynamic_limit.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        // SAFETY: valid function; the driver rejects values above the device's opt-in limit.
+        check("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", unsafe {
+            sys::cuFuncSetAttribute(
+                self.function,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        })?;
+        self.dynamic_limit.fetch_max(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Launches the kernel on the context's stream with `params` as its only argument.
+    ///
+    /// # Safety
+    /// `P` must match the kernel's parameter struct ([`KernelParams`]), every device pointer in
+    /// `params` must point to live allocations large enough for everything the kernel reads and
+    /// writes under `cfg`, and nothing else may access written memory concurrently.
+    pub unsafe fn launch<P: KernelParams>(&self, ctx: &Context, cfg: LaunchConfig, params: &P) -> Result<()> {
+        ctx.bind()?;
+        if cfg.grid.0 == 0 || cfg.grid.1 == 0 || cfg.grid.2 == 0 {
+            return Ok(()); // nothing to do; a zero grid is a launch error in CUDA
+        }
+        self.allow_shared(cfg.shared_bytes)?;
+        let mut args = [params as *const P as *mut std::ffi::c_void];
+        check(
+            "cuLaunchKernel",
+            sys::cuLaunchKernel(
+                self.function,
+                cfg.grid.0,
+                cfg.grid.1,
+                cfg.grid.2,
+                cfg.block.0,
+                cfg.block.1,
+                cfg.block.2,
+                cfg.shared_bytes,
+                ctx.cu_stream(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
+        )
+    }
+}

@@ -1,0 +1,17 @@
+//! The runtime every operator stands on: finding the CUDA libraries ([`probe`]), the device
+//! [`Context`] with its memory pool, typed buffers and strided views, NVRTC compilation with
+//! an on-disk cache ([`jit`]), launching, and CUDA-event timing.
+
+pub mod buffer;
+pub mod context;
+pub mod gemm;
+pub mod jit;
+pub mod launch;
+pub mod probe;
+pub mod timing;
+
+pub use buffer::{DeviceBuffer, TensorView, TensorViewMut};
+pub use context::{Context, DeviceInfo, PoolStats};
+pub use jit::{compile_only, Arch, Compiled, KernelResources, KernelSpec};
+pub use launch::{Kernel, KernelParams, LaunchConfig};
+pub use timing::{time_median, EventTimer, Timing, TimingOptions};

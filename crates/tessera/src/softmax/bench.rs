@@ -1,0 +1,206 @@
+//! `tessera bench softmax`: the shapes of ANCHORS.md's softmax table, fp16 and fp32, timed with
+//! CUDA events over rotating input sets (so L2 never serves them), after verifying the output of
+//! the timed inputs against the f64 reference.
+
+use half::f16;
+use serde_json::json;
+
+use super::reference::softmax_reference;
+use super::{SoftmaxKind, SoftmaxOptions, SoftmaxPath, SoftmaxPlan, SoftmaxShape};
+use crate::check::compare;
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::harness::{BaselineCase, BenchOutcome};
+use crate::runtime::{time_median, Context, TimingOptions};
+use crate::testdata::{random_matrix, Dist};
+
+/// One benchmark case.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BenchCase {
+    pub rows: usize,
+    pub cols: usize,
+    pub dtype: DType,
+    pub kind: SoftmaxKind,
+    pub path: SoftmaxPath,
+}
+
+impl BenchCase {
+    pub fn name(&self) -> String {
+        format!("{} {} {}x{}", self.kind.name(), self.dtype, self.rows, self.cols)
+    }
+    pub fn params(&self) -> serde_json::Value {
+        json!({"rows": self.rows, "cols": self.cols, "dtype": self.dtype.name(), "op": self.kind.name()})
+    }
+    /// Bytes that must move: the input read once and the output written once.
+    pub fn bytes(&self) -> usize {
+        2 * self.rows * self.cols * self.dtype.size()
+    }
+    fn implementation(&self) -> String {
+        match self.path {
+            SoftmaxPath::Auto => "tessera".into(),
+            p => format!("tessera-{}", p.name()),
+        }
+    }
+}
+
+/// The shapes of the softmax table in ANCHORS.md.
+pub const ANCHOR_SHAPES: [(usize, usize); 6] = [
+    (32768, 128),
+    (32768, 1024),
+    (16384, 4096),
+    (4096, 32768),
+    (1024, 131072),
+    (256, 262144),
+];
+
+/// Bench cases: every anchor shape in fp16 and fp32 with default dispatch, log-softmax on two
+/// shapes, and (unless `quick`) each forced path where it applies, to show the dispatch is right.
+pub fn cases(quick: bool) -> Vec<BenchCase> {
+    let mut out = Vec::new();
+    let shapes: &[(usize, usize)] = if quick { &ANCHOR_SHAPES[..3] } else { &ANCHOR_SHAPES };
+    for &dtype in &[DType::F16, DType::F32] {
+        for &(rows, cols) in shapes {
+            out.push(BenchCase {
+                rows,
+                cols,
+                dtype,
+                kind: SoftmaxKind::Softmax,
+                path: SoftmaxPath::Auto,
+            });
+        }
+        for &(rows, cols) in &[(32768, 1024), (4096, 32768)] {
+            out.push(BenchCase {
+                rows,
+                cols,
+                dtype,
+                kind: SoftmaxKind::LogSoftmax,
+                path: SoftmaxPath::Auto,
+            });
+        }
+    }
+    if !quick {
+        for &(rows, cols) in &ANCHOR_SHAPES {
+            for path in [
+                SoftmaxPath::WarpPerRow,
+                SoftmaxPath::BlockCached,
+                SoftmaxPath::BlockUncached,
+            ] {
+                let fits = match path {
+                    SoftmaxPath::WarpPerRow => cols <= super::plan::WARP_MAX_COLS,
+                    SoftmaxPath::BlockCached => cols <= 32768,
+                    _ => true,
+                };
+                if fits {
+                    out.push(BenchCase {
+                        rows,
+                        cols,
+                        dtype: DType::F16,
+                        kind: SoftmaxKind::Softmax,
+                        path,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The default-dispatch cases as handed to the Python baseline runner.
+pub fn baseline_cases(cases: &[BenchCase]) -> Vec<BaselineCase> {
+    cases
+        .iter()
+        .filter(|c| c.path == SoftmaxPath::Auto)
+        .map(|c| BaselineCase {
+            case: c.name(),
+            params: c.params(),
+        })
+        .collect()
+}
+
+/// Rows verified against the CPU reference before timing (the reference is f64 on the host).
+const VERIFIED_ROWS: usize = 64;
+
+/// Verifies and times one case.
+pub fn bench_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    match case.dtype {
+        DType::F16 => run::<f16>(ctx, case, seed, timing),
+        DType::F32 => run::<f32>(ctx, case, seed, timing),
+        DType::BF16 => run::<half::bf16>(ctx, case, seed, timing),
+        d => Err(Error::Unsupported(format!("softmax bench dtype {d}"))),
+    }
+}
+
+fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    let n = case.rows * case.cols;
+    let shape = SoftmaxShape::contiguous::<T, T>(case.rows, case.cols);
+    let opts = SoftmaxOptions {
+        kind: case.kind,
+        scale: 1.0,
+        path: case.path,
+    };
+    let plan = SoftmaxPlan::new(ctx, &shape, &opts)?;
+    // Enough distinct input/output sets that their total is over twice the L2.
+    let set_bytes = case.bytes();
+    let sets = (2 * ctx.info().l2_bytes as usize).div_ceil(set_bytes).clamp(1, 64);
+    let host: Vec<T> = random_matrix(seed, case.rows, case.cols, case.cols, Dist::Normal { std: 2.0 });
+    let mut inputs = Vec::with_capacity(sets);
+    let mut outputs = Vec::with_capacity(sets);
+    let first = ctx.upload(&host)?;
+    for _ in 1..sets {
+        let mut b = ctx.alloc::<T>(n)?;
+        b.copy_from(&first)?;
+        inputs.push(b);
+    }
+    inputs.insert(0, first);
+    for _ in 0..sets {
+        let mut o = ctx.alloc::<T>(n)?;
+        o.fill_bytes(0xff)?;
+        outputs.push(o);
+    }
+    // Verify the timed kernel on the timed data first.
+    plan.run(
+        &inputs[0].matrix(case.rows, case.cols, case.cols)?,
+        &mut outputs[0].matrix_mut(case.rows, case.cols, case.cols)?,
+    )?;
+    let got_all = outputs[0].to_host()?;
+    let vr = case.rows.min(VERIFIED_ROWS);
+    let x64: Vec<f64> = host[..vr * case.cols].iter().map(|v| v.to_f64()).collect();
+    let want = softmax_reference(&x64, vr, case.cols, case.cols, 1.0, case.kind);
+    let got: Vec<f64> = got_all[..vr * case.cols].iter().map(|v| v.to_f64()).collect();
+    let cmp = compare(&got, &want, 1e-6, 1e-2);
+    if !cmp.passes(case.dtype.rel_l2_budget()) {
+        return Err(Error::Unsupported(format!(
+            "{}: output failed verification before timing: {cmp}",
+            case.name()
+        )));
+    }
+    if got_all.iter().any(|v| v.to_f64().is_nan()) {
+        return Err(Error::Unsupported(format!(
+            "{}: NaN (unwritten poison) in the output",
+            case.name()
+        )));
+    }
+    let mut views: Vec<_> = Vec::new();
+    for (i, o) in inputs.iter().zip(outputs.iter_mut()) {
+        views.push((
+            i.matrix(case.rows, case.cols, case.cols)?,
+            o.matrix_mut(case.rows, case.cols, case.cols)?,
+        ));
+    }
+    let t = time_median(ctx, timing, |call| {
+        let k = call % views.len();
+        let (i, o) = &mut views[k];
+        plan.run(i, o)
+    })?;
+    Ok(BenchOutcome {
+        case: case.name(),
+        params: case.params(),
+        implementation: case.implementation(),
+        ms: t.median_ms,
+        gbps: Some(case.bytes() as f64 / (t.median_ms * 1e-3) / 1e9),
+        tflops: None,
+        extra_mib: Some(0.0),
+        max_abs_err: Some(cmp.max_abs_err),
+        rel_l2: Some(cmp.rel_l2),
+    })
+}

@@ -1,0 +1,539 @@
+//! Softmax dispatch (OneFlow's three paths) and launching.
+//!
+//! | path | when (Auto) | CTA | row lives in |
+//! |---|---|---|---|
+//! | [`SoftmaxPath::WarpPerRow`] | cols <= 1024 | 128 threads; `kWarpWidth` lanes per row, `kRowsPerWarp` rows at a time | registers |
+//! | [`SoftmaxPath::BlockCached`] | cols * 4 B fits the opt-in shared memory and a CTA fits on an SM | 128..1024 threads, one row at a time | shared memory (f32) |
+//! | [`SoftmaxPath::BlockUncached`] | anything longer | 1024 threads, one row at a time | nowhere: read twice |
+//!
+//! Every kernel grid-strides over rows, so the grid is capped at a number of waves of resident
+//! CTAs. Vector (16-byte) accesses are used when the row starts, strides and cols allow them;
+//! otherwise a scalar variant, compiled in the same plan, takes the call.
+
+use std::sync::Arc;
+
+use super::{SoftmaxKind, SoftmaxOptions, SoftmaxShape};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::runtime::{Context, Kernel, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut};
+
+/// The kernel source: all three paths, one compiled per variant.
+pub const SOURCE: &str = include_str!("softmax.cu");
+
+/// Kernel path; `Auto` lets the plan choose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SoftmaxPath {
+    Auto,
+    /// A warp (or a group of 1..32 lanes) per row, the row in registers. cols <= 1024.
+    WarpPerRow,
+    /// A CTA per row, the row cached in shared memory as f32. cols * 4 B <= the opt-in limit.
+    BlockCached,
+    /// A CTA per row, the row read twice (online max/sum, then write). Any cols.
+    BlockUncached,
+}
+
+impl SoftmaxPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            SoftmaxPath::Auto => "auto",
+            SoftmaxPath::WarpPerRow => "warp",
+            SoftmaxPath::BlockCached => "block-smem",
+            SoftmaxPath::BlockUncached => "block-uncached",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Auto, Self::WarpPerRow, Self::BlockCached, Self::BlockUncached]
+            .into_iter()
+            .find(|p| p.name() == s)
+    }
+    fn index(self) -> u32 {
+        match self {
+            SoftmaxPath::WarpPerRow => 0,
+            SoftmaxPath::BlockCached => 1,
+            SoftmaxPath::BlockUncached => 2,
+            SoftmaxPath::Auto => unreachable!("resolved before use"),
+        }
+    }
+}
+
+/// Largest row the warp path holds in registers.
+pub const WARP_MAX_COLS: usize = 1024;
+/// Threads per CTA of the warp path.
+const WARP_PATH_THREADS: u32 = 128;
+/// Threads per CTA of the uncached path: long rows need many loads in flight per row.
+const UNCACHED_THREADS: u32 = 1024;
+/// Waves of resident CTAs launched by a grid-striding kernel (enough for load balance).
+const GRID_WAVES: u32 = 32;
+
+/// Compile-time specialisation of one kernel variant (the preamble of `softmax.cu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Variant {
+    pub in_dtype: DType,
+    pub out_dtype: DType,
+    pub kind: SoftmaxKind,
+    pub path: SoftmaxPath,
+    pub block_threads: u32,
+    /// Elements per vector access (1 = scalar).
+    pub pack: u32,
+    /// Warp path: register slots per thread per row.
+    pub cols_per_thread: u32,
+    /// Warp path: rows a lane group handles at once.
+    pub rows_per_warp: u32,
+    /// Warp path: lanes per row (1..32, a power of two).
+    pub warp_width: u32,
+}
+
+impl Variant {
+    /// The kernel spec (name, preamble) of this variant.
+    pub fn spec(&self) -> KernelSpec {
+        let name = format!(
+            "softmax_{}_{}_{}_{}_t{}_p{}_c{}_r{}_w{}",
+            self.kind.name(),
+            self.in_dtype,
+            self.out_dtype,
+            self.path.name(),
+            self.block_threads,
+            self.pack,
+            self.cols_per_thread,
+            self.rows_per_warp,
+            self.warp_width
+        );
+        let preamble = format!(
+            "#include \"tessera/dtype.cuh\"\n\
+             using InT = {};\nusing OutT = {};\n\
+             constexpr bool kLogSoftmax = {};\nconstexpr int kPath = {};\nconstexpr int kBlockThreads = {};\n\
+             constexpr int kPack = {};\nconstexpr int kColsPerThread = {};\nconstexpr int kRowsPerWarp = {};\n\
+             constexpr int kWarpWidth = {};\n#define TESSERA_SOFTMAX_PREAMBLE 1\n",
+            self.in_dtype.cuda_type(),
+            self.out_dtype.cuda_type(),
+            self.kind == SoftmaxKind::LogSoftmax,
+            self.path.index(),
+            self.block_threads,
+            self.pack,
+            self.cols_per_thread,
+            self.rows_per_warp,
+            self.warp_width
+        );
+        KernelSpec {
+            name,
+            file: "softmax.cu",
+            source: SOURCE,
+            preamble,
+            entry: "softmax_kernel",
+        }
+    }
+
+    /// Rows one CTA handles at a time.
+    fn rows_per_cta(&self) -> u32 {
+        match self.path {
+            SoftmaxPath::WarpPerRow => (self.block_threads / self.warp_width) * self.rows_per_warp,
+            _ => 1,
+        }
+    }
+}
+
+/// 16-byte accesses hold this many elements of `d`.
+fn pack_of(d: DType) -> u32 {
+    (16 / d.size()) as u32
+}
+
+/// The warp-path shape for `cols`: (cols_per_thread, warp_width, rows_per_warp).
+/// Short rows share a warp (width < 32) so no lane idles; rows of up to 128 columns are taken
+/// two at a time per lane group for more loads in flight (OneFlow's rows-per-access).
+pub fn warp_shape(cols: usize, pack: u32) -> (u32, u32, u32) {
+    let pack = pack as usize;
+    let (cpt, width) = if cols <= 32 * pack {
+        let groups = cols.div_ceil(pack).next_power_of_two().clamp(1, 32);
+        (pack, groups)
+    } else {
+        (cols.div_ceil(32 * pack) * pack, 32)
+    };
+    let rows_per_warp = if cols <= 128 { 2 } else { 1 };
+    (cpt as u32, width as u32, rows_per_warp)
+}
+
+/// The vector width the shape allows: 16-byte packs when cols and both strides are multiples
+/// of the pack of both dtypes (pointer alignment is checked per call).
+fn vector_pack(shape: &SoftmaxShape) -> u32 {
+    let p = pack_of(shape.in_dtype).min(pack_of(shape.out_dtype));
+    let ok = [shape.cols, shape.in_stride, shape.out_stride]
+        .iter()
+        .all(|&v| v % p as usize == 0);
+    if ok && p > 1 {
+        p
+    } else {
+        1
+    }
+}
+
+/// A compiled variant with its launch geometry.
+#[derive(Clone)]
+struct Launchable {
+    variant: Variant,
+    kernel: Arc<Kernel>,
+    cfg: LaunchConfig,
+}
+
+/// The parameter struct of `softmax.cu` (`SoftmaxParams`, 56 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SoftmaxParams {
+    pub input: u64,
+    pub output: u64,
+    pub rows: i64,
+    pub cols: i64,
+    pub in_stride: i64,
+    pub out_stride: i64,
+    pub scale_log2e: f32,
+    pub scale: f32,
+}
+const _: () = assert!(std::mem::size_of::<SoftmaxParams>() == 56);
+// SAFETY: #[repr(C)] plain data matching `struct SoftmaxParams` in softmax.cu field by field
+// (two pointers, four 64-bit integers, two floats).
+unsafe impl KernelParams for SoftmaxParams {}
+
+/// A planned softmax: the dispatch decision and compiled kernels for one [`SoftmaxShape`].
+/// Make it once, run it many times; `run` allocates nothing.
+pub struct SoftmaxPlan {
+    ctx: Context,
+    shape: SoftmaxShape,
+    opts: SoftmaxOptions,
+    /// The 16-byte variant, when the shape allows one.
+    vector: Option<Launchable>,
+    /// The scalar variant, used when a call's pointers are not 16-byte aligned.
+    scalar: Launchable,
+}
+
+impl std::fmt::Debug for SoftmaxPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftmaxPlan")
+            .field("shape", &self.shape)
+            .field("path", &self.path())
+            .field("variant", &self.primary().variant)
+            .field("launch", &self.primary().cfg)
+            .finish()
+    }
+}
+
+impl SoftmaxPlan {
+    /// Validates the shape and options, chooses the path and compiles its kernels.
+    pub fn new(ctx: &Context, shape: &SoftmaxShape, opts: &SoftmaxOptions) -> Result<Self> {
+        shape.validate()?;
+        if !opts.scale.is_finite() || opts.scale == 0.0 {
+            return Err(Error::invalid(
+                "scale",
+                format!("{} must be finite and non-zero", opts.scale),
+            ));
+        }
+        let info = ctx.info();
+        let smem_needed = cached_smem_bytes(shape.cols);
+        let fits_smem = smem_needed <= info.max_shared_per_block_optin as usize;
+        let path = match opts.path {
+            SoftmaxPath::Auto if shape.cols <= WARP_MAX_COLS => SoftmaxPath::WarpPerRow,
+            SoftmaxPath::Auto if fits_smem => SoftmaxPath::BlockCached,
+            SoftmaxPath::Auto => SoftmaxPath::BlockUncached,
+            SoftmaxPath::WarpPerRow if shape.cols > WARP_MAX_COLS => {
+                return Err(Error::Unsupported(format!(
+                    "the warp-per-row path holds at most {WARP_MAX_COLS} columns, got {}",
+                    shape.cols
+                )))
+            }
+            SoftmaxPath::BlockCached if !fits_smem => {
+                return Err(Error::Unsupported(format!(
+                    "the shared-memory path needs {smem_needed} B for {} columns; this device allows {} B per block",
+                    shape.cols, info.max_shared_per_block_optin
+                )))
+            }
+            p => p,
+        };
+        let mut plan_path = path;
+        let pack = vector_pack(shape);
+        let build = |pack: u32| -> Result<Option<Launchable>> { build_variant(ctx, shape, opts.kind, plan_path, pack) };
+        let mut scalar = build(1)?;
+        if scalar.is_none() && opts.path == SoftmaxPath::Auto && path == SoftmaxPath::BlockCached {
+            // The cached CTA does not fit on an SM with any block size: fall back.
+            plan_path = SoftmaxPath::BlockUncached;
+            scalar = build_variant(ctx, shape, opts.kind, plan_path, 1)?;
+        }
+        let scalar = scalar.ok_or_else(|| {
+            Error::Unsupported(format!(
+                "{} path: no block size fits on this device for {} columns",
+                path.name(),
+                shape.cols
+            ))
+        })?;
+        let vector = if pack > 1 {
+            build_variant(ctx, shape, opts.kind, plan_path, pack)?
+        } else {
+            None
+        };
+        Ok(SoftmaxPlan {
+            ctx: ctx.clone(),
+            shape: *shape,
+            opts: *opts,
+            vector,
+            scalar,
+        })
+    }
+
+    /// The path the plan chose.
+    pub fn path(&self) -> SoftmaxPath {
+        self.scalar.variant.path
+    }
+
+    /// The variant used for 16-byte aligned calls (the scalar one otherwise).
+    pub fn variant(&self) -> Variant {
+        self.primary().variant
+    }
+
+    fn primary(&self) -> &Launchable {
+        self.vector.as_ref().unwrap_or(&self.scalar)
+    }
+
+    /// The shape the plan was made for.
+    pub fn shape(&self) -> &SoftmaxShape {
+        &self.shape
+    }
+
+    /// Runs `output = softmax(scale * input)` on the context's stream (asynchronously).
+    pub fn run(&self, input: &TensorView<'_>, output: &mut TensorViewMut<'_>) -> Result<()> {
+        let got = SoftmaxShape::of_views(input, &output.as_view())?;
+        self.check_shape(&got)?;
+        self.launch(input.device_ptr(), output.device_ptr())
+    }
+
+    /// Runs in place: `data = softmax(scale * data)`. The plan's input and output dtypes and
+    /// strides must be equal.
+    pub fn run_inplace(&self, data: &mut TensorViewMut<'_>) -> Result<()> {
+        let v = data.as_view();
+        let got = SoftmaxShape::of_views(&v, &v)?;
+        self.check_shape(&got)?;
+        self.launch(v.device_ptr(), v.device_ptr())
+    }
+
+    fn check_shape(&self, got: &SoftmaxShape) -> Result<()> {
+        let want = &self.shape;
+        if got.in_dtype != want.in_dtype || got.out_dtype != want.out_dtype {
+            return Err(Error::invalid(
+                "input/output",
+                format!(
+                    "dtypes {} -> {} do not match the plan's {} -> {}",
+                    got.in_dtype, got.out_dtype, want.in_dtype, want.out_dtype
+                ),
+            ));
+        }
+        if got != want {
+            return Err(Error::invalid(
+                "input/output",
+                format!(
+                    "shape {}x{} (row strides {}, {}) does not match the plan's {}x{} (row strides {}, {})",
+                    got.rows,
+                    got.cols,
+                    got.in_stride,
+                    got.out_stride,
+                    want.rows,
+                    want.cols,
+                    want.in_stride,
+                    want.out_stride
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn launch(&self, input: u64, output: u64) -> Result<()> {
+        let s = &self.shape;
+        if s.rows == 0 {
+            return Ok(());
+        }
+        for (arg, p, d) in [("input", input, s.in_dtype), ("output", output, s.out_dtype)] {
+            if p % d.size() as u64 != 0 {
+                return Err(Error::invalid(
+                    arg,
+                    format!("device pointer {p:#x} is not aligned to its {d} elements"),
+                ));
+            }
+        }
+        let aligned = input % 16 == 0 && output % 16 == 0;
+        let l = match &self.vector {
+            Some(v) if aligned => v,
+            _ => &self.scalar,
+        };
+        let params = SoftmaxParams {
+            input,
+            output,
+            rows: s.rows as i64,
+            cols: s.cols as i64,
+            in_stride: s.in_stride as i64,
+            out_stride: s.out_stride as i64,
+            scale_log2e: self.opts.scale * std::f32::consts::LOG2_E,
+            scale: self.opts.scale,
+        };
+        // SAFETY: the views were bounds-checked against their buffers when made (every row of
+        // `cols` elements at `stride` lies inside its allocation), the shape equals the plan's
+        // (checked above), the pointers are aligned for the variant chosen, and SoftmaxParams
+        // mirrors the kernel's struct. The kernel touches only rows x cols of each view.
+        unsafe { l.kernel.launch(&self.ctx, l.cfg, &params) }
+    }
+}
+
+/// Shared memory of the cached path: the row as f32, rounded up to 16 bytes.
+fn cached_smem_bytes(cols: usize) -> usize {
+    (cols * 4).div_ceil(16) * 16
+}
+
+/// Compiles one variant and sizes its grid. `None` when no CTA of that path fits an SM.
+fn build_variant(
+    ctx: &Context,
+    shape: &SoftmaxShape,
+    kind: SoftmaxKind,
+    path: SoftmaxPath,
+    pack: u32,
+) -> Result<Option<Launchable>> {
+    let sm = ctx.info().sm_count;
+    let mut variant = Variant {
+        in_dtype: shape.in_dtype,
+        out_dtype: shape.out_dtype,
+        kind,
+        path,
+        block_threads: WARP_PATH_THREADS,
+        pack,
+        cols_per_thread: 1,
+        rows_per_warp: 1,
+        warp_width: 32,
+    };
+    let (threads, smem) = match path {
+        SoftmaxPath::WarpPerRow => {
+            let (cpt, width, rpw) = warp_shape(shape.cols, pack);
+            variant.cols_per_thread = cpt;
+            variant.warp_width = width;
+            variant.rows_per_warp = rpw;
+            (WARP_PATH_THREADS, 0)
+        }
+        SoftmaxPath::BlockCached => {
+            let smem = cached_smem_bytes(shape.cols) as u32;
+            match best_cached_block(ctx, &variant, smem)? {
+                Some(t) => (t, smem),
+                None => return Ok(None),
+            }
+        }
+        SoftmaxPath::BlockUncached => (UNCACHED_THREADS, 0),
+        SoftmaxPath::Auto => unreachable!("resolved by the plan"),
+    };
+    variant.block_threads = threads;
+    let kernel = ctx.kernel(&variant.spec())?;
+    let per_sm = kernel.max_active_blocks_per_sm(ctx, threads, smem)?;
+    if per_sm == 0 {
+        return Ok(None);
+    }
+    let needed = (shape.rows as u64).div_ceil(variant.rows_per_cta() as u64);
+    let cap = sm as u64 * per_sm as u64 * GRID_WAVES as u64;
+    let grid = needed.min(cap).max(1) as u32;
+    Ok(Some(Launchable {
+        variant,
+        kernel,
+        cfg: LaunchConfig::linear(grid, threads, smem),
+    }))
+}
+
+/// Block size for the cached path: the one keeping the most threads resident per SM with
+/// `smem` bytes per CTA (the row must be streamed by enough threads), smaller on ties (more
+/// CTAs, better tails).
+fn best_cached_block(ctx: &Context, base: &Variant, smem: u32) -> Result<Option<u32>> {
+    let mut best: Option<(u32, u32)> = None; // (resident threads, block)
+    for threads in [128u32, 256, 512, 1024] {
+        let v = Variant {
+            block_threads: threads,
+            ..*base
+        };
+        let k = ctx.kernel(&v.spec())?;
+        let resident = k.max_active_blocks_per_sm(ctx, threads, smem)? * threads;
+        if resident > 0 && best.is_none_or(|(r, _)| resident > r) {
+            best = Some((resident, threads));
+        }
+    }
+    Ok(best.map(|(_, t)| t))
+}
+
+/// Every variant the dispatcher can produce for same-dtype softmax, plus every dtype pairing
+/// and kind on each path: what CI compiles for each target architecture.
+pub fn ci_variants() -> Vec<Variant> {
+    let dtypes = [DType::F32, DType::F16, DType::BF16];
+    let mut out = Vec::new();
+    let base = |i: DType, o: DType, kind, path, threads, pack| Variant {
+        in_dtype: i,
+        out_dtype: o,
+        kind,
+        path,
+        block_threads: threads,
+        pack,
+        cols_per_thread: 1,
+        rows_per_warp: 1,
+        warp_width: 32,
+    };
+    for &d in &dtypes {
+        // Warp path: every (cols_per_thread, width, rows) shape for cols 1..=1024, both packs.
+        for pack in [1, pack_of(d)] {
+            let mut shapes: Vec<(u32, u32, u32)> = (1..=WARP_MAX_COLS).map(|c| warp_shape(c, pack)).collect();
+            shapes.dedup();
+            shapes.sort();
+            shapes.dedup();
+            for (cpt, width, rpw) in shapes {
+                let mut v = base(
+                    d,
+                    d,
+                    SoftmaxKind::Softmax,
+                    SoftmaxPath::WarpPerRow,
+                    WARP_PATH_THREADS,
+                    pack,
+                );
+                v.cols_per_thread = cpt;
+                v.warp_width = width;
+                v.rows_per_warp = rpw;
+                out.push(v);
+            }
+        }
+        for threads in [128, 256, 512, 1024] {
+            for pack in [1, pack_of(d)] {
+                out.push(base(
+                    d,
+                    d,
+                    SoftmaxKind::Softmax,
+                    SoftmaxPath::BlockCached,
+                    threads,
+                    pack,
+                ));
+            }
+        }
+        for pack in [1, pack_of(d)] {
+            out.push(base(
+                d,
+                d,
+                SoftmaxKind::Softmax,
+                SoftmaxPath::BlockUncached,
+                UNCACHED_THREADS,
+                pack,
+            ));
+        }
+    }
+    // Every dtype pairing and kind on each path (one representative shape each).
+    for &i in &dtypes {
+        for &o in &dtypes {
+            for kind in [SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax] {
+                let pack = pack_of(i).min(pack_of(o));
+                let mut w = base(i, o, kind, SoftmaxPath::WarpPerRow, WARP_PATH_THREADS, pack);
+                let (cpt, width, rpw) = warp_shape(1000, pack);
+                (w.cols_per_thread, w.warp_width, w.rows_per_warp) = (cpt, width, rpw);
+                out.push(w);
+                for threads in [128, 256, 512, 1024] {
+                    // The plan queries the occupancy of every block size of the cached path.
+                    out.push(base(i, o, kind, SoftmaxPath::BlockCached, threads, pack));
+                }
+                out.push(base(i, o, kind, SoftmaxPath::BlockUncached, UNCACHED_THREADS, pack));
+            }
+        }
+    }
+    out.sort_by_key(|v| v.spec().name);
+    out.dedup();
+    out
+}

@@ -1,0 +1,187 @@
+//! Softmax tests that need no GPU (validation, layout, NVRTC compile of every variant for every
+//! CI architecture), plus GPU checks that run only where a device is present.
+
+use super::plan::{ci_variants, warp_shape, SoftmaxParams, Variant};
+use super::*;
+use crate::runtime::{compile_only, probe, Arch};
+
+/// NVRTC is present, or the test must fail because CI demands it.
+fn nvrtc_or_skip(test: &str) -> bool {
+    match probe::nvrtc() {
+        Ok(_) => true,
+        Err(e) if probe::nvrtc_required() => panic!("{test}: TESSERA_REQUIRE_NVRTC is set but {e}"),
+        Err(e) => {
+            eprintln!("{test}: skipped, {e}");
+            false
+        }
+    }
+}
+
+#[test]
+fn shape_validation_errors_name_the_rule() {
+    let ok = SoftmaxShape::contiguous::<f32, f32>(4, 10);
+    assert!(ok.validate().is_ok());
+    let e = SoftmaxShape { cols: 0, ..ok }.validate().unwrap_err().to_string();
+    assert!(e.contains("cols") && e.contains("at least 1"), "{e}");
+    let e = SoftmaxShape { in_stride: 9, ..ok }.validate().unwrap_err().to_string();
+    assert!(e.contains("input") && e.contains("stride 9 < cols 10"), "{e}");
+    let e = SoftmaxShape { out_stride: 3, ..ok }.validate().unwrap_err().to_string();
+    assert!(e.contains("output"), "{e}");
+    let e = SoftmaxShape {
+        in_dtype: DType::F8E4M3,
+        ..ok
+    }
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("unsupported") && e.contains("fp32, fp16, bf16"), "{e}");
+    let e = SoftmaxShape {
+        cols: MAX_COLS + 1,
+        in_stride: MAX_COLS + 1,
+        out_stride: MAX_COLS + 1,
+        ..ok
+    }
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("maximum"), "{e}");
+}
+
+#[test]
+fn view_shapes_collapse_into_rows() {
+    let len = 2 * 3 * 16;
+    // SAFETY: the views are never dereferenced; the address is only bounds-checked.
+    let v = unsafe { TensorView::from_raw(0x1000, DType::F32, len, &[2, 3, 10], &[48, 16, 1]) }.unwrap();
+    let s = SoftmaxShape::of_views(&v, &v).unwrap();
+    assert_eq!((s.rows, s.cols, s.in_stride), (6, 10, 16));
+    // Rank 1 is a single row.
+    // SAFETY: as above.
+    let v1 = unsafe { TensorView::from_raw(0x1000, DType::F16, 7, &[7], &[1]) }.unwrap();
+    let s = SoftmaxShape::of_views(&v1, &v1).unwrap();
+    assert_eq!((s.rows, s.cols), (1, 7));
+    // Non-contiguous last dim.
+    // SAFETY: as above.
+    let bad = unsafe { TensorView::from_raw(0x1000, DType::F32, 100, &[4, 10], &[1, 4]) }.unwrap();
+    assert!(SoftmaxShape::of_views(&bad, &bad)
+        .unwrap_err()
+        .to_string()
+        .contains("contiguous"));
+    // Leading dims that do not collapse.
+    // SAFETY: as above.
+    let bad = unsafe { TensorView::from_raw(0x1000, DType::F32, 1000, &[2, 3, 10], &[100, 16, 1]) }.unwrap();
+    assert!(SoftmaxShape::of_views(&bad, &bad)
+        .unwrap_err()
+        .to_string()
+        .contains("collapse"));
+    // Shape mismatch between input and output.
+    // SAFETY: as above.
+    let w = unsafe { TensorView::from_raw(0x1000, DType::F32, len, &[6, 10], &[16, 1]) }.unwrap();
+    assert!(SoftmaxShape::of_views(&v, &w)
+        .unwrap_err()
+        .to_string()
+        .contains("differs"));
+    // A view past the end of its buffer is refused when made.
+    // SAFETY: as above.
+    let e = unsafe { TensorView::from_raw(0x1000, DType::F32, 50, &[6, 10], &[16, 1]) }.unwrap_err();
+    assert!(e.to_string().contains("reaches element"), "{e}");
+}
+
+#[test]
+fn params_layout_matches_the_kernel_struct() {
+    assert_eq!(std::mem::size_of::<SoftmaxParams>(), 56);
+    assert_eq!(std::mem::align_of::<SoftmaxParams>(), 8);
+    let p = SoftmaxParams {
+        input: 0x1111,
+        output: 0x2222,
+        rows: 3,
+        cols: 4,
+        in_stride: 5,
+        out_stride: 6,
+        scale_log2e: 7.0,
+        scale: 8.0,
+    };
+    // SAFETY: reading the bytes of a plain #[repr(C)] struct without padding.
+    let bytes: [u8; 56] = unsafe { std::mem::transmute(p) };
+    let word = |i: usize| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().unwrap());
+    assert_eq!(
+        [word(0), word(1), word(2), word(3), word(4), word(5)],
+        [0x1111, 0x2222, 3, 4, 5, 6]
+    );
+    assert_eq!(f32::from_le_bytes(bytes[48..52].try_into().unwrap()), 7.0);
+    assert_eq!(f32::from_le_bytes(bytes[52..56].try_into().unwrap()), 8.0);
+}
+
+#[test]
+fn warp_shapes_cover_every_width() {
+    for pack in [1u32, 4, 8] {
+        for cols in 1..=plan::WARP_MAX_COLS {
+            let (cpt, width, rpw) = warp_shape(cols, pack);
+            assert!(width.is_power_of_two() && width <= 32);
+            assert!((cpt * width) as usize >= cols, "cols {cols} pack {pack}: {cpt}x{width}");
+            assert_eq!(cpt % pack, 0);
+            assert!(cpt <= 32 && (rpw == 1 || rpw == 2));
+        }
+    }
+    assert_eq!(warp_shape(1, 8), (8, 1, 2));
+    assert_eq!(warp_shape(1024, 8), (32, 32, 1));
+    assert_eq!(warp_shape(1000, 1), (32, 32, 1));
+}
+
+/// The CI check of DESIGN.md: every softmax variant compiles for sm_80, sm_86, sm_89 and
+/// sm_90a with NVRTC, spilling nothing.
+#[test]
+fn every_variant_compiles_for_every_ci_arch_without_spills() {
+    if !nvrtc_or_skip("every_variant_compiles_for_every_ci_arch_without_spills") {
+        return;
+    }
+    use rayon::prelude::*;
+    let variants = ci_variants();
+    let jobs: Vec<(Variant, Arch)> = Arch::CI_TARGETS
+        .iter()
+        .flat_map(|&a| variants.iter().map(move |&v| (v, a)))
+        .collect();
+    let results: Vec<(String, Arch, crate::Result<crate::runtime::Compiled>)> = jobs
+        .par_iter()
+        .map(|(v, a)| (v.spec().name, *a, compile_only(&v.spec(), *a)))
+        .collect();
+    let mut failures = Vec::new();
+    let mut max_regs = 0;
+    for (name, arch, r) in &results {
+        match r {
+            Ok(c) if c.resources.spill_free() => max_regs = max_regs.max(c.resources.registers),
+            Ok(c) => failures.push(format!("{name} {arch}: spills {:?}", c.resources)),
+            Err(e) => failures.push(format!("{name} {arch}: {e}")),
+        }
+    }
+    eprintln!(
+        "compiled {} softmax variants x {} archs; max registers {max_regs}",
+        variants.len(),
+        Arch::CI_TARGETS.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn gpu_quick_verify_when_a_device_is_present() {
+    let ctx = match crate::runtime::Context::new(0) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("gpu_quick_verify_when_a_device_is_present: skipped, {e}");
+            return;
+        }
+    };
+    let seed = crate::testdata::seed_from_env_or_time().unwrap();
+    for case in verify::cases(true) {
+        let out = verify::verify_case(&ctx, &case, seed).unwrap();
+        assert!(
+            out.passed,
+            "seed {seed} {}: {} {:?}",
+            out.case, out.comparison, out.note
+        );
+    }
+}

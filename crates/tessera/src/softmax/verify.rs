@@ -1,0 +1,385 @@
+//! `tessera verify softmax`: every path and dtype against the f64 reference, on fresh seeded
+//! inputs with outliers, padded rows, special rows (all `-inf`, NaN, `+inf`), in place, mixed
+//! dtypes and huge rows. Outputs are poisoned (NaN) first and the padding of output rows must
+//! come back untouched.
+
+use half::{bf16, f16};
+use serde_json::json;
+
+use super::reference::softmax_reference;
+use super::{SoftmaxKind, SoftmaxOptions, SoftmaxPath, SoftmaxPlan, SoftmaxShape};
+use crate::check::{compare, Comparison};
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::harness::VerifyOutcome;
+use crate::runtime::Context;
+use crate::testdata::{random_matrix, Dist};
+
+/// One verification case.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Case {
+    pub rows: usize,
+    pub cols: usize,
+    pub in_stride: usize,
+    pub out_stride: usize,
+    pub in_dtype: DType,
+    pub out_dtype: DType,
+    pub kind: SoftmaxKind,
+    pub scale: f32,
+    pub path: SoftmaxPath,
+    pub in_place: bool,
+    /// Plant an all `-inf` row, a row with one NaN and a row with one `+inf` (needs rows >= 3).
+    pub special_rows: bool,
+}
+
+impl Case {
+    pub fn name(&self) -> String {
+        let mut s = format!(
+            "{} {}->{} {}x{}",
+            self.kind.name(),
+            self.in_dtype,
+            self.out_dtype,
+            self.rows,
+            self.cols
+        );
+        if self.in_stride != self.cols || self.out_stride != self.cols {
+            s += &format!(" stride {}/{}", self.in_stride, self.out_stride);
+        }
+        s += &format!(" {}", self.path.name());
+        if self.scale != 1.0 {
+            s += &format!(" scale {}", self.scale);
+        }
+        if self.in_place {
+            s += " in-place";
+        }
+        if self.special_rows {
+            s += " special-rows";
+        }
+        s
+    }
+
+    fn params(&self) -> serde_json::Value {
+        json!({
+            "rows": self.rows, "cols": self.cols, "in_stride": self.in_stride, "out_stride": self.out_stride,
+            "dtype": self.in_dtype.name(), "out_dtype": self.out_dtype.name(), "op": self.kind.name(),
+            "scale": self.scale, "path": self.path.name(), "in_place": self.in_place, "special_rows": self.special_rows,
+        })
+    }
+}
+
+/// The odd column counts of the issue, plus warp-path boundaries.
+const ODD_COLS: [usize; 9] = [1, 7, 33, 128, 1000, 1024, 1025, 4097, 100003];
+
+/// The verification matrix. `quick` keeps one case per (path, dtype) at small sizes, for
+/// compute-sanitizer runs.
+pub fn cases(quick: bool) -> Vec<Case> {
+    let same = [DType::F32, DType::F16, DType::BF16];
+    let paths = [
+        SoftmaxPath::Auto,
+        SoftmaxPath::WarpPerRow,
+        SoftmaxPath::BlockCached,
+        SoftmaxPath::BlockUncached,
+    ];
+    let mut out = Vec::new();
+    let budget_elems: usize = if quick { 1 << 16 } else { 1 << 22 };
+    let cols_list: &[usize] = if quick { &[7, 1000, 1025, 4097] } else { &ODD_COLS };
+    let mut toggle = 0usize;
+    for &d in &same {
+        for &cols in cols_list {
+            for &path in &paths {
+                if path == SoftmaxPath::WarpPerRow && cols > super::plan::WARP_MAX_COLS {
+                    continue;
+                }
+                if quick && path == SoftmaxPath::Auto {
+                    continue;
+                }
+                toggle += 1;
+                // Odd row counts exercise grid tails; alternate kinds, padding and specials.
+                let rows = ((budget_elems / cols).clamp(3, 257)) | 1;
+                let padded = toggle % 3 == 1;
+                let aligned_pad = toggle % 3 == 2;
+                let stride = if padded {
+                    cols + 5
+                } else if aligned_pad {
+                    cols.div_ceil(8) * 8 + 8
+                } else {
+                    cols
+                };
+                out.push(Case {
+                    rows,
+                    cols,
+                    in_stride: stride,
+                    out_stride: if toggle % 4 == 0 { stride + 3 } else { stride },
+                    in_dtype: d,
+                    out_dtype: d,
+                    kind: if toggle % 2 == 0 {
+                        SoftmaxKind::LogSoftmax
+                    } else {
+                        SoftmaxKind::Softmax
+                    },
+                    scale: if toggle % 5 == 0 { 0.125 } else { 1.0 },
+                    path,
+                    in_place: false,
+                    special_rows: toggle % 3 == 0,
+                });
+            }
+        }
+    }
+    // Mixed dtypes on each path.
+    let mixed = [
+        (DType::F16, DType::F32),
+        (DType::BF16, DType::F32),
+        (DType::F32, DType::F16),
+        (DType::F32, DType::BF16),
+    ];
+    for (i, &(a, b)) in mixed.iter().enumerate() {
+        for (cols, path) in [
+            (1000, SoftmaxPath::WarpPerRow),
+            (4096, SoftmaxPath::BlockCached),
+            (4097, SoftmaxPath::BlockUncached),
+        ] {
+            out.push(Case {
+                rows: if quick { 17 } else { 301 },
+                cols,
+                in_stride: cols,
+                out_stride: cols,
+                in_dtype: a,
+                out_dtype: b,
+                kind: if i % 2 == 0 {
+                    SoftmaxKind::Softmax
+                } else {
+                    SoftmaxKind::LogSoftmax
+                },
+                scale: 1.0,
+                path,
+                in_place: false,
+                special_rows: true,
+            });
+        }
+    }
+    // In place on each path and dtype.
+    for &d in &same {
+        for (cols, path) in [
+            (512, SoftmaxPath::WarpPerRow),
+            (3000, SoftmaxPath::BlockCached),
+            (70001, SoftmaxPath::BlockUncached),
+        ] {
+            out.push(Case {
+                rows: if quick { 5 } else { 33 },
+                cols,
+                in_stride: cols,
+                out_stride: cols,
+                in_dtype: d,
+                out_dtype: d,
+                kind: SoftmaxKind::Softmax,
+                scale: 2.0,
+                path,
+                in_place: true,
+                special_rows: true,
+            });
+        }
+    }
+    if !quick {
+        // Huge rows and many tiny rows: 1 x 2^24 and 2^20 x 8.
+        for &d in &[DType::F32, DType::F16] {
+            out.push(Case {
+                rows: 1,
+                cols: 1 << 24,
+                in_stride: 1 << 24,
+                out_stride: 1 << 24,
+                in_dtype: d,
+                out_dtype: d,
+                kind: SoftmaxKind::Softmax,
+                scale: 1.0,
+                path: SoftmaxPath::Auto,
+                in_place: false,
+                special_rows: false,
+            });
+            out.push(Case {
+                rows: 1 << 20,
+                cols: 8,
+                in_stride: 8,
+                out_stride: 8,
+                in_dtype: d,
+                out_dtype: d,
+                kind: SoftmaxKind::LogSoftmax,
+                scale: 1.0,
+                path: SoftmaxPath::Auto,
+                in_place: false,
+                special_rows: true,
+            });
+        }
+        out.push(Case {
+            rows: 1,
+            cols: 1,
+            in_stride: 1,
+            out_stride: 1,
+            in_dtype: DType::F32,
+            out_dtype: DType::F32,
+            kind: SoftmaxKind::Softmax,
+            scale: 1.0,
+            path: SoftmaxPath::Auto,
+            in_place: false,
+            special_rows: false,
+        });
+    }
+    out
+}
+
+/// Runs one case on the GPU and compares it with the f64 reference.
+pub fn verify_case(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcome> {
+    match (case.in_dtype, case.out_dtype) {
+        (DType::F32, DType::F32) => run::<f32, f32>(ctx, case, seed),
+        (DType::F16, DType::F16) => run::<f16, f16>(ctx, case, seed),
+        (DType::BF16, DType::BF16) => run::<bf16, bf16>(ctx, case, seed),
+        (DType::F16, DType::F32) => run::<f16, f32>(ctx, case, seed),
+        (DType::BF16, DType::F32) => run::<bf16, f32>(ctx, case, seed),
+        (DType::F32, DType::F16) => run::<f32, f16>(ctx, case, seed),
+        (DType::F32, DType::BF16) => run::<f32, bf16>(ctx, case, seed),
+        (DType::F16, DType::BF16) => run::<f16, bf16>(ctx, case, seed),
+        (DType::BF16, DType::F16) => run::<bf16, f16>(ctx, case, seed),
+        (a, b) => Err(Error::Unsupported(format!("softmax verify for {a}->{b}"))),
+    }
+}
+
+/// The input of a case: random with outliers, padding NaN, optional special rows.
+pub fn case_input<I: Element>(case: &Case, seed: u64) -> Vec<I> {
+    let mut x: Vec<I> = random_matrix(
+        seed,
+        case.rows,
+        case.cols,
+        case.in_stride,
+        Dist::WithOutliers { std: 2.0 },
+    );
+    if case.special_rows && case.rows >= 3 {
+        let s = case.in_stride;
+        crate::testdata::set_row(&mut x, 0, case.cols, s, f64::NEG_INFINITY);
+        x[s + case.cols / 2] = I::from_f64(f64::NAN);
+        x[2 * s + case.cols - 1] = I::from_f64(f64::INFINITY);
+    }
+    x
+}
+
+fn run<I: Element, O: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcome> {
+    let x = case_input::<I>(case, seed);
+    let shape = SoftmaxShape {
+        rows: case.rows,
+        cols: case.cols,
+        in_stride: case.in_stride,
+        out_stride: case.out_stride,
+        in_dtype: I::DTYPE,
+        out_dtype: O::DTYPE,
+    };
+    let opts = SoftmaxOptions {
+        kind: case.kind,
+        scale: case.scale,
+        path: case.path,
+    };
+    let plan = SoftmaxPlan::new(ctx, &shape, &opts)?;
+    let out_len = (case.rows - 1) * case.out_stride + case.cols;
+    let got_raw: Vec<O> = if case.in_place {
+        if I::DTYPE != O::DTYPE || case.in_stride != case.out_stride {
+            return Err(Error::invalid("case", "in place needs equal dtypes and strides"));
+        }
+        // Reinterpret through f64: I == O here.
+        let as_o: Vec<O> = x.iter().map(|v| O::from_f64(v.to_f64())).collect();
+        let mut buf = ctx.upload(&as_o)?;
+        plan.run_inplace(&mut buf.matrix_mut(case.rows, case.cols, case.in_stride)?)?;
+        buf.to_host()?
+    } else {
+        let input = ctx.upload(&x)?;
+        let mut output = ctx.alloc::<O>(out_len)?;
+        output.fill_bytes(0xff)?; // NaN poison: unwritten outputs fail
+        plan.run(
+            &input.matrix(case.rows, case.cols, case.in_stride)?,
+            &mut output.matrix_mut(case.rows, case.cols, case.out_stride)?,
+        )?;
+        output.to_host()?
+    };
+    let want = softmax_reference(
+        &x.iter().map(|v| v.to_f64()).collect::<Vec<_>>(),
+        case.rows,
+        case.cols,
+        case.in_stride,
+        case.scale as f64,
+        case.kind,
+    );
+    let mut got = Vec::with_capacity(case.rows * case.cols);
+    let mut note = None;
+    for r in 0..case.rows {
+        let row = &got_raw[r * case.out_stride..];
+        got.extend(row[..case.cols].iter().map(|v| v.to_f64()));
+        if !case.in_place && r + 1 < case.rows {
+            // Output padding must still hold the poison bytes.
+            let pad = &row[case.cols..case.out_stride];
+            if pad.iter().any(|v| !v.to_f64().is_nan()) && note.is_none() {
+                note = Some(format!("row {r}: output padding was overwritten"));
+            }
+        }
+    }
+    let comparison: Comparison = compare(&got, &want, 1e-6, 1e-2);
+    let budget = case.out_dtype.rel_l2_budget();
+    let passed = comparison.passes(budget) && note.is_none();
+    Ok(VerifyOutcome {
+        case: case.name(),
+        params: case.params(),
+        path: format!("{} {:?}", plan.path().name(), plan.variant().block_threads),
+        comparison,
+        budget,
+        passed,
+        note,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn case_matrix_covers_the_issue() {
+        let c = cases(false);
+        for cols in [1, 7, 33, 1000, 1025, 4097, 100003] {
+            for d in [DType::F32, DType::F16, DType::BF16] {
+                assert!(c.iter().any(|k| k.cols == cols && k.in_dtype == d), "cols {cols} {d}");
+            }
+        }
+        for p in [
+            SoftmaxPath::WarpPerRow,
+            SoftmaxPath::BlockCached,
+            SoftmaxPath::BlockUncached,
+        ] {
+            for d in [DType::F32, DType::F16, DType::BF16] {
+                assert!(c.iter().any(|k| k.path == p && k.in_dtype == d && k.in_place));
+                assert!(c.iter().any(|k| k.path == p && k.in_dtype == d && k.special_rows));
+            }
+        }
+        assert!(c.iter().any(|k| k.rows == 1 && k.cols == 1 << 24));
+        assert!(c.iter().any(|k| k.rows == 1 << 20 && k.cols == 8));
+        assert!(c.iter().any(|k| k.kind == SoftmaxKind::LogSoftmax));
+        assert!(c.iter().any(|k| k.in_stride > k.cols));
+        assert!(!cases(true).is_empty());
+    }
+
+    #[test]
+    fn case_input_plants_special_rows() {
+        let case = Case {
+            rows: 4,
+            cols: 10,
+            in_stride: 12,
+            out_stride: 10,
+            in_dtype: DType::F32,
+            out_dtype: DType::F32,
+            kind: SoftmaxKind::Softmax,
+            scale: 1.0,
+            path: SoftmaxPath::Auto,
+            in_place: false,
+            special_rows: true,
+        };
+        let x = case_input::<f32>(&case, 7);
+        assert!(x[..10].iter().all(|v| *v == f32::NEG_INFINITY));
+        assert!(x[12 + 5].is_nan());
+        assert_eq!(x[24 + 9], f32::INFINITY);
+        assert!(x[10].is_nan(), "padding is NaN");
+        assert!(x[36..46].iter().all(|v| v.is_finite() && *v != 0.0));
+    }
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Build the bundle shipped to the GPU machine (which has no Rust and no network), on the dev
+# machine, from the repo root:
+#
+#   scripts/bundle.sh [--with-flashinfer] [--strip]
+#
+# Produces (git-ignored):
+#   .bundle/bin/tessera      release build of the CLI (cargo build --release -p tessera-cli)
+#   .bundle/baselines/*.py   the Python baseline runners (copy of scripts/baselines/)
+#   .bundle/COMMIT           git commit of the build (+ "-dirty" when the tree had changes);
+#                            device-run.sh exports it as TESSERA_COMMIT
+#   .bundle/wheels/*.whl     only with --with-flashinfer: the wheels of FlashInfer 0.6.12 and
+#                            its two small dependencies for CPython 3.12 / x86_64 (~18 MB;
+#                            unpacked they are ~120 MB, too big to ship). device-run.sh
+#                            installs them there with pip --no-deps --no-index --target into a
+#                            temporary folder and puts that on PYTHONPATH
+# --strip removes the debug info from the binary (~40 -> ~5 MiB; no line numbers in backtraces);
+# it is also done automatically when the total would exceed the limit.
+#
+# The repo tree plus .bundle/ must stay under 60 MiB: the total is printed and checked.
+# On the GPU machine: scripts/device-run.sh "$OUT" softmax
+set -euo pipefail
+
+FLASHINFER_WHEELS=(flashinfer-python==0.6.12 apache-tvm-ffi==0.1.15.post2 cuda-tile==1.7.0)
+LIMIT_MIB=60
+
+die() {
+    echo "bundle: error: $*" >&2
+    exit 1
+}
+
+with_flashinfer=0
+strip=0
+for arg in "$@"; do
+    case "$arg" in
+    --with-flashinfer) with_flashinfer=1 ;;
+    --strip) strip=1 ;;
+    -h | --help)
+        sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+        exit 0
+        ;;
+    *) die "unknown argument '$arg' (usage: $0 [--with-flashinfer] [--strip])" ;;
+    esac
+done
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT="$PWD"
+B="$ROOT/.bundle"
+
+echo "bundle: cargo build --release -p tessera-cli" >&2
+cargo build --release -p tessera-cli
+target_dir="$(cargo metadata --format-version 1 --no-deps |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+bin="$target_dir/release/tessera"
+[[ -x "$bin" ]] || die "$bin not found after the build"
+
+rm -rf "${B:?}/bin" "${B:?}/baselines"
+mkdir -p "$B/bin" "$B/baselines"
+cp "$bin" "$B/bin/tessera"
+if [[ $strip == 1 ]]; then
+    strip --strip-debug "$B/bin/tessera" || die "strip failed"
+fi
+cp scripts/baselines/*.py "$B/baselines/"
+
+commit="$(git rev-parse --verify -q HEAD 2>/dev/null)" || commit=unknown
+if [[ "$commit" != unknown ]] && [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+    commit="$commit-dirty"
+fi
+echo "$commit" >"$B/COMMIT"
+
+rm -rf "${B:?}/wheels"
+if [[ $with_flashinfer == 1 ]]; then
+    echo "bundle: FlashInfer wheels for CPython 3.12 x86_64: ${FLASHINFER_WHEELS[*]}" >&2
+    python3 -m pip download --no-deps -d "$B/wheels" --only-binary=:all: \
+        --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
+        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any \
+        --disable-pip-version-check --no-input -q \
+        "${FLASHINFER_WHEELS[@]}" || die "pip download of the FlashInfer wheels failed"
+fi
+
+# size check: files that travel (tracked + untracked-not-ignored) plus the bundle
+repo_bytes="$(git ls-files -z --cached --others --exclude-standard 2>/dev/null |
+    xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}' || true)"
+mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
+limit=$((LIMIT_MIB * 1024 * 1024))
+total=$((repo_bytes + $(du -sb "$B" | cut -f1)))
+if ((total >= limit)) && [[ $strip == 0 ]]; then
+    echo "bundle: $(mib "$total") is over $LIMIT_MIB MiB: stripping the debug info from bin/tessera" >&2
+    strip --strip-debug "$B/bin/tessera" || die "strip failed"
+fi
+bundle_bytes="$(du -sb "$B" | cut -f1)"
+total=$((repo_bytes + bundle_bytes))
+echo "bundle: .bundle $(mib "$bundle_bytes") (tessera $(mib "$(stat -c %s "$B/bin/tessera")")), repo tree $(mib "$repo_bytes"), total $(mib "$total") of $LIMIT_MIB MiB; commit $commit"
+du -sh "$B"/* >&2
+if ((total >= limit)); then
+    die "repo tree + .bundle is $(mib "$total"), over the $LIMIT_MIB MiB limit"
+fi

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Runs ON the GPU machine, from the repo root, with the bundle made by scripts/bundle.sh:
+#
+#   scripts/device-run.sh [--no-bench] [--no-sanitizer] OUTDIR [OPS...]
+#   e.g.  scripts/device-run.sh "$OUT" softmax
+#
+# Steps (all of them always run, whatever fails):
+#   1. tessera info                                    -> OUTDIR/log.txt
+#   2. tessera verify OPS                              -> OUTDIR/log.txt
+#   3. tessera bench OPS --baselines --json OUTDIR     -> OUTDIR/log.txt, OUTDIR/<op>.json|png
+#   4. compute-sanitizer --tool memcheck / racecheck  tessera verify OPS --quick
+#                                                      -> OUTDIR/sanitizer.txt (summary in log)
+# No OPS means every operator. Exit status: 0 when every step passed; 1 when verify or bench
+# failed or a sanitizer reported errors (the failed steps are listed at the end of the log).
+# Only log.txt, sanitizer.txt and the bench's JSON/PNG files are written into OUTDIR (the
+# device tool returns at most 8 files), so ask for at most 3 operators per run.
+#
+# Environment: TESSERA_BIN (default .bundle/bin/tessera), TESSERA_STEP_TIMEOUT (seconds per
+# step, 0 = none; a hung step is then killed and counted as failed), PYTHON (default python3).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+
+usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+
+bench=1
+sanitizer=1
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --no-bench) bench=0 ;;
+    --no-sanitizer) sanitizer=0 ;;
+    -h | --help) usage; exit 0 ;;
+    -*) echo "device-run: unknown option $1" >&2; usage >&2; exit 2 ;;
+    *) break ;;
+    esac
+    shift
+done
+if [[ $# -lt 1 ]]; then
+    usage >&2
+    exit 2
+fi
+OUTDIR="$1"
+shift
+OPS=("$@")
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
+mkdir -p "$OUTDIR" || exit 2
+OUTDIR="$(cd "$OUTDIR" && pwd)"
+LOG="$OUTDIR/log.txt"
+SAN="$OUTDIR/sanitizer.txt"
+: >"$LOG"
+
+BIN="${TESSERA_BIN:-.bundle/bin/tessera}"
+STEP_TIMEOUT="${TESSERA_STEP_TIMEOUT:-0}"
+failed=()
+
+say() { echo "$*" | tee -a "$LOG"; }
+
+# run_step NAME FILE CMD...: runs CMD, output (stdout+stderr) appended to FILE and shown; returns
+# CMD's exit status
+run_step() {
+    local name="$1" file="$2"
+    shift 2
+    local t0 rc
+    t0=$(date +%s)
+    say ""
+    say "=== [$name] $*"
+    if [[ "$file" != "$LOG" ]]; then echo "=== [$name] $*" >>"$file"; fi
+    if [[ "$STEP_TIMEOUT" != 0 ]]; then
+        timeout --kill-after=10 "$STEP_TIMEOUT" "$@" 2>&1 | tee -a "$file"
+    else
+        "$@" 2>&1 | tee -a "$file"
+    fi
+    rc=${PIPESTATUS[0]}
+    say "=== [$name] exit $rc after $(($(date +%s) - t0)) s"
+    return "$rc"
+}
+
+say "device-run: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
+say "device-run: ops: ${OPS[*]:-(all)}  bin: $BIN  out: $OUTDIR"
+
+if [[ -f .bundle/COMMIT ]]; then
+    TESSERA_COMMIT="$(cat .bundle/COMMIT)"
+    export TESSERA_COMMIT
+    say "device-run: commit $TESSERA_COMMIT"
+fi
+# Python wheels shipped in the bundle (FlashInfer: scripts/bundle.sh --with-flashinfer),
+# installed offline into a temporary folder put on PYTHONPATH
+if compgen -G ".bundle/wheels/*.whl" >/dev/null; then
+    PYDIR="${TMPDIR:-/tmp}/tessera-bundle-python"
+    rm -rf "$PYDIR"
+    if run_step wheels "$LOG" "${PYTHON:-python3}" -m pip install --no-deps --no-index \
+        --disable-pip-version-check --no-input -q --target "$PYDIR" .bundle/wheels/*.whl; then
+        export PYTHONPATH="$PYDIR${PYTHONPATH:+:$PYTHONPATH}"
+    else
+        say "device-run: installing .bundle/wheels failed: those baselines will be missing"
+    fi
+fi
+if [[ -d .bundle/baselines ]]; then
+    export TESSERA_BASELINES_DIR="$PWD/.bundle/baselines"
+fi
+
+# environment facts (never fatal)
+if command -v nvidia-smi >/dev/null 2>&1; then
+    run_step env "$LOG" nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit --format=csv
+fi
+run_step env "$LOG" "${PYTHON:-python3}" -c 'import sys; print("python", sys.version.split()[0])
+try:
+    import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)
+except Exception as e:
+    print("torch: not importable:", e)' || true
+
+if [[ ! -x "$BIN" ]]; then
+    say "device-run: ERROR: $BIN not found or not executable (run scripts/bundle.sh on the dev machine)"
+    exit 1
+fi
+
+run_step info "$LOG" "$BIN" info || failed+=("info")
+run_step verify "$LOG" "$BIN" verify "${OPS[@]}" || failed+=("verify")
+if [[ $bench == 1 ]]; then
+    run_step bench "$LOG" "$BIN" bench "${OPS[@]}" --baselines --json "$OUTDIR" || failed+=("bench")
+fi
+
+find_sanitizer() {
+    local c
+    for c in "$(command -v compute-sanitizer 2>/dev/null)" \
+        "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer" \
+        "${CUDA_HOME:-/usr/local/cuda}/compute-sanitizer/compute-sanitizer"; do
+        if [[ -n "$c" && -x "$c" ]]; then
+            echo "$c"
+            return 0
+        fi
+    done
+    return 1
+}
+
+if [[ $sanitizer == 1 ]]; then
+    : >"$SAN"
+    if CS="$(find_sanitizer)"; then
+        for tool in memcheck racecheck; do
+            # --error-exitcode makes any reported error visible in the exit status even when
+            # verify itself passes
+            before=$(wc -l <"$SAN")
+            run_step "sanitizer-$tool" "$SAN" "$CS" --tool "$tool" --error-exitcode 86 \
+                "$BIN" verify "${OPS[@]}" --quick >/dev/null
+            rc=$?
+            if tail -n +$((before + 1)) "$SAN" |
+                grep -Eq 'ERROR SUMMARY: [1-9]|RACECHECK SUMMARY: .*\([1-9][0-9]* error'; then
+                rc=86
+            fi
+            if [[ $rc == 0 ]]; then
+                say "=== [sanitizer-$tool] clean"
+            else
+                say "=== [sanitizer-$tool] FAILED (exit $rc): see sanitizer.txt"
+                failed+=("sanitizer-$tool")
+            fi
+        done
+        # the summaries also go into the main log
+        say ""
+        say "=== sanitizer summaries (full output in sanitizer.txt)"
+        grep -E "^=== |ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY" "$SAN" | tee -a "$LOG"
+    else
+        say "device-run: compute-sanitizer not found (PATH, \$CUDA_HOME, /usr/local/cuda): sanitizer steps skipped"
+        echo "compute-sanitizer not found: skipped" >>"$SAN"
+    fi
+fi
+
+# the device tool returns files up to 16 MiB: keep head and tail of anything larger
+cap_file() {
+    local f="$1" max=$((15 * 1024 * 1024))
+    if [[ -f "$f" && $(stat -c %s "$f") -gt $max ]]; then
+        { head -c $((max / 2)) "$f"; printf '\n\n[... %s truncated by device-run ...]\n\n' "$(basename "$f")"; tail -c $((max / 2 - 4096)) "$f"; } >"$f.tmp" && mv "$f.tmp" "$f"
+    fi
+}
+
+say ""
+if [[ ${#failed[@]} -eq 0 ]]; then
+    say "device-run: ALL STEPS PASSED"
+    status=0
+else
+    say "device-run: FAILED: ${failed[*]}"
+    status=1
+fi
+say "device-run: files in $OUTDIR: $(find "$OUTDIR" -mindepth 1 -printf '%P ')"
+cap_file "$SAN"
+cap_file "$LOG"
+exit "$status"
