@@ -7,6 +7,7 @@
 # Produces (git-ignored):
 #   .bundle/bin/tessera      release build of the CLI (cargo build --release -p tessera-cli)
 #   .bundle/baselines/*.py   the Python baseline runners (copy of scripts/baselines/)
+#   .bundle/cache/           every kernel variant pre-compiled for sm_90a (the JIT cache)
 #   .bundle/COMMIT           git commit of the build (+ "-dirty" when the tree had changes);
 #                            device-run.sh exports it as TESSERA_COMMIT
 #   .bundle/wheels/*.whl     only with --with-flashinfer: the wheels of FlashInfer 0.6.12 and
@@ -67,6 +68,19 @@ if [[ "$commit" != unknown ]] && [[ -n "$(git status --porcelain --untracked-fil
     commit="$commit-dirty"
 fi
 echo "$commit" >"$B/COMMIT"
+
+# Pre-compile every kernel variant for Hopper (sm_90a) into the bundle's kernel cache, so the
+# GPU machine spends its time running kernels, not compiling them (device-run.sh points
+# TESSERA_CACHE_DIR at it; the cache key includes the NVRTC version, so a different NVRTC there
+# simply recompiles).
+# (stale entries are harmless: every key names its source, options, arch and NVRTC version)
+if eval "$(bash scripts/setup-cuda-tools.sh)"; then
+    export TESSERA_NVRTC
+    TESSERA_CACHE_DIR="$B/cache" "$B/bin/tessera" compile --arch sm_90a ||
+        echo "bundle: warning: some kernels failed to compile or spilled (see above)" >&2
+else
+    echo "bundle: NVRTC setup failed: kernels will be compiled on the GPU machine" >&2
+fi
 
 rm -rf "${B:?}/wheels"
 if [[ $with_flashinfer == 1 ]]; then

@@ -95,6 +95,9 @@ if compgen -G ".bundle/wheels/*.whl" >/dev/null; then
         say "device-run: installing .bundle/wheels failed: those baselines will be missing"
     fi
 fi
+if [[ -d .bundle/cache ]]; then
+    export TESSERA_CACHE_DIR="$PWD/.bundle/cache" # kernels pre-compiled by bundle.sh
+fi
 if [[ -d .bundle/baselines ]]; then
     export TESSERA_BASELINES_DIR="$PWD/.bundle/baselines"
 fi
