@@ -44,7 +44,7 @@ pub fn run() -> Result<bool, String> {
     }
     match probe::nvrtc() {
         Ok(n) => {
-            let variants = tessera::softmax::plan::ci_variants();
+            let variants = tessera::softmax::plan::ci_variants_for(Arch::SM90);
             let sample: Vec<_> = variants.iter().step_by(variants.len().div_ceil(6).max(1)).collect();
             let t = Instant::now();
             let mut failed = 0;

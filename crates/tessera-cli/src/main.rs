@@ -221,8 +221,10 @@ fn compile(ops: &[String], arch: &[String], verbose: bool) -> CliResult<bool> {
     );
     let mut ok = true;
     for op in ops {
-        let specs = ops::kernel_specs(op);
-        let jobs: Vec<_> = archs.iter().flat_map(|&a| specs.iter().map(move |s| (s, a))).collect();
+        let jobs: Vec<_> = archs
+            .iter()
+            .flat_map(|&a| ops::kernel_specs(op, a).into_iter().map(move |s| (s, a)))
+            .collect();
         let pb = progress(jobs.len(), &format!("compile {op}"));
         let t = Instant::now();
         let results: Vec<_> = jobs
@@ -256,8 +258,8 @@ fn compile(ops: &[String], arch: &[String], verbose: bool) -> CliResult<bool> {
             }
         }
         println!(
-            "compile {op}: {} variants x {} archs in {:.1}s: {} failed, {} spilled, max {} registers",
-            specs.len(),
+            "compile {op}: {} kernels ({} archs) in {:.1}s: {} failed, {} spilled, max {} registers",
+            jobs.len(),
             archs.len(),
             t.elapsed().as_secs_f64(),
             failed,

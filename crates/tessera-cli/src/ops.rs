@@ -75,9 +75,9 @@ pub fn bench_jobs(op: &str, quick: bool) -> Vec<BenchJob> {
 }
 
 /// Every kernel variant an operator's dispatcher can produce (what `tessera compile` builds).
-pub fn kernel_specs(op: &str) -> Vec<tessera::runtime::KernelSpec> {
+pub fn kernel_specs(op: &str, arch: tessera::runtime::Arch) -> Vec<tessera::runtime::KernelSpec> {
     match op {
-        "softmax" => softmax::plan::ci_variants().iter().map(|v| v.spec()).collect(),
+        "softmax" => softmax::plan::ci_variants_for(arch).iter().map(|v| v.spec()).collect(),
         _ => Vec::new(),
     }
 }

@@ -213,9 +213,15 @@ TS_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
 #endif
 }
 TS_DEVICE Array<float, 2> unpack_f16x2(uint32_t v) {
+  // One asm on the 32-bit word lets ptxas read each half in place (HADD2.F32 ... .H0_H0 / .H1_H1)
+  // instead of first extracting it into its own register.
   Array<float, 2> r;
-  r[0] = f16_bits_to_float((uint16_t)(v & 0xffffu));
-  r[1] = f16_bits_to_float((uint16_t)(v >> 16));
+  asm("{\n\t.reg .b16 lo, hi;\n\t"
+      "mov.b32 {lo, hi}, %2;\n\t"
+      "cvt.f32.f16 %0, lo;\n\t"
+      "cvt.f32.f16 %1, hi;\n\t}"
+      : "=f"(r[0]), "=f"(r[1])
+      : "r"(v));
   return r;
 }
 TS_DEVICE Array<float, 2> unpack_bf16x2(uint32_t v) {

@@ -1,8 +1,9 @@
 // tessera/online_softmax.cuh: the one online-softmax state shared by softmax, attention
 // (forward and paged decode) and split-KV merges.
 //
-// Defines: ts::OnlineSoftmax {m, d} with empty / update / update_chunk / rescale / merge / lse,
-//          ts::softmax_shift(m), ts::exp2_shifted(x, shift),
+// Defines: ts::OnlineSoftmax {m, d} with empty / update / update_chunk / update_chunk_fma /
+//          rescale / merge / lse,
+//          ts::softmax_shift(m), ts::exp2_shifted(x, shift), ts::shifted_fma / ts::exp2_fma,
 //          ts::shfl_xor(OnlineSoftmax, int), ts::warp_allreduce_softmax<kWidth>,
 //          ts::block_allreduce_softmax<kThreads>.
 //
@@ -23,6 +24,12 @@
 //   Implementation: 2^(x - m) is evaluated as exp2(min(x - shift, 0)) with shift = m, or 0 when
 //   m = -inf. fminf drops the NaN of +inf - +inf (giving 2^0 = 1) and clamps rounding noise; the
 //   true NaN case is carried by m instead.
+//
+// Rounding: a caller that feeds the same inputs twice (a max/sum pass, then an output pass) must
+// feed bit-identical values. Pre-multiply with __fmul_rn(x, scale_log2e), never a plain `*`
+// that the compiler may fuse into an FMA in one pass and not in the other: then x - m of the
+// max element is the product's rounding error instead of 0, a relative error of ~|x| * 2^-24 in
+// every output (seen as 1e-3 on an H200 for |x| ~ 1e5).
 #pragma once
 #include "tessera/common.cuh"
 #include "tessera/math.cuh"
@@ -37,6 +44,20 @@ TS_DEVICE float softmax_shift(float m) { return m == kNegInf ? 0.0f : m; }
 /// 2^(x - shift) for x <= m, by the rules above (x == shift == +inf gives 1). Subnormal results
 /// are flushed; use exp2_approx_denorm(fminf(x - shift, 0)) where the value is itself an output.
 TS_DEVICE float exp2_shifted(float x, float shift) { return exp2_approx(fminf(x - shift, 0.0f)); }
+
+/// x * s - m for a row whose max is m = max_j round(x_j * s) (pass -softmax_shift(m) as
+/// neg_shift), with the product left unrounded (one FMA), clamped at 1:
+///   * the max element gives its product's rounding residual (|r| <= ulp(m) / 2) instead of 0,
+///     and every other element the exact difference rounded once, so rows of huge logits
+///     (|x * s| ~ 1e5, where round(x * s) alone is off by ~2^-8) keep full relative accuracy as
+///     long as every pass evaluates the same expression;
+///   * +inf - +inf = NaN becomes 1 (fminf drops NaN): every +inf input then weighs 2^1 and the
+///     row normalises to 1/k each; finite inputs in such a row give -inf, weight 0;
+///   * -inf inputs give -inf (m = -inf takes neg_shift = 0).
+/// The clamp never touches a regular value while |m| < 2^24 (the residual stays below 1/2).
+TS_DEVICE float shifted_fma(float x, float s, float neg_shift) { return fminf(fmaf(x, s, neg_shift), 1.0f); }
+/// 2^shifted_fma(x, s, neg_shift), flushing subnormal results (a term of a sum >= 1).
+TS_DEVICE float exp2_fma(float x, float s, float neg_shift) { return exp2_approx(shifted_fma(x, s, neg_shift)); }
 
 struct OnlineSoftmax {
   float m;  // running max, log2 domain (-inf: empty)
@@ -74,6 +95,22 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int i = 0; i < N; ++i) s += exp2_shifted(x[i], shift);
     d += s;
+    return factor;
+  }
+
+  /// Adds the N inputs x_i * s (s = scale_log2e) without rounding the products: `m_chunk` must
+  /// be max_i round(x_i * s) (round(s * max x) for s > 0, round(s * min x) for s < 0), and each
+  /// term is exp2_fma(x_i, s, -m) (see shifted_fma: +inf inputs weigh 2 here, not 1, so do not
+  /// mix this with update() in one row). A later pass reproduces the terms exactly with
+  /// shifted_fma(x, s, -softmax_shift(m)). Returns the rescale factor.
+  template <int N>
+  TS_DEVICE float update_chunk_fma(const Array<float, N>& x, float s, float m_chunk) {
+    const float factor = rescale(max_nan(m, m_chunk));
+    const float neg_shift = -softmax_shift(m);
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < N; ++i) sum += exp2_fma(x[i], s, neg_shift);
+    d += sum;
     return factor;
   }
 

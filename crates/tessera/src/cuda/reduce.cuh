@@ -1,7 +1,7 @@
 // tessera/reduce.cuh: warp, sub-warp and block all-reductions.
 //
 // Defines: ts::shfl_xor (float, int, overloadable for state structs such as OnlineSoftmax),
-//          ts::MaxOp (NaN-propagating), ts::SumOp,
+//          ts::MaxOp / ts::MinOp (NaN-propagating), ts::SumOp (each with its kIdentity),
 //          ts::warp_allreduce<kWidth>(v, op), ts::warp_allreduce_max / _sum<kWidth>(v),
 //          ts::block_allreduce<kThreads>(v, op, identity, smem),
 //          ts::block_allreduce_max / _sum<kThreads>(v, smem).
@@ -29,17 +29,25 @@ TS_DEVICE int shfl_xor(int v, int lane_mask) { return __shfl_xor_sync(kFullMask,
 
 /// max with NaN propagation: a NaN anywhere makes the reduction NaN. Identity -inf.
 struct MaxOp {
+  static constexpr float kIdentity = kNegInf;
   TS_DEVICE float operator()(float a, float b) const { return max_nan(a, b); }
+};
+/// min with NaN propagation. Identity +inf.
+struct MinOp {
+  static constexpr float kIdentity = kPosInf;
+  TS_DEVICE float operator()(float a, float b) const { return min_nan(a, b); }
 };
 /// Sum. Identity 0.
 struct SumOp {
+  static constexpr float kIdentity = 0.0f;
   TS_DEVICE float operator()(float a, float b) const { return a + b; }
 };
 
 /// All-reduce over each aligned group of kWidth lanes.
 template <int kWidth = kWarpSize, typename T, typename Op>
 TS_DEVICE T warp_allreduce(T v, Op op) {
-  static_assert(is_pow2(kWidth) && kWidth <= kWarpSize, "warp_allreduce: kWidth must be 1, 2, 4, 8, 16 or 32");
+  static_assert(is_pow2(kWidth) && kWidth <= kWarpSize,
+                "warp_allreduce: kWidth must be 1, 2, 4, 8, 16 or 32");
 #pragma unroll
   for (int offset = kWidth / 2; offset > 0; offset /= 2) v = op(v, shfl_xor(v, offset));
   return v;
@@ -69,8 +77,12 @@ TS_DEVICE T block_allreduce(T v, Op op, T identity, T* smem) {
   }
 }
 template <int kThreads>
-TS_DEVICE float block_allreduce_max(float v, float* smem) { return block_allreduce<kThreads>(v, MaxOp{}, kNegInf, smem); }
+TS_DEVICE float block_allreduce_max(float v, float* smem) {
+  return block_allreduce<kThreads>(v, MaxOp{}, kNegInf, smem);
+}
 template <int kThreads>
-TS_DEVICE float block_allreduce_sum(float v, float* smem) { return block_allreduce<kThreads>(v, SumOp{}, 0.0f, smem); }
+TS_DEVICE float block_allreduce_sum(float v, float* smem) {
+  return block_allreduce<kThreads>(v, SumOp{}, 0.0f, smem);
+}
 
 }  // namespace ts

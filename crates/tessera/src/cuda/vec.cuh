@@ -259,7 +259,8 @@ TS_DEVICE Pack<T, N> from_floats(const Array<float, N>& f) {
     Array<uint16_t, N / 2> w;
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) {
-      w[i] = is_same_v<T, fp8e4m3> ? pack_e4m3x2(f[2 * i], f[2 * i + 1]) : pack_e5m2x2(f[2 * i], f[2 * i + 1]);
+      w[i] = is_same_v<T, fp8e4m3> ? pack_e4m3x2(f[2 * i], f[2 * i + 1])
+                                   : pack_e5m2x2(f[2 * i], f[2 * i + 1]);
     }
     return bit_cast<Pack<T, N>>(w);
   } else {

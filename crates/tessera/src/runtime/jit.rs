@@ -31,6 +31,8 @@ pub const DEVICE_HEADERS: &[(&str, &str)] = &[
     ("tessera/reduce.cuh", include_str!("../cuda/reduce.cuh")),
     ("tessera/math.cuh", include_str!("../cuda/math.cuh")),
     ("tessera/online_softmax.cuh", include_str!("../cuda/online_softmax.cuh")),
+    ("tessera/cluster.cuh", include_str!("../cuda/cluster.cuh")),
+    ("tessera/async_copy.cuh", include_str!("../cuda/async_copy.cuh")),
 ];
 
 /// A GPU architecture to compile for, e.g. `sm_90a`.
@@ -592,6 +594,45 @@ mod tests {
                 assert!(log.contains("this_is_not_defined"), "{log}");
             }
             other => panic!("expected a compile error, got {other:?}"),
+        }
+    }
+
+    /// Every device header compiles alone and together on every CI architecture, and the
+    /// cluster wrappers assemble on Hopper.
+    #[test]
+    fn device_library_compiles_on_every_ci_arch() {
+        if !nvrtc_or_skip("device_library") {
+            return;
+        }
+        let mut src = String::new();
+        for (name, _) in DEVICE_HEADERS {
+            src += &format!("#include \"{name}\"\n");
+        }
+        src += r#"
+extern "C" __global__ void library_smoke(float* out, const ts::f16* in) {
+  float v = ts::to_float(in[threadIdx.x]);
+  v = ts::warp_allreduce_max(v);
+#ifdef TS_HAS_CLUSTERS
+  __shared__ float slot;
+  slot = v;
+  ts::cluster_sync();
+  v += ts::ld_shared_cluster(ts::map_shared_rank(ts::shared_address(&slot), ts::cluster_rank() ^ 1u));
+  ts::cluster_sync();
+#endif
+  out[threadIdx.x] = ts::exp2_approx(v);
+}
+"#;
+        let source: &'static str = Box::leak(src.into_boxed_str());
+        let spec = KernelSpec {
+            name: "library_smoke".into(),
+            file: "smoke.cu",
+            source,
+            preamble: String::new(),
+            entry: "library_smoke",
+        };
+        for arch in Arch::CI_TARGETS {
+            let c = compile_uncached(&spec, arch, &[]).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            assert!(c.resources.spill_free(), "{arch}: {:?}", c.resources);
         }
     }
 }

@@ -22,6 +22,9 @@ pub struct LaunchConfig {
     pub grid: (u32, u32, u32),
     pub block: (u32, u32, u32),
     pub shared_bytes: u32,
+    /// CTAs per thread-block cluster along x (Hopper and newer); 1 = no clusters. `grid.0`
+    /// must be a multiple of it.
+    pub cluster_x: u32,
 }
 
 impl LaunchConfig {
@@ -31,6 +34,37 @@ impl LaunchConfig {
             grid: (grid, 1, 1),
             block: (block, 1, 1),
             shared_bytes,
+            cluster_x: 1,
+        }
+    }
+
+    /// A 1-D launch of clusters of `cluster_x` CTAs; `grid` counts CTAs.
+    pub fn clustered(grid: u32, block: u32, shared_bytes: u32, cluster_x: u32) -> Self {
+        LaunchConfig {
+            grid: (grid, 1, 1),
+            block: (block, 1, 1),
+            shared_bytes,
+            cluster_x,
+        }
+    }
+
+    /// The driver's extended launch config with a cluster-dimension attribute in `attr`.
+    fn extended(&self, stream: sys::CUstream, attr: &mut sys::CUlaunchAttribute) -> sys::CUlaunchConfig {
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+        attr.value.clusterDim.x = self.cluster_x;
+        attr.value.clusterDim.y = 1;
+        attr.value.clusterDim.z = 1;
+        sys::CUlaunchConfig {
+            gridDimX: self.grid.0,
+            gridDimY: self.grid.1,
+            gridDimZ: self.grid.2,
+            blockDimX: self.block.0,
+            blockDimY: self.block.1,
+            blockDimZ: self.block.2,
+            sharedMemBytes: self.shared_bytes,
+            hStream: stream,
+            attrs: attr,
+            numAttrs: 1,
         }
     }
 }
@@ -99,6 +133,21 @@ impl Kernel {
         Ok(n as u32)
     }
 
+    /// Clusters of `cfg.cluster_x` CTAs that can be resident on the whole device at once.
+    pub fn max_active_clusters(&self, ctx: &Context, cfg: LaunchConfig) -> Result<u32> {
+        ctx.bind()?;
+        self.allow_shared(cfg.shared_bytes)?;
+        // SAFETY: all-zero is a valid (empty) attribute value; `extended` fills it.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        let config = cfg.extended(ctx.cu_stream(), &mut attr);
+        let mut n = 0;
+        // SAFETY: valid function and config; `attr` outlives the call.
+        check("cuOccupancyMaxActiveClusters", unsafe {
+            sys::cuOccupancyMaxActiveClusters(&mut n, self.function, &config)
+        })?;
+        Ok(n as u32)
+    }
+
     /// Raises the function's dynamic shared-memory limit when a launch needs more than 48 KB.
     fn allow_shared(&self, bytes: u32) -> Result<()> {
         if bytes <= self.dynamic_limit.load(Ordering::Relaxed) {
@@ -129,6 +178,14 @@ impl Kernel {
         }
         self.allow_shared(cfg.shared_bytes)?;
         let mut args = [params as *const P as *mut std::ffi::c_void];
+        if cfg.cluster_x > 1 {
+            let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+            let config = cfg.extended(ctx.cu_stream(), &mut attr);
+            return check(
+                "cuLaunchKernelEx",
+                sys::cuLaunchKernelEx(&config, self.function, args.as_mut_ptr(), std::ptr::null_mut()),
+            );
+        }
         check(
             "cuLaunchKernel",
             sys::cuLaunchKernel(

@@ -84,10 +84,12 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
                 SoftmaxPath::WarpPerRow,
                 SoftmaxPath::BlockCached,
                 SoftmaxPath::BlockUncached,
+                SoftmaxPath::Cluster,
             ] {
                 let fits = match path {
                     SoftmaxPath::WarpPerRow => cols <= super::plan::WARP_MAX_COLS,
                     SoftmaxPath::BlockCached => cols <= 32768,
+                    SoftmaxPath::Cluster => cols > super::plan::WARP_MAX_COLS,
                     _ => true,
                 };
                 if fits {

@@ -19,6 +19,8 @@ use crate::runtime::{Context, Kernel, KernelParams, KernelSpec, LaunchConfig, Te
 
 /// The kernel source: all three paths, one compiled per variant.
 pub const SOURCE: &str = include_str!("softmax.cu");
+/// The cluster path's kernel source.
+pub const CLUSTER_SOURCE: &str = include_str!("softmax_cluster.cu");
 
 /// Kernel path; `Auto` lets the plan choose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -30,6 +32,10 @@ pub enum SoftmaxPath {
     BlockCached,
     /// A CTA per row, the row read twice (online max/sum, then write). Any cols.
     BlockUncached,
+    /// A cluster of 1..8 CTAs per row, each caching its share in shared memory in the input
+    /// dtype (loaded with cp.async), exchanging max and sum through distributed shared memory.
+    /// Needs 16-byte aligned rows; clusters of more than one CTA need sm_90.
+    Cluster,
 }
 
 impl SoftmaxPath {
@@ -39,6 +45,7 @@ impl SoftmaxPath {
             SoftmaxPath::WarpPerRow => "warp",
             SoftmaxPath::BlockCached => "block-smem",
             SoftmaxPath::BlockUncached => "block-uncached",
+            SoftmaxPath::Cluster => "cluster",
         }
     }
     pub fn parse(s: &str) -> Option<Self> {
@@ -51,7 +58,7 @@ impl SoftmaxPath {
             SoftmaxPath::WarpPerRow => 0,
             SoftmaxPath::BlockCached => 1,
             SoftmaxPath::BlockUncached => 2,
-            SoftmaxPath::Auto => unreachable!("resolved before use"),
+            SoftmaxPath::Cluster | SoftmaxPath::Auto => unreachable!("not a softmax.cu path"),
         }
     }
 }
@@ -62,6 +69,20 @@ pub const WARP_MAX_COLS: usize = 1024;
 const WARP_PATH_THREADS: u32 = 128;
 /// Threads per CTA of the uncached path: long rows need many loads in flight per row.
 const UNCACHED_THREADS: u32 = 1024;
+/// Shared memory a cluster-path CTA aims for: small enough that several CTAs share an SM, so
+/// one CTA's loads overlap another's stores.
+const CLUSTER_TARGET_SHARE_BYTES: usize = 64 * 1024;
+/// Rows of fewer input bytes stay on the block paths, which reach the copy roofline there.
+const CLUSTER_MIN_ROW_BYTES: usize = 32 * 1024;
+/// Threads of a cluster-path CTA: 512 for shares up to the target, 1024 above it (one CTA per
+/// SM then, so it alone must keep enough copies in flight).
+fn cluster_threads(share_bytes: usize) -> u32 {
+    if share_bytes <= CLUSTER_TARGET_SHARE_BYTES {
+        512
+    } else {
+        1024
+    }
+}
 /// Waves of resident CTAs launched by a grid-striding kernel (enough for load balance).
 const GRID_WAVES: u32 = 32;
 
@@ -81,11 +102,18 @@ pub struct Variant {
     pub rows_per_warp: u32,
     /// Warp path: lanes per row (1..32, a power of two).
     pub warp_width: u32,
+    /// Cluster path: CTAs per row (1, 2, 4 or 8).
+    pub cluster: u32,
+    /// Cluster path: output elements per vector store (1 = scalar).
+    pub out_pack: u32,
 }
 
 impl Variant {
     /// The kernel spec (name, preamble) of this variant.
     pub fn spec(&self) -> KernelSpec {
+        if self.path == SoftmaxPath::Cluster {
+            return self.cluster_spec();
+        }
         let name = format!(
             "softmax_{}_{}_{}_{}_t{}_p{}_c{}_r{}_w{}",
             self.kind.name(),
@@ -103,7 +131,7 @@ impl Variant {
              using InT = {};\nusing OutT = {};\n\
              constexpr bool kLogSoftmax = {};\nconstexpr int kPath = {};\nconstexpr int kBlockThreads = {};\n\
              constexpr int kPack = {};\nconstexpr int kColsPerThread = {};\nconstexpr int kRowsPerWarp = {};\n\
-             constexpr int kWarpWidth = {};\n#define TESSERA_SOFTMAX_PREAMBLE 1\n",
+             constexpr int kWarpWidth = {};\n#define TS_GENERATED_PREAMBLE 1\n",
             self.in_dtype.cuda_type(),
             self.out_dtype.cuda_type(),
             self.kind == SoftmaxKind::LogSoftmax,
@@ -120,6 +148,39 @@ impl Variant {
             source: SOURCE,
             preamble,
             entry: "softmax_kernel",
+        }
+    }
+
+    fn cluster_spec(&self) -> KernelSpec {
+        let name = format!(
+            "softmax_{}_{}_{}_cluster_t{}_p{}_o{}_k{}",
+            self.kind.name(),
+            self.in_dtype,
+            self.out_dtype,
+            self.block_threads,
+            self.pack,
+            self.out_pack,
+            self.cluster
+        );
+        let preamble = format!(
+            "#include \"tessera/dtype.cuh\"\n\
+             using InT = {};\nusing OutT = {};\nconstexpr bool kLogSoftmax = {};\n\
+             constexpr int kBlockThreads = {};\nconstexpr int kPack = {};\nconstexpr int kOutPack = {};\n\
+             constexpr int kCluster = {};\n#define TS_GENERATED_PREAMBLE 1\n",
+            self.in_dtype.cuda_type(),
+            self.out_dtype.cuda_type(),
+            self.kind == SoftmaxKind::LogSoftmax,
+            self.block_threads,
+            self.pack,
+            self.out_pack,
+            self.cluster
+        );
+        KernelSpec {
+            name,
+            file: "softmax_cluster.cu",
+            source: CLUSTER_SOURCE,
+            preamble,
+            entry: "softmax_cluster_kernel",
         }
     }
 
@@ -172,6 +233,8 @@ struct Launchable {
     variant: Variant,
     kernel: Arc<Kernel>,
     cfg: LaunchConfig,
+    /// Cluster path: columns per CTA.
+    chunk: usize,
 }
 
 /// The parameter struct of `softmax.cu` (`SoftmaxParams`, 56 bytes).
@@ -191,6 +254,18 @@ const _: () = assert!(std::mem::size_of::<SoftmaxParams>() == 56);
 // SAFETY: #[repr(C)] plain data matching `struct SoftmaxParams` in softmax.cu field by field
 // (two pointers, four 64-bit integers, two floats).
 unsafe impl KernelParams for SoftmaxParams {}
+
+/// The parameter struct of `softmax_cluster.cu` (`SoftmaxClusterParams`, 64 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct SoftmaxClusterParams {
+    pub base: SoftmaxParams,
+    pub chunk: i64,
+}
+const _: () = assert!(std::mem::size_of::<SoftmaxClusterParams>() == 64);
+// SAFETY: #[repr(C)]: SoftmaxParams (56 bytes, the same fields in the same order as the kernel's
+// struct) followed by one 64-bit integer, as `struct SoftmaxClusterParams` declares.
+unsafe impl KernelParams for SoftmaxClusterParams {}
 
 /// A planned softmax: the dispatch decision and compiled kernels for one [`SoftmaxShape`].
 /// Make it once, run it many times; `run` allocates nothing.
@@ -228,8 +303,21 @@ impl SoftmaxPlan {
         let info = ctx.info();
         let smem_needed = cached_smem_bytes(shape.cols);
         let fits_smem = smem_needed <= info.max_shared_per_block_optin as usize;
+        let (pi, po) = cluster_packs(shape);
+        let cluster_ok = (pi > 1 || po > 1)
+            && cluster_shape(
+                shape.cols,
+                shape.in_dtype.size(),
+                pi.max(po) as usize,
+                max_cluster(ctx),
+                info.max_shared_per_block_optin as usize,
+            )
+            .is_some();
         let path = match opts.path {
             SoftmaxPath::Auto if shape.cols <= WARP_MAX_COLS => SoftmaxPath::WarpPerRow,
+            SoftmaxPath::Auto if shape.cols * shape.in_dtype.size() > CLUSTER_MIN_ROW_BYTES && cluster_ok => {
+                SoftmaxPath::Cluster
+            }
             SoftmaxPath::Auto if fits_smem => SoftmaxPath::BlockCached,
             SoftmaxPath::Auto => SoftmaxPath::BlockUncached,
             SoftmaxPath::WarpPerRow if shape.cols > WARP_MAX_COLS => {
@@ -242,6 +330,16 @@ impl SoftmaxPlan {
                 return Err(Error::Unsupported(format!(
                     "the shared-memory path needs {smem_needed} B for {} columns; this device allows {} B per block",
                     shape.cols, info.max_shared_per_block_optin
+                )))
+            }
+            SoftmaxPath::Cluster if !cluster_ok => {
+                return Err(Error::Unsupported(format!(
+                    "the cluster path needs row strides that are multiples of 16 bytes and a row that {} CTAs \
+                     can hold in shared memory; got {} columns with strides {}/{}",
+                    max_cluster(ctx),
+                    shape.cols,
+                    shape.in_stride,
+                    shape.out_stride
                 )))
             }
             p => p,
@@ -262,8 +360,8 @@ impl SoftmaxPlan {
                 shape.cols
             ))
         })?;
-        let vector = if pack > 1 {
-            build_variant(ctx, shape, opts.kind, plan_path, pack)?
+        let vector = if pack > 1 || plan_path == SoftmaxPath::Cluster {
+            build_variant(ctx, shape, opts.kind, plan_path, pack.max(2))?
         } else {
             None
         };
@@ -369,6 +467,15 @@ impl SoftmaxPlan {
             scale_log2e: self.opts.scale * std::f32::consts::LOG2_E,
             scale: self.opts.scale,
         };
+        if l.variant.path == SoftmaxPath::Cluster {
+            let cp = SoftmaxClusterParams {
+                base: params,
+                chunk: l.chunk as i64,
+            };
+            // SAFETY: as below; every CTA of a cluster touches only its share of each row
+            // (columns [rank * chunk, (rank + 1) * chunk) clipped to cols).
+            return unsafe { l.kernel.launch(&self.ctx, l.cfg, &cp) };
+        }
         // SAFETY: the views were bounds-checked against their buffers when made (every row of
         // `cols` elements at `stride` lies inside its allocation), the shape equals the plan's
         // (checked above), the pointers are aligned for the variant chosen, and SoftmaxParams
@@ -380,6 +487,90 @@ impl SoftmaxPlan {
 /// Shared memory of the cached path: the row as f32, rounded up to 16 bytes.
 fn cached_smem_bytes(cols: usize) -> usize {
     (cols * 4).div_ceil(16) * 16
+}
+
+/// (CTAs per cluster, columns per CTA) for a row of `cols` elements of `in_size` bytes: the
+/// smallest cluster (up to `max_cluster`) whose per-CTA share fits the target, else the largest
+/// whose share fits `max_share` bytes. `None` when no cluster can hold the row.
+pub fn cluster_shape(
+    cols: usize,
+    in_size: usize,
+    align: usize,
+    max_cluster: u32,
+    max_share: usize,
+) -> Option<(u32, usize)> {
+    let share = |c: u32| cols.div_ceil(c as usize).div_ceil(align) * align;
+    let sizes: Vec<u32> = [1u32, 2, 4, 8].into_iter().filter(|&c| c <= max_cluster).collect();
+    if let Some(&c) = sizes
+        .iter()
+        .find(|&&c| share(c) * in_size <= CLUSTER_TARGET_SHARE_BYTES)
+    {
+        return Some((c, share(c)));
+    }
+    let c = *sizes.last()?;
+    (share(c) * in_size + 1024 <= max_share).then(|| (c, share(c)))
+}
+
+/// The cluster path's vector widths (input, output) for a shape: 16-byte packs where the row
+/// stride allows them (pointer alignment is checked per call).
+fn cluster_packs(shape: &SoftmaxShape) -> (u32, u32) {
+    let pi = pack_of(shape.in_dtype);
+    let po = pack_of(shape.out_dtype);
+    (
+        if shape.in_stride % pi as usize == 0 { pi } else { 1 },
+        if shape.out_stride % po as usize == 0 { po } else { 1 },
+    )
+}
+
+/// Largest cluster the device runs (clusters are a Hopper feature).
+fn max_cluster(ctx: &Context) -> u32 {
+    if ctx.info().compute_capability.0 >= 9 {
+        8
+    } else {
+        1
+    }
+}
+
+/// Compiles a cluster-path variant (`vector`: with 16-byte packs) and sizes its grid.
+fn build_cluster(
+    ctx: &Context,
+    shape: &SoftmaxShape,
+    mut variant: Variant,
+    vector: bool,
+) -> Result<Option<Launchable>> {
+    let (pi, po) = if vector { cluster_packs(shape) } else { (1, 1) };
+    if vector && pi == 1 && po == 1 {
+        return Ok(None);
+    }
+    let in_size = shape.in_dtype.size();
+    let optin = ctx.info().max_shared_per_block_optin as usize;
+    let Some((cluster, chunk)) = cluster_shape(shape.cols, in_size, pi.max(po) as usize, max_cluster(ctx), optin)
+    else {
+        return Ok(None);
+    };
+    let smem = (chunk * in_size).div_ceil(16) * 16;
+    variant.pack = pi;
+    variant.out_pack = po;
+    variant.cluster = cluster;
+    variant.cols_per_thread = 1;
+    variant.block_threads = cluster_threads(smem);
+    let threads = variant.block_threads;
+    let kernel = ctx.kernel(&variant.spec())?;
+    let resident = if cluster > 1 {
+        kernel.max_active_clusters(ctx, LaunchConfig::clustered(cluster, threads, smem as u32, cluster))?
+    } else {
+        kernel.max_active_blocks_per_sm(ctx, threads, smem as u32)? * ctx.info().sm_count
+    };
+    if resident == 0 {
+        return Ok(None);
+    }
+    let clusters = (shape.rows as u64).min(resident as u64 * 8).max(1) as u32;
+    Ok(Some(Launchable {
+        variant,
+        kernel,
+        cfg: LaunchConfig::clustered(clusters * cluster, threads, smem as u32, cluster),
+        chunk,
+    }))
 }
 
 /// Compiles one variant and sizes its grid. `None` when no CTA of that path fits an SM.
@@ -398,9 +589,11 @@ fn build_variant(
         path,
         block_threads: WARP_PATH_THREADS,
         pack,
-        cols_per_thread: 1,
+        cols_per_thread: pack, // warp path only; a valid value keeps block variants well-formed
         rows_per_warp: 1,
         warp_width: 32,
+        cluster: 1,
+        out_pack: 1,
     };
     let (threads, smem) = match path {
         SoftmaxPath::WarpPerRow => {
@@ -418,6 +611,7 @@ fn build_variant(
             }
         }
         SoftmaxPath::BlockUncached => (UNCACHED_THREADS, 0),
+        SoftmaxPath::Cluster => return build_cluster(ctx, shape, variant, pack > 1),
         SoftmaxPath::Auto => unreachable!("resolved by the plan"),
     };
     variant.block_threads = threads;
@@ -433,6 +627,7 @@ fn build_variant(
         variant,
         kernel,
         cfg: LaunchConfig::linear(grid, threads, smem),
+        chunk: 0,
     }))
 }
 
@@ -455,8 +650,16 @@ fn best_cached_block(ctx: &Context, base: &Variant, smem: u32) -> Result<Option<
     Ok(best.map(|(_, t)| t))
 }
 
-/// Every variant the dispatcher can produce for same-dtype softmax, plus every dtype pairing
-/// and kind on each path: what CI compiles for each target architecture.
+/// Every variant the dispatcher can produce on `arch` (clusters of several CTAs only on sm_90+)
+/// for same-dtype softmax, plus every dtype pairing and kind on each path: what CI compiles.
+pub fn ci_variants_for(arch: crate::runtime::Arch) -> Vec<Variant> {
+    ci_variants()
+        .into_iter()
+        .filter(|v| v.cluster <= 1 || arch.major >= 9)
+        .collect()
+}
+
+/// [`ci_variants_for`] a Hopper GPU: every variant.
 pub fn ci_variants() -> Vec<Variant> {
     let dtypes = [DType::F32, DType::F16, DType::BF16];
     let mut out = Vec::new();
@@ -467,9 +670,11 @@ pub fn ci_variants() -> Vec<Variant> {
         path,
         block_threads: threads,
         pack,
-        cols_per_thread: 1,
+        cols_per_thread: pack,
         rows_per_warp: 1,
         warp_width: 32,
+        cluster: 1,
+        out_pack: 1,
     };
     for &d in &dtypes {
         // Warp path: every (cols_per_thread, width, rows) shape for cols 1..=1024, both packs.
@@ -530,6 +735,30 @@ pub fn ci_variants() -> Vec<Variant> {
                     out.push(base(i, o, kind, SoftmaxPath::BlockCached, threads, pack));
                 }
                 out.push(base(i, o, kind, SoftmaxPath::BlockUncached, UNCACHED_THREADS, pack));
+            }
+        }
+    }
+    // Cluster path: every cluster size with both widths for the same-dtype pairs, and every
+    // pairing and kind once.
+    for &d in &dtypes {
+        for cluster in [1, 2, 4, 8] {
+            for (pack, threads) in [(pack_of(d), 512), (pack_of(d), 1024), (1, 512)] {
+                let mut v = base(d, d, SoftmaxKind::Softmax, SoftmaxPath::Cluster, threads, pack);
+                v.cluster = cluster;
+                v.out_pack = pack;
+                v.cols_per_thread = 1;
+                out.push(v);
+            }
+        }
+    }
+    for &i in &dtypes {
+        for &o in &dtypes {
+            for kind in [SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax] {
+                let mut v = base(i, o, kind, SoftmaxPath::Cluster, 512, pack_of(i));
+                v.cluster = 4;
+                v.out_pack = pack_of(o);
+                v.cols_per_thread = 1;
+                out.push(v);
             }
         }
     }

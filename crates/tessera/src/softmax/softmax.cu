@@ -1,75 +1,116 @@
 // softmax.cu: row-wise softmax / log_softmax over the last dimension, f32 compute.
 //
-// What. For each row i of a rows x cols matrix (row i at in + i * in_stride elements), with
-// x = scale * in:
-//     softmax     = exp(x - max) / sum,            sum = sum_j exp(x_j - max)
+// What. For each row of a rows x cols matrix, with x = scale * in:
+//     softmax     = exp(x - max) / sum,        sum = sum_j exp(x_j - max)
 //     log_softmax = x - max - ln(sum)
-// computed in the log2 domain: t = in * scale_log2e (host-computed scale * log2 e),
-// e_j = 2^(t_j - m) with m = max_j t_j, softmax = e_j / sum_j e_j,
-// log_softmax = (t_j - m) * ln 2 - ln(sum_j e_j). (`scale` itself is not needed by the kernel:
-// (t - m) * ln 2 is scale * (in - in_max) with one rounding less than scale*in - m*ln 2.)
+// computed in the log2 domain with s = scale_log2e (= scale * log2 e, computed on the host):
+//     m = max_j round(in_j * s)       (found as round(s * max in) for s > 0, round(s * min in) for
+//                                      s < 0: rounding is monotonic, no multiply per element)
+//     d_j = fma(in_j, s, -m)          (the product is never rounded on its own)
+//     softmax = 2^d_j / sum_j 2^d_j,  log_softmax = d_j * ln 2 - ln(sum_j 2^d_j).
+// Every pass evaluates the same d_j, so the max element's residual (in*s - m, below half an ulp
+// of m) cancels between numerator and denominator, and rows of huge logits (|in * s| ~ 1e5 with
+// near ties) keep f32 accuracy; rounding t = in * s first would cost ~|t| * 2^-24 relative (a
+// 1e-3 error, seen on an H200 in an earlier version). The kernel reads `scale_log2e` only;
+// `scale` is in the struct for the record.
 // Special rows, exactly as the CPU reference (reference.rs):
-//   * any NaN in the row (also 0 * inf from the scale): the whole output row is NaN
-//     (the row max is NaN-propagating, the row's 1/sum or -ln(sum) is forced to NaN);
-//   * every element -inf: softmax 0 everywhere, log_softmax -inf everywhere, no NaN;
+//   * any NaN in the row (also 0 * inf from the scale): the whole output row is NaN (the row
+//     max is NaN-propagating and the row's 1/sum or -ln(sum) is then forced to NaN);
+//   * every element -inf: softmax 0 everywhere, log_softmax -inf everywhere, no NaN (the shift
+//     subtracted from -inf is 0, not -inf; 1/sum and -ln(sum) are replaced by 0 when sum = 0);
 //   * k elements +inf: they share the mass (softmax 1/k, log_softmax -ln k), the rest get 0 /
-//     -inf (t - m is taken as 0 where t == m == +inf: see tessera/online_softmax.cuh).
-//   The shifted exponent is min(t - shift, 0) with shift = m (0 when m = -inf); min drops the
-//   NaN of +inf - +inf. Probabilities use ex2.approx without .ftz, so outputs down to the
-//   subnormal range (< 1.18e-38) are kept rather than flushed.
-//   Caveat: t is f32, so |scale * in| * log2 e beyond 3.4e38 overflows to +-inf and is treated
-//   as an infinity (the f64 reference still sees a finite value there).
+//     -inf: d_j is clamped at 1 (ts::shifted_fma), which turns +inf - +inf = NaN into 1 for all k
+//     of them and never touches a regular d_j (<= half an ulp of m) while |m| < 2^24.
+// Exponentials are MUFU.EX2 (ex2.approx.ftz, ~2 ulp). Softmax outputs are evaluated as
+// 2^(d + 1) * (1 / (2 sum)) (kProbBias), so results down to 2^-127 (~5.9e-39) survive the flush
+// to zero and come out as subnormals from the final (non-ftz) multiply: every output >= 1e-38 is
+// kept. Caveats: |in * s| >= 2^128 overflows f32 and is treated as that infinity (the f64
+// reference still sees a finite value); beyond |m| >= 2^24 the clamp may shave the residual of
+// the top element (f32 has no fractional exponent bits left there anyway).
 //
-// Layout. InT in, OutT out, both row-major with element row strides (in_stride, out_stride >=
-// cols). out may alias in exactly (out == in and out_stride == in_stride): every element is read
-// by the thread that later writes it, and all of a row's reads happen before any of its writes
-// (path 0: registers; path 1: a row is fully cached before the block reduction; path 2: pass 2
-// reads each element in the same thread just before writing it, after the block reduction that
-// ends pass 1). Rows never overlap (stride >= cols).
+// Layout. InT in (float, f16, bf16), OutT out (any tessera storage type), both row-major with
+// element row strides in_stride, out_stride >= cols. out may alias in exactly (out == in and
+// out_stride == in_stride): every element is read by the thread that later writes it, and all of
+// a row's reads happen before any of its writes (path 0: the row is in registers before the
+// reductions; path 1: cached in shared memory before the block reduction; path 2: pass 2 reads
+// each element in the same thread just before writing it, after the block reduction that ends
+// pass 1). Rows never overlap (stride >= cols). Loads and stores are ordered asm volatile.
 //
-// Paths (kPath, one per compiled variant), all grid-striding over rows so any grid is correct:
-//   0  warp per row(s): a group of kWarpWidth lanes (32, or 16/8/4/2/1 for short rows: several
-//      groups per warp) owns kRowsPerWarp rows at a time. Lane l of a group holds, for pack slot
-//      j < kColsPerThread / kPack, the kPack columns starting at (j * kWarpWidth + l) * kPack
-//      (consecutive lanes read consecutive 16-byte chunks), so a row may have up to
-//      kWarpWidth * kColsPerThread columns. Columns >= cols are -inf in registers and not
-//      stored; a pack straddling `cols` is loaded/stored element by element. All loads of the
-//      iteration are issued first, then max (sub-warp butterfly), sum, write. No shared memory.
-//      Block kBlockThreads (128) threads; rows per CTA iteration
-//      rows_per_cta = (kBlockThreads / kWarpWidth) * kRowsPerWarp.
+// Paths (kPath, one per compiled variant); every path grid-strides over rows, so any grid >= 1
+// is correct:
+//   0  warp per row(s), row in registers. A group of kWarpWidth lanes (32, or 16/8/4/2/1 for
+//      short rows: 32/kWarpWidth groups per warp) owns kRowsPerWarp rows at a time. Lane l of a
+//      group holds, for pack slot j < kColsPerThread / kPack, the kPack columns starting at
+//      (j * kWarpWidth + l) * kPack (consecutive lanes read consecutive 16-byte chunks), so a row
+//      has at most kWarpWidth * kColsPerThread columns. Columns >= cols and rows >= rows hold
+//      the input-type infinity that the scale maps to -inf and are not stored; a pack straddling
+//      `cols` is loaded/stored element by element. All loads of an iteration are issued first,
+//      then max (sub-warp butterfly), sum, write. No shared memory.
+//      CTA = kBlockThreads (128) threads; rows per CTA iteration
+//      rows_per_cta = (kBlockThreads / kWarpWidth) * kRowsPerWarp;
 //      grid = min(ceil(rows / rows_per_cta), cap).
-//   1  block per row, row cached in shared memory: one CTA of kBlockThreads (128..1024) per row,
-//      grid = min(rows, cap). Pass A streams the row from global once (batches of kUnroll
-//      16-byte loads per thread), stores t = in * scale_log2e in shared memory as f32 and keeps
-//      a running max; block max; pass B sums from shared memory; block sum; pass C writes from
-//      shared memory. Each thread only ever touches its own shared-memory slots (same index
-//      mapping in all passes), so rows need no barrier besides the two reductions.
-//      Dynamic shared memory: exactly round_up(cols * 4, 16) bytes (Rust passes it and raises
-//      cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KiB). Shared-memory layout: the
+//   1  CTA per row, row cached in shared memory: kBlockThreads (128..1024) threads,
+//      grid = min(rows, cap). Pass A streams the row from global once (batches of kUnroll = 4
+//      16-byte loads per thread), stores the inputs in shared memory as f32 and keeps a running
+//      max (or min, s < 0); block max of round(s * extreme); pass B sums 2^d from shared memory;
+//      block sum; pass C writes from shared memory. Each thread only touches its own
+//      shared-memory slots (the same index mapping in all passes), so no barrier is needed
+//      besides the two reductions.
+//      Dynamic shared memory: exactly round_up(cols * 4, 16) bytes (the Rust side passes it and
+//      raises cudaFuncAttributeMaxDynamicSharedMemorySize above 48 KiB). Layout: the
 //      P = cols / kPack full packs are stored as kPack/4 planes of float4 chunks (plane h holds
-//      floats 4h..4h+3 of every pack: chunk index h * P + q), so a warp's 16-byte chunk
+//      floats 4h..4h+3 of every pack, chunk index h * P + q), so a warp's 16-byte chunk
 //      stores/loads hit consecutive addresses (no bank conflicts); the cols % kPack tail floats
 //      follow at P * kPack. Static shared memory: 2 * kBlockThreads/32 floats.
-//   2  block per row, uncached: one CTA (128..1024 threads) per row, grid = min(rows, cap).
-//      Pass 1 reads the row (L1::no_allocate, keeping it in L2 for pass 2) folding each batch of
-//      kUnroll packs into a per-thread OnlineSoftmax state (m, d) with one rescale per batch;
+//   2  CTA per row, uncached: kBlockThreads (128..1024) threads, grid = min(rows, cap). Pass 1
+//      reads the row (L1::no_allocate, leaving it in L2 for pass 2), folding each batch of
+//      kUnroll packs into a per-thread OnlineSoftmax state (m, d) with one rescale per batch
+//      (OnlineSoftmax::update_chunk_fma: the same d_j as above, relative to the thread's m);
 //      block merge of the states; pass 2 re-reads the row (evict-first) and writes. No dynamic
-//      shared memory; static: 2 * kBlockThreads/32 (m, d) pairs. 64-bit row offsets; columns are
-//      int (cols < 2^31; tested up to 2^24).
+//      shared memory; static: 2 * kBlockThreads/32 (m, d) pairs of 8 bytes.
+//      64-bit row offsets; column indices are int (cols < 2^31; tested at 2^24).
 //
-// Roofline: memory-bound (a few flops per element). Bytes = rows * cols * (sizeof(InT) +
-// sizeof(OutT)) for paths 0 and 1 (read once, write once); path 2 reads the input twice (the
-// second read partly from L2). Target >= 90% of the device-to-device copy bandwidth for paths
-// 0 and 1 at large rows * cols. Accesses are 16 bytes per thread when kPack > 1.
+// Roofline: memory-bound (about 8 instructions per element). Bytes = rows * cols * (sizeof(InT)
+// + sizeof(OutT)) for paths 0 and 1 (read once, write once); path 2 reads the input twice, so
+// its ceiling is 2/3 of copy bandwidth (less where L2 serves the second read). Target: >= 90% of
+// the device-to-device copy bandwidth for paths 0 and 1 at large rows * cols.
+//
+// Measured (H200, copy = 4.23 TB/s read+write, 128-512 MiB of traffic per call, sm_90a cubins
+// loaded through the driver API, softmax, same in/out dtype, median of 7 groups of 8 launches;
+// % of copy bandwidth; (wW cC rR) = kWarpWidth, kColsPerThread, kRowsPerWarp):
+//   path 0 f16/bf16  cols 512 (w32 c16 r1): 93%  768 (w32 c32 / c24): 94%
+//                    cols 1000, 1024 (w32 c32): 91%
+//                    cols 128: 92% (w8 c16 r2), 89% (w16 c8 r2), 87% (w4 c32 r1)
+//          f32       cols 128 (w16 c8 r1): 97%  512 (w32 c32): 95%  768..1024 (w32 c32): 93-94%
+//   path 1 f16/bf16  cols 4096 (128 threads): 90%  16384 (512 threads): 82-84%
+//          f32       cols 4096 (128-256 threads): 91%  16384 (512): 91%  32768 (1024): 84%
+//   path 2 any       cols 32768 .. 2^19 (384-1024 threads): 60-62% (its 3-pass ceiling is 67%)
+//   torch.softmax (2.11) on the same shapes in the same run: 30-61% (f16/bf16), 48-99% (f32).
+// Ladder (f16 path 0 at cols 1024 / 128; each step measured on the H200):
+//   1. first version (t = in * s rounded into registers, per-element masking selects, ex2
+//      without .ftz for subnormal outputs): 58% / 75%.
+//   2. prefetching the next rows into a second register buffer: slower (96 -> 128 registers,
+//      fewer warps per SM); dropped.
+//   3. raw packs kept as 32-bit words (no PRMT per 16-bit element), masked columns filled with
+//      the input-type infinity instead of per-element selects, max over unscaled inputs and
+//      d = fma(in, s, -m) (no FMUL per element), ex2.ftz with the +1 bias instead of the
+//      4-instruction subnormal fix-up: 92% / 90% (68 registers instead of 96).
+//   4. paths 1 and 2 switched to the same fma form (accuracy on huge logits; speed unchanged).
+//   5. grid-stride loop bounded per CTA instead of per warp: ptxas proves convergence at the
+//      shuffles and drops their non-converged fallbacks (and an 8-byte stack frame on sm_80):
+//      +1-4% on short rows (f16 cols 128: 90% -> 92%).
 //
 // Launch contract (the Rust side upholds it; see the static_asserts below):
 //   * kPack > 1 only when in and out are 16-byte aligned and in_stride, out_stride are multiples
-//     of kPack; kPack * sizeof(InT) <= 16 (kPack = 16 / sizeof(InT) or 1). cols need not be a
-//     multiple of kPack (the tail is handled element-wise).
-//   * Path 0: kWarpWidth in {1, 2, 4, 8, 16, 32}, kColsPerThread a multiple of kPack, at most 32,
-//     cols <= kWarpWidth * kColsPerThread, kRowsPerWarp in {1, 2}, kBlockThreads a multiple of 32.
+//     of kPack; kPack * sizeof(InT) <= 16 (kPack = 16 / sizeof(InT), a smaller power of two, or
+//     1). cols need not be a multiple of kPack (the tail is handled element-wise). Output packs
+//     wider than 16 bytes (f16 in, f32 out) are stored as 16-byte pieces.
+//   * Path 0: kWarpWidth in {1, 2, 4, 8, 16, 32}; kColsPerThread a multiple of kPack, at most 32
+//     (any such value, not only powers of two); cols <= kWarpWidth * kColsPerThread;
+//     kRowsPerWarp in {1, 2}; kBlockThreads a multiple of 32 (128 is what was tuned).
 //   * Paths 1 and 2: kBlockThreads a multiple of 32 in [128, 1024]; path 1 needs the dynamic
 //     shared memory above.
+//   * scale_log2e finite and non-zero (path 0 picks max or min of the inputs by its sign).
 //   * rows < 2^62, cols < 2^31.
 
 #include "tessera/common.cuh"
@@ -100,11 +141,14 @@ static_assert(kBlockThreads % 32 == 0 && kBlockThreads >= 32 && kBlockThreads <=
 static_assert(kPath == 0 || kBlockThreads >= 128, "block paths use 128..1024 threads");
 static_assert(kPack >= 1 && ts::is_pow2(kPack) && kPack * (int)sizeof(InT) <= 16,
               "kPack must be a power of two with kPack * sizeof(InT) <= 16");
-static_assert(kPath != 0 || (ts::is_pow2(kWarpWidth) && kWarpWidth <= 32), "kWarpWidth must be 1, 2, 4, 8, 16 or 32");
+static_assert(kPath != 0 || (ts::is_pow2(kWarpWidth) && kWarpWidth <= 32),
+              "kWarpWidth must be 1, 2, 4, 8, 16 or 32");
 static_assert(kPath != 0 || (kColsPerThread % kPack == 0 && kColsPerThread >= kPack && kColsPerThread <= 32),
               "kColsPerThread must be a multiple of kPack, at most 32");
 static_assert(kPath != 0 || kRowsPerWarp == 1 || kRowsPerWarp == 2, "kRowsPerWarp must be 1 or 2");
-static_assert(ts::is_storage_type_v<InT> && ts::is_storage_type_v<OutT>, "unsupported InT/OutT");
+static_assert(ts::is_same_v<InT, float> || ts::is_same_v<InT, ts::f16> || ts::is_same_v<InT, ts::bf16>,
+              "InT must be float, ts::f16 or ts::bf16 (path 0 masks with the input type's infinity)");
+static_assert(ts::is_storage_type_v<OutT>, "unsupported OutT");
 
 // ---- parameters (mirrored by #[repr(C)] SoftmaxParams in softmax/mod.rs) ------------------------
 struct SoftmaxParams {
@@ -133,42 +177,60 @@ constexpr ts::CacheLoad kLoadKeep = ts::CacheLoad::kNoAllocate;
 constexpr ts::CacheStore kStoreHint = ts::CacheStore::kDefault;
 
 using InPack = ts::Pack<InT, kPack>;
+/// An InPack as 32-bit words (itself when smaller than a word): what path 0 keeps in registers.
+using RawWords =
+    ts::conditional_t<(sizeof(InPack) >= 4), ts::Array<uint32_t, (int)(sizeof(InPack) + 3) / 4>, InPack>;
 
-/// The per-row output transform, built once the row max m (log2 domain) and the sum of
-/// 2^(t - m) are known.
+/// Softmax outputs are computed as 2^(d + 1) * (coef / 2) with d = x * s - m <= 0: MUFU.EX2
+/// flushes results below 2^-126, and the +1 moves that limit to outputs below 2^-127 (~5.9e-39),
+/// so every output >= 1e-38 is kept (as a subnormal from the final non-ftz multiply) at the cost
+/// of one FADD (path 0: none, folded into its FMA), instead of the four-instruction range fix-up
+/// of ex2.approx without .ftz.
+constexpr float kProbBias = 1.0f;
+
+/// The per-row output transform of paths 1 and 2, built once the row max m = max_j round(x_j * s)
+/// and the sum of 2^(x * s - m) (as ts::exp2_fma computes its terms) are known.
 struct RowFinish {
-  float shift;  // softmax_shift(m): m, or 0 for an all -inf row
-  float coef;   // softmax: 1/sum (0 for an all -inf row); log_softmax: -ln(sum) (0 then); NaN for a NaN row
+  float s;          // scale_log2e
+  float neg_shift;  // -softmax_shift(m): -m, or 0 for an all -inf row
+  float coef;       // softmax: 2^-kProbBias / sum (0 for an all -inf row);
+                    // log_softmax: -ln(sum) (0 for an all -inf row); NaN for a NaN row
 
-  TS_DEVICE static RowFinish make(float m, float sum) {
+  TS_DEVICE static RowFinish make(float s, float m, float sum) {
     RowFinish f;
-    f.shift = ts::softmax_shift(m);
+    f.s = s;
+    f.neg_shift = -ts::softmax_shift(m);
     if constexpr (kLogSoftmax) {
       f.coef = sum == 0.0f ? 0.0f : -logf(sum);   // once per row: the accurate logf
     } else {
-      f.coef = sum == 0.0f ? 0.0f : ts::fast_rcp(sum);
+      f.coef = sum == 0.0f ? 0.0f : 0.5f * ts::fast_rcp(sum);
     }
     if (ts::is_nan(m)) f.coef = m;
     return f;
   }
-  /// min(t - m, 0): the log2-domain offset from the max, with the +inf and -inf conventions.
-  TS_DEVICE float offset(float t) const { return fminf(t - shift, 0.0f); }
-  /// 2^(t - m), subnormal results kept (it is an output).
-  TS_DEVICE float prob_unnormalized(float t) const { return ts::exp2_approx_denorm(offset(t)); }
-  TS_DEVICE float operator()(float t) const {
+  TS_DEVICE float operator()(float x) const {
+    const float d = ts::shifted_fma(x, s, neg_shift);
     if constexpr (kLogSoftmax) {
-      return fmaf(offset(t), ts::kLn2, coef);
+      return fmaf(d, ts::kLn2, coef);
     } else {
-      return prob_unnormalized(t) * coef;
+      return ts::exp2_approx(d + kProbBias) * coef;
     }
   }
 };
-
-/// 2^(t - m) for a sum only (flushing subnormal terms does not matter next to the max's 1).
-TS_DEVICE float sum_term(float t, float shift) { return ts::exp2_shifted(t, shift); }
+static_assert(kProbBias == 1.0f, "RowFinish::make folds 2^-kProbBias = 0.5 into coef");
 
 // =================================================================================================
 // Path 0: a group of kWarpWidth lanes per row, kRowsPerWarp rows per group, row in registers.
+//
+// Registers hold the unscaled inputs x (converted to f32). With s = scale_log2e:
+//   m   = max_j round(x_j * s), found as round(s * max_j x_j) (s > 0) or round(s * min_j x_j)
+//         (s < 0): rounding is monotonic, so this is the same value without a multiply per element;
+//   d_j = min(fma(x_j, s, b - shift), b + 1) with b = 0 (log_softmax) or kProbBias (softmax).
+// The fma keeps x_j * s unrounded, and the same d_j feeds the sum and the output, so the max
+// element's residual x*s - m cancels between numerator and denominator. The clamp at b + 1 only
+// acts on +inf - +inf = NaN (an exact d_j is <= b plus a sub-ulp residual): every +inf element then
+// gets 2^(b+1) and the row normalises to 1/k each (log: (b+1) ln 2 - ln(k 2^(b+1)) = -ln k).
+// Masked columns and rows are filled with the input-type infinity that x * s maps to -inf.
 // =================================================================================================
 TS_DEVICE void softmax_warp_rows(const SoftmaxParams& p) {
   constexpr int kW = kWarpWidth;
@@ -176,27 +238,38 @@ TS_DEVICE void softmax_warp_rows(const SoftmaxParams& p) {
   constexpr int kC = kColsPerThread;
   constexpr int kSlots = kC / kPack;                       // packs per row per lane
   constexpr int kRowsPerWarpIter = (ts::kWarpSize / kW) * kR;
+  constexpr float kBias = kLogSoftmax ? 0.0f : kProbBias;
 
   const InT* in = static_cast<const InT*>(p.in);
   OutT* out = static_cast<OutT*>(p.out);
   const long long rows = p.rows, in_stride = p.in_stride, out_stride = p.out_stride;
   const int cols = (int)p.cols;
-  const float scale = p.scale_log2e;
+  const float s = p.scale_log2e;
+  const bool positive = s > 0.0f;                          // uniform; s != 0 (validated on the host)
   const int lane = ts::lane_id();
   const int group = lane / kW;        // which row group of the warp
   const int gl = lane % kW;           // lane within the group
 
-  const long long warp_global = (long long)blockIdx.x * kWarps + ts::warp_id();
-  const long long step = (long long)gridDim.x * kWarps * kRowsPerWarpIter;
-  // The loop bound depends on the warp only, so every lane runs the same iterations and the
-  // full-mask shuffles below stay convergent; rows past the end take part masked.
-  for (long long base = warp_global * kRowsPerWarpIter; base < rows; base += step) {
-    const long long row0 = base + (long long)group * kR;
+  // What a masked element holds: an infinity that the scale maps to -inf.
+  const InT fill = ts::from_float<InT>(positive ? ts::kNegInf : ts::kPosInf);
+  InPack fill_pack;
+#pragma unroll
+  for (int k = 0; k < kPack; ++k) fill_pack[k] = fill;
+  const RawWords fill_words = ts::bit_cast<RawWords>(fill_pack);
 
-    // ---- load: every access of the iteration first, then convert ----
-    // A pack straddling `cols` (only when cols % kPack != 0) is read element by element; the
-    // conversion below masks every column >= cols (and every row >= rows) to -inf.
-    InPack raw[kR][kSlots];
+  // The loop runs over CTA-sized row blocks, so its bound depends on blockIdx / gridDim only:
+  // ptxas sees a CTA-uniform branch and knows every warp is converged at the full-mask shuffles
+  // below (with a per-warp bound it also emits a non-converged fallback for each shuffle, which
+  // on sm_80 can be outlined into a subroutine with a stack frame). Rows past the end take part
+  // masked.
+  constexpr long long kRowsPerCta = (long long)kWarps * kRowsPerWarpIter;
+  const long long step = (long long)gridDim.x * kRowsPerCta;
+  for (long long cta_base = (long long)blockIdx.x * kRowsPerCta; cta_base < rows; cta_base += step) {
+    const long long row0 = cta_base + (long long)ts::warp_id() * kRowsPerWarpIter + (long long)group * kR;
+
+    // ---- load: every access of the iteration first ----
+    // A pack straddling `cols` (only when cols % kPack != 0) is read element by element.
+    RawWords raw[kR][kSlots];
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       const bool valid = row0 + r < rows;
@@ -204,57 +277,72 @@ TS_DEVICE void softmax_warp_rows(const SoftmaxParams& p) {
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
         const int c = (j * kW + gl) * kPack;
-        InPack pk = {};
+        // raw holds 32-bit words and is only assigned whole packs: element-typed registers
+        // merged across these branches would cost one PRMT per 16-bit element.
         if (valid && c + kPack <= cols) {
-          pk = ts::load_pack<kPack, kLoadOnce>(src + c);
+          raw[r][j] = ts::bit_cast<RawWords>(ts::load_pack<kPack, kLoadOnce>(src + c));
         } else if (kPack > 1 && valid && c < cols) {
+          InPack pk = fill_pack;
 #pragma unroll
           for (int k = 0; k < kPack; ++k) {
             if (c + k < cols) pk[k] = ts::load_scalar<kLoadOnce>(src + c + k);
           }
+          raw[r][j] = ts::bit_cast<RawWords>(pk);
+        } else {
+          raw[r][j] = fill_words;
         }
-        raw[r][j] = pk;
       }
     }
-    float t[kR][kC];
+    float x[kR][kC];
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      const bool valid = row0 + r < rows;
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
-        const int c = (j * kW + gl) * kPack;
-        const ts::Array<float, kPack> f = ts::to_floats(raw[r][j]);
+        const ts::Array<float, kPack> f = ts::to_floats(ts::bit_cast<InPack>(raw[r][j]));
 #pragma unroll
-        for (int k = 0; k < kPack; ++k) t[r][j * kPack + k] = (valid && c + k < cols) ? f[k] * scale : ts::kNegInf;
+        for (int k = 0; k < kPack; ++k) x[r][j * kPack + k] = f[k];
       }
     }
 
-    // ---- row max (NaN-propagating), over the lane's slots then the group ----
+    // ---- row max of x * s (NaN-propagating), over the lane's slots then the group ----
     float m[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      float v = t[r][0];
+      float v = x[r][0];
+      if (positive) {
 #pragma unroll
-      for (int i = 1; i < kC; ++i) v = ts::max_nan(v, t[r][i]);
-      m[r] = ts::warp_allreduce_max<kW>(v);
+        for (int i = 1; i < kC; ++i) v = ts::max_nan(v, x[r][i]);
+      } else {
+#pragma unroll
+        for (int i = 1; i < kC; ++i) v = ts::min_nan(v, x[r][i]);
+      }
+      m[r] = ts::warp_allreduce_max<kW>(__fmul_rn(v, s));
     }
 
-    // ---- sum of 2^(t - m); softmax keeps the exponentials for the write ----
-    RowFinish fin[kR];
+    // ---- d = x * s - m (+ bias), the sum of 2^d; softmax keeps 2^d for the write ----
+    float coef[kR];
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      const float shift = ts::softmax_shift(m[r]);
-      float s = 0.0f;
+      const float shift = kBias - ts::softmax_shift(m[r]);
+      float sum = 0.0f;
 #pragma unroll
       for (int i = 0; i < kC; ++i) {
+        const float d = fminf(fmaf(x[r][i], s, shift), kBias + 1.0f);
         if constexpr (kLogSoftmax) {
-          s += sum_term(t[r][i], shift);
+          x[r][i] = d;
+          sum += ts::exp2_approx(d);
         } else {
-          t[r][i] = ts::exp2_approx_denorm(fminf(t[r][i] - shift, 0.0f));
-          s += t[r][i];
+          x[r][i] = ts::exp2_approx(d);
+          sum += x[r][i];
         }
       }
-      fin[r] = RowFinish::make(m[r], ts::warp_allreduce_sum<kW>(s));
+      sum = ts::warp_allreduce_sum<kW>(sum);
+      if constexpr (kLogSoftmax) {
+        coef[r] = sum == 0.0f ? 0.0f : -logf(sum);
+      } else {
+        coef[r] = sum == 0.0f ? 0.0f : ts::fast_rcp(sum);
+      }
+      if (ts::is_nan(m[r])) coef[r] = m[r];
     }
 
     // ---- write ----
@@ -268,8 +356,8 @@ TS_DEVICE void softmax_warp_rows(const SoftmaxParams& p) {
         ts::Array<float, kPack> o;
 #pragma unroll
         for (int k = 0; k < kPack; ++k) {
-          const float v = t[r][j * kPack + k];
-          o[k] = kLogSoftmax ? fin[r](v) : v * fin[r].coef;
+          const float v = x[r][j * kPack + k];
+          o[k] = kLogSoftmax ? fmaf(v, ts::kLn2, coef[r]) : v * coef[r];
         }
         if (c + kPack <= cols) {
           ts::store_floats<kStoreHint>(dst + c, o);
@@ -285,15 +373,15 @@ TS_DEVICE void softmax_warp_rows(const SoftmaxParams& p) {
 }
 
 // =================================================================================================
-// Path 1: a CTA per row, the scaled row cached in shared memory as f32.
+// Path 1: a CTA per row, the row cached in shared memory as f32.
 // =================================================================================================
-TS_DEVICE void softmax_block_cached(const SoftmaxParams& p) {
+template <typename Ext>
+TS_DEVICE void block_cached_rows(const SoftmaxParams& p, float (&red)[2][kWarps]) {
   constexpr int kT = kBlockThreads;
   constexpr int kChunk = kPack < 4 ? kPack : 4;     // floats per shared-memory access
   constexpr int kPlanes = kPack / kChunk;           // shared-memory planes per pack
   using Chunk = ts::Array<float, kChunk>;
 
-  __shared__ float red[2][kWarps];
   float* cache = ts::dynamic_smem<float>();
   Chunk* chunks = reinterpret_cast<Chunk*>(cache);
 
@@ -302,16 +390,16 @@ TS_DEVICE void softmax_block_cached(const SoftmaxParams& p) {
   const long long rows = p.rows, in_stride = p.in_stride, out_stride = p.out_stride;
   const int cols = (int)p.cols;
   const int packs = cols / kPack;                   // full packs
-  const int tail = packs * kPack;                   // cols - tail < kPack <= kT: one element per thread at most
-  const float scale = p.scale_log2e;
+  const int tail = packs * kPack;                   // cols - tail < kPack <= kT: <= 1 element per thread
+  const float s = p.scale_log2e;
   const int tid = ts::thread_id();
 
   for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
     const InT* src = in + row * in_stride;
     OutT* dst = out + row * out_stride;
 
-    // ---- pass A: global -> shared (t = in * scale_log2e), running max ----
-    float mx = ts::kNegInf;
+    // ---- pass A: global -> shared (x as f32), running extreme of x ----
+    float ext = Ext::kIdentity;
     auto stash = [&](int q, const InPack& pk) {
       const ts::Array<float, kPack> f = ts::to_floats(pk);
 #pragma unroll
@@ -319,8 +407,8 @@ TS_DEVICE void softmax_block_cached(const SoftmaxParams& p) {
         Chunk ch;
 #pragma unroll
         for (int k = 0; k < kChunk; ++k) {
-          ch[k] = f[h * kChunk + k] * scale;
-          mx = ts::max_nan(mx, ch[k]);
+          ch[k] = f[h * kChunk + k];
+          ext = Ext{}(ext, ch[k]);
         }
         chunks[h * packs + q] = ch;
       }
@@ -335,28 +423,28 @@ TS_DEVICE void softmax_block_cached(const SoftmaxParams& p) {
     }
     for (; q < packs; q += kT) stash(q, ts::load_pack<kPack, kLoadOnce>(src + q * kPack));
     if (const int c = tail + tid; c < cols) {
-      const float v = ts::to_float(ts::load_scalar<kLoadOnce>(src + c)) * scale;
+      const float v = ts::to_float(ts::load_scalar<kLoadOnce>(src + c));
       cache[c] = v;
-      mx = ts::max_nan(mx, v);
+      ext = Ext{}(ext, v);
     }
-    mx = ts::block_allreduce_max<kT>(mx, red[0]);
+    const float m = ts::block_allreduce_max<kT>(__fmul_rn(ext, s), red[0]);
 
     // ---- pass B: sum from shared memory (own slots only) ----
-    const float shift = ts::softmax_shift(mx);
-    float s = 0.0f;
+    const float neg_shift = -ts::softmax_shift(m);
+    float sum = 0.0f;
 #pragma unroll 4
     for (int q2 = tid; q2 < packs; q2 += kT) {
 #pragma unroll
       for (int h = 0; h < kPlanes; ++h) {
         const Chunk ch = chunks[h * packs + q2];
 #pragma unroll
-        for (int k = 0; k < kChunk; ++k) s += sum_term(ch[k], shift);
+        for (int k = 0; k < kChunk; ++k) sum += ts::exp2_fma(ch[k], s, neg_shift);
       }
     }
-    if (const int c = tail + tid; c < cols) s += sum_term(cache[c], shift);
+    if (const int c = tail + tid; c < cols) sum += ts::exp2_fma(cache[c], s, neg_shift);
     // red[1] vs red[0]: the barrier inside this reduction also orders the next row's red[0]
     // writes after every thread's red[0] reads above (see reduce.cuh).
-    const RowFinish fin = RowFinish::make(mx, ts::block_allreduce_sum<kT>(s, red[1]));
+    const RowFinish fin = RowFinish::make(s, m, ts::block_allreduce_sum<kT>(sum, red[1]));
 
     // ---- pass C: shared -> global ----
 #pragma unroll 2
@@ -370,59 +458,79 @@ TS_DEVICE void softmax_block_cached(const SoftmaxParams& p) {
       }
       ts::store_floats<kStoreHint>(dst + q2 * kPack, o);
     }
-    if (const int c = tail + tid; c < cols) ts::store_scalar<kStoreHint>(dst + c, ts::from_float<OutT>(fin(cache[c])));
+    if (const int c = tail + tid; c < cols) {
+      ts::store_scalar<kStoreHint>(dst + c, ts::from_float<OutT>(fin(cache[c])));
+    }
+  }
+}
+
+/// The row extreme is a max of x for s > 0 and a min for s < 0 (the max of x * s either way):
+/// one instantiation per sign keeps it a single FMNMX per element.
+TS_DEVICE void softmax_block_cached(const SoftmaxParams& p) {
+  __shared__ float red[2][kWarps];
+  if (p.scale_log2e > 0.0f) {
+    block_cached_rows<ts::MaxOp>(p, red);
+  } else {
+    block_cached_rows<ts::MinOp>(p, red);
   }
 }
 
 // =================================================================================================
 // Path 2: a CTA per row, two passes over global memory with an online (m, d) state.
 // =================================================================================================
-TS_DEVICE void softmax_block_uncached(const SoftmaxParams& p) {
+template <typename Ext>
+TS_DEVICE void block_uncached_rows(const SoftmaxParams& p, ts::OnlineSoftmax (&red)[2][kWarps]) {
   constexpr int kT = kBlockThreads;
-  __shared__ ts::OnlineSoftmax red[2][kWarps];
 
   const InT* in = static_cast<const InT*>(p.in);
   OutT* out = static_cast<OutT*>(p.out);
   const long long rows = p.rows, in_stride = p.in_stride, out_stride = p.out_stride;
   const int cols = (int)p.cols;
   const int packs = cols / kPack;
-  const int tail = packs * kPack;                   // cols - tail < kPack <= kT: one element per thread at most
-  const float scale = p.scale_log2e;
+  const int tail = packs * kPack;                   // cols - tail < kPack <= kT: <= 1 element per thread
+  const float s = p.scale_log2e;
   const int tid = ts::thread_id();
   int parity = 0;
+
+  // Folds N inputs into the thread's state: one extreme, one rescale, N exp2.
+  auto fold = [&](ts::OnlineSoftmax& st, const auto& x) {
+    float ext = x[0];
+#pragma unroll
+    for (int i = 1; i < x.size(); ++i) ext = Ext{}(ext, x[i]);
+    st.update_chunk_fma(x, s, __fmul_rn(ext, s));
+  };
 
   for (long long row = blockIdx.x; row < rows; row += gridDim.x, parity ^= 1) {
     const InT* src = in + row * in_stride;
     OutT* dst = out + row * out_stride;
 
-    // ---- pass 1: per-thread online state, one rescale per batch ----
+    // ---- pass 1: per-thread online state ----
     ts::OnlineSoftmax st = ts::OnlineSoftmax::empty();
     int q = tid;
     for (; q + (kUnroll - 1) * kT < packs; q += kUnroll * kT) {
       InPack raw[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) raw[u] = ts::load_pack<kPack, kLoadKeep>(src + (q + u * kT) * kPack);
-      ts::Array<float, kUnroll * kPack> t;
+      ts::Array<float, kUnroll * kPack> x;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const ts::Array<float, kPack> f = ts::to_floats(raw[u]);
 #pragma unroll
-        for (int k = 0; k < kPack; ++k) t[u * kPack + k] = f[k] * scale;
+        for (int k = 0; k < kPack; ++k) x[u * kPack + k] = f[k];
       }
-      st.update_chunk(t);
+      fold(st, x);
     }
-    for (; q < packs; q += kT) {
-      ts::Array<float, kPack> t = ts::to_floats(ts::load_pack<kPack, kLoadKeep>(src + q * kPack));
-#pragma unroll
-      for (int k = 0; k < kPack; ++k) t[k] *= scale;
-      st.update_chunk(t);
+    for (; q < packs; q += kT) fold(st, ts::to_floats(ts::load_pack<kPack, kLoadKeep>(src + q * kPack)));
+    if (const int c = tail + tid; c < cols) {
+      ts::Array<float, 1> x;
+      x[0] = ts::to_float(ts::load_scalar<kLoadKeep>(src + c));
+      fold(st, x);
     }
-    if (const int c = tail + tid; c < cols) st.update(ts::to_float(ts::load_scalar<kLoadKeep>(src + c)) * scale);
 
     // Alternating buffers: the next row's writes to red[parity ^ 1] come after this reduction's
     // barrier, which every thread reaches only after reading the previous row's red[parity ^ 1].
     st = ts::block_allreduce_softmax<kT>(st, red[parity]);
-    const RowFinish fin = RowFinish::make(st.m, st.d);
+    const RowFinish fin = RowFinish::make(s, st.m, st.d);
 
     // ---- pass 2: re-read (each element by the thread that then writes it), write ----
     q = tid;
@@ -435,7 +543,7 @@ TS_DEVICE void softmax_block_uncached(const SoftmaxParams& p) {
         const ts::Array<float, kPack> f = ts::to_floats(raw[u]);
         ts::Array<float, kPack> o;
 #pragma unroll
-        for (int k = 0; k < kPack; ++k) o[k] = fin(f[k] * scale);
+        for (int k = 0; k < kPack; ++k) o[k] = fin(f[k]);
         ts::store_floats<kStoreHint>(dst + (q + u * kT) * kPack, o);
       }
     }
@@ -443,13 +551,22 @@ TS_DEVICE void softmax_block_uncached(const SoftmaxParams& p) {
       const ts::Array<float, kPack> f = ts::to_floats(ts::load_pack<kPack, kLoadOnce>(src + q * kPack));
       ts::Array<float, kPack> o;
 #pragma unroll
-      for (int k = 0; k < kPack; ++k) o[k] = fin(f[k] * scale);
+      for (int k = 0; k < kPack; ++k) o[k] = fin(f[k]);
       ts::store_floats<kStoreHint>(dst + q * kPack, o);
     }
     if (const int c = tail + tid; c < cols) {
-      const float v = ts::to_float(ts::load_scalar<kLoadOnce>(src + c)) * scale;
+      const float v = ts::to_float(ts::load_scalar<kLoadOnce>(src + c));
       ts::store_scalar<kStoreHint>(dst + c, ts::from_float<OutT>(fin(v)));
     }
+  }
+}
+
+TS_DEVICE void softmax_block_uncached(const SoftmaxParams& p) {
+  __shared__ ts::OnlineSoftmax red[2][kWarps];
+  if (p.scale_log2e > 0.0f) {
+    block_uncached_rows<ts::MaxOp>(p, red);
+  } else {
+    block_uncached_rows<ts::MinOp>(p, red);
   }
 }
 
@@ -458,7 +575,20 @@ TS_DEVICE void softmax_block_uncached(const SoftmaxParams& p) {
 // =================================================================================================
 // Entry point: one path per compiled variant.
 // =================================================================================================
-extern "C" __global__ void __launch_bounds__(kBlockThreads) softmax_kernel(const __grid_constant__ SoftmaxParams p) {
+// Without a minimum-blocks hint, ptxas picks a register target for occupancy and sometimes
+// spills to reach it (seen on sm_90a: block paths squeezed to 32 registers at 1024 threads; 21
+// of 3640 warp-path variants, all with a widening output (f16/bf16 -> f32) or with
+// kColsPerThread > kPack at kWarpWidth < 32, 4-76 bytes at 48-80 registers). An explicit minimum
+// replaces the heuristic by a plain cap: block paths ask for 1024 resident threads per SM (a
+// 64-register cap, ~45 used); those warp-path variants for one CTA (255-register cap: they use
+// what the row needs). Other warp-path variants keep the heuristic (0 = no minimum): it is up to
+// 6% faster there (fewer registers, more warps; e.g. f16 cols 768: 64 vs 80 registers).
+constexpr bool kWarpNeedsCap =
+    sizeof(OutT) > sizeof(InT) || (kWarpWidth < 32 && kColsPerThread > kPack);
+constexpr int kMinBlocksPerSm = kPath != 0 ? 1024 / kBlockThreads : kWarpNeedsCap ? 1 : 0;
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
+    softmax_kernel(const __grid_constant__ SoftmaxParams p) {
   if constexpr (kPath == 0) {
     softmax::softmax_warp_rows(p);
   } else if constexpr (kPath == 1) {

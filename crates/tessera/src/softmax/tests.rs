@@ -1,7 +1,7 @@
 //! Softmax tests that need no GPU (validation, layout, NVRTC compile of every variant for every
 //! CI architecture), plus GPU checks that run only where a device is present.
 
-use super::plan::{ci_variants, warp_shape, SoftmaxParams, Variant};
+use super::plan::{ci_variants, ci_variants_for, cluster_shape, warp_shape, SoftmaxParams, Variant};
 use super::*;
 use crate::runtime::{compile_only, probe, Arch};
 
@@ -112,6 +112,28 @@ fn params_layout_matches_the_kernel_struct() {
 }
 
 #[test]
+fn cluster_shapes_fit_and_cover_the_row() {
+    let optin = 232_448;
+    // fp16 rows of the bench: one CTA up to 64 KB of share, then 2, 4, 8.
+    assert_eq!(cluster_shape(32768, 2, 8, 8, optin), Some((1, 32768)));
+    assert_eq!(cluster_shape(131072, 2, 8, 8, optin), Some((4, 32768)));
+    assert_eq!(cluster_shape(262144, 2, 8, 8, optin), Some((8, 32768)));
+    assert_eq!(cluster_shape(262144, 4, 4, 8, optin), Some((8, 32768)));
+    // Past the target the largest cluster takes up to the opt-in limit, then nothing.
+    assert_eq!(cluster_shape(400_000, 4, 4, 8, optin), Some((8, 50_000)));
+    assert_eq!(cluster_shape(1 << 24, 4, 4, 8, optin), None);
+    // Without clusters (pre-Hopper) only one CTA.
+    assert_eq!(cluster_shape(131072, 2, 8, 1, optin), None);
+    for cols in [1usize, 7, 1000, 4097, 100_003, 333_333] {
+        for align in [1usize, 4, 8] {
+            if let Some((c, chunk)) = cluster_shape(cols, 2, align, 8, optin) {
+                assert!(c as usize * chunk >= cols && chunk % align == 0 && chunk * 2 + 1024 <= optin);
+            }
+        }
+    }
+}
+
+#[test]
 fn warp_shapes_cover_every_width() {
     for pack in [1u32, 4, 8] {
         for cols in 1..=plan::WARP_MAX_COLS {
@@ -138,7 +160,7 @@ fn every_variant_compiles_for_every_ci_arch_without_spills() {
     let variants = ci_variants();
     let jobs: Vec<(Variant, Arch)> = Arch::CI_TARGETS
         .iter()
-        .flat_map(|&a| variants.iter().map(move |&v| (v, a)))
+        .flat_map(|&a| ci_variants_for(a).into_iter().map(move |v| (v, a)))
         .collect();
     let results: Vec<(String, Arch, crate::Result<crate::runtime::Compiled>)> = jobs
         .par_iter()

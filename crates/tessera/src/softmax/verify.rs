@@ -83,6 +83,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
         SoftmaxPath::WarpPerRow,
         SoftmaxPath::BlockCached,
         SoftmaxPath::BlockUncached,
+        SoftmaxPath::Cluster,
     ];
     let mut out = Vec::new();
     let budget_elems: usize = if quick { 1 << 16 } else { 1 << 22 };
@@ -106,7 +107,13 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 let rows = ((budget_elems / cols).clamp(3, 257)) | 1;
                 let padded = toggle % 3 == 1;
                 let aligned_pad = toggle % 3 == 2;
-                let stride = if padded {
+                // The cluster path needs 16-byte row strides (and is for long rows).
+                if path == SoftmaxPath::Cluster && cols <= super::plan::WARP_MAX_COLS {
+                    continue;
+                }
+                let stride = if path == SoftmaxPath::Cluster {
+                    cols.div_ceil(8) * 8 + if padded { 8 } else { 0 }
+                } else if padded {
                     cols + 5
                 } else if aligned_pad {
                     cols.div_ceil(8) * 8 + 8
@@ -117,7 +124,11 @@ pub fn cases(quick: bool) -> Vec<Case> {
                     rows,
                     cols,
                     in_stride: stride,
-                    out_stride: if toggle % 4 == 0 { stride + 3 } else { stride },
+                    out_stride: if toggle % 4 == 0 && path != SoftmaxPath::Cluster {
+                        stride + 3
+                    } else {
+                        stride
+                    },
                     in_dtype: d,
                     out_dtype: d,
                     kind: if toggle % 2 == 0 {
@@ -145,6 +156,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             (1000, SoftmaxPath::WarpPerRow),
             (4096, SoftmaxPath::BlockCached),
             (4097, SoftmaxPath::BlockUncached),
+            (40000, SoftmaxPath::Cluster),
         ] {
             out.push(Case {
                 rows: if quick { 17 } else { 301 },
@@ -171,6 +183,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             (512, SoftmaxPath::WarpPerRow),
             (3000, SoftmaxPath::BlockCached),
             (70001, SoftmaxPath::BlockUncached),
+            (70000, SoftmaxPath::Cluster),
         ] {
             out.push(Case {
                 rows: if quick { 5 } else { 33 },
@@ -211,6 +224,26 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 in_dtype: d,
                 out_dtype: d,
                 kind: SoftmaxKind::LogSoftmax,
+                scale: 1.0,
+                path: SoftmaxPath::Auto,
+                in_place: false,
+                special_rows: true,
+            });
+        }
+        // Every cluster size: rows of 2^17 and 2^18 + 3 columns (the last CTA's share is short).
+        for (cols, d) in [
+            (1usize << 17, DType::F16),
+            ((1 << 18) + 3, DType::BF16),
+            ((1 << 18) + 3, DType::F32),
+        ] {
+            out.push(Case {
+                rows: 5,
+                cols,
+                in_stride: cols.div_ceil(8) * 8,
+                out_stride: cols.div_ceil(8) * 8,
+                in_dtype: d,
+                out_dtype: d,
+                kind: SoftmaxKind::Softmax,
                 scale: 1.0,
                 path: SoftmaxPath::Auto,
                 in_place: false,

@@ -1,0 +1,219 @@
+// softmax_cluster.cu: softmax / log_softmax of long rows, a row split across a thread-block
+// cluster, each CTA's share of the row cached in shared memory in the input dtype.
+//
+// What. The same function as softmax.cu (see its header for the exact semantics of special
+// values): x = in (InT), s = scale * log2(e); m = max_j round(x_j * s) (min over x when s < 0);
+// d_j = fma(x_j, s, -m) clamped at 1 (ts::shifted_fma); softmax = 2^d_j / sum, log_softmax =
+// d_j ln 2 - ln(sum). All -inf row: zeros / -inf. NaN anywhere: the row is NaN.
+//
+// Why. A row too long for one CTA's shared memory (fp16 131072 = 256 KB) otherwise has to be read
+// twice from HBM (block-uncached path, ~2/3 of copy bandwidth). Here a cluster of kCluster CTAs
+// (1, 2, 4 or 8; launched with a cluster dimension, scheduled together on one GPC) holds the row:
+// rank k owns columns [k * chunk, min(cols, (k + 1) * chunk)), chunk a multiple of kPack. Each CTA
+// reads its share from HBM exactly once, with cp.async 16-byte copies (every copy of the share in
+// flight at once), reduces it, and the CTAs exchange two floats per row (the extreme of x and the
+// sum) through distributed shared memory. Storing the input dtype (not f32) halves the shared
+// memory of 16-bit rows, so more CTAs fit per SM and their loads overlap other CTAs' stores.
+//
+// Mapping. grid = kCluster * clusters CTAs of kBlockThreads threads; cluster c handles rows c,
+// c + clusters, ... (every CTA of a cluster runs the same rows, so they reach each cluster_sync
+// together). Thread t of a CTA handles packs t, t + kBlockThreads, ... of the CTA's share, with
+// the same mapping in every pass (each thread reads back only what it copied itself... except
+// after the barrier, where any thread may read any element: the passes over shared memory
+// follow __syncthreads).
+//
+// Shared memory (dynamic): round_up(chunk * sizeof(InT), 16) bytes for the share, then
+// 2 * kCluster floats of exchange slots are static. Per row: 2 cluster barriers (after
+// publishing the extreme, after publishing the sum) plus one __syncthreads before the next row's
+// copies overwrite the share. One final cluster barrier keeps every CTA's shared memory alive
+// until the others have read it.
+//
+// Launch contract (Rust: softmax/plan.rs):
+//   * kPack = 16 / sizeof(InT) requires in 16-byte aligned and in_stride a multiple of kPack
+//     (then every share starts 16-byte aligned); kPack = 1 takes scalar loads. Output stores are
+//     scalar or packed by the same rule on out/out_stride (kOutPack).
+//   * kCluster > 1 needs sm_90+ and a cluster launch with clusterDim.x == kCluster.
+//   * chunk (p.chunk) = round_up(ceil(cols / kCluster), kPack); dynamic shared memory as above.
+//   * cols < 2^31; rows any.
+//
+// Roofline: memory-bound; bytes = rows * cols * (sizeof(InT) + sizeof(OutT)), read and written
+// once. Target: >= 90% of the device copy bandwidth.
+
+#include "tessera/common.cuh"
+#include "tessera/dtype.cuh"
+#include "tessera/vec.cuh"
+#include "tessera/math.cuh"
+#include "tessera/reduce.cuh"
+#include "tessera/online_softmax.cuh"
+#include "tessera/async_copy.cuh"
+#include "tessera/cluster.cuh"
+
+#ifndef TS_GENERATED_PREAMBLE
+using InT = ts::f16;
+using OutT = ts::f16;
+constexpr bool kLogSoftmax = false;
+constexpr int kBlockThreads = 512;
+constexpr int kPack = 8;
+constexpr int kOutPack = 8;
+constexpr int kCluster = 8;
+#endif
+
+static_assert(kBlockThreads % 32 == 0 && kBlockThreads >= 64 && kBlockThreads <= 1024, "kBlockThreads");
+static_assert(kPack == 1 || kPack * (int)sizeof(InT) == 16, "kPack: 1 or a 16-byte pack");
+static_assert(kOutPack == 1 || kOutPack * (int)sizeof(OutT) <= 16, "kOutPack");
+static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4 || kCluster == 8, "kCluster: 1, 2, 4 or 8");
+#if defined(__CUDA_ARCH__) && !defined(TS_HAS_CLUSTERS)
+static_assert(kCluster == 1, "clusters of CTAs need sm_90 or newer");
+#endif
+
+/// The parameters: SoftmaxParams of softmax.cu plus the share length.
+struct SoftmaxClusterParams {
+  const void* in;
+  void* out;
+  long long rows;
+  long long cols;
+  long long in_stride;
+  long long out_stride;
+  float scale_log2e;
+  float scale;
+  long long chunk;  // columns per CTA of a cluster, a multiple of kPack
+};
+static_assert(sizeof(SoftmaxClusterParams) == 64, "mirror of the Rust struct");
+
+namespace softmax_cluster {
+
+constexpr int kWarps = kBlockThreads / ts::kWarpSize;
+/// Outputs are 2^(d + 1) * (0.5 / sum): ex2.approx.ftz flushes below 2^-126, the +1 keeps every
+/// output >= 2^-127 (see softmax.cu).
+constexpr float kProbBias = 1.0f;
+
+/// Sums a per-CTA value over the cluster through the exchange slots (after publishing it).
+/// Every CTA adds the slots in rank order, so all get the same bits.
+template <typename Op>
+TS_DEVICE float cluster_combine(float mine, float* slot, Op op) {
+  if constexpr (kCluster == 1) {
+    return mine;
+  } else {
+#if defined(TS_HAS_CLUSTERS)
+    if (threadIdx.x == 0) *slot = mine;
+    ts::cluster_sync();  // every CTA's slot is written
+    const uint32_t local = ts::shared_address(slot);
+    float v = ts::ld_shared_cluster(ts::map_shared_rank(local, 0));
+#pragma unroll
+    for (int r = 1; r < kCluster; ++r) v = op(v, ts::ld_shared_cluster(ts::map_shared_rank(local, r)));
+    return v;
+#else
+    return mine;  // not reached: kCluster > 1 is compiled for sm_90+ only
+#endif
+  }
+}
+
+/// The extreme of x that gives the row max of x * s: max for s > 0, min for s < 0.
+struct Extreme {
+  bool positive;
+  TS_DEVICE float identity() const { return positive ? ts::kNegInf : ts::kPosInf; }
+  TS_DEVICE float operator()(float a, float b) const { return positive ? ts::max_nan(a, b) : ts::min_nan(a, b); }
+};
+
+TS_DEVICE void rows(const SoftmaxClusterParams& p) {
+  __shared__ float red_ext[kWarps];
+  __shared__ float red_sum[kWarps];
+  __shared__ float slot_ext;
+  __shared__ float slot_sum;
+  InT* share = ts::dynamic_smem<InT>();
+
+  const InT* in = static_cast<const InT*>(p.in);
+  OutT* out = static_cast<OutT*>(p.out);
+  const int cols = (int)p.cols;
+  const int chunk = (int)p.chunk;
+  const float s = p.scale_log2e;
+  const Extreme ext_op{s > 0.0f};
+  const int tid = threadIdx.x;
+
+#if defined(TS_HAS_CLUSTERS)
+  const int rank = kCluster > 1 ? (int)ts::cluster_rank() : 0;
+  const long long cluster = kCluster > 1 ? (long long)ts::cluster_index_x() : (long long)blockIdx.x;
+  const long long clusters = kCluster > 1 ? (long long)ts::cluster_count_x() : (long long)gridDim.x;
+#else
+  const int rank = 0;
+  const long long cluster = blockIdx.x;
+  const long long clusters = gridDim.x;
+#endif
+  const int c0 = rank * chunk;                               // first column of this CTA's share
+  const int n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;  // its length (may be 0)
+  const int packs = n / kPack;                                // full packs (n % kPack only at the row end)
+
+  for (long long row = cluster; row < p.rows; row += clusters) {
+    const InT* src = in + row * p.in_stride + c0;
+    OutT* dst = out + row * p.out_stride + c0;
+
+    // ---- copy the share to shared memory: every copy in flight before the first wait ----
+    __syncthreads();  // the previous row's reads of the share are done
+    if constexpr (kPack > 1) {
+      for (int q = tid; q < packs; q += kBlockThreads) ts::cp_async_16(share + q * kPack, src + q * kPack);
+      ts::cp_async_commit();
+      for (int i = packs * kPack + tid; i < n; i += kBlockThreads) share[i] = ts::load_scalar(src + i);
+      ts::cp_async_wait_all();
+    } else {
+      for (int i = tid; i < n; i += kBlockThreads) share[i] = ts::load_scalar<ts::CacheLoad::kStreaming>(src + i);
+    }
+    __syncthreads();
+
+    // ---- extreme of x over the share, the CTA, the cluster ----
+    float e = ext_op.identity();
+    for (int i = tid; i < n; i += kBlockThreads) e = ext_op(e, ts::to_float(share[i]));
+    e = ts::block_allreduce<kBlockThreads>(e, ext_op, ext_op.identity(), red_ext);
+    e = cluster_combine(e, &slot_ext, ext_op);
+    const float m = __fmul_rn(e, s);                         // = max_j round(x_j * s)
+    const float neg_shift = -ts::softmax_shift(m);
+
+    // ---- sum of 2^d over the share, the CTA, the cluster ----
+    float sum = 0.0f;
+    for (int i = tid; i < n; i += kBlockThreads) sum += ts::exp2_approx(ts::shifted_fma(ts::to_float(share[i]), s, neg_shift));
+    sum = ts::block_allreduce_sum<kBlockThreads>(sum, red_sum);
+    sum = cluster_combine(sum, &slot_sum, ts::SumOp{});
+
+    float coef;
+    if constexpr (kLogSoftmax) {
+      coef = sum == 0.0f ? 0.0f : -logf(sum);
+    } else {
+      coef = sum == 0.0f ? 0.0f : 0.5f * ts::fast_rcp(sum);
+    }
+    if (ts::is_nan(m)) coef = m;
+
+    // ---- write the share's outputs ----
+    auto finish = [&](float x) {
+      const float d = ts::shifted_fma(x, s, neg_shift);
+      if constexpr (kLogSoftmax) {
+        return fmaf(d, ts::kLn2, coef);
+      } else {
+        return ts::exp2_approx(d + kProbBias) * coef;
+      }
+    };
+    if constexpr (kOutPack > 1) {
+      const int opacks = n / kOutPack;
+      for (int q = tid; q < opacks; q += kBlockThreads) {
+        ts::Array<float, kOutPack> o;
+#pragma unroll
+        for (int k = 0; k < kOutPack; ++k) o[k] = finish(ts::to_float(share[q * kOutPack + k]));
+        ts::store_floats(dst + q * kOutPack, o);
+      }
+      for (int i = opacks * kOutPack + tid; i < n; i += kBlockThreads) {
+        ts::store_scalar(dst + i, ts::from_float<OutT>(finish(ts::to_float(share[i]))));
+      }
+    } else {
+      for (int i = tid; i < n; i += kBlockThreads) {
+        ts::store_scalar(dst + i, ts::from_float<OutT>(finish(ts::to_float(share[i]))));
+      }
+    }
+  }
+#if defined(TS_HAS_CLUSTERS)
+  if constexpr (kCluster > 1) ts::cluster_sync();  // keep our slots alive for the last remote reads
+#endif
+}
+
+}  // namespace softmax_cluster
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads) softmax_cluster_kernel(const __grid_constant__ SoftmaxClusterParams p) {
+  softmax_cluster::rows(p);
+}
