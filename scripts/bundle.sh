@@ -73,7 +73,7 @@ echo "$commit" >"$B/COMMIT"
 # GPU machine spends its time running kernels, not compiling them (device-run.sh points
 # TESSERA_CACHE_DIR at it; the cache key includes the NVRTC version, so a different NVRTC there
 # simply recompiles).
-# (stale entries are harmless: every key names its source, options, arch and NVRTC version)
+rm -rf "${B:?}/cache" # entries of older kernel sources would only take space
 if eval "$(bash scripts/setup-cuda-tools.sh)"; then
     export TESSERA_NVRTC
     TESSERA_CACHE_DIR="$B/cache" "$B/bin/tessera" compile --arch sm_90a ||

@@ -69,6 +69,9 @@ enum Command {
         /// Also run the Python baselines (torch, ...) on the same shapes in this run.
         #[arg(long)]
         baselines: bool,
+        /// Only cases whose name contains this text (e.g. "fp16 32768x128").
+        #[arg(long)]
+        filter: Option<String>,
         #[arg(long)]
         seed: Option<u64>,
         #[arg(long, default_value_t = 0)]
@@ -94,9 +97,20 @@ fn main() -> ExitCode {
             quick,
             json,
             baselines,
+            filter,
             seed,
             device,
-        }) => with_device(device).and_then(|ctx| bench(&ctx, &ops, quick, json, baselines, seed, &command_line)),
+        }) => {
+            let args = BenchArgs {
+                ops,
+                quick,
+                json,
+                baselines,
+                filter,
+                seed,
+            };
+            with_device(device).and_then(|ctx| bench(&ctx, &args, &command_line))
+        }
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -132,15 +146,12 @@ fn main_job(command_line: &str) -> CliResult<bool> {
                 ctx.arch()
             );
             let failed = verify(&ctx, &[], false, None)?;
-            let ok = bench(
-                &ctx,
-                &[],
-                false,
-                Some(PathBuf::from("bench-out")),
-                true,
-                None,
-                command_line,
-            )?;
+            let args = BenchArgs {
+                json: Some(PathBuf::from("bench-out")),
+                baselines: true,
+                ..Default::default()
+            };
+            let ok = bench(&ctx, &args, command_line)?;
             Ok(failed == 0 && ok)
         }
         Err(e) => {
@@ -340,17 +351,29 @@ fn verify(ctx: &Context, ops: &[String], quick: bool, seed: Option<u64>) -> CliR
     Ok(failed)
 }
 
-fn bench(
-    ctx: &Context,
-    ops: &[String],
+/// What `tessera bench` was asked for.
+#[derive(Default)]
+struct BenchArgs {
+    ops: Vec<String>,
     quick: bool,
     json: Option<PathBuf>,
     baselines: bool,
+    filter: Option<String>,
     seed: Option<u64>,
-    command_line: &str,
-) -> CliResult<bool> {
+}
+
+fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool> {
+    let BenchArgs {
+        ops,
+        quick,
+        json,
+        baselines,
+        filter,
+        seed,
+    } = args;
+    let (quick, baselines) = (*quick, *baselines);
     let ops = ops::select(ops)?;
-    let seed = seed_or_default(seed)?;
+    let seed = seed_or_default(*seed)?;
     println!("bench: device {} ({}), seed {seed}", ctx.info().name, ctx.arch());
     let copy_bytes = if quick { 256 << 20 } else { 1 << 30 };
     let copy = timing::copy_bandwidth_gbps(ctx, copy_bytes).map_err(|e| e.to_string())?;
@@ -374,7 +397,10 @@ fn bench(
         let mut report = BenchReport::new(ctx.info().name.clone(), command_line);
         report.roofline.copy_gbps = Some(copy);
         report.roofline.bf16_tflops = gemm;
-        let jobs = ops::bench_jobs(op, quick);
+        let jobs: Vec<_> = ops::bench_jobs(op, quick)
+            .into_iter()
+            .filter(|j| filter.as_ref().is_none_or(|f| j.name.contains(f.as_str())))
+            .collect();
         let pb = progress(jobs.len(), &format!("bench {op}"));
         for (i, job) in jobs.iter().enumerate() {
             pb.set_message(job.name.clone());
