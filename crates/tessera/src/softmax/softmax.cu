@@ -150,7 +150,7 @@ static_assert(ts::is_same_v<InT, float> || ts::is_same_v<InT, ts::f16> || ts::is
               "InT must be float, ts::f16 or ts::bf16 (path 0 masks with the input type's infinity)");
 static_assert(ts::is_storage_type_v<OutT>, "unsupported OutT");
 
-// ---- parameters (mirrored by #[repr(C)] SoftmaxParams in softmax/mod.rs) ------------------------
+// ---- parameters (mirrored by #[repr(C)] SoftmaxParams in softmax/plan.rs) ------------------------
 struct SoftmaxParams {
   const void* in;         // rows x cols InT, row i at in + i * in_stride elements
   void* out;              // OutT, row stride out_stride elements; may alias in exactly
@@ -578,13 +578,15 @@ TS_DEVICE void softmax_block_uncached(const SoftmaxParams& p) {
 // Without a minimum-blocks hint, ptxas picks a register target for occupancy and sometimes
 // spills to reach it (seen on sm_90a: block paths squeezed to 32 registers at 1024 threads; 21
 // of 3640 warp-path variants, all with a widening output (f16/bf16 -> f32) or with
-// kColsPerThread > kPack at kWarpWidth < 32, 4-76 bytes at 48-80 registers). An explicit minimum
+// kColsPerThread > kPack at kWarpWidth < 32, 4-76 bytes at 48-80 registers; on sm_86/sm_89,
+// log_softmax tiles of 2 rows x 24 columns, 8-20 bytes at 80-96 registers). An explicit minimum
 // replaces the heuristic by a plain cap: block paths ask for 1024 resident threads per SM (a
 // 64-register cap, ~45 used); those warp-path variants for one CTA (255-register cap: they use
 // what the row needs). Other warp-path variants keep the heuristic (0 = no minimum): it is up to
 // 6% faster there (fewer registers, more warps; e.g. f16 cols 768: 64 vs 80 registers).
-constexpr bool kWarpNeedsCap =
-    sizeof(OutT) > sizeof(InT) || (kWarpWidth < 32 && kColsPerThread > kPack);
+constexpr bool kWarpNeedsCap = sizeof(OutT) > sizeof(InT) ||
+                              (kWarpWidth < 32 && kColsPerThread > kPack) ||
+                              kRowsPerWarp * kColsPerThread > 32;
 constexpr int kMinBlocksPerSm = kPath != 0 ? 1024 / kBlockThreads : kWarpNeedsCap ? 1 : 0;
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
