@@ -8,7 +8,6 @@
 //!   "rel_l2"}], "verify": {"passed", "failed"}}`
 
 // Not every command uses every helper.
-#![allow(dead_code)]
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -111,6 +110,8 @@ impl BenchReport {
         })
     }
 
+    /// Reads a report back (the tests' round trip; a future `tessera report` command).
+    #[cfg(test)]
     pub fn read_json(path: &Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         serde_json::from_str(&text).map_err(|e| format!("{}: not a bench report: {e}", path.display()))

@@ -37,10 +37,3 @@ pub struct BenchOutcome {
     pub max_abs_err: Option<f64>,
     pub rel_l2: Option<f64>,
 }
-
-/// A case handed to a Python baseline runner (same shapes, same run).
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct BaselineCase {
-    pub case: String,
-    pub params: Value,
-}

@@ -2,7 +2,6 @@
 
 use cudarc::driver::sys;
 
-use super::buffer::DeviceBuffer;
 use super::context::{check, Context};
 use crate::error::Result;
 
@@ -131,27 +130,6 @@ pub fn time_median(ctx: &Context, opts: TimingOptions, mut f: impl FnMut(usize) 
         group_ms,
         reps,
     })
-}
-
-/// Bytes large enough to evict the L2 when written: twice the L2 size.
-pub fn l2_flush_bytes(ctx: &Context) -> usize {
-    2 * ctx.info().l2_bytes as usize
-}
-
-/// A buffer that evicts the L2 when [`L2Flusher::flush`] writes it.
-pub struct L2Flusher {
-    buf: DeviceBuffer<u8>,
-}
-
-impl L2Flusher {
-    pub fn new(ctx: &Context) -> Result<Self> {
-        Ok(L2Flusher {
-            buf: ctx.alloc::<u8>(l2_flush_bytes(ctx).max(1 << 20))?,
-        })
-    }
-    pub fn flush(&mut self) -> Result<()> {
-        self.buf.fill_bytes(0x5a)
-    }
 }
 
 /// Measured device-to-device copy bandwidth in GB/s (bytes read + written), on `bytes`-sized

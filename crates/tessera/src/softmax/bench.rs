@@ -10,7 +10,7 @@ use super::{SoftmaxKind, SoftmaxOptions, SoftmaxPath, SoftmaxPlan, SoftmaxShape}
 use crate::check::compare;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::harness::{BaselineCase, BenchOutcome};
+use crate::harness::BenchOutcome;
 use crate::runtime::{time_median, Context, TimingOptions};
 use crate::testdata::{random_matrix, Dist};
 
@@ -105,18 +105,6 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         }
     }
     out
-}
-
-/// The default-dispatch cases as handed to the Python baseline runner.
-pub fn baseline_cases(cases: &[BenchCase]) -> Vec<BaselineCase> {
-    cases
-        .iter()
-        .filter(|c| c.path == SoftmaxPath::Auto)
-        .map(|c| BaselineCase {
-            case: c.name(),
-            params: c.params(),
-        })
-        .collect()
 }
 
 /// Rows verified against the CPU reference before timing (the reference is f64 on the host).
