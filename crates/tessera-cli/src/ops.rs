@@ -4,10 +4,10 @@
 
 use tessera::harness::{BenchOutcome, VerifyOutcome};
 use tessera::runtime::{Context, TimingOptions};
-use tessera::{softmax, Result};
+use tessera::{attention, softmax, Result};
 
 /// Every implemented operator, in dependency order.
-pub const ALL: &[&str] = &["softmax"];
+pub const ALL: &[&str] = &["softmax", "attention"];
 
 /// Resolves the user's operator list (empty = all); unknown names are an error listing ALL.
 pub fn select(requested: &[String]) -> std::result::Result<Vec<&'static str>, String> {
@@ -78,6 +78,11 @@ pub fn bench_jobs(op: &str, quick: bool) -> Vec<BenchJob> {
 pub fn kernel_specs(op: &str, arch: tessera::runtime::Arch) -> Vec<tessera::runtime::KernelSpec> {
     match op {
         "softmax" => softmax::plan::ci_variants_for(arch).iter().map(|v| v.spec()).collect(),
+        "attention" => attention::plan::ci_variants_for(arch)
+            .iter()
+            .map(|v| v.spec())
+            .chain(attention::plan::ci_combine_variants().iter().map(|v| v.spec()))
+            .collect(),
         _ => Vec::new(),
     }
 }

@@ -13,6 +13,8 @@ pub enum DType {
     F64,
     /// Raw bytes (workspaces, L2 flush buffers).
     U8,
+    /// 32-bit signed integers (offsets such as `cu_seqlens`, block tables).
+    I32,
 }
 
 impl DType {
@@ -23,6 +25,7 @@ impl DType {
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
             DType::F8E4M3 | DType::F8E5M2 | DType::U8 => 1,
+            DType::I32 => 4,
         }
     }
     /// Short name used in CLI output, JSON (`"fp16"`) and kernel keys.
@@ -35,6 +38,7 @@ impl DType {
             DType::F8E4M3 => "fp8e4m3",
             DType::F8E5M2 => "fp8e5m2",
             DType::U8 => "u8",
+            DType::I32 => "i32",
         }
     }
     /// The device-library type name (`src/cuda/dtype.cuh`).
@@ -47,6 +51,7 @@ impl DType {
             DType::F8E4M3 => "ts::fp8e4m3",
             DType::F8E5M2 => "ts::fp8e5m2",
             DType::U8 => "uint8_t",
+            DType::I32 => "int",
         }
     }
     /// Relative-L2 error budget of DESIGN.md for outputs stored in this dtype.
@@ -57,7 +62,7 @@ impl DType {
             DType::F16 => 2e-3,
             DType::BF16 => 1e-2,
             DType::F8E4M3 | DType::F8E5M2 => 6e-2,
-            DType::U8 => 0.0,
+            DType::U8 | DType::I32 => 0.0,
         }
     }
     /// Parses `fp32|f32|float32`, `fp16|f16|half|float16`, `bf16|bfloat16`.
@@ -70,6 +75,7 @@ impl DType {
             "fp8e4m3" | "e4m3" => DType::F8E4M3,
             "fp8e5m2" | "e5m2" => DType::F8E5M2,
             "u8" | "uint8" => DType::U8,
+            "i32" | "int32" => DType::I32,
             _ => return None,
         })
     }
@@ -125,6 +131,16 @@ unsafe impl Element for f64 {
     }
 }
 // SAFETY: one byte, every pattern valid.
+unsafe impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as i32
+    }
+}
+
 unsafe impl Element for u8 {
     const DTYPE: DType = DType::U8;
     fn to_f64(self) -> f64 {

@@ -4,6 +4,7 @@
 //! everything around them (validation, planning, memory, references) is Rust. A machine with
 //! no GPU is a normal state: every GPU entry point returns [`Error`] instead of panicking.
 
+pub mod attention;
 pub mod check;
 pub mod dtype;
 pub mod error;

@@ -1,0 +1,465 @@
+//! FlashAttention forward: exact scaled dot-product attention with online softmax.
+//!
+//! `O = softmax(Q K^T * scale + M) V` for fp16 or bf16 Q/K/V/O, accumulated in f32, tiled so the
+//! `N x N` score matrix never reaches device memory. Optionally writes the f32 log-sum-exp
+//! (natural log) of every query row, `-inf` for a row that sees no key (its output is zeros).
+//!
+//! - Layouts ([`QkvLayout`]): `[B, N, H, D]` (FlashAttention's) or `[B, H, N, D]`, any strides
+//!   with a contiguous last dimension; or packed variable-length batches `[total, H, D]` with
+//!   `cu_seqlens` ([`VarlenBatch`]), as `flash_attn_varlen_func`.
+//! - GQA/MQA: `heads_q` a multiple of `heads_kv`; query head `h` reads KV head
+//!   `h / (heads_q / heads_kv)`. K/V are never copied or expanded.
+//! - Masks: none, causal (bottom-right aligned when `Nq != Nk`, as FlashAttention >= 2.1),
+//!   sliding window `(left, right)`; scale (default `1/sqrt(D)`); logit softcap.
+//! - Head dims 64, 128 and 256 are specialised; any other `D <= 256` that is a multiple of 8
+//!   runs zero-padded to the next specialisation.
+//!
+//! Kernels: a Hopper path (`sm_90a`: TMA, mbarriers, wgmma, warp specialisation) and an Ampere
+//! path (`sm_80+`: ldmatrix, mma.sync, cp.async), both with split-KV for few long rows merged by
+//! the shared online-softmax rule. [`AttentionPlan`] picks path, tiles and splits once; run it
+//! many times.
+//!
+//! ```no_run
+//! # fn main() -> tessera::Result<()> {
+//! use half::f16;
+//! use tessera::attention::{flash_forward, AttentionOptions};
+//! use tessera::runtime::Context;
+//! let ctx = Context::new(0)?;
+//! let (b, n, h, d) = (1, 1024, 8, 128);
+//! let x = ctx.upload(&vec![f16::from_f32(0.1); b * n * h * d])?;
+//! let view = x.view(&[b, n, h, d], &[n * h * d, h * d, d, 1])?;
+//! let opts = AttentionOptions { causal: true, return_lse: true, ..Default::default() };
+//! let (out, lse) = flash_forward::<f16>(&ctx, &view, &view, &view, None, &opts)?;
+//! # Ok(()) }
+//! ```
+
+pub mod plan;
+
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::runtime::{Context, DeviceBuffer, TensorView};
+
+pub use plan::{AttentionPath, AttentionPlan};
+
+/// Device source of the shared parameter header (`tessera/attention_params.cuh`).
+pub const PARAMS_HEADER: &str = include_str!("attention_params.cuh");
+
+/// Largest supported head dimension.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Memory layout of padded-batch Q/K/V/O (varlen batches are always `[total, H, D]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum QkvLayout {
+    /// `[B, N, H, D]`: FlashAttention's layout. Default.
+    #[default]
+    Bnhd,
+    /// `[B, H, N, D]`: torch SDPA's layout.
+    Bhnd,
+}
+
+/// Options of an attention plan. Defaults: no mask, `scale = 1/sqrt(D)`, no softcap, no LSE,
+/// automatic path and split count.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionOptions {
+    /// Layout of padded-batch tensors. Default [`QkvLayout::Bnhd`].
+    pub layout: QkvLayout,
+    /// Causal mask, aligned to the bottom-right corner when `Nq != Nk`. Default false.
+    pub causal: bool,
+    /// Sliding window `(left, right)` as `flash_attn`'s `window_size`: query `i` sees keys
+    /// `j` with `i + Nk - Nq - left <= j <= i + Nk - Nq + right`; `-1` is unbounded. With
+    /// `causal`, `right` is forced to 0. Default `(-1, -1)`.
+    pub window: (i32, i32),
+    /// Softmax scale; `None` = `1/sqrt(D)`. Must be finite and positive.
+    pub scale: Option<f32>,
+    /// Logit softcap: scores become `softcap * tanh(score / softcap)`; 0 = off. Must be finite
+    /// and >= 0.
+    pub softcap: f32,
+    /// Also compute the f32 log-sum-exp. Default false.
+    pub return_lse: bool,
+    /// Kernel path. Default [`AttentionPath::Auto`].
+    pub path: AttentionPath,
+    /// Split-KV count; `None` lets the plan choose from B, H, N and the SM count; `Some(1)`
+    /// disables split-KV. At most [`plan::MAX_SPLITS`].
+    pub num_splits: Option<usize>,
+}
+
+impl Default for AttentionOptions {
+    fn default() -> Self {
+        AttentionOptions {
+            layout: QkvLayout::Bnhd,
+            causal: false,
+            window: (-1, -1),
+            scale: None,
+            softcap: 0.0,
+            return_lse: false,
+            path: AttentionPath::Auto,
+            num_splits: None,
+        }
+    }
+}
+
+impl AttentionOptions {
+    /// The effective `(left, right)` window with causal folded in (`-1` = unbounded).
+    pub fn effective_window(&self) -> (i32, i32) {
+        let (l, r) = self.window;
+        (l.max(-1), if self.causal { 0 } else { r.max(-1) })
+    }
+    /// True when some key can be masked for some query (besides the sequence ends).
+    pub fn is_masked(&self) -> bool {
+        self.effective_window() != (-1, -1)
+    }
+    /// The effective softmax scale for head dimension `d`.
+    pub fn effective_scale(&self, d: usize) -> f32 {
+        self.scale.unwrap_or(1.0 / (d as f32).sqrt())
+    }
+}
+
+/// A packed variable-length batch: sequence `b` owns rows `cu_seqlens[b] .. cu_seqlens[b + 1]`
+/// of the `[total, H, D]` tensors. Built once (validated on the host, uploaded), used by many
+/// runs.
+#[derive(Debug)]
+pub struct VarlenBatch {
+    cu_q_host: Vec<i32>,
+    cu_k_host: Vec<i32>,
+    cu_q: DeviceBuffer<i32>,
+    cu_k: DeviceBuffer<i32>,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+}
+
+impl VarlenBatch {
+    /// Validates `cu_seqlens_q/k` (same length >= 2, start at 0, non-decreasing, within i32) and
+    /// uploads them. Zero-length sequences are allowed.
+    pub fn new(ctx: &Context, cu_seqlens_q: &[i32], cu_seqlens_k: &[i32]) -> Result<VarlenBatch> {
+        fn check(name: &str, cu: &[i32]) -> Result<usize> {
+            if cu.len() < 2 {
+                return Err(Error::invalid("cu_seqlens", format!(
+                    "{name} must have batch + 1 >= 2 entries, got {}",
+                    cu.len()
+                )));
+            }
+            if cu[0] != 0 {
+                return Err(Error::invalid("cu_seqlens", format!("{name}[0] must be 0, got {}", cu[0])));
+            }
+            let mut max = 0usize;
+            for (b, w) in cu.windows(2).enumerate() {
+                if w[1] < w[0] {
+                    return Err(Error::invalid("cu_seqlens", format!(
+                        "{name} must be non-decreasing: {name}[{}] = {} < {name}[{b}] = {}",
+                        b + 1,
+                        w[1],
+                        w[0]
+                    )));
+                }
+                max = max.max((w[1] - w[0]) as usize);
+            }
+            Ok(max)
+        }
+        let max_q = check("cu_seqlens_q", cu_seqlens_q)?;
+        let max_k = check("cu_seqlens_k", cu_seqlens_k)?;
+        if cu_seqlens_q.len() != cu_seqlens_k.len() {
+            return Err(Error::invalid("cu_seqlens", format!(
+                "cu_seqlens_q has {} entries but cu_seqlens_k has {} (both must be batch + 1)",
+                cu_seqlens_q.len(),
+                cu_seqlens_k.len()
+            )));
+        }
+        Ok(VarlenBatch {
+            cu_q_host: cu_seqlens_q.to_vec(),
+            cu_k_host: cu_seqlens_k.to_vec(),
+            cu_q: ctx.upload(cu_seqlens_q)?,
+            cu_k: ctx.upload(cu_seqlens_k)?,
+            max_seqlen_q: max_q,
+            max_seqlen_k: max_k,
+        })
+    }
+    pub fn batch(&self) -> usize {
+        self.cu_q_host.len() - 1
+    }
+    pub fn total_q(&self) -> usize {
+        *self.cu_q_host.last().unwrap_or(&0) as usize
+    }
+    pub fn total_k(&self) -> usize {
+        *self.cu_k_host.last().unwrap_or(&0) as usize
+    }
+    pub fn max_seqlen_q(&self) -> usize {
+        self.max_seqlen_q
+    }
+    pub fn max_seqlen_k(&self) -> usize {
+        self.max_seqlen_k
+    }
+    pub fn cu_seqlens_q(&self) -> &[i32] {
+        &self.cu_q_host
+    }
+    pub fn cu_seqlens_k(&self) -> &[i32] {
+        &self.cu_k_host
+    }
+    pub(crate) fn device_ptrs(&self) -> (u64, u64) {
+        (self.cu_q.device_ptr(), self.cu_k.device_ptr())
+    }
+}
+
+/// The sizes of one attention problem (what a plan is built for).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionProblem {
+    pub batch: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    /// Queries per sequence (varlen: the maximum).
+    pub seqlen_q: usize,
+    /// Keys per sequence (varlen: the maximum).
+    pub seqlen_k: usize,
+    pub head_dim: usize,
+    pub dtype: DType,
+    /// `Some((total_q, total_k))` for a packed variable-length batch.
+    pub varlen: Option<(usize, usize)>,
+}
+
+impl AttentionProblem {
+    /// A padded batch.
+    pub fn padded(
+        batch: usize,
+        heads_q: usize,
+        heads_kv: usize,
+        seqlen_q: usize,
+        seqlen_k: usize,
+        head_dim: usize,
+        dtype: DType,
+    ) -> AttentionProblem {
+        AttentionProblem {
+            batch,
+            heads_q,
+            heads_kv,
+            seqlen_q,
+            seqlen_k,
+            head_dim,
+            dtype,
+            varlen: None,
+        }
+    }
+
+    /// A packed variable-length batch.
+    pub fn varlen(batch: &VarlenBatch, heads_q: usize, heads_kv: usize, head_dim: usize, dtype: DType) -> Self {
+        AttentionProblem {
+            batch: batch.batch(),
+            heads_q,
+            heads_kv,
+            seqlen_q: batch.max_seqlen_q(),
+            seqlen_k: batch.max_seqlen_k(),
+            head_dim,
+            dtype,
+            varlen: Some((batch.total_q(), batch.total_k())),
+        }
+    }
+
+    /// Reads the problem off Q/K/V views: rank 4 in `layout` for a padded batch, rank 3
+    /// `[total, H, D]` with `varlen`.
+    pub fn of_views(
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        layout: QkvLayout,
+        varlen: Option<&VarlenBatch>,
+    ) -> Result<AttentionProblem> {
+        let dq = dims(q, "q", layout, varlen.is_some())?;
+        let dk = dims(k, "k", layout, varlen.is_some())?;
+        let dv = dims(v, "v", layout, varlen.is_some())?;
+        if q.dtype() != k.dtype() || q.dtype() != v.dtype() {
+            return Err(Error::invalid("q/k/v", format!(
+                "q, k and v must share a dtype, got {}, {} and {}",
+                q.dtype(),
+                k.dtype(),
+                v.dtype()
+            )));
+        }
+        if dk != dv {
+            return Err(Error::invalid("k/v", format!(
+                "k and v must have the same shape, got {:?} and {:?}",
+                k.shape(),
+                v.shape()
+            )));
+        }
+        if dq.0 != dk.0 || dq.3 != dk.3 {
+            return Err(Error::invalid("q/k/v", format!(
+                "q and k must agree in batch and head dim, got q {:?} and k {:?}",
+                q.shape(),
+                k.shape()
+            )));
+        }
+        let p = match varlen {
+            Some(vb) => {
+                if dq.1 != vb.total_q() || dk.1 != vb.total_k() {
+                    return Err(Error::invalid("cu_seqlens", format!(
+                        "varlen q has {} rows and k {} rows, but cu_seqlens end at {} and {}",
+                        dq.1,
+                        dk.1,
+                        vb.total_q(),
+                        vb.total_k()
+                    )));
+                }
+                AttentionProblem::varlen(vb, dq.2, dk.2, dq.3, q.dtype())
+            }
+            None => AttentionProblem::padded(dq.0, dq.2, dk.2, dq.1, dk.1, dq.3, q.dtype()),
+        };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Checks the sizes against what the kernels support.
+    pub fn validate(&self) -> Result<()> {
+        if !matches!(self.dtype, DType::F16 | DType::BF16) {
+            return Err(Error::Unsupported(format!(
+                "attention dtype {}: supported are fp16 and bf16",
+                self.dtype
+            )));
+        }
+        if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM || self.head_dim % 8 != 0 {
+            return Err(Error::Unsupported(format!(
+                "attention head dim {}: supported are multiples of 8 up to {MAX_HEAD_DIM}",
+                self.head_dim
+            )));
+        }
+        if self.heads_q == 0 || self.heads_kv == 0 || self.heads_q % self.heads_kv != 0 {
+            return Err(Error::invalid("heads_q", format!(
+                "heads_q ({}) must be a positive multiple of heads_kv ({})",
+                self.heads_q, self.heads_kv
+            )));
+        }
+        let rows_q = self.varlen.map_or(self.batch * self.seqlen_q, |(t, _)| t);
+        let rows_k = self.varlen.map_or(self.batch * self.seqlen_k, |(_, t)| t);
+        // Row indices (and row * heads for LSE / partials) are 32-bit in places on the device.
+        let limit = i32::MAX as usize;
+        if rows_q.saturating_mul(self.heads_q) > limit || rows_k.saturating_mul(self.heads_kv) > limit {
+            return Err(Error::Unsupported(format!(
+                "attention with {rows_q} query rows x {} heads (or {rows_k} key rows x {} heads) exceeds \
+                 the 32-bit row index range ({limit})",
+                self.heads_q, self.heads_kv
+            )));
+        }
+        Ok(())
+    }
+
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.heads_q / self.heads_kv
+    }
+
+    /// Exact FLOPs of the two GEMMs with a mask applied (causal ~ half), for TFLOP/s reports:
+    /// `4 * D * (visible (query, key) pairs)` summed over heads. For varlen pass the lengths.
+    pub fn flops(&self, opts: &AttentionOptions, lengths: &[(usize, usize)]) -> f64 {
+        let (left, right) = opts.effective_window();
+        let pairs: f64 = lengths
+            .iter()
+            .map(|&(nq, nk)| visible_pairs(nq, nk, left, right) as f64)
+            .sum();
+        4.0 * self.head_dim as f64 * self.heads_q as f64 * pairs
+    }
+}
+
+/// Number of (query, key) pairs visible under the bottom-right aligned window.
+pub fn visible_pairs(nq: usize, nk: usize, left: i32, right: i32) -> u64 {
+    let shift = nk as i64 - nq as i64;
+    (0..nq as i64)
+        .map(|i| {
+            let lo = if left < 0 { 0 } else { (i + shift - left as i64).max(0) };
+            let hi = if right < 0 {
+                nk as i64
+            } else {
+                (i + shift + right as i64 + 1).clamp(0, nk as i64)
+            };
+            (hi - lo).max(0) as u64
+        })
+        .sum()
+}
+
+/// `(batch, rows, heads, head_dim)` of a Q/K/V view (batch = 1 for varlen).
+fn dims(t: &TensorView, name: &str, layout: QkvLayout, varlen: bool) -> Result<(usize, usize, usize, usize)> {
+    let s = t.shape();
+    let want = if varlen { 3 } else { 4 };
+    if s.len() != want {
+        return Err(Error::invalid("cu_seqlens", format!(
+            "{name} must be rank {want} ({}), got shape {s:?}",
+            if varlen {
+                "[total, H, D] for a varlen batch"
+            } else if layout == QkvLayout::Bnhd {
+                "[B, N, H, D]"
+            } else {
+                "[B, H, N, D]"
+            }
+        )));
+    }
+    if t.strides()[want - 1] != 1 {
+        return Err(Error::invalid("cu_seqlens", format!(
+            "{name}'s last dimension must be contiguous (stride 1), got strides {:?}",
+            t.strides()
+        )));
+    }
+    Ok(if varlen {
+        (1, s[0], s[1], s[2])
+    } else if layout == QkvLayout::Bnhd {
+        (s[0], s[1], s[2], s[3])
+    } else {
+        (s[0], s[2], s[1], s[3])
+    })
+}
+
+/// `(stride_b, stride_n, stride_h)` in elements of a view in `layout` (varlen: stride_b = 0).
+pub(crate) fn strides_bnh(t: &TensorView, layout: QkvLayout, varlen: bool) -> (i64, i64, i64) {
+    let s = t.strides();
+    if varlen {
+        (0, s[0] as i64, s[1] as i64)
+    } else if layout == QkvLayout::Bnhd {
+        (s[0] as i64, s[1] as i64, s[2] as i64)
+    } else {
+        (s[0] as i64, s[2] as i64, s[1] as i64)
+    }
+}
+
+/// One-shot attention: plans, allocates a contiguous output in q's layout (`[B, Nq, Hq, D]`,
+/// `[B, Hq, Nq, D]` or `[total_q, Hq, D]`) and, with `return_lse`, an LSE of `[B, Hq, Nq]` (or
+/// `[Hq, total_q]` for varlen), runs, and returns both.
+pub fn flash_forward<T: Element>(
+    ctx: &Context,
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    varlen: Option<&VarlenBatch>,
+    options: &AttentionOptions,
+) -> Result<(DeviceBuffer<T>, Option<DeviceBuffer<f32>>)> {
+    if q.dtype() != T::DTYPE {
+        return Err(Error::invalid("q", format!(
+            "flash_forward::<{}> called with q of dtype {}",
+            T::DTYPE,
+            q.dtype()
+        )));
+    }
+    let problem = AttentionProblem::of_views(q, k, v, options.layout, varlen)?;
+    let plan = AttentionPlan::new(ctx, &problem, options)?;
+    let mut out = ctx.alloc::<T>(q.numel())?;
+    let shape = q.shape().to_vec();
+    let strides = contiguous_strides(&shape);
+    let mut lse = if options.return_lse {
+        Some(ctx.alloc::<f32>(problem.heads_q * problem.varlen.map_or(problem.batch * problem.seqlen_q, |v| v.0))?)
+    } else {
+        None
+    };
+    {
+        let mut o = out.view_mut(&shape, &strides)?;
+        let mut lse_view = match lse.as_mut() {
+            Some(l) => Some(plan.lse_view_mut(l)?),
+            None => None,
+        };
+        plan.run(q, k, v, &mut o, lse_view.as_mut(), varlen)?;
+    }
+    Ok((out, lse))
+}
+
+/// Row-major strides of a shape.
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+

@@ -1,0 +1,604 @@
+//! Attention dispatch: which kernel (path, tiles, head-dim specialisation, mask and softcap
+//! compiled in or not), how many KV splits, and the launch itself.
+//!
+//! Paths:
+//! - [`AttentionPath::Hopper`] (`sm_90a` only): TMA + mbarrier pipeline, wgmma, warp-specialised
+//!   producer/consumer warpgroups (`flash_sm90.cu`).
+//! - [`AttentionPath::Sm80`] (any `sm_80+`): ldmatrix + mma.sync with cp.async double buffering,
+//!   FlashAttention-2 partitioning (`flash_sm80.cu`).
+//!
+//! Grid of the forward kernels: `(B * Hq, q_tiles, splits)`; blocks run in x-fastest order and
+//! the kernels map `blockIdx.y` to query tile `q_tiles - 1 - y`, so under a causal mask the
+//! longest tiles of every head start first. With `splits > 1` each split writes normalised
+//! partial outputs and LSEs to a workspace that `combine.cu` merges with the online-softmax rule.
+
+use std::sync::Arc;
+
+use super::{strides_bnh, AttentionOptions, AttentionProblem, VarlenBatch, PARAMS_HEADER};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::runtime::{Arch, Context, DeviceBuffer, Kernel, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut};
+
+const SM80_SOURCE: &str = include_str!("flash_sm80.cu");
+const COMBINE_SOURCE: &str = include_str!("combine.cu");
+
+/// Most KV splits a plan uses.
+pub const MAX_SPLITS: usize = 64;
+
+/// Which forward kernel family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionPath {
+    /// Hopper where available, else the Ampere kernel.
+    Auto,
+    /// TMA + wgmma warp-specialised kernel (`sm_90a`).
+    Hopper,
+    /// ldmatrix + mma.sync kernel (`sm_80` and newer).
+    Sm80,
+}
+
+impl AttentionPath {
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionPath::Auto => "auto",
+            AttentionPath::Hopper => "hopper",
+            AttentionPath::Sm80 => "sm80",
+        }
+    }
+}
+
+/// The launch parameters, mirrored from `ts::AttentionParams` in `attention_params.cuh`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AttentionParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub cu_seqlens_q: u64,
+    pub cu_seqlens_k: u64,
+    pub o_partial: u64,
+    pub lse_partial: u64,
+    pub q_stride_b: i64,
+    pub q_stride_n: i64,
+    pub q_stride_h: i64,
+    pub k_stride_b: i64,
+    pub k_stride_n: i64,
+    pub k_stride_h: i64,
+    pub v_stride_b: i64,
+    pub v_stride_n: i64,
+    pub v_stride_h: i64,
+    pub o_stride_b: i64,
+    pub o_stride_n: i64,
+    pub o_stride_h: i64,
+    pub lse_stride_b: i64,
+    pub lse_stride_h: i64,
+    pub partial_rows: i64,
+    pub batch: i32,
+    pub heads_q: i32,
+    pub heads_kv: i32,
+    pub seqlen_q: i32,
+    pub seqlen_k: i32,
+    pub head_dim: i32,
+    pub window_left: i32,
+    pub window_right: i32,
+    pub scale_log2: f32,
+    pub softcap_scale: f32,
+    pub softcap_log2: f32,
+    pub num_splits: i32,
+    pub q_tiles: i32,
+    pub pad_: i32,
+}
+
+// SAFETY: plain data matching the C layout of ts::AttentionParams (checked by a test that
+// compiles `sizeof` into a kernel and by the field list above).
+unsafe impl KernelParams for AttentionParams {}
+
+/// Size of `ts::AttentionParams` in bytes.
+pub const PARAMS_BYTES: usize = std::mem::size_of::<AttentionParams>();
+
+/// Compile-time specialisation of one forward kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Variant {
+    /// Resolved path: `Hopper` or `Sm80`.
+    pub path: AttentionPath,
+    pub dtype: DType,
+    /// Compiled head dim: 64, 128 or 256 (or the padded generic sizes 32..256 step 32).
+    pub head_dim: u32,
+    pub block_m: u32,
+    pub block_n: u32,
+    /// Threads per CTA.
+    pub threads: u32,
+    /// K/V pipeline depth.
+    pub stages: u32,
+    /// A window or causal mask is compiled in.
+    pub masked: bool,
+    pub softcap: bool,
+    /// Writes split-KV partials instead of the output.
+    pub split: bool,
+}
+
+impl Variant {
+    /// The kernel spec of this variant.
+    pub fn spec(&self) -> KernelSpec {
+        let name = format!(
+            "flash_fwd_{}_{}_d{}_m{}_n{}_t{}_s{}{}{}{}",
+            self.path.name(),
+            self.dtype,
+            self.head_dim,
+            self.block_m,
+            self.block_n,
+            self.threads,
+            self.stages,
+            if self.masked { "_mask" } else { "" },
+            if self.softcap { "_softcap" } else { "" },
+            if self.split { "_split" } else { "" },
+        );
+        let preamble = format!(
+            "#include \"tessera/dtype.cuh\"\n\
+             using Elem = {};\n\
+             constexpr int kHeadDim = {};\nconstexpr int kBlockM = {};\nconstexpr int kBlockN = {};\n\
+             constexpr int kThreads = {};\nconstexpr int kStages = {};\n\
+             constexpr bool kMasked = {};\nconstexpr bool kSoftcap = {};\nconstexpr bool kSplit = {};\n\
+             #define TS_GENERATED_PREAMBLE 1\n",
+            self.dtype.cuda_type(),
+            self.head_dim,
+            self.block_m,
+            self.block_n,
+            self.threads,
+            self.stages,
+            self.masked,
+            self.softcap,
+            self.split,
+        );
+        match self.path {
+            AttentionPath::Hopper => KernelSpec {
+                name,
+                file: "flash_sm90.cu",
+                source: SM90_SOURCE,
+                preamble,
+                entry: "flash_fwd_sm90",
+            },
+            _ => KernelSpec {
+                name,
+                file: "flash_sm80.cu",
+                source: SM80_SOURCE,
+                preamble,
+                entry: "flash_fwd_sm80",
+            },
+        }
+    }
+
+    /// Dynamic shared memory of a CTA: the Q tile plus `stages` K and V tiles, 2-byte elements.
+    pub fn shared_bytes(&self) -> u32 {
+        (self.block_m + 2 * self.stages * self.block_n) * self.head_dim * 2
+    }
+}
+
+const SM90_SOURCE: &str = "";
+
+/// The combine kernel merging split-KV partials into the output and LSE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CombineVariant {
+    pub dtype: DType,
+    pub head_dim: u32,
+}
+
+impl CombineVariant {
+    /// Threads per CTA of the combine kernel: one warp per (row, head), 4 warps.
+    pub const THREADS: u32 = 128;
+    pub fn spec(&self) -> KernelSpec {
+        KernelSpec {
+            name: format!("flash_combine_{}_d{}", self.dtype, self.head_dim),
+            file: "combine.cu",
+            source: COMBINE_SOURCE,
+            preamble: format!(
+                "#include \"tessera/dtype.cuh\"\nusing Elem = {};\nconstexpr int kHeadDim = {};\n\
+                 constexpr int kThreads = {};\n#define TS_GENERATED_PREAMBLE 1\n",
+                self.dtype.cuda_type(),
+                self.head_dim,
+                Self::THREADS
+            ),
+            entry: "flash_combine",
+        }
+    }
+}
+
+/// Head dim the kernels are compiled for: 64, 128, 256 exactly, others rounded up to a
+/// multiple of 32 (zero-padded on load, masked on store).
+pub fn compiled_head_dim(d: usize) -> u32 {
+    match d {
+        64 | 128 | 256 => d as u32,
+        _ => d.div_ceil(32) as u32 * 32,
+    }
+}
+
+/// Tiles of the Ampere kernel for a compiled head dim: `(block_m, block_n, threads, stages)`.
+pub fn sm80_tiles(head_dim: u32) -> (u32, u32, u32, u32) {
+    match head_dim {
+        0..=64 => (128, 64, 128, 2),
+        65..=128 => (128, 64, 128, 2),
+        _ => (64, 64, 128, 2),
+    }
+}
+
+/// A plan: the kernels, the split count and the workspace for one problem.
+pub struct AttentionPlan {
+    ctx: Context,
+    problem: AttentionProblem,
+    options: AttentionOptions,
+    variant: Variant,
+    kernel: Arc<Kernel>,
+    combine: Option<Arc<Kernel>>,
+    splits: usize,
+    q_tiles: usize,
+    /// Split-KV workspace: partial outputs then partial LSEs (f32).
+    workspace: Option<DeviceBuffer<f32>>,
+}
+
+impl std::fmt::Debug for AttentionPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttentionPlan")
+            .field("problem", &self.problem)
+            .field("variant", &self.variant)
+            .field("splits", &self.splits)
+            .finish()
+    }
+}
+
+/// Validates the options for a head dim.
+fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
+    if let Some(s) = o.scale {
+        if !(s.is_finite() && s > 0.0) {
+            return Err(Error::invalid("scale", format!("softmax scale must be finite and > 0, got {s}")));
+        }
+    }
+    if !(o.softcap.is_finite() && o.softcap >= 0.0) {
+        return Err(Error::invalid("softcap", format!(
+            "softcap must be finite and >= 0 (0 = off), got {}",
+            o.softcap
+        )));
+    }
+    if o.window.0 < -1 || o.window.1 < -1 {
+        return Err(Error::invalid("window", format!(
+            "window sizes must be >= -1 (-1 = unbounded), got {:?}",
+            o.window
+        )));
+    }
+    if let Some(s) = o.num_splits {
+        if s == 0 || s > MAX_SPLITS {
+            return Err(Error::invalid("num_splits", format!("num_splits must be 1..={MAX_SPLITS}, got {s}")));
+        }
+    }
+    let _ = d;
+    Ok(())
+}
+
+/// FlashAttention-2's rule: split only while the CTAs do not fill the GPU, choosing the
+/// smallest split count whose wave efficiency is within 85% of the best.
+pub fn choose_splits(ctas: usize, sms: usize, k_tiles: usize) -> usize {
+    if ctas == 0 || ctas * 5 >= sms * 4 || k_tiles < 2 {
+        return 1;
+    }
+    let max = MAX_SPLITS.min(sms).min(k_tiles);
+    let eff = |s: usize| {
+        let n = (ctas * s) as f64 / sms as f64;
+        n / n.ceil()
+    };
+    let best = (1..=max).map(eff).fold(0.0f64, f64::max);
+    (1..=max).find(|&s| eff(s) >= 0.85 * best).unwrap_or(1)
+}
+
+impl AttentionPlan {
+    /// Chooses the kernel and split count, compiles (or loads) the kernels and allocates the
+    /// split workspace.
+    pub fn new(ctx: &Context, problem: &AttentionProblem, options: &AttentionOptions) -> Result<AttentionPlan> {
+        problem.validate()?;
+        validate_options(options, problem.head_dim)?;
+        let arch = ctx.arch();
+        let path = resolve_path(options.path, arch)?;
+        let head_dim = compiled_head_dim(problem.head_dim);
+        let (block_m, block_n, threads, stages) = match path {
+            AttentionPath::Sm80 => sm80_tiles(head_dim),
+            _ => unreachable!("resolve_path returns a concrete path"),
+        };
+        let q_tiles = problem.seqlen_q.div_ceil(block_m as usize).max(1);
+        let k_tiles = problem.seqlen_k.div_ceil(block_n as usize);
+        let splits = match options.num_splits {
+            Some(s) => s.min(k_tiles.max(1)),
+            None => choose_splits(
+                problem.batch * problem.heads_q * q_tiles,
+                ctx.info().sm_count as usize,
+                k_tiles,
+            ),
+        };
+        let variant = Variant {
+            path,
+            dtype: problem.dtype,
+            head_dim,
+            block_m,
+            block_n,
+            threads,
+            stages,
+            masked: options.is_masked(),
+            softcap: options.softcap > 0.0,
+            split: splits > 1,
+        };
+        let kernel = ctx.kernel(&variant.spec())?;
+        let (combine, workspace) = if splits > 1 {
+            let c = ctx.kernel(
+                &CombineVariant {
+                    dtype: problem.dtype,
+                    head_dim,
+                }
+                .spec(),
+            )?;
+            let rows = partial_rows(problem);
+            let len = splits * problem.heads_q * rows * (head_dim as usize + 1);
+            (Some(c), Some(ctx.alloc::<f32>(len)?))
+        } else {
+            (None, None)
+        };
+        Ok(AttentionPlan {
+            ctx: ctx.clone(),
+            problem: *problem,
+            options: *options,
+            variant,
+            kernel,
+            combine,
+            splits,
+            q_tiles,
+            workspace,
+        })
+    }
+
+    pub fn problem(&self) -> &AttentionProblem {
+        &self.problem
+    }
+    pub fn variant(&self) -> &Variant {
+        &self.variant
+    }
+    pub fn splits(&self) -> usize {
+        self.splits
+    }
+    /// Bytes of device memory the plan holds besides the caller's tensors.
+    pub fn workspace_bytes(&self) -> usize {
+        self.workspace.as_ref().map_or(0, |w| w.bytes())
+    }
+    /// A readable description (`sm80 d128 m128 n64 splits 1`).
+    pub fn describe(&self) -> String {
+        format!(
+            "{} d{} m{} n{} splits {}",
+            self.variant.path.name(),
+            self.variant.head_dim,
+            self.variant.block_m,
+            self.variant.block_n,
+            self.splits
+        )
+    }
+
+    /// The LSE shape this plan writes: `[B, Hq, Nq]`, or `[Hq, total_q]` for varlen.
+    pub fn lse_shape(&self) -> Vec<usize> {
+        match self.problem.varlen {
+            Some((total_q, _)) => vec![self.problem.heads_q, total_q],
+            None => vec![self.problem.batch, self.problem.heads_q, self.problem.seqlen_q],
+        }
+    }
+
+    /// A contiguous LSE view of `buf` in [`AttentionPlan::lse_shape`].
+    pub fn lse_view_mut<'a>(&self, buf: &'a mut DeviceBuffer<f32>) -> Result<TensorViewMut<'a>> {
+        let shape = self.lse_shape();
+        let strides = super::contiguous_strides(&shape);
+        buf.view_mut(&shape, &strides)
+    }
+
+    /// Runs the plan: `out` must have q's shape (any strides, last dim contiguous) and dtype;
+    /// `lse`, when given, must be f32 in [`AttentionPlan::lse_shape`] (any strides, last dim
+    /// contiguous). `varlen` must be given iff the plan was made for a varlen batch and must
+    /// match it.
+    pub fn run(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        out: &mut TensorViewMut,
+        lse: Option<&mut TensorViewMut>,
+        varlen: Option<&VarlenBatch>,
+    ) -> Result<()> {
+        let layout = self.options.layout;
+        let p = AttentionProblem::of_views(q, k, v, layout, varlen)?;
+        if p != self.problem {
+            return Err(Error::invalid("attention", format!(
+                "attention plan was made for {:?}, called with {:?}",
+                self.problem, p
+            )));
+        }
+        if out.shape() != q.shape() || out.dtype() != q.dtype() {
+            return Err(Error::invalid("out", format!(
+                "out must have q's shape {:?} and dtype {}, got {:?} {}",
+                q.shape(),
+                q.dtype(),
+                out.shape(),
+                out.dtype()
+            )));
+        }
+        if *out.strides().last().unwrap_or(&1) != 1 {
+            return Err(Error::invalid("out", "its last dimension must be contiguous (stride 1)"));
+        }
+        let is_varlen = varlen.is_some();
+        let (lse_ptr, lse_stride_b, lse_stride_h) = match lse {
+            Some(l) => {
+                let want = self.lse_shape();
+                if l.shape() != want.as_slice() || l.dtype() != DType::F32 || *l.strides().last().unwrap() != 1 {
+                    return Err(Error::invalid("lse", format!(
+                        "lse must be f32 of shape {want:?} with a contiguous last dim, got {} {:?} strides {:?}",
+                        l.dtype(),
+                        l.shape(),
+                        l.strides()
+                    )));
+                }
+                let s = l.strides();
+                if is_varlen {
+                    (l.device_ptr(), 0i64, s[0] as i64)
+                } else {
+                    (l.device_ptr(), s[0] as i64, s[1] as i64)
+                }
+            }
+            None => (0, 0, 0),
+        };
+        let (qb, qn, qh) = strides_bnh(q, layout, is_varlen);
+        let (kb, kn, kh) = strides_bnh(k, layout, is_varlen);
+        let (vb, vn, vh) = strides_bnh(v, layout, is_varlen);
+        let (ob, on, oh) = strides_bnh(&out.as_view(), layout, is_varlen);
+        let (cu_q, cu_k) = varlen.map_or((0, 0), |vb| vb.device_ptrs());
+        let d = self.problem.head_dim;
+        let scale = self.options.effective_scale(d);
+        let (left, right) = self.options.effective_window();
+        let rows = partial_rows(&self.problem);
+        let (o_partial, lse_partial) = match &self.workspace {
+            Some(w) => {
+                let o_len = self.splits * self.problem.heads_q * rows * self.variant.head_dim as usize;
+                (w.device_ptr(), w.device_ptr() + (o_len * 4) as u64)
+            }
+            None => (0, 0),
+        };
+        let softcap = self.options.softcap;
+        let params = AttentionParams {
+            q: q.device_ptr(),
+            k: k.device_ptr(),
+            v: v.device_ptr(),
+            o: out.device_ptr(),
+            lse: lse_ptr,
+            cu_seqlens_q: cu_q,
+            cu_seqlens_k: cu_k,
+            o_partial,
+            lse_partial,
+            q_stride_b: qb,
+            q_stride_n: qn,
+            q_stride_h: qh,
+            k_stride_b: kb,
+            k_stride_n: kn,
+            k_stride_h: kh,
+            v_stride_b: vb,
+            v_stride_n: vn,
+            v_stride_h: vh,
+            o_stride_b: ob,
+            o_stride_n: on,
+            o_stride_h: oh,
+            lse_stride_b,
+            lse_stride_h,
+            partial_rows: rows as i64,
+            batch: self.problem.batch as i32,
+            heads_q: self.problem.heads_q as i32,
+            heads_kv: self.problem.heads_kv as i32,
+            seqlen_q: self.problem.seqlen_q as i32,
+            seqlen_k: self.problem.seqlen_k as i32,
+            head_dim: d as i32,
+            window_left: left,
+            window_right: right,
+            scale_log2: scale * std::f32::consts::LOG2_E,
+            softcap_scale: if softcap > 0.0 { scale / softcap } else { 0.0 },
+            softcap_log2: softcap * std::f32::consts::LOG2_E,
+            num_splits: self.splits as i32,
+            q_tiles: self.q_tiles as i32,
+            pad_: 0,
+        };
+        if self.problem.batch == 0 || rows == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid: (
+                (self.problem.batch * self.problem.heads_q) as u32,
+                self.q_tiles as u32,
+                self.splits as u32,
+            ),
+            block: (self.variant.threads, 1, 1),
+            shared_bytes: self.variant.shared_bytes(),
+            cluster_x: 1,
+        };
+        // SAFETY: `params` mirrors ts::AttentionParams; every pointer is a live device
+        // allocation of the size the validated views and this plan's problem imply (q/k/v/out
+        // and lse were checked against the problem above, the workspace was sized for it), and
+        // the kernel reads and writes only inside those extents.
+        unsafe { self.kernel.launch(&self.ctx, cfg, &params)? };
+        if let Some(combine) = &self.combine {
+            let work = rows * self.problem.heads_q;
+            let warps = (CombineVariant::THREADS / 32) as usize;
+            let cfg = LaunchConfig::linear(work.div_ceil(warps) as u32, CombineVariant::THREADS, 0);
+            // SAFETY: as above; the combine kernel reads the workspace the forward kernel just
+            // wrote (same stream) and writes out/lse within their validated extents.
+            unsafe { combine.launch(&self.ctx, cfg, &params)? };
+        }
+        Ok(())
+    }
+}
+
+/// Rows of the split-KV workspace per (split, head).
+fn partial_rows(p: &AttentionProblem) -> usize {
+    p.varlen.map_or(p.batch * p.seqlen_q, |(t, _)| t)
+}
+
+/// Resolves `Auto` and checks the device supports the requested path.
+pub fn resolve_path(path: AttentionPath, arch: Arch) -> Result<AttentionPath> {
+    if arch.major < 8 {
+        return Err(Error::Unsupported(format!(
+            "attention needs compute capability 8.0 or newer, this GPU is {arch}"
+        )));
+    }
+    match path {
+        AttentionPath::Auto | AttentionPath::Sm80 => Ok(AttentionPath::Sm80),
+        AttentionPath::Hopper => Err(Error::Unsupported(
+            "the Hopper attention path is not built yet; use AttentionPath::Sm80".into(),
+        )),
+    }
+}
+
+/// Every variant the dispatcher can produce for `arch` (what CI compiles).
+pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
+    let mut out = Vec::new();
+    if arch.major < 8 {
+        return out;
+    }
+    for dtype in [DType::F16, DType::BF16] {
+        for head_dim in (32..=256).step_by(32) {
+            let (block_m, block_n, threads, stages) = sm80_tiles(head_dim);
+            for (masked, softcap, split) in [
+                (false, false, false),
+                (true, false, false),
+                (false, true, false),
+                (true, true, true),
+                (false, false, true),
+            ] {
+                out.push(Variant {
+                    path: AttentionPath::Sm80,
+                    dtype,
+                    head_dim,
+                    block_m,
+                    block_n,
+                    threads,
+                    stages,
+                    masked,
+                    softcap,
+                    split,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Every combine variant (what CI compiles).
+pub fn ci_combine_variants() -> Vec<CombineVariant> {
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for head_dim in (32..=256).step_by(32) {
+            out.push(CombineVariant { dtype, head_dim });
+        }
+    }
+    out
+}
+
+/// The attention params header source (for tests that need it).
+pub fn params_header() -> &'static str {
+    PARAMS_HEADER
+}
