@@ -7,20 +7,26 @@
 //! - [`AttentionPath::Sm80`] (any `sm_80+`): ldmatrix + mma.sync with cp.async double buffering,
 //!   FlashAttention-2 partitioning (`flash_sm80.cu`).
 //!
-//! Grid of the forward kernels: `(B * Hq, q_tiles, splits)`; blocks run in x-fastest order and
-//! the kernels map `blockIdx.y` to query tile `q_tiles - 1 - y`, so under a causal mask the
-//! longest tiles of every head start first. With `splits > 1` each split writes normalised
+//! Grid of the Ampere kernel: `(B * Hq, q_tiles, splits)`; blocks run in x-fastest order and
+//! the kernel maps `blockIdx.y` to query tile `q_tiles - 1 - y`, so under a causal mask the
+//! longest tiles of every head start first. The Hopper kernel is persistent instead: a 1-D grid
+//! of at most one CTA per SM walking a static list of (query tile, split, batch-head) items,
+//! longest first (see [`super::hopper`]). With `splits > 1` each split writes normalised
 //! partial outputs and LSEs to a workspace that `combine.cu` merges with the online-softmax rule.
 
 use std::sync::Arc;
 
-use super::{strides_bnh, AttentionOptions, AttentionProblem, VarlenBatch, PARAMS_HEADER};
+use super::hopper::{self, HopperParams, MapShape, TmaError};
+use super::{strides_bnh, AttentionOptions, AttentionProblem, QkvLayout, VarlenBatch, PARAMS_HEADER};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::runtime::{Arch, Context, DeviceBuffer, Kernel, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut};
+use crate::runtime::{
+    Arch, Context, DeviceBuffer, Kernel, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut,
+};
 
 const SM80_SOURCE: &str = include_str!("flash_sm80.cu");
 const COMBINE_SOURCE: &str = include_str!("combine.cu");
+const SM90_SOURCE: &str = include_str!("flash_sm90.cu");
 
 /// Most KV splits a plan uses.
 pub const MAX_SPLITS: usize = 64;
@@ -169,13 +175,15 @@ impl Variant {
         }
     }
 
-    /// Dynamic shared memory of a CTA: the Q tile plus `stages` K and V tiles, 2-byte elements.
+    /// Dynamic shared memory of a CTA: the Q tile plus `stages` K and V tiles, 2-byte elements
+    /// (the Hopper kernel adds its mbarriers and alignment slack).
     pub fn shared_bytes(&self) -> u32 {
-        (self.block_m + 2 * self.stages * self.block_n) * self.head_dim * 2
+        match self.path {
+            AttentionPath::Hopper => hopper::shared_bytes(self.block_m, self.block_n, self.stages, self.head_dim),
+            _ => (self.block_m + 2 * self.stages * self.block_n) * self.head_dim * 2,
+        }
     }
 }
-
-const SM90_SOURCE: &str = "";
 
 /// The combine kernel merging split-KV partials into the output and LSE.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -234,6 +242,9 @@ pub struct AttentionPlan {
     q_tiles: usize,
     /// Split-KV workspace: partial outputs then partial LSEs (f32).
     workspace: Option<DeviceBuffer<f32>>,
+    /// Under `Auto` on Hopper: the Ampere plan used for views that TMA cannot describe
+    /// (misaligned base or strides), built on first need.
+    fallback: std::sync::OnceLock<Box<AttentionPlan>>,
 }
 
 impl std::fmt::Debug for AttentionPlan {
@@ -250,24 +261,30 @@ impl std::fmt::Debug for AttentionPlan {
 fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
     if let Some(s) = o.scale {
         if !(s.is_finite() && s > 0.0) {
-            return Err(Error::invalid("scale", format!("softmax scale must be finite and > 0, got {s}")));
+            return Err(Error::invalid(
+                "scale",
+                format!("softmax scale must be finite and > 0, got {s}"),
+            ));
         }
     }
     if !(o.softcap.is_finite() && o.softcap >= 0.0) {
-        return Err(Error::invalid("softcap", format!(
-            "softcap must be finite and >= 0 (0 = off), got {}",
-            o.softcap
-        )));
+        return Err(Error::invalid(
+            "softcap",
+            format!("softcap must be finite and >= 0 (0 = off), got {}", o.softcap),
+        ));
     }
     if o.window.0 < -1 || o.window.1 < -1 {
-        return Err(Error::invalid("window", format!(
-            "window sizes must be >= -1 (-1 = unbounded), got {:?}",
-            o.window
-        )));
+        return Err(Error::invalid(
+            "window",
+            format!("window sizes must be >= -1 (-1 = unbounded), got {:?}", o.window),
+        ));
     }
     if let Some(s) = o.num_splits {
         if s == 0 || s > MAX_SPLITS {
-            return Err(Error::invalid("num_splits", format!("num_splits must be 1..={MAX_SPLITS}, got {s}")));
+            return Err(Error::invalid(
+                "num_splits",
+                format!("num_splits must be 1..={MAX_SPLITS}, got {s}"),
+            ));
         }
     }
     let _ = d;
@@ -297,10 +314,15 @@ impl AttentionPlan {
         validate_options(options, problem.head_dim)?;
         let arch = ctx.arch();
         let path = resolve_path(options.path, arch)?;
-        let head_dim = compiled_head_dim(problem.head_dim);
-        let (block_m, block_n, threads, stages) = match path {
-            AttentionPath::Sm80 => sm80_tiles(head_dim),
-            _ => unreachable!("resolve_path returns a concrete path"),
+        let (head_dim, (block_m, block_n, threads, stages)) = match path {
+            AttentionPath::Hopper => {
+                let d = hopper::head_dim(problem.head_dim);
+                (d, hopper::tiles(d))
+            }
+            _ => {
+                let d = compiled_head_dim(problem.head_dim);
+                (d, sm80_tiles(d))
+            }
         };
         let q_tiles = problem.seqlen_q.div_ceil(block_m as usize).max(1);
         let k_tiles = problem.seqlen_k.div_ceil(block_n as usize);
@@ -349,6 +371,7 @@ impl AttentionPlan {
             splits,
             q_tiles,
             workspace,
+            fallback: std::sync::OnceLock::new(),
         })
     }
 
@@ -408,34 +431,61 @@ impl AttentionPlan {
         let layout = self.options.layout;
         let p = AttentionProblem::of_views(q, k, v, layout, varlen)?;
         if p != self.problem {
-            return Err(Error::invalid("attention", format!(
-                "attention plan was made for {:?}, called with {:?}",
-                self.problem, p
-            )));
+            return Err(Error::invalid(
+                "attention",
+                format!("attention plan was made for {:?}, called with {:?}", self.problem, p),
+            ));
         }
         if out.shape() != q.shape() || out.dtype() != q.dtype() {
-            return Err(Error::invalid("out", format!(
-                "out must have q's shape {:?} and dtype {}, got {:?} {}",
-                q.shape(),
-                q.dtype(),
-                out.shape(),
-                out.dtype()
-            )));
+            return Err(Error::invalid(
+                "out",
+                format!(
+                    "out must have q's shape {:?} and dtype {}, got {:?} {}",
+                    q.shape(),
+                    q.dtype(),
+                    out.shape(),
+                    out.dtype()
+                ),
+            ));
         }
         if *out.strides().last().unwrap_or(&1) != 1 {
-            return Err(Error::invalid("out", "its last dimension must be contiguous (stride 1)"));
+            return Err(Error::invalid(
+                "out",
+                "its last dimension must be contiguous (stride 1)",
+            ));
         }
         let is_varlen = varlen.is_some();
+        let maps = if self.variant.path == AttentionPath::Hopper {
+            match self.tensor_maps(q, k, v, &out.as_view(), layout, is_varlen) {
+                Ok(m) => Some(m),
+                Err(TmaError::Misaligned(why)) if self.options.path == AttentionPath::Auto => {
+                    let _ = why;
+                    return self.fallback_plan()?.run(q, k, v, out, lse, varlen);
+                }
+                Err(TmaError::Misaligned(why)) => {
+                    return Err(Error::Unsupported(format!(
+                        "the Hopper attention path needs 16-byte aligned Q/K/V base addresses and \
+                         strides and 4-byte aligned output rows: {why}; use AttentionPath::Auto or Sm80"
+                    )))
+                }
+                Err(TmaError::Driver(e)) => return Err(e),
+            }
+        } else {
+            None
+        };
         let (lse_ptr, lse_stride_b, lse_stride_h) = match lse {
             Some(l) => {
                 let want = self.lse_shape();
                 if l.shape() != want.as_slice() || l.dtype() != DType::F32 || *l.strides().last().unwrap() != 1 {
-                    return Err(Error::invalid("lse", format!(
-                        "lse must be f32 of shape {want:?} with a contiguous last dim, got {} {:?} strides {:?}",
-                        l.dtype(),
-                        l.shape(),
-                        l.strides()
-                    )));
+                    return Err(Error::invalid(
+                        "lse",
+                        format!(
+                            "lse must be f32 of shape {want:?} with a contiguous last dim, got {} {:?} strides {:?}",
+                            l.dtype(),
+                            l.shape(),
+                            l.strides()
+                        ),
+                    ));
                 }
                 let s = l.strides();
                 if is_varlen {
@@ -506,21 +556,42 @@ impl AttentionPlan {
         if self.problem.batch == 0 || rows == 0 {
             return Ok(());
         }
-        let cfg = LaunchConfig {
-            grid: (
-                (self.problem.batch * self.problem.heads_q) as u32,
-                self.q_tiles as u32,
-                self.splits as u32,
-            ),
-            block: (self.variant.threads, 1, 1),
-            shared_bytes: self.variant.shared_bytes(),
-            cluster_x: 1,
-        };
-        // SAFETY: `params` mirrors ts::AttentionParams; every pointer is a live device
-        // allocation of the size the validated views and this plan's problem imply (q/k/v/out
-        // and lse were checked against the problem above, the workspace was sized for it), and
-        // the kernel reads and writes only inside those extents.
-        unsafe { self.kernel.launch(&self.ctx, cfg, &params)? };
+        if let Some((q_map, k_map, v_map)) = maps {
+            let work = self.q_tiles * self.splits * self.problem.batch * self.problem.heads_q;
+            let hp = HopperParams {
+                p: params,
+                q_map,
+                k_map,
+                v_map,
+                work_items: work as i32,
+                pad_: [0; 15],
+            };
+            let cfg = LaunchConfig::linear(
+                hopper::grid(work, self.ctx.info().sm_count),
+                self.variant.threads,
+                self.variant.shared_bytes(),
+            );
+            // SAFETY: `hp` mirrors HopperParams of flash_sm90.cu; the tensor maps describe the
+            // validated q/k/v views (TMA clips every box to their extents) and every other
+            // pointer is as for the Ampere launch below.
+            unsafe { self.kernel.launch(&self.ctx, cfg, &hp)? };
+        } else {
+            let cfg = LaunchConfig {
+                grid: (
+                    (self.problem.batch * self.problem.heads_q) as u32,
+                    self.q_tiles as u32,
+                    self.splits as u32,
+                ),
+                block: (self.variant.threads, 1, 1),
+                shared_bytes: self.variant.shared_bytes(),
+                cluster_x: 1,
+            };
+            // SAFETY: `params` mirrors ts::AttentionParams; every pointer is a live device
+            // allocation of the size the validated views and this plan's problem imply
+            // (q/k/v/out and lse were checked against the problem above, the workspace was
+            // sized for it), and the kernel reads and writes only inside those extents.
+            unsafe { self.kernel.launch(&self.ctx, cfg, &params)? };
+        }
         if let Some(combine) = &self.combine {
             let work = rows * self.problem.heads_q;
             let warps = (CombineVariant::THREADS / 32) as usize;
@@ -530,6 +601,73 @@ impl AttentionPlan {
             unsafe { combine.launch(&self.ctx, cfg, &params)? };
         }
         Ok(())
+    }
+}
+
+impl AttentionPlan {
+    /// The Ampere plan for the same problem and options (Hopper plans under `Auto`, for views
+    /// TMA cannot describe).
+    fn fallback_plan(&self) -> Result<&AttentionPlan> {
+        if let Some(p) = self.fallback.get() {
+            return Ok(p);
+        }
+        let options = AttentionOptions {
+            path: AttentionPath::Sm80,
+            ..self.options
+        };
+        let plan = AttentionPlan::new(&self.ctx, &self.problem, &options)?;
+        Ok(self.fallback.get_or_init(|| Box::new(plan)))
+    }
+
+    /// The Q, K and V tensor maps of the Hopper kernel; also checks that the output rows allow
+    /// its 4-byte stores.
+    fn tensor_maps(
+        &self,
+        q: &TensorView,
+        k: &TensorView,
+        v: &TensorView,
+        out: &TensorView,
+        layout: QkvLayout,
+        varlen: bool,
+    ) -> std::result::Result<(hopper::TensorMap, hopper::TensorMap, hopper::TensorMap), TmaError> {
+        let p = &self.problem;
+        if p.batch == 0 || partial_rows(p) == 0 {
+            let z = hopper::TensorMap::default();
+            return Ok((z, z, z)); // nothing is launched
+        }
+        let (ob, on, oh) = strides_bnh(out, layout, varlen);
+        if out.device_ptr() % 4 != 0 || ob % 2 != 0 || on % 2 != 0 || oh % 2 != 0 {
+            return Err(TmaError::Misaligned(format!(
+                "output base {:#x} / strides (b {ob}, n {on}, h {oh}) elements",
+                out.device_ptr()
+            )));
+        }
+        let (rows_q, rows_k, batch) = match p.varlen {
+            Some((tq, tk)) => (tq, tk, 1),
+            None => (p.seqlen_q, p.seqlen_k, p.batch),
+        };
+        let shape = |t: &TensorView, rows: usize, heads: usize, box_rows: u32| {
+            let (sb, sn, sh) = strides_bnh(t, layout, varlen);
+            MapShape {
+                ptr: t.device_ptr(),
+                dtype: p.dtype,
+                cols: p.head_dim,
+                rows,
+                heads,
+                batch,
+                stride_n: sn,
+                stride_h: sh,
+                stride_b: sb,
+                box_rows,
+            }
+        };
+        let bm = self.variant.block_m;
+        let bn = self.variant.block_n;
+        Ok((
+            hopper::encode(&shape(q, rows_q, p.heads_q, bm))?,
+            hopper::encode(&shape(k, rows_k, p.heads_kv, bn))?,
+            hopper::encode(&shape(v, rows_k, p.heads_kv, bn))?,
+        ))
     }
 }
 
@@ -545,11 +683,15 @@ pub fn resolve_path(path: AttentionPath, arch: Arch) -> Result<AttentionPath> {
             "attention needs compute capability 8.0 or newer, this GPU is {arch}"
         )));
     }
+    let hopper = arch.major == 9 && arch.minor == 0;
     match path {
+        AttentionPath::Auto if hopper => Ok(AttentionPath::Hopper),
         AttentionPath::Auto | AttentionPath::Sm80 => Ok(AttentionPath::Sm80),
-        AttentionPath::Hopper => Err(Error::Unsupported(
-            "the Hopper attention path is not built yet; use AttentionPath::Sm80".into(),
-        )),
+        AttentionPath::Hopper if hopper => Ok(AttentionPath::Hopper),
+        AttentionPath::Hopper => Err(Error::Unsupported(format!(
+            "the Hopper attention path needs an sm_90 GPU (wgmma, TMA), this GPU is {arch}; use \
+             AttentionPath::Auto or Sm80"
+        ))),
     }
 }
 
@@ -559,28 +701,36 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
     if arch.major < 8 {
         return out;
     }
+    let flags = [
+        (false, false, false),
+        (true, false, false),
+        (false, true, false),
+        (true, true, true),
+        (false, false, true),
+    ];
+    let mut push = |path, dtype, head_dim, (block_m, block_n, threads, stages)| {
+        for (masked, softcap, split) in flags {
+            out.push(Variant {
+                path,
+                dtype,
+                head_dim,
+                block_m,
+                block_n,
+                threads,
+                stages,
+                masked,
+                softcap,
+                split,
+            });
+        }
+    };
     for dtype in [DType::F16, DType::BF16] {
         for head_dim in (32..=256).step_by(32) {
-            let (block_m, block_n, threads, stages) = sm80_tiles(head_dim);
-            for (masked, softcap, split) in [
-                (false, false, false),
-                (true, false, false),
-                (false, true, false),
-                (true, true, true),
-                (false, false, true),
-            ] {
-                out.push(Variant {
-                    path: AttentionPath::Sm80,
-                    dtype,
-                    head_dim,
-                    block_m,
-                    block_n,
-                    threads,
-                    stages,
-                    masked,
-                    softcap,
-                    split,
-                });
+            push(AttentionPath::Sm80, dtype, head_dim, sm80_tiles(head_dim));
+        }
+        if arch.major == 9 && arch.minor == 0 {
+            for head_dim in (64..=256).step_by(64) {
+                push(AttentionPath::Hopper, dtype, head_dim, hopper::tiles(head_dim));
             }
         }
     }

@@ -33,6 +33,10 @@ pub const DEVICE_HEADERS: &[(&str, &str)] = &[
     ("tessera/online_softmax.cuh", include_str!("../cuda/online_softmax.cuh")),
     ("tessera/cluster.cuh", include_str!("../cuda/cluster.cuh")),
     ("tessera/async_copy.cuh", include_str!("../cuda/async_copy.cuh")),
+    ("tessera/mbarrier.cuh", include_str!("../cuda/mbarrier.cuh")),
+    ("tessera/tma.cuh", include_str!("../cuda/tma.cuh")),
+    ("tessera/wgmma_ops.cuh", include_str!("../cuda/wgmma_ops.cuh")),
+    ("tessera/wgmma.cuh", include_str!("../cuda/wgmma.cuh")),
     (
         "tessera/attention_params.cuh",
         include_str!("../attention/attention_params.cuh"),

@@ -1,0 +1,443 @@
+// flash_sm90.cu: FlashAttention forward for Hopper (sm_90a): TMA loads completed on mbarriers,
+// wgmma for both GEMMs, one producer and two consumer warpgroups, persistent CTAs.
+//
+// Preamble (attention/plan.rs, Variant::spec): Elem, kHeadDim (64, 128, 192 or 256; the real D is
+// p.head_dim, the tensor maps zero-fill columns past it and the epilogue never stores them),
+// kBlockM (128: 64 query rows per consumer warpgroup), kBlockN (keys per tile), kThreads (384),
+// kStages (K/V ring depth), kMasked, kSoftcap, kSplit.
+//
+// Work: item w of p.work_items (grid = min(work_items, SMs), CTA c takes w = c, c + grid, ...)
+// is (query tile, split, batch * head) with the query tile descending outermost, so the longest
+// causal tiles start first. Items whose query tile starts past the sequence do nothing.
+//
+// Roles (warpgroup = 128 threads):
+//   WG0 (producer, 24 registers): one thread loads the Q tile of each item once (after the
+//     consumers released the previous one) and the K and V tiles of its key range, newest first,
+//     into a kStages-deep ring; every load completes on a "full" mbarrier, every slot is handed
+//     back on an "empty" mbarrier (one arrival per consumer warp).
+//   WG1, WG2 (consumers, 240 registers): rows 0..63 and 64..127 of the query tile. Per key tile:
+//     S = Q K^T (wgmma, both from shared memory), mask, online softmax in registers (log2 domain,
+//     ts::OnlineSoftmax rules: a row that has seen no key keeps m = -inf, its P and output are 0),
+//     P packed to Elem as the register A operand of O += P V (V read N-major from shared memory).
+//     The two consumers take turns issuing their S GEMMs (named barriers 1 and 2), so one
+//     warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+//   Epilogue: O / l stored from registers (rows < len_q, columns < head_dim), LSE; with kSplit the
+//   normalised partial and its LSE go to the split-KV workspace instead (combine.cu merges).
+//
+// Shared memory (1024-byte aligned, every tile in 64-column blocks of 128-byte swizzled rows):
+//   Q [kHeadDim/64][kBlockM][64], K[kStages] and V[kStages] [kHeadDim/64][kBlockN][64], mbarriers.
+#include "tessera/attention_params.cuh"
+#include "tessera/mbarrier.cuh"
+#include "tessera/online_softmax.cuh"
+#include "tessera/tma.cuh"
+#include "tessera/wgmma.cuh"
+
+#ifndef TS_GENERATED_PREAMBLE
+// Defaults so the file can be read and compiled on its own; the plan always prepends its own.
+#include "tessera/dtype.cuh"
+using Elem = ts::f16;
+constexpr int kHeadDim = 128;
+constexpr int kBlockM = 128;
+constexpr int kBlockN = 128;
+constexpr int kThreads = 384;
+constexpr int kStages = 2;
+constexpr bool kMasked = true;
+constexpr bool kSoftcap = false;
+constexpr bool kSplit = false;
+#endif
+
+/// The kernel parameter: the shared attention params plus the Hopper path's tensor maps.
+/// Mirrored by `HopperParams` in attention/hopper.rs.
+struct HopperParams {
+  ts::AttentionParams p;
+  ts::TensorMap q_map;  // (D, rows, heads_q, batch), box (64, kBlockM, 1, 1), 128-byte swizzle
+  ts::TensorMap k_map;  // (D, rows, heads_kv, batch), box (64, kBlockN, 1, 1)
+  ts::TensorMap v_map;
+  int work_items;       // q_tiles * num_splits * batch * heads_q
+  int pad_[15];
+};
+
+#if defined(TS_HAS_WGMMA) && defined(TS_HAS_TMA)
+
+namespace {
+
+constexpr int kColBlocks = kHeadDim / 64;        // 64-column (128-byte) blocks of a row
+constexpr int kConsumerRows = 64;                // query rows per consumer warpgroup
+constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
+constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
+constexpr uint32_t kConsumerWarps = 8;           // arrivals that release a slot
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
+static_assert(kThreads == 384, "one producer and two consumer warpgroups");
+static_assert(kBlockM == 2 * kConsumerRows, "two consumer warpgroups of 64 rows");
+static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "compiled head dim: multiple of 64, <= 256");
+static_assert(kBlockN == 64 || kBlockN == 128, "key tile: 64 or 128");
+static_assert(sizeof(Elem) == 2, "f16 or bf16");
+static_assert(sizeof(ts::AttentionParams) == 248, "AttentionParams layout (plan.rs)");
+static_assert(sizeof(HopperParams) == 704, "HopperParams layout (hopper.rs)");
+
+/// Shared-memory carve-up (offsets from the 1024-aligned base).
+struct Smem {
+  static constexpr uint32_t q = 0;
+  static constexpr uint32_t k = q + kQBytes;
+  static constexpr uint32_t v = k + kStages * kKVBytes;
+  static constexpr uint32_t bars = v + kStages * kKVBytes;
+  // barriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S]
+  static constexpr uint32_t end = bars + 8 * (2 + 4 * kStages);
+};
+static_assert(Smem::end + 1024 <= 227 * 1024, "shared memory of one CTA (hopper::shared_bytes)");
+
+/// One work item.
+struct Work {
+  int b, h, q_tile, split;
+};
+
+TS_DEVICE Work decode_work(const ts::AttentionParams& p, int w) {
+  const int bh = p.batch * p.heads_q;
+  const int per_tile = p.num_splits * bh;
+  Work r;
+  r.q_tile = p.q_tiles - 1 - w / per_tile;
+  const int rem = w % per_tile;
+  r.split = rem / bh;
+  r.b = (rem % bh) / p.heads_q;
+  r.h = (rem % bh) % p.heads_q;
+  return r;
+}
+
+/// Key tiles [t0, t1) the rows m0 .. min(m0 + kBlockM, len_q) - 1 of a sequence see in split
+/// `split` (empty when t0 >= t1). Producer and consumers call it with the same arguments.
+TS_DEVICE void key_tiles(const ts::AttentionParams& p, const ts::AttnMask& mask, int m0, int len_q, int split,
+                         int& t0, int& t1) {
+  const int last = min(m0 + kBlockM, len_q) - 1;
+  const int lo = kMasked ? mask.first_key(m0) : 0;
+  const int hi = kMasked ? mask.end_key(last) : mask.len_k;
+  if (hi <= lo) {
+    t0 = t1 = 0;
+    return;
+  }
+  t0 = lo / kBlockN;
+  t1 = ts::ceil_div(hi, kBlockN);
+  if (kSplit) {
+    const int per = ts::ceil_div(t1 - t0, p.num_splits);
+    t0 += split * per;
+    t1 = min(t1, t0 + per);
+  }
+}
+
+/// Row base and batch coordinate of a sequence in the tensor maps: varlen maps are
+/// (D, total, H, 1) and address row cu_seqlens[b] + i; padded maps are (D, N, H, B).
+TS_DEVICE void map_rows(const int* cu, int b, int& row0, int& bcoord) {
+  if (cu != nullptr) {
+    row0 = cu[b];
+    bcoord = 0;
+  } else {
+    row0 = 0;
+    bcoord = b;
+  }
+}
+
+/// A ring position: slot index and the parity of its current phase.
+struct Ring {
+  int slot = 0;
+  uint32_t phase = 0;
+  TS_DEVICE void advance() {
+    if (++slot == kStages) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+// ---- producer ------------------------------------------------------------------------------
+
+TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
+  const ts::AttentionParams& p = hp.p;
+  uint64_t* full_q = bars;
+  uint64_t* empty_q = bars + 1;
+  uint64_t* full_k = bars + 2;
+  uint64_t* empty_k = full_k + kStages;
+  uint64_t* full_v = empty_k + kStages;
+  uint64_t* empty_v = full_v + kStages;
+  ts::tma_prefetch_map(&hp.q_map);
+  ts::tma_prefetch_map(&hp.k_map);
+  ts::tma_prefetch_map(&hp.v_map);
+  Ring ring;
+  uint32_t q_phase = 0;
+  for (int w = blockIdx.x; w < hp.work_items; w += gridDim.x) {
+    const Work wk = decode_work(p, w);
+    const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
+    const int m0 = wk.q_tile * kBlockM;
+    if (m0 >= seq.len_q) continue;
+    int t0, t1;
+    key_tiles(p, ts::AttnMask::of(p, seq), m0, seq.len_q, wk.split, t0, t1);
+    if (t0 >= t1) continue;
+    int q_row0, q_b, k_row0, k_b;
+    map_rows(p.cu_seqlens_q, wk.b, q_row0, q_b);
+    map_rows(p.cu_seqlens_k, wk.b, k_row0, k_b);
+    const int hk = wk.h / (p.heads_q / p.heads_kv);
+
+    ts::mbar_wait(empty_q, q_phase ^ 1);
+    ts::mbar_arrive_expect_tx(full_q, kQBytes);
+#pragma unroll
+    for (int c = 0; c < kColBlocks; ++c)
+      ts::tma_load_4d(smem + Smem::q + c * kBlockM * 128, &hp.q_map, full_q, c * 64, q_row0 + m0, wk.h, q_b);
+    q_phase ^= 1;
+
+    for (int t = t1 - 1; t >= t0; --t) {
+      const int row = k_row0 + t * kBlockN;
+      ts::mbar_wait(&empty_k[ring.slot], ring.phase ^ 1);
+      ts::mbar_arrive_expect_tx(&full_k[ring.slot], kKVBytes);
+      uint8_t* k_tile = smem + Smem::k + ring.slot * kKVBytes;
+#pragma unroll
+      for (int c = 0; c < kColBlocks; ++c)
+        ts::tma_load_4d(k_tile + c * kBlockN * 128, &hp.k_map, &full_k[ring.slot], c * 64, row, hk, k_b);
+      ts::mbar_wait(&empty_v[ring.slot], ring.phase ^ 1);
+      ts::mbar_arrive_expect_tx(&full_v[ring.slot], kKVBytes);
+      uint8_t* v_tile = smem + Smem::v + ring.slot * kKVBytes;
+#pragma unroll
+      for (int c = 0; c < kColBlocks; ++c)
+        ts::tma_load_4d(v_tile + c * kBlockN * 128, &hp.v_map, &full_v[ring.slot], c * 64, row, hk, k_b);
+      ring.advance();
+    }
+  }
+}
+
+// ---- consumers -----------------------------------------------------------------------------
+
+constexpr int kSRegs = kBlockN / 2;    // S accumulator registers per thread
+constexpr int kORegs = kHeadDim / 2;   // O accumulator registers per thread
+constexpr int kPSteps = kBlockN / 16;  // k-steps of O += P V
+
+/// Named barriers of the consumer turn-taking (0 is __syncthreads).
+constexpr uint32_t kTurnBarrier0 = 1;
+
+/// Packs two floats into an Elem pair (lo in the low half).
+TS_DEVICE uint32_t pack_pair(float lo, float hi) {
+  if constexpr (ts::is_same_v<Elem, ts::f16>) return ts::pack_f16x2(lo, hi);
+  else return ts::pack_bf16x2(lo, hi);
+}
+
+/// S = Q K^T for this warpgroup's 64 rows: kHeadDim/16 wgmma k-steps.
+TS_DEVICE void issue_qk(float (&s)[kSRegs], uint32_t q_base, uint32_t k_base) {
+#pragma unroll
+  for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+    const uint32_t off = (kk % 4) * 32;
+    const uint64_t da = ts::wgmma_desc_sw128(q_base + (kk / 4) * (kBlockM * 128) + off, 0);
+    const uint64_t db = ts::wgmma_desc_sw128(k_base + (kk / 4) * (kBlockN * 128) + off, 0);
+    ts::wgmma_ss<Elem, kBlockN, 0>(s, da, db, kk > 0 ? 1 : 0);
+  }
+}
+
+/// O += P V: kBlockN/16 k-steps of 16 keys; V N-major, 64-column blocks kBlockN*128 bytes apart.
+TS_DEVICE void issue_pv(float (&o)[kORegs], const uint32_t (&pa)[kPSteps][4], uint32_t v_base) {
+#pragma unroll
+  for (int kk = 0; kk < kPSteps; ++kk) {
+    const uint64_t db = ts::wgmma_desc_sw128(v_base + kk * 16 * 128, kBlockN * 128);
+    ts::wgmma_rs<Elem, kHeadDim, 1>(o, pa[kk], db, 1);
+  }
+}
+
+TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, int wg) {
+  const ts::AttentionParams& p = hp.p;
+  uint64_t* full_q = bars;
+  uint64_t* empty_q = bars + 1;
+  uint64_t* full_k = bars + 2;
+  uint64_t* empty_k = full_k + kStages;
+  uint64_t* full_v = empty_k + kStages;
+  uint64_t* empty_v = full_v + kStages;
+  const int tid = threadIdx.x % 128;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const bool warp_leader = lane == 0;
+  const uint32_t smem_base = ts::smem_addr(smem);
+  const uint32_t q_base = smem_base + Smem::q + wg * kConsumerRows * 128;
+  const uint32_t my_turn = kTurnBarrier0 + wg;
+  const uint32_t other_turn = kTurnBarrier0 + (1 - wg);
+  // Consumer 1 lets consumer 0 issue first.
+  if (wg == 1) ts::named_barrier_arrive(kTurnBarrier0, 256);
+
+  Ring ring;
+  uint32_t q_phase = 0;
+  for (int w = blockIdx.x; w < hp.work_items; w += gridDim.x) {
+    const Work wk = decode_work(p, w);
+    const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
+    const int m0 = wk.q_tile * kBlockM;
+    if (m0 >= seq.len_q) continue;
+    const ts::AttnMask mask = ts::AttnMask::of(p, seq);
+    int t0, t1;
+    key_tiles(p, mask, m0, seq.len_q, wk.split, t0, t1);
+
+    // This thread's two rows (sequence indices) and their visible key ranges.
+    const int row[2] = {m0 + wg * kConsumerRows + warp * 16 + lane / 4, m0 + wg * kConsumerRows + warp * 16 + lane / 4 + 8};
+    int first[2], end[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      first[r] = kMasked ? mask.first_key(row[r]) : 0;
+      end[r] = kMasked ? mask.end_key(row[r]) : seq.len_k;
+    }
+    // Key range every row of the whole query tile sees (tiles inside it need no masking).
+    const int tile_last = min(m0 + kBlockM, seq.len_q) - 1;
+    const int full_lo = kMasked ? mask.first_key(tile_last) : 0;
+    const int full_hi = kMasked ? mask.end_key(m0) : seq.len_k;
+
+    float o[kORegs];
+#pragma unroll
+    for (int i = 0; i < kORegs; ++i) o[i] = 0.0f;
+    float m[2] = {ts::kNegInf, ts::kNegInf};  // running max, log2 domain
+    float l[2] = {0.0f, 0.0f};                // this thread's part of the running sum
+    const float scale = kSoftcap ? 1.0f : p.scale_log2;
+
+    if (t0 < t1) {
+      ts::mbar_wait(full_q, q_phase);
+      q_phase ^= 1;
+      for (int t = t1 - 1; t >= t0; --t) {
+        float s[kSRegs];
+        ts::mbar_wait(&full_k[ring.slot], ring.phase);
+        ts::named_barrier_sync(my_turn, 256);
+        ts::wgmma_fence_acc(s);
+        ts::wgmma_fence();
+        issue_qk(s, q_base, smem_base + Smem::k + ring.slot * kKVBytes);
+        ts::wgmma_commit();
+        ts::named_barrier_arrive(other_turn, 256);
+        ts::wgmma_wait<0>();
+        ts::wgmma_fence_acc(s);
+        if (warp_leader) {
+          ts::mbar_arrive(&empty_k[ring.slot]);
+          if (t == t0) ts::mbar_arrive(empty_q);
+        }
+
+        // Scores in the log2 domain (softcap applied), masked keys -inf.
+        const int j0 = t * kBlockN;
+        if (kSoftcap) {
+#pragma unroll
+          for (int i = 0; i < kSRegs; ++i) s[i] = ts::attn_score_log2(p, s[i]);
+        }
+        const bool need_mask = j0 + kBlockN > seq.len_k || (kMasked && (j0 < full_lo || j0 + kBlockN > full_hi));
+        if (need_mask) {
+#pragma unroll
+          for (int i = 0; i < kSRegs; ++i) {
+            const int r = (i % 4) / 2;
+            const int j = j0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
+            if (j < first[r] || j >= end[r] || j >= seq.len_k) s[i] = ts::kNegInf;
+          }
+        }
+        // Online softmax: new max, rescale factor, P = 2^(s * scale - m).
+        float neg_shift[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = ts::kNegInf;
+#pragma unroll
+          for (int i = 0; i < kSRegs; ++i)
+            if ((i % 4) / 2 == r) mx = fmaxf(mx, s[i]);
+          mx = ts::warp_allreduce_max<4>(mx);
+          const float m_new = fmaxf(m[r], mx * scale);
+          const float factor = ts::exp2_shifted(m[r], ts::softmax_shift(m_new));
+          m[r] = m_new;
+          l[r] *= factor;
+          neg_shift[r] = -ts::softmax_shift(m_new);
+#pragma unroll
+          for (int i = 0; i < kORegs; ++i)
+            if ((i % 4) / 2 == r) o[i] *= factor;
+        }
+        uint32_t pa[kPSteps][4];
+#pragma unroll
+        for (int i = 0; i < kSRegs; ++i) {
+          const int r = (i % 4) / 2;
+          s[i] = ts::exp2_fma(s[i], scale, neg_shift[r]);
+          l[r] += s[i];
+        }
+#pragma unroll
+        for (int kk = 0; kk < kPSteps; ++kk) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) pa[kk][q] = pack_pair(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+        }
+
+        ts::mbar_wait(&full_v[ring.slot], ring.phase);
+        ts::wgmma_fence_acc(o);
+        ts::wgmma_fence();
+        issue_pv(o, pa, smem_base + Smem::v + ring.slot * kKVBytes);
+        ts::wgmma_commit();
+        ts::wgmma_wait<0>();
+        ts::wgmma_fence_acc(o);
+        if (warp_leader) ts::mbar_arrive(&empty_v[ring.slot]);
+        ring.advance();
+      }
+    }
+
+    // Epilogue: normalise, store rows < len_q and columns < head_dim; LSE.
+    float inv[2], lse[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float sum = ts::warp_allreduce_sum<4>(l[r]);
+      const bool empty = m[r] == ts::kNegInf || !(sum > 0.0f);
+      inv[r] = empty ? 0.0f : 1.0f / sum;
+      lse[r] = empty ? ts::kNegInf : (m[r] + ts::log2_approx(sum)) * ts::kLn2;
+    }
+    const int cols = p.head_dim;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = row[r];
+      if (i >= seq.len_q) continue;
+      if (kSplit) {
+        const long long prow = (long long)(wk.split * p.heads_q + wk.h) * p.partial_rows + seq.row_q + i;
+        float* dst = p.o_partial + prow * kHeadDim;
+#pragma unroll
+        for (int c = 0; c < kORegs / 4; ++c) {
+          const int col = c * 8 + (lane % 4) * 2;
+          *reinterpret_cast<float2*>(dst + col) = make_float2(o[4 * c + 2 * r] * inv[r], o[4 * c + 2 * r + 1] * inv[r]);
+        }
+        if (lane % 4 == 0) p.lse_partial[prow] = lse[r];
+      } else {
+        Elem* dst = static_cast<Elem*>(p.o) + seq.o_off + (long long)i * p.o_stride_n;
+#pragma unroll
+        for (int c = 0; c < kORegs / 4; ++c) {
+          const int col = c * 8 + (lane % 4) * 2;
+          if (col < cols)
+            *reinterpret_cast<uint32_t*>(dst + col) = pack_pair(o[4 * c + 2 * r] * inv[r], o[4 * c + 2 * r + 1] * inv[r]);
+        }
+        if (p.lse != nullptr && lane % 4 == 0) {
+          const long long off = p.cu_seqlens_q != nullptr ? seq.row_q : 0;
+          p.lse[wk.h * p.lse_stride_h + wk.b * p.lse_stride_b + off + i] = lse[r];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1) flash_fwd_sm90(const __grid_constant__ HopperParams hp) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // The tiles need 1024-byte alignment (128-byte swizzle); the plan adds 1024 bytes of slack.
+  uint8_t* smem = smem_raw + ((1024 - (ts::smem_addr(smem_raw) & 1023)) & 1023);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + Smem::bars);
+  if (threadIdx.x == 0) {
+    ts::mbar_init(&bars[0], 1);               // full_q: the producer's expect_tx
+    ts::mbar_init(&bars[1], kConsumerWarps);  // empty_q
+    for (int s = 0; s < kStages; ++s) {
+      ts::mbar_init(&bars[2 + s], 1);                            // full_k
+      ts::mbar_init(&bars[2 + kStages + s], kConsumerWarps);     // empty_k
+      ts::mbar_init(&bars[2 + 2 * kStages + s], 1);              // full_v
+      ts::mbar_init(&bars[2 + 3 * kStages + s], kConsumerWarps); // empty_v
+    }
+    ts::mbar_init_fence();
+  }
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    ts::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) producer(hp, smem, bars);
+  } else {
+    ts::setmaxnreg_inc<kConsumerRegs>();
+    consumer(hp, smem, bars, wg - 1);
+  }
+}
+
+#else
+
+extern "C" __global__ void flash_fwd_sm90(const __grid_constant__ HopperParams hp) {
+  // Built for a target without wgmma/TMA: the plan never launches this path there.
+  __trap();
+}
+
+#endif

@@ -1,0 +1,195 @@
+//! Host side of the Hopper attention path (`flash_sm90.cu`): tile choice, the TMA tensor maps,
+//! the kernel parameter struct and the persistent grid.
+//!
+//! Grid convention of this path (differs from the `(B * Hq, q_tiles, splits)` grid of the
+//! others): a persistent 1-D grid of `min(work_items, SMs)` CTAs, `work_items = q_tiles *
+//! splits * B * Hq`. CTA `c` walks items `c, c + grid, ...`; item `w` is query tile
+//! `q_tiles - 1 - w / (splits * B * Hq)`, split `(w / (B * Hq)) % splits`, batch-head
+//! `w % (B * Hq)`: the longest causal tiles start first on every SM.
+//!
+//! Tensor maps: 4-D `(D, rows, heads, batch)` with byte strides, which covers `[B, N, H, D]`,
+//! `[B, H, N, D]` and varlen `[total, H, D]` (as `(D, total, H, 1)`); boxes of 64 columns
+//! (128 bytes, 128-byte swizzle) by a tile of rows. Columns past the real D and rows past the
+//! tensor read as zeros. TMA needs 16-byte aligned base addresses and strides; a view that
+//! breaks this cannot take this path ([`TmaError::Misaligned`]).
+
+use cudarc::driver::sys;
+
+use super::plan::AttentionParams;
+use crate::dtype::DType;
+use crate::error::Error;
+use crate::runtime::KernelParams;
+
+/// Threads per CTA: one producer and two consumer warpgroups.
+pub const THREADS: u32 = 384;
+/// Query rows per CTA tile (64 per consumer warpgroup).
+pub const BLOCK_M: u32 = 128;
+
+/// Head dim the Hopper kernel is compiled for: the real D rounded up to a multiple of 64
+/// (the tensor maps zero-fill the padding columns).
+pub fn head_dim(d: usize) -> u32 {
+    (d.max(1).div_ceil(64) * 64) as u32
+}
+
+/// Tiles for a compiled head dim: `(block_m, block_n, threads, stages)`.
+pub fn tiles(head_dim: u32) -> (u32, u32, u32, u32) {
+    match head_dim {
+        0..=64 => (BLOCK_M, 128, THREADS, 3),
+        65..=128 => (BLOCK_M, 128, THREADS, 2),
+        _ => (BLOCK_M, 64, THREADS, 2),
+    }
+}
+
+/// Dynamic shared memory: Q, `stages` K and V tiles, the mbarriers, and 1024 bytes of slack
+/// for aligning the base to the 128-byte swizzle's 1024-byte period.
+pub fn shared_bytes(block_m: u32, block_n: u32, stages: u32, head_dim: u32) -> u32 {
+    (block_m + 2 * stages * block_n) * head_dim * 2 + 8 * (2 + 4 * stages) + 1024
+}
+
+/// A `CUtensorMap` (128 opaque bytes, 64-byte aligned), as `ts::TensorMap`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TensorMap {
+    pub opaque: [u64; 16],
+}
+
+/// The kernel parameter of `flash_fwd_sm90`, mirrored by `HopperParams` in `flash_sm90.cu`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub struct HopperParams {
+    pub p: AttentionParams,
+    pub q_map: TensorMap,
+    pub k_map: TensorMap,
+    pub v_map: TensorMap,
+    pub work_items: i32,
+    pub pad_: [i32; 15],
+}
+
+// SAFETY: plain data with the C layout of `HopperParams` in flash_sm90.cu (the kernel
+// static_asserts its size, 704 bytes, and the size test below checks this side).
+unsafe impl KernelParams for HopperParams {}
+
+/// Why a view cannot be described by a tensor map.
+#[derive(Debug)]
+pub enum TmaError {
+    /// Base address or a stride is not a multiple of 16 bytes.
+    Misaligned(String),
+    /// The driver rejected the map.
+    Driver(Error),
+}
+
+/// One tensor's geometry for a map: element strides of rows, heads and batches.
+#[derive(Clone, Copy, Debug)]
+pub struct MapShape {
+    pub ptr: u64,
+    pub dtype: DType,
+    /// The real head dim (columns).
+    pub cols: usize,
+    pub rows: usize,
+    pub heads: usize,
+    pub batch: usize,
+    pub stride_n: i64,
+    pub stride_h: i64,
+    pub stride_b: i64,
+    /// Rows of one box (the kernel's tile height).
+    pub box_rows: u32,
+}
+
+/// Builds the 4-D tensor map `(cols, rows, heads, batch)` with 64-column boxes and 128-byte
+/// swizzle.
+pub fn encode(s: &MapShape) -> std::result::Result<TensorMap, TmaError> {
+    let es = s.dtype.size() as i64;
+    let data_type = match s.dtype {
+        DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        other => {
+            return Err(TmaError::Driver(Error::Unsupported(format!(
+                "the Hopper attention path takes f16 or bf16, got {other}"
+            ))))
+        }
+    };
+    // A size-1 dimension may carry any stride: give it a valid one.
+    let fix = |stride: i64, extent: usize, fallback: i64| if extent <= 1 { fallback } else { stride };
+    let row_bytes = s.stride_n * es;
+    let head_bytes = fix(s.stride_h, s.heads, s.stride_n * s.rows.max(1) as i64) * es;
+    let batch_bytes = fix(s.stride_b, s.batch, head_bytes / es * s.heads.max(1) as i64) * es;
+    if s.ptr % 16 != 0 {
+        return Err(TmaError::Misaligned(format!(
+            "base address {:#x} is not 16-byte aligned",
+            s.ptr
+        )));
+    }
+    for (name, b) in [("row", row_bytes), ("head", head_bytes), ("batch", batch_bytes)] {
+        if b <= 0 || b % 16 != 0 || b >= 1 << 40 {
+            return Err(TmaError::Misaligned(format!(
+                "{name} stride of {b} bytes is not a positive multiple of 16 below 2^40"
+            )));
+        }
+    }
+    let dims: [u64; 4] = [
+        s.cols as u64,
+        s.rows.max(1) as u64,
+        s.heads.max(1) as u64,
+        s.batch.max(1) as u64,
+    ];
+    let strides: [u64; 3] = [row_bytes as u64, head_bytes as u64, batch_bytes as u64];
+    let boxes: [u32; 4] = [64, s.box_rows, 1, 1];
+    let elem_strides: [u32; 4] = [1, 1, 1, 1];
+    let mut map = TensorMap::default();
+    // SAFETY: `map` is 128 writable bytes with 64-byte alignment (what the driver writes); the
+    // arrays outlive the call and have `rank` entries (strides rank - 1); the address is only
+    // recorded, never dereferenced on the host.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map as *mut TensorMap as *mut sys::CUtensorMap,
+            data_type,
+            4,
+            s.ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(TmaError::Driver(Error::cuda(
+            "cuTensorMapEncodeTiled",
+            format!("{r:?} for dims {dims:?} byte strides {strides:?} box {boxes:?}"),
+        )));
+    }
+    Ok(map)
+}
+
+/// Persistent grid size: one CTA per SM, never more than the work items.
+pub fn grid(work_items: usize, sm_count: u32) -> u32 {
+    work_items.min(sm_count.max(1) as usize).max(1) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_layout_matches_the_kernel() {
+        assert_eq!(std::mem::size_of::<AttentionParams>(), 248);
+        assert_eq!(std::mem::size_of::<TensorMap>(), 128);
+        assert_eq!(std::mem::size_of::<HopperParams>(), 704);
+        assert_eq!(std::mem::offset_of!(HopperParams, q_map), 256);
+        assert_eq!(std::mem::offset_of!(HopperParams, work_items), 640);
+    }
+
+    #[test]
+    fn tiles_fit_in_shared_memory() {
+        for d in [64, 128, 192, 256] {
+            let (m, n, _, s) = tiles(d);
+            assert!(shared_bytes(m, n, s, d) <= 227 * 1024, "d {d}");
+        }
+        assert_eq!(head_dim(80), 128);
+        assert_eq!(head_dim(64), 64);
+        assert_eq!(head_dim(200), 256);
+    }
+}

@@ -1,0 +1,81 @@
+// mbarrier.cuh: shared-memory transaction barriers (mbarrier, sm_90+) for producer/consumer
+// pipelines fed by the copy engine (TMA).
+//
+// Defines: ts::smem_addr, ts::mbar_init, ts::mbar_init_fence, ts::mbar_arrive,
+//          ts::mbar_arrive_expect_tx, ts::mbar_wait, ts::fence_proxy_async,
+//          ts::named_barrier_sync / named_barrier_arrive.
+//
+// An mbarrier is one 8-byte word in shared memory. It completes a *phase* when `count` arrivals
+// have been made and every byte announced with `expect_tx` has landed (TMA copies signal their
+// bytes with `complete_tx`). Phases alternate parity 0, 1, 0, ...; `mbar_wait(bar, parity)`
+// returns once the phase of that parity has completed. A fresh barrier is in phase 0, so a
+// producer waiting on an "empty" barrier with parity 1 passes at once (the slot starts empty).
+//
+// Initialisation: one thread calls mbar_init for each barrier, then mbar_init_fence, then the
+// block synchronises (__syncthreads) before anyone waits or a copy signals the barrier.
+#pragma once
+
+#include "tessera/common.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define TS_HAS_MBARRIER 1
+
+namespace ts {
+
+/// The 32-bit shared-window address of a shared-memory pointer (what PTX `.shared` operands take).
+TS_DEVICE uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/// Initialises the barrier at `bar` to expect `count` arrivals per phase.
+TS_DEVICE void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+/// Makes barrier initialisation visible to the copy engine (async proxy) and other threads.
+TS_DEVICE void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+/// One arrival (release semantics: this thread's earlier shared-memory reads/writes are ordered
+/// before the phase completes).
+TS_DEVICE void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+/// One arrival that also announces `bytes` of copies that will complete on this barrier.
+TS_DEVICE void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+/// Spins until the phase with parity `parity` (0 or 1) of the barrier has completed
+/// (acquire semantics: data the phase guarded is visible afterwards).
+TS_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_addr(bar);
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "TS_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra TS_MBAR_WAIT;\n"
+      "}\n" ::"r"(addr),
+      "r"(parity)
+      : "memory");
+}
+
+/// Orders this thread's ordinary shared-memory accesses before later async-proxy accesses
+/// (TMA, wgmma operands) of the same memory, and vice versa.
+TS_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+/// Waits on named barrier `id` (1..15; 0 is __syncthreads) until `threads` threads (a multiple
+/// of 32) have arrived or synced on it.
+TS_DEVICE void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// Arrives on named barrier `id` without waiting (the other side calls named_barrier_sync).
+TS_DEVICE void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace ts
+
+#endif
