@@ -222,8 +222,8 @@ TS_DEVICE void issue_qk(float (&s)[kSRegs], uint32_t q_base, uint32_t k_base) {
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
     const uint32_t off = (kk % 4) * 32;
-    const uint64_t da = ts::wgmma_desc_sw128(q_base + (kk / 4) * (kBlockM * 128) + off, 0);
-    const uint64_t db = ts::wgmma_desc_sw128(k_base + (kk / 4) * (kBlockN * 128) + off, 0);
+    const uint64_t da = ts::wgmma_desc_sw128(q_base + (kk / 4) * (kBlockM * 128) + off, 16);
+    const uint64_t db = ts::wgmma_desc_sw128(k_base + (kk / 4) * (kBlockN * 128) + off, 16);
     ts::wgmma_ss<Elem, kBlockN, 0>(s, da, db, kk > 0 ? 1 : 0);
   }
 }
@@ -235,6 +235,201 @@ TS_DEVICE void issue_pv(float (&o)[kORegs], const uint32_t (&pa)[kPSteps][4], ui
     const uint64_t db = ts::wgmma_desc_sw128(v_base + kk * 16 * 128, kBlockN * 128);
     ts::wgmma_rs<Elem, kHeadDim, 1>(o, pa[kk], db, 1);
   }
+}
+
+/// Running softmax state of this thread's two rows (log2 domain; l is this thread's share of
+/// the row sum, reduced over the quad in the epilogue).
+struct RowState {
+  float m[2];
+  float l[2];
+};
+
+/// Visible key range of this thread's two rows, the sequence's key count, and the key range
+/// every row of the query tile sees (key tiles inside it need no per-element mask).
+struct TileMask {
+  int first0, first1, end0, end1, len_k, full_lo, full_hi;
+};
+
+/// The pipeline barriers a consumer uses.
+struct Barriers {
+  uint64_t *full_k, *empty_k, *full_v, *empty_v, *empty_q;
+};
+
+/// Overlap the S GEMM of the next key tile with the softmax of this one inside each consumer
+/// warpgroup (FlashAttention-3's intra-warpgroup pipelining); false: one tile at a time.
+#ifndef TS_ATTN_SIMPLE_MAINLOOP
+constexpr bool kIntraOverlap = true;
+#else
+constexpr bool kIntraOverlap = false;
+#endif
+
+/// Masks S of key tile t (softcap first), updates the row state, and turns S into
+/// P = 2^(S * scale - m) in place. Returns the factors 2^(m_old - m_new) of both rows that the
+/// output accumulator must be multiplied by.
+TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], RowState& st, const TileMask& tm, int t,
+                            float (&factor)[2]) {
+  const int lane = threadIdx.x % 32;
+  const float scale = kSoftcap ? 1.0f : p.scale_log2;
+  if (kSoftcap) {
+#pragma unroll
+    for (int i = 0; i < kSRegs; ++i) s[i] = ts::attn_score_log2(p, s[i]);
+  }
+  const int j0 = t * kBlockN;
+  const bool need_mask = j0 + kBlockN > tm.len_k || (kMasked && (j0 < tm.full_lo || j0 + kBlockN > tm.full_hi));
+  if (need_mask) {
+#pragma unroll
+    for (int i = 0; i < kSRegs; ++i) {
+      const bool hi = (i % 4) >= 2;
+      const int j = j0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
+      const int first = hi ? tm.first1 : tm.first0;
+      const int end = min(hi ? tm.end1 : tm.end0, tm.len_k);
+      if (j < first || j >= end) s[i] = ts::kNegInf;
+    }
+  }
+  float neg_shift[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = ts::kNegInf;
+#pragma unroll
+    for (int i = 0; i < kSRegs; ++i)
+      if ((i % 4) / 2 == r) mx = fmaxf(mx, s[i]);
+    mx = ts::warp_allreduce_max<4>(mx);
+    const float m_new = fmaxf(st.m[r], mx * scale);
+    factor[r] = ts::exp2_shifted(st.m[r], ts::softmax_shift(m_new));
+    st.m[r] = m_new;
+    st.l[r] *= factor[r];
+    neg_shift[r] = -ts::softmax_shift(m_new);
+  }
+#pragma unroll
+  for (int i = 0; i < kSRegs; ++i) {
+    const int r = (i % 4) / 2;
+    s[i] = ts::exp2_fma(s[i], scale, neg_shift[r]);
+    st.l[r] += s[i];
+  }
+}
+
+/// o *= factor of its row.
+TS_DEVICE void rescale_o(float (&o)[kORegs], const float (&factor)[2]) {
+#pragma unroll
+  for (int i = 0; i < kORegs; ++i) o[i] *= factor[(i % 4) / 2];
+}
+
+/// P (S registers after softmax_tile) packed to Elem pairs: the A fragments of O += P V.
+TS_DEVICE void pack_p(const float (&s)[kSRegs], uint32_t (&pa)[kPSteps][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kPSteps; ++kk) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) pa[kk][q] = pack_pair(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
+  }
+}
+
+/// One key tile at a time: S = Q K^T, softmax, O += P V, each GEMM waited for before the next
+/// step. The consumers take turns issuing S.
+TS_DEVICE void mainloop_simple(const ts::AttentionParams& p, const Barriers& bs, Ring& ring, RowState& st,
+                               float (&o)[kORegs], const TileMask& tm, int t0, int t1, uint32_t q_base,
+                               uint32_t smem_base, uint32_t my_turn, uint32_t other_turn, bool warp_leader) {
+  for (int t = t1 - 1; t >= t0; --t) {
+    float s[kSRegs];
+    ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
+    ts::named_barrier_sync(my_turn, 256);
+    ts::wgmma_fence_acc(s);
+    ts::wgmma_fence();
+    issue_qk(s, q_base, smem_base + Smem::k + ring.slot * kKVBytes);
+    ts::wgmma_commit();
+    ts::named_barrier_arrive(other_turn, 256);
+    ts::wgmma_wait<0>();
+    ts::wgmma_fence_acc(s);
+    if (warp_leader) {
+      ts::mbar_arrive(&bs.empty_k[ring.slot]);
+      if (t == t0) ts::mbar_arrive(bs.empty_q);
+    }
+    float factor[2];
+    softmax_tile(p, s, st, tm, t, factor);
+    rescale_o(o, factor);
+    uint32_t pa[kPSteps][4];
+    pack_p(s, pa);
+    ts::mbar_wait(&bs.full_v[ring.slot], ring.phase);
+    ts::wgmma_fence_acc(o);
+    ts::wgmma_fence();
+    issue_pv(o, pa, smem_base + Smem::v + ring.slot * kKVBytes);
+    ts::wgmma_commit();
+    ts::wgmma_wait<0>();
+    ts::wgmma_fence_acc(o);
+    if (warp_leader) ts::mbar_arrive(&bs.empty_v[ring.slot]);
+    ring.advance();
+  }
+}
+
+/// Software-pipelined: while the tensor cores run S(t) = Q K(t)^T and O += P(t+1) V(t+1), the
+/// warpgroup waits only for S(t), computes softmax(t), then waits for the P V GEMM before
+/// rescaling O. The consumers take turns issuing each pair of GEMMs.
+TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers& bs, Ring& ring, RowState& st,
+                                   float (&o)[kORegs], const TileMask& tm, int t0, int t1, uint32_t q_base,
+                                   uint32_t smem_base, uint32_t my_turn, uint32_t other_turn, bool warp_leader) {
+  uint32_t pa[kPSteps][4];
+  {
+    // First tile: S only.
+    const int t = t1 - 1;
+    float s[kSRegs];
+    ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
+    ts::named_barrier_sync(my_turn, 256);
+    ts::wgmma_fence_acc(s);
+    ts::wgmma_fence();
+    issue_qk(s, q_base, smem_base + Smem::k + ring.slot * kKVBytes);
+    ts::wgmma_commit();
+    ts::named_barrier_arrive(other_turn, 256);
+    ts::wgmma_wait<0>();
+    ts::wgmma_fence_acc(s);
+    if (warp_leader) {
+      ts::mbar_arrive(&bs.empty_k[ring.slot]);
+      if (t == t0) ts::mbar_arrive(bs.empty_q);
+    }
+    float factor[2];
+    softmax_tile(p, s, st, tm, t, factor);  // o is still 0: no rescale
+    pack_p(s, pa);
+  }
+  int prev_slot = ring.slot;
+  uint32_t prev_phase = ring.phase;
+  ring.advance();
+  for (int t = t1 - 2; t >= t0; --t) {
+    float s[kSRegs];
+    ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
+    ts::named_barrier_sync(my_turn, 256);
+    ts::wgmma_fence_acc(s);
+    ts::wgmma_fence_acc(o);
+    ts::wgmma_fence();
+    issue_qk(s, q_base, smem_base + Smem::k + ring.slot * kKVBytes);
+    ts::wgmma_commit();
+    ts::mbar_wait(&bs.full_v[prev_slot], prev_phase);
+    issue_pv(o, pa, smem_base + Smem::v + prev_slot * kKVBytes);
+    ts::wgmma_commit();
+    ts::named_barrier_arrive(other_turn, 256);
+    ts::wgmma_wait<1>();  // S(t) done; P V of the previous tile may still run
+    ts::wgmma_fence_acc(s);
+    if (warp_leader) {
+      ts::mbar_arrive(&bs.empty_k[ring.slot]);
+      if (t == t0) ts::mbar_arrive(bs.empty_q);
+    }
+    float factor[2];
+    softmax_tile(p, s, st, tm, t, factor);
+    ts::wgmma_wait<0>();
+    ts::wgmma_fence_acc(o);
+    if (warp_leader) ts::mbar_arrive(&bs.empty_v[prev_slot]);
+    rescale_o(o, factor);
+    pack_p(s, pa);
+    prev_slot = ring.slot;
+    prev_phase = ring.phase;
+    ring.advance();
+  }
+  // Last P V.
+  ts::mbar_wait(&bs.full_v[prev_slot], prev_phase);
+  ts::wgmma_fence_acc(o);
+  ts::wgmma_fence();
+  issue_pv(o, pa, smem_base + Smem::v + prev_slot * kKVBytes);
+  ts::wgmma_commit();
+  ts::wgmma_wait<0>();
+  ts::wgmma_fence_acc(o);
+  if (warp_leader) ts::mbar_arrive(&bs.empty_v[prev_slot]);
 }
 
 TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, int wg) {
@@ -283,86 +478,22 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
     float o[kORegs];
 #pragma unroll
     for (int i = 0; i < kORegs; ++i) o[i] = 0.0f;
-    float m[2] = {ts::kNegInf, ts::kNegInf};  // running max, log2 domain
-    float l[2] = {0.0f, 0.0f};                // this thread's part of the running sum
-    const float scale = kSoftcap ? 1.0f : p.scale_log2;
+    RowState st;
+    st.m[0] = st.m[1] = ts::kNegInf;
+    st.l[0] = st.l[1] = 0.0f;
+    const TileMask tm{first[0], first[1], end[0], end[1], seq.len_k, full_lo, full_hi};
 
     if (t0 < t1) {
       ts::mbar_wait(full_q, q_phase);
       q_phase ^= 1;
-      for (int t = t1 - 1; t >= t0; --t) {
-        float s[kSRegs];
-        ts::mbar_wait(&full_k[ring.slot], ring.phase);
-        ts::named_barrier_sync(my_turn, 256);
-        ts::wgmma_fence_acc(s);
-        ts::wgmma_fence();
-        issue_qk(s, q_base, smem_base + Smem::k + ring.slot * kKVBytes);
-        ts::wgmma_commit();
-        ts::named_barrier_arrive(other_turn, 256);
-        ts::wgmma_wait<0>();
-        ts::wgmma_fence_acc(s);
-        if (warp_leader) {
-          ts::mbar_arrive(&empty_k[ring.slot]);
-          if (t == t0) ts::mbar_arrive(empty_q);
-        }
-
-        // Scores in the log2 domain (softcap applied), masked keys -inf.
-        const int j0 = t * kBlockN;
-        if (kSoftcap) {
-#pragma unroll
-          for (int i = 0; i < kSRegs; ++i) s[i] = ts::attn_score_log2(p, s[i]);
-        }
-        const bool need_mask = j0 + kBlockN > seq.len_k || (kMasked && (j0 < full_lo || j0 + kBlockN > full_hi));
-        if (need_mask) {
-#pragma unroll
-          for (int i = 0; i < kSRegs; ++i) {
-            const int r = (i % 4) / 2;
-            const int j = j0 + (i / 4) * 8 + (lane % 4) * 2 + (i % 2);
-            if (j < first[r] || j >= end[r] || j >= seq.len_k) s[i] = ts::kNegInf;
-          }
-        }
-        // Online softmax: new max, rescale factor, P = 2^(s * scale - m).
-        float neg_shift[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float mx = ts::kNegInf;
-#pragma unroll
-          for (int i = 0; i < kSRegs; ++i)
-            if ((i % 4) / 2 == r) mx = fmaxf(mx, s[i]);
-          mx = ts::warp_allreduce_max<4>(mx);
-          const float m_new = fmaxf(m[r], mx * scale);
-          const float factor = ts::exp2_shifted(m[r], ts::softmax_shift(m_new));
-          m[r] = m_new;
-          l[r] *= factor;
-          neg_shift[r] = -ts::softmax_shift(m_new);
-#pragma unroll
-          for (int i = 0; i < kORegs; ++i)
-            if ((i % 4) / 2 == r) o[i] *= factor;
-        }
-        uint32_t pa[kPSteps][4];
-#pragma unroll
-        for (int i = 0; i < kSRegs; ++i) {
-          const int r = (i % 4) / 2;
-          s[i] = ts::exp2_fma(s[i], scale, neg_shift[r]);
-          l[r] += s[i];
-        }
-#pragma unroll
-        for (int kk = 0; kk < kPSteps; ++kk) {
-#pragma unroll
-          for (int q = 0; q < 4; ++q) pa[kk][q] = pack_pair(s[8 * kk + 2 * q], s[8 * kk + 2 * q + 1]);
-        }
-
-        ts::mbar_wait(&full_v[ring.slot], ring.phase);
-        ts::wgmma_fence_acc(o);
-        ts::wgmma_fence();
-        issue_pv(o, pa, smem_base + Smem::v + ring.slot * kKVBytes);
-        ts::wgmma_commit();
-        ts::wgmma_wait<0>();
-        ts::wgmma_fence_acc(o);
-        if (warp_leader) ts::mbar_arrive(&empty_v[ring.slot]);
-        ring.advance();
-      }
+      const Barriers bs{full_k, empty_k, full_v, empty_v, empty_q};
+      if (kIntraOverlap)
+        mainloop_overlapped(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, other_turn, warp_leader);
+      else
+        mainloop_simple(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, other_turn, warp_leader);
     }
+    float (&m)[2] = st.m;
+    float (&l)[2] = st.l;
 
     // Epilogue: normalise, store rows < len_q and columns < head_dim; LSE.
     float inv[2], lse[2];

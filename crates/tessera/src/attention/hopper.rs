@@ -40,6 +40,13 @@ pub fn tiles(head_dim: u32) -> (u32, u32, u32, u32) {
     }
 }
 
+/// Debugging knob: with `TESSERA_ATTN_HOPPER_SIMPLE=1` in the environment the Hopper kernel is
+/// built without intra-warpgroup pipelining (one key tile at a time), to tell a pipelining bug
+/// from any other.
+pub fn simple_mainloop() -> bool {
+    std::env::var_os("TESSERA_ATTN_HOPPER_SIMPLE").is_some_and(|v| v == "1")
+}
+
 /// Dynamic shared memory: Q, `stages` K and V tiles, the mbarriers, and 1024 bytes of slack
 /// for aligning the base to the 128-byte swizzle's 1024-byte period.
 pub fn shared_bytes(block_m: u32, block_n: u32, stages: u32, head_dim: u32) -> u32 {

@@ -158,6 +158,13 @@ impl Variant {
             self.split,
         );
         match self.path {
+            AttentionPath::Hopper if hopper::simple_mainloop() => KernelSpec {
+                name: format!("{name}_simple"),
+                file: "flash_sm90.cu",
+                source: SM90_SOURCE,
+                preamble: format!("{preamble}#define TS_ATTN_SIMPLE_MAINLOOP 1\n"),
+                entry: "flash_fwd_sm90",
+            },
             AttentionPath::Hopper => KernelSpec {
                 name,
                 file: "flash_sm90.cu",

@@ -42,7 +42,8 @@
 namespace ts {
 
 /// Descriptor of a 128-byte-swizzled shared-memory operand starting at shared address `addr`
-/// (bytes); `leading` = byte distance between 64-column blocks (N-major B only, else unused),
+/// (bytes); `leading` = byte distance between 64-column blocks for an N-major B (pass 16 for
+/// K-major operands, where the field is unused),
 /// stride between 8-row groups = 1024 bytes.
 TS_DEVICE uint64_t wgmma_desc_sw128(uint32_t addr, uint32_t leading) {
   uint64_t d = 0;
