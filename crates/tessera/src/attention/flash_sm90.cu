@@ -11,11 +11,11 @@
 // causal tiles start first. Items whose query tile starts past the sequence do nothing.
 //
 // Roles (warpgroup = 128 threads):
-//   WG0 (producer, 24 registers): one thread loads the Q tile of each item once (after the
+//   WG0 (producer, 40 registers): one thread loads the Q tile of each item once (after the
 //     consumers released the previous one) and the K and V tiles of its key range, newest first,
 //     into a kStages-deep ring; every load completes on a "full" mbarrier, every slot is handed
 //     back on an "empty" mbarrier (one arrival per consumer warp).
-//   WG1, WG2 (consumers, 240 registers): rows 0..63 and 64..127 of the query tile. Per key tile:
+//   WG1, WG2 (consumers, 232 registers): rows 0..63 and 64..127 of the query tile. Per key tile:
 //     S = Q K^T (wgmma, both from shared memory), mask, online softmax in registers (log2 domain,
 //     ts::OnlineSoftmax rules: a row that has seen no key keeps m = -inf, its P and output are 0),
 //     P packed to Elem as the register A operand of O += P V (V read N-major from shared memory).
@@ -66,8 +66,8 @@ constexpr int kConsumerRows = 64;                // query rows per consumer warp
 constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
 constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
 constexpr uint32_t kConsumerWarps = 8;           // arrivals that release a slot
-constexpr int kProducerRegs = 24;
-constexpr int kConsumerRegs = 240;
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
 static_assert(kThreads == 384, "one producer and two consumer warpgroups");
 static_assert(kBlockM == 2 * kConsumerRows, "two consumer warpgroups of 64 rows");
 static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "compiled head dim: multiple of 64, <= 256");
