@@ -17,7 +17,9 @@ use std::sync::Arc;
 use super::{strides_bnh, AttentionOptions, AttentionProblem, VarlenBatch, PARAMS_HEADER};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::runtime::{Arch, Context, DeviceBuffer, Kernel, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut};
+use crate::runtime::{
+    Arch, Context, DeviceBuffer, Kernel, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut,
+};
 
 const SM80_SOURCE: &str = include_str!("flash_sm80.cu");
 const COMBINE_SOURCE: &str = include_str!("combine.cu");
@@ -250,24 +252,30 @@ impl std::fmt::Debug for AttentionPlan {
 fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
     if let Some(s) = o.scale {
         if !(s.is_finite() && s > 0.0) {
-            return Err(Error::invalid("scale", format!("softmax scale must be finite and > 0, got {s}")));
+            return Err(Error::invalid(
+                "scale",
+                format!("softmax scale must be finite and > 0, got {s}"),
+            ));
         }
     }
     if !(o.softcap.is_finite() && o.softcap >= 0.0) {
-        return Err(Error::invalid("softcap", format!(
-            "softcap must be finite and >= 0 (0 = off), got {}",
-            o.softcap
-        )));
+        return Err(Error::invalid(
+            "softcap",
+            format!("softcap must be finite and >= 0 (0 = off), got {}", o.softcap),
+        ));
     }
     if o.window.0 < -1 || o.window.1 < -1 {
-        return Err(Error::invalid("window", format!(
-            "window sizes must be >= -1 (-1 = unbounded), got {:?}",
-            o.window
-        )));
+        return Err(Error::invalid(
+            "window",
+            format!("window sizes must be >= -1 (-1 = unbounded), got {:?}", o.window),
+        ));
     }
     if let Some(s) = o.num_splits {
         if s == 0 || s > MAX_SPLITS {
-            return Err(Error::invalid("num_splits", format!("num_splits must be 1..={MAX_SPLITS}, got {s}")));
+            return Err(Error::invalid(
+                "num_splits",
+                format!("num_splits must be 1..={MAX_SPLITS}, got {s}"),
+            ));
         }
     }
     let _ = d;
@@ -408,34 +416,43 @@ impl AttentionPlan {
         let layout = self.options.layout;
         let p = AttentionProblem::of_views(q, k, v, layout, varlen)?;
         if p != self.problem {
-            return Err(Error::invalid("attention", format!(
-                "attention plan was made for {:?}, called with {:?}",
-                self.problem, p
-            )));
+            return Err(Error::invalid(
+                "attention",
+                format!("attention plan was made for {:?}, called with {:?}", self.problem, p),
+            ));
         }
         if out.shape() != q.shape() || out.dtype() != q.dtype() {
-            return Err(Error::invalid("out", format!(
-                "out must have q's shape {:?} and dtype {}, got {:?} {}",
-                q.shape(),
-                q.dtype(),
-                out.shape(),
-                out.dtype()
-            )));
+            return Err(Error::invalid(
+                "out",
+                format!(
+                    "out must have q's shape {:?} and dtype {}, got {:?} {}",
+                    q.shape(),
+                    q.dtype(),
+                    out.shape(),
+                    out.dtype()
+                ),
+            ));
         }
         if *out.strides().last().unwrap_or(&1) != 1 {
-            return Err(Error::invalid("out", "its last dimension must be contiguous (stride 1)"));
+            return Err(Error::invalid(
+                "out",
+                "its last dimension must be contiguous (stride 1)",
+            ));
         }
         let is_varlen = varlen.is_some();
         let (lse_ptr, lse_stride_b, lse_stride_h) = match lse {
             Some(l) => {
                 let want = self.lse_shape();
                 if l.shape() != want.as_slice() || l.dtype() != DType::F32 || *l.strides().last().unwrap() != 1 {
-                    return Err(Error::invalid("lse", format!(
-                        "lse must be f32 of shape {want:?} with a contiguous last dim, got {} {:?} strides {:?}",
-                        l.dtype(),
-                        l.shape(),
-                        l.strides()
-                    )));
+                    return Err(Error::invalid(
+                        "lse",
+                        format!(
+                            "lse must be f32 of shape {want:?} with a contiguous last dim, got {} {:?} strides {:?}",
+                            l.dtype(),
+                            l.shape(),
+                            l.strides()
+                        ),
+                    ));
                 }
                 let s = l.strides();
                 if is_varlen {
