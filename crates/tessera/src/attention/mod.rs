@@ -34,6 +34,8 @@
 //! ```
 
 pub mod plan;
+pub mod reference;
+pub mod verify;
 
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
