@@ -35,6 +35,8 @@
 
 pub mod hopper;
 pub mod plan;
+pub mod reference;
+pub mod verify;
 
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
