@@ -33,6 +33,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod bench;
 pub mod plan;
 pub mod reference;
 pub mod verify;
