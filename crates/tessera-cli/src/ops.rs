@@ -77,6 +77,18 @@ pub fn bench_jobs(op: &str, quick: bool) -> Vec<BenchJob> {
                 }
             })
             .collect(),
+        "attention" => attention::bench::cases(quick)
+            .into_iter()
+            .map(|c| {
+                let baseline = (c.path == attention::AttentionPath::Auto).then(|| (c.name(), c.params()));
+                BenchJob {
+                    // The impl is part of the job name so `--filter tessera-sm80` selects it.
+                    name: format!("{} {}", c.name(), c.implementation()),
+                    baseline,
+                    run: Box::new(move |ctx: &Context, seed, t| attention::bench::bench_case(ctx, &c, seed, t)),
+                }
+            })
+            .collect(),
         _ => Vec::new(),
     }
 }

@@ -33,6 +33,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod bench;
 pub mod hopper;
 pub mod plan;
 pub mod reference;
