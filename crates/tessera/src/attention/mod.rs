@@ -35,6 +35,9 @@
 
 pub mod plan;
 
+#[cfg(test)]
+mod compile_tests;
+
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer, TensorView};
@@ -133,23 +136,29 @@ impl VarlenBatch {
     pub fn new(ctx: &Context, cu_seqlens_q: &[i32], cu_seqlens_k: &[i32]) -> Result<VarlenBatch> {
         fn check(name: &str, cu: &[i32]) -> Result<usize> {
             if cu.len() < 2 {
-                return Err(Error::invalid("cu_seqlens", format!(
-                    "{name} must have batch + 1 >= 2 entries, got {}",
-                    cu.len()
-                )));
+                return Err(Error::invalid(
+                    "cu_seqlens",
+                    format!("{name} must have batch + 1 >= 2 entries, got {}", cu.len()),
+                ));
             }
             if cu[0] != 0 {
-                return Err(Error::invalid("cu_seqlens", format!("{name}[0] must be 0, got {}", cu[0])));
+                return Err(Error::invalid(
+                    "cu_seqlens",
+                    format!("{name}[0] must be 0, got {}", cu[0]),
+                ));
             }
             let mut max = 0usize;
             for (b, w) in cu.windows(2).enumerate() {
                 if w[1] < w[0] {
-                    return Err(Error::invalid("cu_seqlens", format!(
-                        "{name} must be non-decreasing: {name}[{}] = {} < {name}[{b}] = {}",
-                        b + 1,
-                        w[1],
-                        w[0]
-                    )));
+                    return Err(Error::invalid(
+                        "cu_seqlens",
+                        format!(
+                            "{name} must be non-decreasing: {name}[{}] = {} < {name}[{b}] = {}",
+                            b + 1,
+                            w[1],
+                            w[0]
+                        ),
+                    ));
                 }
                 max = max.max((w[1] - w[0]) as usize);
             }
@@ -158,11 +167,14 @@ impl VarlenBatch {
         let max_q = check("cu_seqlens_q", cu_seqlens_q)?;
         let max_k = check("cu_seqlens_k", cu_seqlens_k)?;
         if cu_seqlens_q.len() != cu_seqlens_k.len() {
-            return Err(Error::invalid("cu_seqlens", format!(
-                "cu_seqlens_q has {} entries but cu_seqlens_k has {} (both must be batch + 1)",
-                cu_seqlens_q.len(),
-                cu_seqlens_k.len()
-            )));
+            return Err(Error::invalid(
+                "cu_seqlens",
+                format!(
+                    "cu_seqlens_q has {} entries but cu_seqlens_k has {} (both must be batch + 1)",
+                    cu_seqlens_q.len(),
+                    cu_seqlens_k.len()
+                ),
+            ));
         }
         Ok(VarlenBatch {
             cu_q_host: cu_seqlens_q.to_vec(),
@@ -265,37 +277,49 @@ impl AttentionProblem {
         let dk = dims(k, "k", layout, varlen.is_some())?;
         let dv = dims(v, "v", layout, varlen.is_some())?;
         if q.dtype() != k.dtype() || q.dtype() != v.dtype() {
-            return Err(Error::invalid("q/k/v", format!(
-                "q, k and v must share a dtype, got {}, {} and {}",
-                q.dtype(),
-                k.dtype(),
-                v.dtype()
-            )));
+            return Err(Error::invalid(
+                "q/k/v",
+                format!(
+                    "q, k and v must share a dtype, got {}, {} and {}",
+                    q.dtype(),
+                    k.dtype(),
+                    v.dtype()
+                ),
+            ));
         }
         if dk != dv {
-            return Err(Error::invalid("k/v", format!(
-                "k and v must have the same shape, got {:?} and {:?}",
-                k.shape(),
-                v.shape()
-            )));
+            return Err(Error::invalid(
+                "k/v",
+                format!(
+                    "k and v must have the same shape, got {:?} and {:?}",
+                    k.shape(),
+                    v.shape()
+                ),
+            ));
         }
         if dq.0 != dk.0 || dq.3 != dk.3 {
-            return Err(Error::invalid("q/k/v", format!(
-                "q and k must agree in batch and head dim, got q {:?} and k {:?}",
-                q.shape(),
-                k.shape()
-            )));
+            return Err(Error::invalid(
+                "q/k/v",
+                format!(
+                    "q and k must agree in batch and head dim, got q {:?} and k {:?}",
+                    q.shape(),
+                    k.shape()
+                ),
+            ));
         }
         let p = match varlen {
             Some(vb) => {
                 if dq.1 != vb.total_q() || dk.1 != vb.total_k() {
-                    return Err(Error::invalid("cu_seqlens", format!(
-                        "varlen q has {} rows and k {} rows, but cu_seqlens end at {} and {}",
-                        dq.1,
-                        dk.1,
-                        vb.total_q(),
-                        vb.total_k()
-                    )));
+                    return Err(Error::invalid(
+                        "cu_seqlens",
+                        format!(
+                            "varlen q has {} rows and k {} rows, but cu_seqlens end at {} and {}",
+                            dq.1,
+                            dk.1,
+                            vb.total_q(),
+                            vb.total_k()
+                        ),
+                    ));
                 }
                 AttentionProblem::varlen(vb, dq.2, dk.2, dq.3, q.dtype())
             }
@@ -320,10 +344,13 @@ impl AttentionProblem {
             )));
         }
         if self.heads_q == 0 || self.heads_kv == 0 || self.heads_q % self.heads_kv != 0 {
-            return Err(Error::invalid("heads_q", format!(
-                "heads_q ({}) must be a positive multiple of heads_kv ({})",
-                self.heads_q, self.heads_kv
-            )));
+            return Err(Error::invalid(
+                "heads_q",
+                format!(
+                    "heads_q ({}) must be a positive multiple of heads_kv ({})",
+                    self.heads_q, self.heads_kv
+                ),
+            ));
         }
         let rows_q = self.varlen.map_or(self.batch * self.seqlen_q, |(t, _)| t);
         let rows_k = self.varlen.map_or(self.batch * self.seqlen_k, |(_, t)| t);
@@ -377,22 +404,28 @@ fn dims(t: &TensorView, name: &str, layout: QkvLayout, varlen: bool) -> Result<(
     let s = t.shape();
     let want = if varlen { 3 } else { 4 };
     if s.len() != want {
-        return Err(Error::invalid("cu_seqlens", format!(
-            "{name} must be rank {want} ({}), got shape {s:?}",
-            if varlen {
-                "[total, H, D] for a varlen batch"
-            } else if layout == QkvLayout::Bnhd {
-                "[B, N, H, D]"
-            } else {
-                "[B, H, N, D]"
-            }
-        )));
+        return Err(Error::invalid(
+            "cu_seqlens",
+            format!(
+                "{name} must be rank {want} ({}), got shape {s:?}",
+                if varlen {
+                    "[total, H, D] for a varlen batch"
+                } else if layout == QkvLayout::Bnhd {
+                    "[B, N, H, D]"
+                } else {
+                    "[B, H, N, D]"
+                }
+            ),
+        ));
     }
     if t.strides()[want - 1] != 1 {
-        return Err(Error::invalid("cu_seqlens", format!(
-            "{name}'s last dimension must be contiguous (stride 1), got strides {:?}",
-            t.strides()
-        )));
+        return Err(Error::invalid(
+            "cu_seqlens",
+            format!(
+                "{name}'s last dimension must be contiguous (stride 1), got strides {:?}",
+                t.strides()
+            ),
+        ));
     }
     Ok(if varlen {
         (1, s[0], s[1], s[2])
@@ -427,11 +460,10 @@ pub fn flash_forward<T: Element>(
     options: &AttentionOptions,
 ) -> Result<(DeviceBuffer<T>, Option<DeviceBuffer<f32>>)> {
     if q.dtype() != T::DTYPE {
-        return Err(Error::invalid("q", format!(
-            "flash_forward::<{}> called with q of dtype {}",
-            T::DTYPE,
-            q.dtype()
-        )));
+        return Err(Error::invalid(
+            "q",
+            format!("flash_forward::<{}> called with q of dtype {}", T::DTYPE, q.dtype()),
+        ));
     }
     let problem = AttentionProblem::of_views(q, k, v, options.layout, varlen)?;
     let plan = AttentionPlan::new(ctx, &problem, options)?;
@@ -462,4 +494,3 @@ pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     }
     s
 }
-

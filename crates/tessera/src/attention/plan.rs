@@ -17,7 +17,9 @@ use std::sync::Arc;
 use super::{strides_bnh, AttentionOptions, AttentionProblem, VarlenBatch, PARAMS_HEADER};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::runtime::{Arch, Context, DeviceBuffer, Kernel, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut};
+use crate::runtime::{
+    Arch, Context, DeviceBuffer, Kernel, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut,
+};
 
 const SM80_SOURCE: &str = include_str!("flash_sm80.cu");
 const COMBINE_SOURCE: &str = include_str!("combine.cu");
@@ -169,9 +171,12 @@ impl Variant {
         }
     }
 
-    /// Dynamic shared memory of a CTA: the Q tile plus `stages` K and V tiles, 2-byte elements.
+    /// Dynamic shared memory of a CTA: the Q tile plus `stages` K and V tiles of 2-byte
+    /// elements, each row padded to a multiple of 64 elements (128 bytes) so that the XOR
+    /// swizzle of 16-byte chunks stays inside the row (flash_sm80.cu `kRowElems`).
     pub fn shared_bytes(&self) -> u32 {
-        (self.block_m + 2 * self.stages * self.block_n) * self.head_dim * 2
+        let row = self.head_dim.div_ceil(64) * 64;
+        (self.block_m + 2 * self.stages * self.block_n) * row * 2
     }
 }
 
@@ -214,11 +219,15 @@ pub fn compiled_head_dim(d: usize) -> u32 {
 }
 
 /// Tiles of the Ampere kernel for a compiled head dim: `(block_m, block_n, threads, stages)`.
+/// One warp per 16 query rows (`block_m = 16 * threads / 32`). D <= 128: 128 query rows over 8
+/// warps (the O accumulator is D / 2 registers per lane, Q fragments D / 4), 128 keys per tile
+/// for D <= 64 and 64 for D <= 128; larger D: 64 x 32 tiles over 4 warps. Every choice keeps
+/// the double-buffered shared memory within 96 KiB, so it also fits sm_86 / sm_89 (99 KiB).
 pub fn sm80_tiles(head_dim: u32) -> (u32, u32, u32, u32) {
     match head_dim {
-        0..=64 => (128, 64, 128, 2),
-        65..=128 => (128, 64, 128, 2),
-        _ => (64, 64, 128, 2),
+        0..=64 => (128, 128, 256, 2),
+        65..=128 => (128, 64, 256, 2),
+        _ => (64, 32, 128, 2),
     }
 }
 
@@ -250,24 +259,30 @@ impl std::fmt::Debug for AttentionPlan {
 fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
     if let Some(s) = o.scale {
         if !(s.is_finite() && s > 0.0) {
-            return Err(Error::invalid("scale", format!("softmax scale must be finite and > 0, got {s}")));
+            return Err(Error::invalid(
+                "scale",
+                format!("softmax scale must be finite and > 0, got {s}"),
+            ));
         }
     }
     if !(o.softcap.is_finite() && o.softcap >= 0.0) {
-        return Err(Error::invalid("softcap", format!(
-            "softcap must be finite and >= 0 (0 = off), got {}",
-            o.softcap
-        )));
+        return Err(Error::invalid(
+            "softcap",
+            format!("softcap must be finite and >= 0 (0 = off), got {}", o.softcap),
+        ));
     }
     if o.window.0 < -1 || o.window.1 < -1 {
-        return Err(Error::invalid("window", format!(
-            "window sizes must be >= -1 (-1 = unbounded), got {:?}",
-            o.window
-        )));
+        return Err(Error::invalid(
+            "window",
+            format!("window sizes must be >= -1 (-1 = unbounded), got {:?}", o.window),
+        ));
     }
     if let Some(s) = o.num_splits {
         if s == 0 || s > MAX_SPLITS {
-            return Err(Error::invalid("num_splits", format!("num_splits must be 1..={MAX_SPLITS}, got {s}")));
+            return Err(Error::invalid(
+                "num_splits",
+                format!("num_splits must be 1..={MAX_SPLITS}, got {s}"),
+            ));
         }
     }
     let _ = d;
@@ -408,34 +423,43 @@ impl AttentionPlan {
         let layout = self.options.layout;
         let p = AttentionProblem::of_views(q, k, v, layout, varlen)?;
         if p != self.problem {
-            return Err(Error::invalid("attention", format!(
-                "attention plan was made for {:?}, called with {:?}",
-                self.problem, p
-            )));
+            return Err(Error::invalid(
+                "attention",
+                format!("attention plan was made for {:?}, called with {:?}", self.problem, p),
+            ));
         }
         if out.shape() != q.shape() || out.dtype() != q.dtype() {
-            return Err(Error::invalid("out", format!(
-                "out must have q's shape {:?} and dtype {}, got {:?} {}",
-                q.shape(),
-                q.dtype(),
-                out.shape(),
-                out.dtype()
-            )));
+            return Err(Error::invalid(
+                "out",
+                format!(
+                    "out must have q's shape {:?} and dtype {}, got {:?} {}",
+                    q.shape(),
+                    q.dtype(),
+                    out.shape(),
+                    out.dtype()
+                ),
+            ));
         }
         if *out.strides().last().unwrap_or(&1) != 1 {
-            return Err(Error::invalid("out", "its last dimension must be contiguous (stride 1)"));
+            return Err(Error::invalid(
+                "out",
+                "its last dimension must be contiguous (stride 1)",
+            ));
         }
         let is_varlen = varlen.is_some();
         let (lse_ptr, lse_stride_b, lse_stride_h) = match lse {
             Some(l) => {
                 let want = self.lse_shape();
                 if l.shape() != want.as_slice() || l.dtype() != DType::F32 || *l.strides().last().unwrap() != 1 {
-                    return Err(Error::invalid("lse", format!(
-                        "lse must be f32 of shape {want:?} with a contiguous last dim, got {} {:?} strides {:?}",
-                        l.dtype(),
-                        l.shape(),
-                        l.strides()
-                    )));
+                    return Err(Error::invalid(
+                        "lse",
+                        format!(
+                            "lse must be f32 of shape {want:?} with a contiguous last dim, got {} {:?} strides {:?}",
+                            l.dtype(),
+                            l.shape(),
+                            l.strides()
+                        ),
+                    ));
                 }
                 let s = l.strides();
                 if is_varlen {
@@ -450,6 +474,10 @@ impl AttentionPlan {
         let (kb, kn, kh) = strides_bnh(k, layout, is_varlen);
         let (vb, vn, vh) = strides_bnh(v, layout, is_varlen);
         let (ob, on, oh) = strides_bnh(&out.as_view(), layout, is_varlen);
+        check_vector_aligned("q", q.device_ptr(), [qb, qn, qh])?;
+        check_vector_aligned("k", k.device_ptr(), [kb, kn, kh])?;
+        check_vector_aligned("v", v.device_ptr(), [vb, vn, vh])?;
+        check_vector_aligned("out", out.device_ptr(), [ob, on, oh])?;
         let (cu_q, cu_k) = varlen.map_or((0, 0), |vb| vb.device_ptrs());
         let d = self.problem.head_dim;
         let scale = self.options.effective_scale(d);
@@ -531,6 +559,18 @@ impl AttentionPlan {
         }
         Ok(())
     }
+}
+
+/// The kernels move rows in 16-byte chunks (cp.async loads, vector stores): a tensor's base
+/// address must be 16-byte aligned and its batch, row and head strides multiples of 8 elements.
+fn check_vector_aligned(name: &str, ptr: u64, strides: [i64; 3]) -> Result<()> {
+    if ptr % 16 != 0 || strides.iter().any(|s| s % 8 != 0) {
+        return Err(Error::Unsupported(format!(
+            "attention {name}: the kernels need a 16-byte aligned base address and batch/row/head \
+             strides that are multiples of 8 elements, got address {ptr:#x} and strides (b, n, h) {strides:?}"
+        )));
+    }
+    Ok(())
 }
 
 /// Rows of the split-KV workspace per (split, head).

@@ -33,6 +33,7 @@ pub const DEVICE_HEADERS: &[(&str, &str)] = &[
     ("tessera/online_softmax.cuh", include_str!("../cuda/online_softmax.cuh")),
     ("tessera/cluster.cuh", include_str!("../cuda/cluster.cuh")),
     ("tessera/async_copy.cuh", include_str!("../cuda/async_copy.cuh")),
+    ("tessera/mma.cuh", include_str!("../cuda/mma.cuh")),
     (
         "tessera/attention_params.cuh",
         include_str!("../attention/attention_params.cuh"),
