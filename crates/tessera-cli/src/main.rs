@@ -37,6 +37,9 @@ enum Command {
         /// A small case set (for compute-sanitizer).
         #[arg(long)]
         quick: bool,
+        /// Only cases whose name contains this text, case-insensitive (e.g. "sm80 bf16").
+        #[arg(long)]
+        filter: Option<String>,
         /// Seed for the random inputs (default: $TESSERA_SEED, else time-based; always printed).
         #[arg(long)]
         seed: Option<u64>,
@@ -88,9 +91,11 @@ fn main() -> ExitCode {
         Some(Command::Verify {
             ops,
             quick,
+            filter,
             seed,
             device,
-        }) => with_device(device).and_then(|ctx| verify(&ctx, &ops, quick, seed).map(|failed| failed == 0)),
+        }) => with_device(device)
+            .and_then(|ctx| verify(&ctx, &ops, quick, filter.as_deref(), seed).map(|failed| failed == 0)),
         Some(Command::Compile { ops, arch, verbose }) => compile(&ops, &arch, verbose),
         Some(Command::Bench {
             ops,
@@ -145,7 +150,7 @@ fn main_job(command_line: &str) -> CliResult<bool> {
                 ctx.info().name,
                 ctx.arch()
             );
-            let failed = verify(&ctx, &[], false, None)?;
+            let failed = verify(&ctx, &[], false, None, None)?;
             let args = BenchArgs {
                 json: Some(PathBuf::from("bench-out")),
                 baselines: true,
@@ -293,8 +298,13 @@ fn progress(n: usize, what: &str) -> ProgressBar {
     pb
 }
 
-/// Returns the number of failed cases.
-fn verify(ctx: &Context, ops: &[String], quick: bool, seed: Option<u64>) -> CliResult<usize> {
+/// True when `name` contains `filter`, ignoring case (no filter matches everything).
+fn matches_filter(name: &str, filter: Option<&str>) -> bool {
+    filter.is_none_or(|f| name.to_lowercase().contains(&f.to_lowercase()))
+}
+
+/// Returns the number of failed cases (skipped cases are neither passed nor failed).
+fn verify(ctx: &Context, ops: &[String], quick: bool, filter: Option<&str>, seed: Option<u64>) -> CliResult<usize> {
     let ops = ops::select(ops)?;
     let seed = seed_or_default(seed)?;
     println!(
@@ -304,8 +314,12 @@ fn verify(ctx: &Context, ops: &[String], quick: bool, seed: Option<u64>) -> CliR
     );
     let mut failed = 0;
     let mut total = 0;
+    let mut skipped: Vec<String> = Vec::new();
     for op in ops {
-        let jobs = ops::verify_jobs(op, quick);
+        let jobs: Vec<_> = ops::verify_jobs(op, quick)
+            .into_iter()
+            .filter(|j| matches_filter(&j.name, filter))
+            .collect();
         let pb = progress(jobs.len(), &format!("verify {op}"));
         let mut lines = Vec::new();
         for (i, job) in jobs.iter().enumerate() {
@@ -313,6 +327,11 @@ fn verify(ctx: &Context, ops: &[String], quick: bool, seed: Option<u64>) -> CliR
             let t = Instant::now();
             let case_seed = seed.wrapping_add(i as u64);
             let line = match (job.run)(ctx, case_seed) {
+                Ok(o) if o.skipped.is_some() => {
+                    let why = o.skipped.unwrap_or_default();
+                    skipped.push(why.clone());
+                    format!("skip {:<64} {why}", o.case)
+                }
                 Ok(o) => {
                     if !o.passed {
                         failed += 1;
@@ -347,7 +366,17 @@ fn verify(ctx: &Context, ops: &[String], quick: bool, seed: Option<u64>) -> CliR
         }
         pb.finish_and_clear();
     }
-    println!("verify: {} passed, {} failed", total - failed, failed);
+    println!(
+        "verify: {} passed, {} failed, {} skipped",
+        total - failed - skipped.len(),
+        failed,
+        skipped.len()
+    );
+    skipped.sort();
+    skipped.dedup();
+    for why in skipped {
+        println!("verify: skipped because {why}");
+    }
     Ok(failed)
 }
 
@@ -399,7 +428,7 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
         report.roofline.bf16_tflops = gemm;
         let jobs: Vec<_> = ops::bench_jobs(op, quick)
             .into_iter()
-            .filter(|j| filter.as_ref().is_none_or(|f| j.name.contains(f.as_str())))
+            .filter(|j| matches_filter(&j.name, filter.as_deref()))
             .collect();
         let pb = progress(jobs.len(), &format!("bench {op}"));
         for (i, job) in jobs.iter().enumerate() {

@@ -45,6 +45,13 @@ pub fn verify_jobs(op: &str, quick: bool) -> Vec<VerifyJob> {
                 run: Box::new(move |ctx: &Context, seed| softmax::verify::verify_case(ctx, &c, seed)),
             })
             .collect(),
+        "attention" => attention::verify::cases(quick)
+            .into_iter()
+            .map(|c| VerifyJob {
+                name: c.name(),
+                run: Box::new(move |ctx: &Context, seed| attention::verify::verify_case(ctx, &c, seed)),
+            })
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -70,6 +77,18 @@ pub fn bench_jobs(op: &str, quick: bool) -> Vec<BenchJob> {
                 }
             })
             .collect(),
+        "attention" => attention::bench::cases(quick)
+            .into_iter()
+            .map(|c| {
+                let baseline = (c.path == attention::AttentionPath::Auto).then(|| (c.name(), c.params()));
+                BenchJob {
+                    // The impl is part of the job name so `--filter tessera-sm80` selects it.
+                    name: format!("{} {}", c.name(), c.implementation()),
+                    baseline,
+                    run: Box::new(move |ctx: &Context, seed, t| attention::bench::bench_case(ctx, &c, seed, t)),
+                }
+            })
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -91,11 +110,23 @@ pub fn kernel_specs(op: &str, arch: tessera::runtime::Arch) -> Vec<tessera::runt
 pub fn baseline_impls(op: &str) -> &'static [&'static str] {
     match op {
         "softmax" => &["torch"],
+        "attention" => &[
+            "torch-flash",
+            "torch-cudnn",
+            "torch-efficient",
+            "torch-math",
+            "flashinfer-fa3",
+            "flashinfer-fa2",
+        ],
         _ => &[],
     }
 }
 
-/// The Python runner script for an operator's baselines.
-pub fn baseline_script(_op: &str) -> &'static str {
-    "bench_torch.py" // torch covers softmax; FlashInfer/CuPy runners come with their operators
+/// The Python runner script for an operator's baselines (a missing script or Python module is
+/// reported as "baseline missing" by `report::run_python_baseline`).
+pub fn baseline_script(op: &str) -> &'static str {
+    match op {
+        "attention" => "bench_attention.py",
+        _ => "bench_torch.py",
+    }
 }

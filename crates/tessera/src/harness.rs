@@ -21,6 +21,25 @@ pub struct VerifyOutcome {
     pub passed: bool,
     /// Anything else worth printing (a failed check other than the metrics).
     pub note: Option<String>,
+    /// `Some(reason)` when the case could not run on this device (e.g. a Hopper-only path on
+    /// another GPU): neither passed nor failed.
+    pub skipped: Option<String>,
+}
+
+impl VerifyOutcome {
+    /// A case this device cannot run, with the reason.
+    pub fn skipped(case: String, params: Value, reason: String) -> VerifyOutcome {
+        VerifyOutcome {
+            case,
+            params,
+            path: "-".into(),
+            comparison: crate::check::compare(&[], &[], 0.0, 0.0),
+            budget: 0.0,
+            passed: false,
+            note: None,
+            skipped: Some(reason),
+        }
+    }
 }
 
 /// One timed case of ours, verified on the timed inputs first.

@@ -33,7 +33,10 @@
 //! # Ok(()) }
 //! ```
 
+pub mod bench;
 pub mod plan;
+pub mod reference;
+pub mod verify;
 
 #[cfg(test)]
 mod compile_tests;

@@ -369,6 +369,7 @@ fn run<I: Element, O: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<
         budget,
         passed,
         note,
+        skipped: None,
     })
 }
 
