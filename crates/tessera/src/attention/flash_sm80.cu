@@ -1,3 +1,382 @@
-// placeholder: the Ampere forward kernel is being written.
+// flash_sm80.cu: FlashAttention-2 forward for sm_80+ (ldmatrix + mma.sync + cp.async).
+//
+// Algorithm (Dao, "FlashAttention-2", 2023): a CTA owns one (batch, head, query tile of
+// kBlockM rows, KV split). Its kThreads / 32 warps each own 16 query rows (one m16 row block).
+// Per KV tile of kBlockN keys:
+//   S = Q K^T          mma.m16n8k16, f32 accumulators (Q fragments from registers or smem)
+//   scores             raw dot products (scale folded into the exp2 below) or, with kSoftcap,
+//                      ts::attn_score_log2 applied element-wise; masked keys -> -inf
+//   online softmax     per row: tile max over the 4 lanes of a quad (shuffles), rescale of the
+//                      running state (ts::OnlineSoftmax::rescale) and of the O accumulator,
+//                      P = 2^(s * scale - m) (ts::exp2_fma), per-lane partial row sums
+//   O += P V           P packed to Elem in registers is directly the A operand (mma.cuh);
+//                      V fragments through ldmatrix.trans
+// Epilogue: the row sums are reduced over the quad; O / l to Elem, staged through the warp's
+// own rows of the Q tile in shared memory and written with 16-byte stores (rows < len_q,
+// columns < head_dim); LSE = (m + log2 l) ln 2 when p.lse. A row that sees no key keeps
+// m = -inf, l = 0: O = 0 and LSE = -inf, never NaN.
+//
+// Variants (preamble from plan.rs Variant::spec): Elem, kHeadDim (multiple of 32, <= 256; the
+// real D = p.head_dim is a multiple of 8: columns beyond it are zero-filled on load, never
+// stored), kBlockM = 16 * warps, kBlockN (multiple of 16), kThreads, kStages >= 2, kMasked
+// (window / causal compiled in), kSoftcap, kSplit (write normalised f32 partials instead).
+//
+// Grid (B * Hq, q_tiles, splits): blockIdx.x = b * Hq + h, query tile = q_tiles - 1 -
+// blockIdx.y (the longest causal tiles start first), blockIdx.z = split.
+//
+// Key tiles: a CTA visits only the tiles intersecting the visible key range of its rows,
+// [first_key(first row), end_key(last row)) (ts::AttnMask); with kSplit, split z takes a
+// contiguous, balanced share of those. Per-element masking runs only on tiles that cross a
+// window edge or the end of the sequence (a uniform branch per tile).
+//
+// Shared memory (dynamic, Variant::shared_bytes): the Q tile (kBlockM rows), then kStages K
+// tiles and kStages V tiles (kBlockN rows), each row kRowElems = round_up(kHeadDim, 64)
+// elements (a multiple of 128 bytes). 16-byte chunk c of row r is stored at chunk
+// c ^ (r % 8): the 8 row addresses of every ldmatrix phase and the 8 chunks of every cp.async
+// phase then fall in 8 distinct 16-byte bank groups (no bank conflicts).
+//
+// Pipeline: the Q tile is the first commit group; K/V tile i is loaded into stage i % kStages
+// with cp.async (zero-filled beyond len_k and p.head_dim); exactly one commit group per
+// iteration (empty near the end) so that cp_async_wait<kStages - 2> always means "tile i has
+// landed". The barrier after the wait
+// also guarantees that every warp has finished tile i - 1, whose stage is refilled next.
+//
+// Invariants the host upholds (plan.rs): q/k/v/o 16-byte aligned with row and head strides
+// that are multiples of 8 elements; p.head_dim a multiple of 8 and <= kHeadDim; q_tiles =
+// ceil(seqlen_q / kBlockM); for kSplit a workspace of num_splits * Hq * partial_rows rows of
+// kHeadDim floats plus the LSEs.
 #include "tessera/attention_params.cuh"
-extern "C" __global__ void flash_fwd_sm80(const __grid_constant__ ts::AttentionParams p) {}
+#include "tessera/async_copy.cuh"
+#include "tessera/math.cuh"
+#include "tessera/mma.cuh"
+#include "tessera/online_softmax.cuh"
+#include "tessera/vec.cuh"
+
+namespace {
+
+using namespace ts;
+
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kRowElems = (kHeadDim + 63) / 64 * 64;  // shared row pitch, a multiple of 128 B
+constexpr int kChunks = kHeadDim / 8;                 // 16-byte chunks of a row that hold data
+constexpr int kKSteps = kHeadDim / 16;                // k16 steps of S = Q K^T
+constexpr int kSBlocks = kBlockN / 8;                 // n8 blocks of S (keys)
+constexpr int kOBlocks = kHeadDim / 8;                // n8 blocks of O (head dim)
+/// Q fragments stay in registers for D <= 128 (kKSteps * 4 registers); beyond that they are
+/// re-read from shared memory per k step to keep the O accumulator (D / 2 registers) spill-free.
+constexpr bool kQInRegs = kHeadDim <= 128;
+
+static_assert(kBlockM == 16 * kWarps, "one m16 row block per warp");
+static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "compiled head dim: a multiple of 32, <= 256");
+static_assert(kBlockN % 16 == 0, "kBlockN: a multiple of 16");
+static_assert(kStages >= 2, "at least double buffering");
+static_assert(is_same_v<Elem, f16> || is_same_v<Elem, bf16>, "Elem: f16 or bf16");
+
+/// Element offset, within its row, of 16-byte chunk c stored at chunk c ^ x (x < 8). Written
+/// so that a compile-time c and a per-lane x leave at most 8 distinct per-lane values, whatever
+/// c's high bits (ptxas keeps one register per value, not one per chunk).
+TS_DEVICE int chunk_offset(int c, int x) { return ((c & ~7) | ((c & 7) ^ x)) << 3; }
+
+/// Element offset of chunk c of row r in a swizzled shared tile.
+TS_DEVICE int swizzle(int r, int c) { return r * kRowElems + chunk_offset(c, r & 7); }
+
+/// Starts the copy of a kRows x kHeadDim tile from `src` (row stride `stride` elements) into
+/// the shared tile `dst`: rows >= n_valid and chunks >= d_chunks are zero-filled instead.
+/// kLoadChunks (a power of two >= kChunks) threads share a row, so every thread keeps one chunk
+/// column and steps over rows: its addresses advance by a constant per copy.
+template <int kRows>
+TS_DEVICE void load_tile(Elem* dst, const Elem* src, long long stride, int n_valid, int d_chunks) {
+  constexpr int kLoadChunks = next_pow2(kChunks);
+  constexpr int kRowsPerPass = kThreads / kLoadChunks;
+  static_assert(kThreads % kLoadChunks == 0 && kRows % kRowsPerPass == 0, "tile load shape");
+  const int c = thread_id() % kLoadChunks;
+  const int r0 = thread_id() / kLoadChunks;
+  if (kChunks != kLoadChunks && c >= kChunks) return;  // padding lanes of a generic head dim
+  const uint32_t base = smem_addr(dst);
+  const Elem* g = src + r0 * stride + c * 8;
+#pragma unroll
+  for (int i = 0; i < kRows / kRowsPerPass; ++i) {
+    const int r = r0 + i * kRowsPerPass;
+    const bool valid = r < n_valid && c < d_chunks;
+    cp_async_16_zfill(base + swizzle(r, c) * (int)sizeof(Elem), valid ? g : src, valid);
+    g += kRowsPerPass * stride;
+  }
+}
+
+// Per-lane ldmatrix addressing. Lane l supplies row l % 8 of matrix l / 8 (mma.cuh); every
+// row a lane addresses is = l % 8 (mod 8), so its swizzle term is fixed per lane, and the
+// compile-time tile coordinates become constant offsets:
+//   Q (A operand, 16 rows x k16):  matrix m -> rows +8 * (m & 1), chunk 2 kk + (m >> 1)
+//   K (B operand, n16 x k16):      matrix m -> keys +8 * (m >> 1), chunk 2 kk + (m & 1)
+//   V (B operand via .trans, k16 x n16): matrix m -> keys +8 * (m & 1), chunk nb + (m >> 1)
+struct LaneAddr {
+  uint32_t row;  // byte offset of the lane's row
+  int x;         // the lane's chunk XOR (chunk bit from its matrix index ^ row % 8)
+  TS_DEVICE uint32_t at(int row_const, int chunk_const) const {
+    return row + (row_const * kRowElems + chunk_offset(chunk_const, x)) * (int)sizeof(Elem);
+  }
+};
+TS_DEVICE LaneAddr lane_addr_a(uint32_t tile, int first_row) {  // Q and V
+  const int l = lane_id();
+  return LaneAddr{tile + (first_row + (l & 7) + ((l >> 3) & 1) * 8) * kRowElems * (int)sizeof(Elem), (l >> 4) ^ (l & 7)};
+}
+TS_DEVICE LaneAddr lane_addr_k(uint32_t tile) {
+  const int l = lane_id();
+  return LaneAddr{tile + ((l & 7) + (l >> 4) * 8) * kRowElems * (int)sizeof(Elem), ((l >> 3) & 1) ^ (l & 7)};
+}
+
+/// The A fragment of k step kk of this warp's 16 Q rows.
+TS_DEVICE void load_q_fragment(uint32_t (&a)[4], const LaneAddr& q, int kk) { ldmatrix_x4(a, q.at(0, 2 * kk)); }
+
+/// s += Q K^T for this warp's 16 rows and the kBlockN keys of the K stage at `sk`.
+TS_DEVICE void qk_tile(float (&s)[kSBlocks][4], const uint32_t (&qf)[kQInRegs ? kKSteps : 1][4], const LaneAddr& q,
+                       uint32_t sk) {
+  const LaneAddr k = lane_addr_k(sk);
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    uint32_t a[4];
+    if constexpr (kQInRegs) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[j] = qf[kk][j];
+    } else {
+      load_q_fragment(a, q, kk);
+    }
+#pragma unroll
+    for (int nb = 0; nb < kSBlocks; nb += 2) {
+      uint32_t b[4];  // keys nb*8.. (chunks 2kk, 2kk+1), then keys nb*8+8.. (the same chunks)
+      ldmatrix_x4(b, k.at(nb * 8, 2 * kk));
+      mma_m16n8k16<Elem>(s[nb], a, b[0], b[1]);
+      mma_m16n8k16<Elem>(s[nb + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+/// acc += P V with P (this warp's 16 x kBlockN probabilities, accumulator layout) packed to
+/// Elem as A fragments and V from the stage at `sv` through ldmatrix.trans.
+TS_DEVICE void pv_tile(float (&acc)[kOBlocks][4], const float (&s)[kSBlocks][4], uint32_t sv) {
+  const LaneAddr v = lane_addr_a(sv, 0);
+#pragma unroll
+  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+    const uint32_t a[4] = {pack2<Elem>(s[2 * kk][0], s[2 * kk][1]), pack2<Elem>(s[2 * kk][2], s[2 * kk][3]),
+                           pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                           pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+    for (int nb = 0; nb < kOBlocks; nb += 2) {
+      uint32_t b[4];  // keys kk*16.. and kk*16+8.. of chunk nb, then the same keys of chunk nb+1
+      ldmatrix_x4_trans(b, v.at(kk * 16, nb));
+      mma_m16n8k16<Elem>(acc[nb], a, b[0], b[1]);
+      mma_m16n8k16<Elem>(acc[nb + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __grid_constant__ ts::AttentionParams p) {
+  const int b = blockIdx.x / p.heads_q;
+  const int h = blockIdx.x % p.heads_q;
+  const int m0 = (p.q_tiles - 1 - (int)blockIdx.y) * kBlockM;
+  const AttnSeq seq = attn_seq(p, b, h);
+  if (m0 >= seq.len_q) return;  // varlen: a shorter sequence than the longest (uniform exit)
+  const int rows = min(kBlockM, seq.len_q - m0);
+  const AttnMask mask = AttnMask::of(p, seq);
+
+  // ---- the key tiles this CTA (and split) visits ----------------------------------------
+  int key_lo = 0;
+  int key_hi = seq.len_k;
+  if constexpr (kMasked) {
+    key_lo = mask.first_key(m0);
+    key_hi = mask.end_key(m0 + rows - 1);
+  }
+  int t_begin = key_lo / kBlockN;
+  int t_end = key_hi > key_lo ? ceil_div(key_hi, kBlockN) : t_begin;
+  if constexpr (kSplit) {
+    const long long n = t_end - t_begin;
+    const int z = blockIdx.z;
+    t_end = t_begin + (int)(n * (z + 1) / p.num_splits);
+    t_begin += (int)(n * z / p.num_splits);
+  }
+
+  // ---- shared memory and global tiles ---------------------------------------------------
+  Elem* s_q = dynamic_smem<Elem>();
+  Elem* s_k = s_q + kBlockM * kRowElems;
+  Elem* s_v = s_k + kStages * kBlockN * kRowElems;
+  constexpr int kStageElems = kBlockN * kRowElems;
+  const Elem* g_q = static_cast<const Elem*>(p.q) + seq.q_off + m0 * p.q_stride_n;
+  const Elem* g_k = static_cast<const Elem*>(p.k) + seq.k_off;
+  const Elem* g_v = static_cast<const Elem*>(p.v) + seq.v_off;
+  const int d_chunks = p.head_dim / 8;
+  auto load_kv = [&](int t) {
+    const int n0 = t * kBlockN;
+    const int stage = (t - t_begin) % kStages;
+    load_tile<kBlockN>(s_k + stage * kStageElems, g_k + n0 * p.k_stride_n, p.k_stride_n, seq.len_k - n0, d_chunks);
+    load_tile<kBlockN>(s_v + stage * kStageElems, g_v + n0 * p.v_stride_n, p.v_stride_n, seq.len_k - n0, d_chunks);
+  };
+
+  // prologue: Q, then the first kStages - 1 K/V tiles, one commit group each
+  load_tile<kBlockM>(s_q, g_q, p.q_stride_n, rows, d_chunks);
+  cp_async_commit();
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (t_begin + i < t_end) load_kv(t_begin + i);
+    cp_async_commit();
+  }
+
+  // ---- per-warp state: 16 rows, this lane holds rows g and g + 8 of them -------------------
+  const int lane = lane_id();
+  const int wrow = warp_id() * 16;
+  const int row0 = m0 + wrow + (lane >> 2);  // in-sequence query index of the lane's first row
+  const int col0 = 2 * (lane & 3);           // the lane's first column in every n8 block
+  const LaneAddr q_addr = lane_addr_a(smem_addr(s_q), wrow);
+  float acc[kOBlocks][4];
+#pragma unroll
+  for (int nb = 0; nb < kOBlocks; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+  OnlineSoftmax state[2] = {OnlineSoftmax::empty(), OnlineSoftmax::empty()};
+  uint32_t qf[kQInRegs ? kKSteps : 1][4];
+  if constexpr (kQInRegs) {
+    if (t_begin < t_end) {
+      cp_async_wait<kStages - 1>();  // the Q group has landed for this thread ...
+      __syncthreads();               // ... and for every thread
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) load_q_fragment(qf[kk], q_addr, kk);
+    }
+  }
+  // scores are raw dot products scaled inside the exp2, or already log2 scores with kSoftcap
+  const float score_scale = kSoftcap ? 1.0f : p.scale_log2;
+
+  for (int t = t_begin; t < t_end; ++t) {
+    cp_async_wait<kStages - 2>();  // tile t (and Q before it) landed for this thread ...
+    __syncthreads();               // ... for every thread; every warp is done with tile t - 1
+    if (t + kStages - 1 < t_end) load_kv(t + kStages - 1);
+    cp_async_commit();
+    const int stage = (t - t_begin) % kStages;
+    const uint32_t sk = smem_addr(s_k + stage * kStageElems);
+    const uint32_t sv = smem_addr(s_v + stage * kStageElems);
+
+    float s[kSBlocks][4];
+#pragma unroll
+    for (int nb = 0; nb < kSBlocks; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+    qk_tile(s, qf, q_addr, sk);
+
+    if constexpr (kSoftcap) {
+#pragma unroll
+      for (int nb = 0; nb < kSBlocks; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nb][e] = attn_score_log2(p, s[nb][e]);
+    }
+
+    // per-element mask only where the tile crosses a window edge or the end of the keys
+    const int n0 = t * kBlockN;
+    bool edge = n0 + kBlockN > seq.len_k;
+    if constexpr (kMasked) edge = edge || n0 < mask.first_key(m0 + rows - 1) || n0 + kBlockN > mask.end_key(m0);
+    if (edge) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        // the row's visible keys [lo, hi), relative to this lane's first column of the tile
+        const int i = row0 + r * 8;
+        const int lo = (kMasked ? mask.first_key(i) : 0) - (n0 + col0);
+        const int hi = (kMasked ? mask.end_key(i) : seq.len_k) - (n0 + col0);
+#pragma unroll
+        for (int nb = 0; nb < kSBlocks; ++nb)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = nb * 8 + e;
+            if (j < lo || j >= hi) s[nb][2 * r + e] = kNegInf;
+          }
+      }
+    }
+
+    // online softmax of the lane's two rows (r = 0: elements 0, 1; r = 1: elements 2, 3)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = kNegInf;
+#pragma unroll
+      for (int nb = 0; nb < kSBlocks; ++nb) mx = max_nan(mx, max_nan(s[nb][2 * r], s[nb][2 * r + 1]));
+      mx = max_nan(mx, shfl_xor(mx, 1));
+      mx = max_nan(mx, shfl_xor(mx, 2));
+      // round(scale * max dot) = max round(scale * dot) as scale > 0 (see shifted_fma)
+      const float factor = state[r].rescale(max_nan(state[r].m, mx * score_scale));
+      const float neg_shift = -softmax_shift(state[r].m);
+      float sum = 0.0f;
+#pragma unroll
+      for (int nb = 0; nb < kSBlocks; ++nb)
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          s[nb][e] = exp2_fma(s[nb][e], score_scale, neg_shift);
+          sum += s[nb][e];
+        }
+      state[r].d += sum;
+#pragma unroll
+      for (int nb = 0; nb < kOBlocks; ++nb) {
+        acc[nb][2 * r] *= factor;
+        acc[nb][2 * r + 1] *= factor;
+      }
+    }
+
+    pv_tile(acc, s, sv);
+  }
+
+  // ---- epilogue ---------------------------------------------------------------------------
+  cp_async_wait_all();  // no copy may land in the Q tile after it is reused below
+  __syncthreads();
+  float inv_l[2];
+  float lse[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = state[r].d;
+    l += shfl_xor(l, 1);
+    l += shfl_xor(l, 2);
+    inv_l[r] = l > 0.0f ? 1.0f / l : 0.0f;
+    lse[r] = OnlineSoftmax{state[r].m, l}.lse();  // -inf for a row that saw no key
+  }
+
+  if constexpr (kSplit) {
+    // normalised f32 partials, written straight from the accumulators (8 bytes per lane)
+    const long long base = ((long long)blockIdx.z * p.heads_q + h) * p.partial_rows + seq.row_q;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int i = row0 + r * 8;
+      if (i >= seq.len_q) continue;
+      float* dst = p.o_partial + (base + i) * kHeadDim;
+#pragma unroll
+      for (int nb = 0; nb < kOBlocks; ++nb) {
+        const int c = nb * 8 + col0;
+        if (c < p.head_dim) {
+          U32x2 v{__float_as_uint(acc[nb][2 * r] * inv_l[r]), __float_as_uint(acc[nb][2 * r + 1] * inv_l[r])};
+          st_global_b64(dst + c, v);
+        }
+      }
+      if ((lane & 3) == 0) p.lse_partial[base + i] = lse[r];
+    }
+  } else {
+    // stage O / l as Elem in this warp's own 16 rows of the Q tile, then 16-byte stores
+#pragma unroll
+    for (int nb = 0; nb < kOBlocks; ++nb)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int sr = wrow + (lane >> 2) + r * 8;
+        const uint32_t v = pack2<Elem>(acc[nb][2 * r] * inv_l[r], acc[nb][2 * r + 1] * inv_l[r]);
+        *reinterpret_cast<uint32_t*>(s_q + swizzle(sr, nb) + col0) = v;
+      }
+    __syncwarp();
+    Elem* g_o = static_cast<Elem*>(p.o) + seq.o_off + m0 * p.o_stride_n;
+#pragma unroll
+    for (int i = 0; i < ceil_div(16 * kChunks, kWarpSize); ++i) {
+      const int idx = lane + i * kWarpSize;
+      const int r = idx / kChunks;
+      const int c = idx % kChunks;
+      if ((16 * kChunks % kWarpSize == 0 || idx < 16 * kChunks) && wrow + r < rows && c < d_chunks) {
+        const U32x4 v = *reinterpret_cast<const U32x4*>(s_q + swizzle(wrow + r, c));
+        st_global_b128(g_o + (wrow + r) * p.o_stride_n + c * 8, v);
+      }
+    }
+    if (p.lse != nullptr && (lane & 3) == 0) {
+      const long long lse_row = p.cu_seqlens_q != nullptr ? seq.row_q : 0;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int i = row0 + r * 8;
+        if (i < seq.len_q) p.lse[h * p.lse_stride_h + b * p.lse_stride_b + lse_row + i] = lse[r];
+      }
+    }
+  }
+}

@@ -6,9 +6,11 @@
 // kBlockM (128: 64 query rows per consumer warpgroup), kBlockN (keys per tile), kThreads (384),
 // kStages (K/V ring depth), kMasked, kSoftcap, kSplit.
 //
-// Work: item w of p.work_items (grid = min(work_items, SMs), CTA c takes w = c, c + grid, ...)
-// is (query tile, split, batch * head) with the query tile descending outermost, so the longest
-// causal tiles start first. Items whose query tile starts past the sequence do nothing.
+// Work: item w of hp.work_items (grid = min(work_items, SMs), CTA c takes w = c, c + grid, ...).
+// The batch-heads are cut into sections of hp.l2_heads whose K and V fit in L2 together; inside a
+// section items run query tile descending (longest causal tiles first), then split, then head, so
+// the CTAs running at one time share a few heads' K/V instead of streaming one head each from
+// HBM. Items whose query tile starts past the sequence do nothing.
 //
 // Roles (warpgroup = 128 threads):
 //   WG0 (producer, 40 registers): one thread loads the Q tile of each item once (after the
@@ -54,7 +56,8 @@ struct HopperParams {
   ts::TensorMap k_map;  // (D, rows, heads_kv, batch), box (64, kBlockN, 1, 1)
   ts::TensorMap v_map;
   int work_items;       // q_tiles * num_splits * batch * heads_q
-  int pad_[15];
+  int l2_heads;         // batch-heads per L2 section (>= 1)
+  int pad_[14];
 };
 
 #if defined(TS_HAS_WGMMA) && defined(TS_HAS_TMA)
@@ -92,16 +95,21 @@ struct Work {
   int b, h, q_tile, split;
 };
 
-TS_DEVICE Work decode_work(const ts::AttentionParams& p, int w) {
+TS_DEVICE Work decode_work(const HopperParams& hp, int w) {
+  const ts::AttentionParams& p = hp.p;
   const int bh = p.batch * p.heads_q;
-  const int per_tile = p.num_splits * bh;
-  Work r;
-  r.q_tile = p.q_tiles - 1 - w / per_tile;
-  const int rem = w % per_tile;
-  r.split = rem / bh;
-  r.b = (rem % bh) / p.heads_q;
-  r.h = (rem % bh) % p.heads_q;
-  return r;
+  const int section_items = hp.l2_heads * p.q_tiles * p.num_splits;
+  const int first_head = w / section_items * hp.l2_heads;
+  const int heads = min(hp.l2_heads, bh - first_head);  // the last section may be smaller
+  const int r = w % section_items;
+  const int per_tile = heads * p.num_splits;
+  Work wk;
+  wk.q_tile = p.q_tiles - 1 - r / per_tile;
+  wk.split = r % per_tile / heads;
+  const int bhi = first_head + r % heads;
+  wk.b = bhi / p.heads_q;
+  wk.h = bhi % p.heads_q;
+  return wk;
 }
 
 /// Key tiles [t0, t1) the rows m0 .. min(m0 + kBlockM, len_q) - 1 of a sequence see in split
@@ -164,7 +172,7 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   Ring ring;
   uint32_t q_phase = 0;
   for (int w = blockIdx.x; w < hp.work_items; w += gridDim.x) {
-    const Work wk = decode_work(p, w);
+    const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
     const int m0 = wk.q_tile * kBlockM;
     if (m0 >= seq.len_q) continue;
@@ -454,7 +462,7 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
   Ring ring;
   uint32_t q_phase = 0;
   for (int w = blockIdx.x; w < hp.work_items; w += gridDim.x) {
-    const Work wk = decode_work(p, w);
+    const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
     const int m0 = wk.q_tile * kBlockM;
     if (m0 >= seq.len_q) continue;

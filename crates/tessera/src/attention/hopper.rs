@@ -3,9 +3,11 @@
 //!
 //! Grid convention of this path (differs from the `(B * Hq, q_tiles, splits)` grid of the
 //! others): a persistent 1-D grid of `min(work_items, SMs)` CTAs, `work_items = q_tiles *
-//! splits * B * Hq`. CTA `c` walks items `c, c + grid, ...`; item `w` is query tile
-//! `q_tiles - 1 - w / (splits * B * Hq)`, split `(w / (B * Hq)) % splits`, batch-head
-//! `w % (B * Hq)`: the longest causal tiles start first on every SM.
+//! splits * B * Hq`. CTA `c` walks items `c, c + grid, ...`. The batch-heads are cut into L2
+//! sections of `S` ([`l2_section_heads`]: as many as fit their K and V in half the L2); item `w`
+//! is in section `w / (S * q_tiles * splits)`, and inside a section the order is query tile
+//! descending (longest causal tiles first), then split, then batch-head. Without sections the
+//! CTAs running together would each stream a different head's K/V from HBM.
 //!
 //! Tensor maps: 4-D `(D, rows, heads, batch)` with byte strides, which covers `[B, N, H, D]`,
 //! `[B, H, N, D]` and varlen `[total, H, D]` (as `(D, total, H, 1)`); boxes of 64 columns
@@ -69,7 +71,9 @@ pub struct HopperParams {
     pub k_map: TensorMap,
     pub v_map: TensorMap,
     pub work_items: i32,
-    pub pad_: [i32; 15],
+    /// Batch-heads per L2 section of the work order ([`l2_section_heads`]).
+    pub l2_heads: i32,
+    pub pad_: [i32; 14],
 }
 
 // SAFETY: plain data with the C layout of `HopperParams` in flash_sm90.cu (the kernel
@@ -171,6 +175,14 @@ pub fn encode(s: &MapShape) -> std::result::Result<TensorMap, TmaError> {
     Ok(map)
 }
 
+/// Batch-heads per L2 section: as many as keep their K and V (GQA groups share them) within
+/// half the L2, at least 1.
+pub fn l2_section_heads(l2_bytes: u32, seqlen_k: usize, head_dim: usize, group: usize, batch_heads: usize) -> i32 {
+    let kv_per_head = (2 * 2 * seqlen_k.max(1) * head_dim.max(1)) / group.max(1);
+    let fit = (l2_bytes as usize / 2) / kv_per_head.max(1);
+    fit.clamp(1, batch_heads.max(1)) as i32
+}
+
 /// Persistent grid size: one CTA per SM, never more than the work items.
 pub fn grid(work_items: usize, sm_count: u32) -> u32 {
     work_items.min(sm_count.max(1) as usize).max(1) as u32
@@ -187,6 +199,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<HopperParams>(), 704);
         assert_eq!(std::mem::offset_of!(HopperParams, q_map), 256);
         assert_eq!(std::mem::offset_of!(HopperParams, work_items), 640);
+        assert_eq!(std::mem::offset_of!(HopperParams, l2_heads), 644);
     }
 
     #[test]
@@ -198,5 +211,14 @@ mod tests {
         assert_eq!(head_dim(80), 128);
         assert_eq!(head_dim(64), 64);
         assert_eq!(head_dim(200), 256);
+    }
+
+    #[test]
+    fn l2_sections() {
+        // 50 MB L2, N = 8192, D = 128: 4 MiB of K/V per head, 5 heads in 25 MB.
+        assert_eq!(l2_section_heads(50 << 20, 8192, 128, 1, 32), 6);
+        assert_eq!(l2_section_heads(50 << 20, 8192, 128, 4, 32), 25);
+        assert_eq!(l2_section_heads(50 << 20, 1 << 20, 256, 1, 32), 1);
+        assert_eq!(l2_section_heads(50 << 20, 128, 64, 1, 8), 8);
     }
 }

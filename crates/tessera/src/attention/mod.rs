@@ -39,6 +39,9 @@ pub mod plan;
 pub mod reference;
 pub mod verify;
 
+#[cfg(test)]
+mod compile_tests;
+
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer, TensorView};

@@ -182,12 +182,17 @@ impl Variant {
         }
     }
 
-    /// Dynamic shared memory of a CTA: the Q tile plus `stages` K and V tiles, 2-byte elements
-    /// (the Hopper kernel adds its mbarriers and alignment slack).
+    /// Dynamic shared memory of a CTA. Ampere: the Q tile plus `stages` K and V tiles of 2-byte
+    /// elements, each row padded to a multiple of 64 elements (128 bytes) so that the XOR
+    /// swizzle of 16-byte chunks stays inside the row (flash_sm80.cu `kRowElems`). Hopper: the
+    /// same tiles (its head dim is already a multiple of 64) plus mbarriers and alignment slack.
     pub fn shared_bytes(&self) -> u32 {
         match self.path {
             AttentionPath::Hopper => hopper::shared_bytes(self.block_m, self.block_n, self.stages, self.head_dim),
-            _ => (self.block_m + 2 * self.stages * self.block_n) * self.head_dim * 2,
+            _ => {
+                let row = self.head_dim.div_ceil(64) * 64;
+                (self.block_m + 2 * self.stages * self.block_n) * row * 2
+            }
         }
     }
 }
@@ -229,11 +234,15 @@ pub fn compiled_head_dim(d: usize) -> u32 {
 }
 
 /// Tiles of the Ampere kernel for a compiled head dim: `(block_m, block_n, threads, stages)`.
+/// One warp per 16 query rows (`block_m = 16 * threads / 32`). D <= 128: 128 query rows over 8
+/// warps (the O accumulator is D / 2 registers per lane, Q fragments D / 4), 128 keys per tile
+/// for D <= 64 and 64 for D <= 128; larger D: 64 x 32 tiles over 4 warps. Every choice keeps
+/// the double-buffered shared memory within 96 KiB, so it also fits sm_86 / sm_89 (99 KiB).
 pub fn sm80_tiles(head_dim: u32) -> (u32, u32, u32, u32) {
     match head_dim {
-        0..=64 => (128, 64, 128, 2),
-        65..=128 => (128, 64, 128, 2),
-        _ => (64, 64, 128, 2),
+        0..=64 => (128, 128, 256, 2),
+        65..=128 => (128, 64, 256, 2),
+        _ => (64, 32, 128, 2),
     }
 }
 
@@ -462,8 +471,18 @@ impl AttentionPlan {
             ));
         }
         let is_varlen = varlen.is_some();
+        let (qb, qn, qh) = strides_bnh(q, layout, is_varlen);
+        let (kb, kn, kh) = strides_bnh(k, layout, is_varlen);
+        let (vb, vn, vh) = strides_bnh(v, layout, is_varlen);
+        let (ob, on, oh) = strides_bnh(&out.as_view(), layout, is_varlen);
+        check_vector_aligned("q", q.device_ptr(), [qb, qn, qh])?;
+        check_vector_aligned("k", k.device_ptr(), [kb, kn, kh])?;
+        check_vector_aligned("v", v.device_ptr(), [vb, vn, vh])?;
+        check_vector_aligned("out", out.device_ptr(), [ob, on, oh])?;
+        // TMA can still refuse a view the alignment rule accepts (a zero stride broadcasting K/V,
+        // a stride of 2^40 bytes or more): Auto then runs the Ampere kernel.
         let maps = if self.variant.path == AttentionPath::Hopper {
-            match self.tensor_maps(q, k, v, &out.as_view(), layout, is_varlen) {
+            match self.tensor_maps(q, k, v, layout, is_varlen) {
                 Ok(m) => Some(m),
                 Err(TmaError::Misaligned(why)) if self.options.path == AttentionPath::Auto => {
                     let _ = why;
@@ -471,8 +490,8 @@ impl AttentionPlan {
                 }
                 Err(TmaError::Misaligned(why)) => {
                     return Err(Error::Unsupported(format!(
-                        "the Hopper attention path needs 16-byte aligned Q/K/V base addresses and \
-                         strides and 4-byte aligned output rows: {why}; use AttentionPath::Auto or Sm80"
+                        "the Hopper attention path cannot describe these views with TMA tensor maps: \
+                         {why}; use AttentionPath::Auto or Sm80"
                     )))
                 }
                 Err(TmaError::Driver(e)) => return Err(e),
@@ -503,10 +522,6 @@ impl AttentionPlan {
             }
             None => (0, 0, 0),
         };
-        let (qb, qn, qh) = strides_bnh(q, layout, is_varlen);
-        let (kb, kn, kh) = strides_bnh(k, layout, is_varlen);
-        let (vb, vn, vh) = strides_bnh(v, layout, is_varlen);
-        let (ob, on, oh) = strides_bnh(&out.as_view(), layout, is_varlen);
         let (cu_q, cu_k) = varlen.map_or((0, 0), |vb| vb.device_ptrs());
         let d = self.problem.head_dim;
         let scale = self.options.effective_scale(d);
@@ -571,7 +586,14 @@ impl AttentionPlan {
                 k_map,
                 v_map,
                 work_items: work as i32,
-                pad_: [0; 15],
+                l2_heads: hopper::l2_section_heads(
+                    self.ctx.info().l2_bytes,
+                    self.problem.seqlen_k,
+                    self.problem.head_dim,
+                    self.problem.group(),
+                    self.problem.batch * self.problem.heads_q,
+                ),
+                pad_: [0; 14],
             };
             let cfg = LaunchConfig::linear(
                 hopper::grid(work, self.ctx.info().sm_count),
@@ -626,14 +648,13 @@ impl AttentionPlan {
         Ok(self.fallback.get_or_init(|| Box::new(plan)))
     }
 
-    /// The Q, K and V tensor maps of the Hopper kernel; also checks that the output rows allow
-    /// its 4-byte stores.
+    /// The Q, K and V tensor maps of the Hopper kernel (views already checked by
+    /// `check_vector_aligned`).
     fn tensor_maps(
         &self,
         q: &TensorView,
         k: &TensorView,
         v: &TensorView,
-        out: &TensorView,
         layout: QkvLayout,
         varlen: bool,
     ) -> std::result::Result<(hopper::TensorMap, hopper::TensorMap, hopper::TensorMap), TmaError> {
@@ -641,13 +662,6 @@ impl AttentionPlan {
         if p.batch == 0 || partial_rows(p) == 0 {
             let z = hopper::TensorMap::default();
             return Ok((z, z, z)); // nothing is launched
-        }
-        let (ob, on, oh) = strides_bnh(out, layout, varlen);
-        if out.device_ptr() % 4 != 0 || ob % 2 != 0 || on % 2 != 0 || oh % 2 != 0 {
-            return Err(TmaError::Misaligned(format!(
-                "output base {:#x} / strides (b {ob}, n {on}, h {oh}) elements",
-                out.device_ptr()
-            )));
         }
         let (rows_q, rows_k, batch) = match p.varlen {
             Some((tq, tk)) => (tq, tk, 1),
@@ -676,6 +690,18 @@ impl AttentionPlan {
             hopper::encode(&shape(v, rows_k, p.heads_kv, bn))?,
         ))
     }
+}
+
+/// The kernels move rows in 16-byte chunks (cp.async loads, vector stores): a tensor's base
+/// address must be 16-byte aligned and its batch, row and head strides multiples of 8 elements.
+fn check_vector_aligned(name: &str, ptr: u64, strides: [i64; 3]) -> Result<()> {
+    if ptr % 16 != 0 || strides.iter().any(|s| s % 8 != 0) {
+        return Err(Error::Unsupported(format!(
+            "attention {name}: the kernels need a 16-byte aligned base address and batch/row/head \
+             strides that are multiples of 8 elements, got address {ptr:#x} and strides (b, n, h) {strides:?}"
+        )));
+    }
+    Ok(())
 }
 
 /// Rows of the split-KV workspace per (split, head).

@@ -3,8 +3,9 @@
 // `cp_async_16` starts a 16-byte copy that bypasses registers (LDGSTS); a thread may start many
 // before waiting, so one thread keeps far more bytes in flight than with ordinary loads.
 // `cp_async_commit` closes the group of copies started so far; `cp_async_wait_all` waits for
-// every group of this thread. The copied data is visible to other threads only after a barrier
-// that follows the wait.
+// every group of this thread, cp_async_wait<N> for all but the N most recent groups.
+// cp_async_16_zfill zero-fills a chunk whose source lies beyond a tensor's end. The copied data
+// is visible to other threads only after a barrier that follows the wait.
 //
 // Both addresses must be 16-byte aligned. `.cg` caches the line in L2 only (streamed data).
 #pragma once
@@ -13,11 +14,24 @@
 
 namespace ts {
 
+/// The 32-bit shared-state-space address of a generic pointer into shared memory.
+TS_DEVICE uint32_t smem_addr(const void* p) {
+  uint64_t s;
+  asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(p));
+  return (uint32_t)s;
+}
+
 /// Starts a 16-byte copy from global `src` to shared `dst` (both 16-byte aligned).
 TS_DEVICE void cp_async_16(void* dst, const void* src) {
-  uint64_t s;
-  asm("cvta.to.shared.u64 %0, %1;" : "=l"(s) : "l"(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((uint32_t)s), "l"(src) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+
+/// As cp_async_16 to the shared address `dst`, but copies 16 bytes only when `valid` and
+/// otherwise writes 16 zero bytes without reading `src` (the src-size operand is 0): tails of a
+/// tile are zero-filled by the same instruction. `src` must still be a valid pointer value.
+TS_DEVICE void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
 }
 
 /// Closes the current group of asynchronous copies.
@@ -25,5 +39,12 @@ TS_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "me
 
 /// Waits until every asynchronous copy group of this thread has completed.
 TS_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+
+/// Waits until at most N of this thread's most recent copy groups are still in flight (a
+/// pipeline of S stages waits with N = S - 2 before reading the oldest stage).
+template <int N>
+TS_DEVICE void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
 
 }  // namespace ts

@@ -37,6 +37,7 @@ pub const DEVICE_HEADERS: &[(&str, &str)] = &[
     ("tessera/tma.cuh", include_str!("../cuda/tma.cuh")),
     ("tessera/wgmma_ops.cuh", include_str!("../cuda/wgmma_ops.cuh")),
     ("tessera/wgmma.cuh", include_str!("../cuda/wgmma.cuh")),
+    ("tessera/mma.cuh", include_str!("../cuda/mma.cuh")),
     (
         "tessera/attention_params.cuh",
         include_str!("../attention/attention_params.cuh"),

@@ -1,0 +1,72 @@
+// tessera/mma.cuh: warp-level tensor-core primitives of sm_80+ (ldmatrix, mma.sync) and the
+// register packing their operands need.
+//
+// Defines: ts::ldmatrix_x4 / ts::ldmatrix_x4_trans (four 8x8 b16 matrices from shared memory),
+//          ts::mma_m16n8k16<Elem> (D += A * B, f16 or bf16 inputs, f32 accumulators),
+//          ts::pack2<Elem>(lo, hi) (two floats -> one f16x2 / bf16x2 register).
+//
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
+// t = lane % 4:
+//   A (16 x 16, row major), 4 registers of 2 elements:
+//     a0 = A[g][2t, 2t+1], a1 = A[g+8][2t, 2t+1], a2 = A[g][2t+8, 2t+9], a3 = A[g+8][2t+8, 2t+9]
+//   B (16 x 8, "col": each column n stored k-contiguous), 2 registers:
+//     b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]
+//   C/D (16 x 8, f32), 4 registers: c0, c1 = C[g][2t, 2t+1], c2, c3 = C[g+8][2t, 2t+1]
+// ldmatrix.x4: lane l gives the shared address (ts::smem_addr, async_copy.cuh) of row (l % 8) of matrix (l / 8), 16 bytes
+// each; result register j holds matrix j with lane l owning row l / 4, elements 2(l % 4) and
+// 2(l % 4) + 1 (with .trans: column l / 4, rows 2(l % 4) and 2(l % 4) + 1), which is exactly an
+// A register, or a B register of a row-major [n][k] (plain) or [k][n] (.trans) tile.
+// An m16n8k16 accumulator pair covering 16 consecutive columns is therefore, after pack2, the
+// A fragment of the next MMA (FlashAttention keeps P in registers this way).
+#pragma once
+#include "tessera/common.cuh"
+#include "tessera/dtype.cuh"
+#include "tessera/async_copy.cuh"
+
+namespace ts {
+
+/// Loads four 8x8 matrices of 16-bit elements (one 16-byte row address per lane, see above).
+TS_DEVICE void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/// As ldmatrix_x4, each matrix transposed (B operands from a row-major [k][n] tile).
+TS_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/// d += a * b for one m16n8k16 tile, f32 accumulators, Elem = ts::f16 or ts::bf16 inputs.
+template <typename Elem>
+TS_DEVICE void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  static_assert(is_same_v<Elem, f16> || is_same_v<Elem, bf16>, "mma_m16n8k16: f16 or bf16");
+  if constexpr (is_same_v<Elem, f16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+/// Two floats -> one register of two Elem (lo in the low half, as in memory), round to nearest.
+template <typename Elem>
+TS_DEVICE uint32_t pack2(float lo, float hi) {
+  static_assert(is_same_v<Elem, f16> || is_same_v<Elem, bf16>, "pack2: f16 or bf16");
+  if constexpr (is_same_v<Elem, f16>) {
+    return pack_f16x2(lo, hi);
+  } else {
+    return pack_bf16x2(lo, hi);
+  }
+}
+
+}  // namespace ts
