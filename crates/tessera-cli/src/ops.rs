@@ -91,11 +91,22 @@ pub fn kernel_specs(op: &str, arch: tessera::runtime::Arch) -> Vec<tessera::runt
 pub fn baseline_impls(op: &str) -> &'static [&'static str] {
     match op {
         "softmax" => &["torch"],
+        "attention" => &[
+            "torch-flash",
+            "torch-cudnn",
+            "torch-efficient",
+            "torch-math",
+            "flashinfer-fa3",
+            "flashinfer-fa2",
+        ],
         _ => &[],
     }
 }
 
-/// The Python runner script for an operator's baselines.
-pub fn baseline_script(_op: &str) -> &'static str {
-    "bench_torch.py" // torch covers softmax; FlashInfer/CuPy runners come with their operators
+/// The Python runner script for an operator's baselines (in `scripts/baselines/`).
+pub fn baseline_script(op: &str) -> &'static str {
+    match op {
+        "attention" => "bench_attention.py", // torch SDPA backends and FlashInfer
+        _ => "bench_torch.py",
+    }
 }
