@@ -1006,25 +1006,34 @@ mod tests {
     }
 
     #[test]
-    fn torch_runner_without_gpu_reports_missing() {
+    fn runners_without_gpu_report_missing() {
         // CI has python3 but no GPU (and usually no torch): the runner must say "missing"
         if Command::new("python3").arg("--version").output().is_err() {
             eprintln!("python3 not found: skipped");
             return;
         }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/baselines/bench_torch.py");
-        let cases = vec![(
+        let softmax = (
             "64x128 fp16".to_string(),
             json!({"rows": 64, "cols": 128, "dtype": "fp16", "op": "softmax"}),
-        )];
-        match run_python_baseline(&script, "softmax", &cases) {
-            BaselineOutcome::Missing(m) => assert!(
-                m.contains("torch not importable") || m.contains("CUDA not available"),
-                "{m}"
-            ),
-            BaselineOutcome::Rows(r) => panic!("a GPU here? {r:?}"),
+        );
+        let attention = (
+            "causal fp16 B1 H32 N1024 D128".to_string(),
+            json!({"B": 1, "Hq": 32, "Hkv": 32, "N": 1024, "D": 128, "causal": true,
+                "dtype": "fp16", "varlen": false}),
+        );
+        for (op, case) in [("softmax", &softmax), ("attention", &attention)] {
+            let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../scripts/baselines")
+                .join(crate::ops::baseline_script(op));
+            match run_python_baseline(&script, op, std::slice::from_ref(case)) {
+                BaselineOutcome::Missing(m) => assert!(
+                    m.contains("torch not importable") || m.contains("CUDA not available"),
+                    "{op}: {m}"
+                ),
+                BaselineOutcome::Rows(r) => panic!("a GPU here? {r:?}"),
+            }
         }
-        let absent = run_python_baseline(Path::new("/nonexistent/x.py"), "softmax", &cases);
+        let absent = run_python_baseline(Path::new("/nonexistent/x.py"), "softmax", &[softmax]);
         assert!(matches!(absent, BaselineOutcome::Missing(_)));
     }
 
