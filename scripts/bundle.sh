@@ -2,7 +2,7 @@
 # Build the bundle shipped to the GPU machine (which has no Rust and no network), on the dev
 # machine, from the repo root:
 #
-#   scripts/bundle.sh [--with-flashinfer] [--strip]
+#   scripts/bundle.sh [--with-flashinfer] [--flashinfer-jit FILE.tar.gz] [--strip]
 #
 # Produces (git-ignored):
 #   .bundle/bin/tessera      release build of the CLI (cargo build --release -p tessera-cli)
@@ -15,6 +15,12 @@
 #                            unpacked they are ~120 MB, too big to ship). device-run.sh
 #                            installs them there with pip --no-deps --no-index --target into a
 #                            temporary folder and puts that on PYTHONPATH
+#   .bundle/flashinfer-aot/  only with --flashinfer-jit FILE (implies --with-flashinfer): the
+#                            FlashInfer modules an earlier device run compiled (its
+#                            OUTDIR/flashinfer-jit.tar.gz, <uri>/<uri>.so, ~2.8 MB each);
+#                            device-run.sh installs them as FlashInfer's AOT modules so that
+#                            run skips nvcc (~70 s for fa3, ~20 s for fa2 per configuration).
+#                            Valid only for the same FlashInfer version and GPU arch (sm_90a)
 # --strip removes the debug info from the binary (~40 -> ~5 MiB; no line numbers in backtraces);
 # it is also done automatically when the total would exceed the limit.
 #
@@ -31,18 +37,29 @@ die() {
 }
 
 with_flashinfer=0
+flashinfer_jit=""
 strip=0
 for arg in "$@"; do
     case "$arg" in
     --with-flashinfer) with_flashinfer=1 ;;
     --strip) strip=1 ;;
     -h | --help)
-        sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+        awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0" | sed 's/^# \{0,1\}//'
         exit 0
         ;;
-    *) die "unknown argument '$arg' (usage: $0 [--with-flashinfer] [--strip])" ;;
+    --flashinfer-jit) want_jit=1 ;;
+    *)
+        if [[ ${want_jit:-0} == 1 ]]; then
+            flashinfer_jit="$(realpath "$arg")" || die "--flashinfer-jit: $arg not found"
+            with_flashinfer=1
+            want_jit=0
+        else
+            die "unknown argument '$arg' (usage: $0 [--with-flashinfer] [--flashinfer-jit FILE.tar.gz] [--strip])"
+        fi
+        ;;
     esac
 done
+[[ ${want_jit:-0} == 0 ]] || die "--flashinfer-jit needs a file (a device run's flashinfer-jit.tar.gz)"
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
@@ -61,7 +78,9 @@ cp "$bin" "$B/bin/tessera"
 if [[ $strip == 1 ]]; then
     strip --strip-debug "$B/bin/tessera" || die "strip failed"
 fi
-cp scripts/baselines/*.py "$B/baselines/"
+for f in scripts/baselines/*.py; do
+    [[ "$(basename "$f")" == test_* ]] || cp "$f" "$B/baselines/"
+done
 
 commit="$(git rev-parse --verify -q HEAD 2>/dev/null)" || commit=unknown
 if [[ "$commit" != unknown ]] && [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
@@ -90,6 +109,17 @@ if [[ $with_flashinfer == 1 ]]; then
         --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any \
         --disable-pip-version-check --no-input -q \
         "${FLASHINFER_WHEELS[@]}" || die "pip download of the FlashInfer wheels failed"
+fi
+
+rm -rf "${B:?}/flashinfer-aot"
+if [[ -n "$flashinfer_jit" ]]; then
+    # entries must be <uri>/<uri>.so (what device-run.sh packs)
+    tar -tzf "$flashinfer_jit" | grep -v '/$' | sed 's|^\./||' |
+        awk -F/ 'NF != 2 || $2 != $1 ".so" {bad = 1; print "bundle: unexpected entry " $0 > "/dev/stderr"} END {exit bad}' ||
+        die "$flashinfer_jit is not a device run's flashinfer-jit.tar.gz"
+    mkdir -p "$B/flashinfer-aot"
+    tar -xzf "$flashinfer_jit" -C "$B/flashinfer-aot" || die "cannot unpack $flashinfer_jit"
+    echo "bundle: FlashInfer modules from $flashinfer_jit: $(ls "$B/flashinfer-aot" | wc -l)" >&2
 fi
 
 # size check: files that travel (tracked + untracked-not-ignored) plus the bundle

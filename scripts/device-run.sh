@@ -13,14 +13,19 @@
 # No OPS means every operator. Exit status: 0 when every step passed; 1 when verify or bench
 # failed or a sanitizer reported errors (the failed steps are listed at the end of the log).
 # Only log.txt, sanitizer.txt and the bench's JSON/PNG files are written into OUTDIR (the
-# device tool returns at most 8 files), so ask for at most 3 operators per run.
+# device tool returns at most 8 files), so ask for at most 3 operators per run; with room left,
+# flashinfer-jit.tar.gz holds the FlashInfer modules the run compiled (for bundle.sh
+# --flashinfer-jit, so the next run loads them instead of compiling).
 #
 # Environment: TESSERA_BIN (default .bundle/bin/tessera), TESSERA_STEP_TIMEOUT (seconds per
-# step, 0 = none; a hung step is then killed and counted as failed), PYTHON (default python3).
+# step, 0 = none; a hung step is then killed and counted as failed), PYTHON (default python3),
+# FLASHINFER_WORKSPACE_BASE (FlashInfer's JIT cache; default .bundle/flashinfer-jit), and
+# bench_attention.py's TESSERA_BASELINE_IMPLS, TESSERA_FLASHINFER_ALL=1 (FlashInfer on every
+# attention case, not only the seed table's), TESSERA_FLASHINFER_MAX_JIT (default 4).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0" | sed 's/^# \{0,1\}//'; }
 
 bench=1
 sanitizer=1
@@ -85,12 +90,25 @@ if [[ -f .bundle/COMMIT ]]; then
 fi
 # Python wheels shipped in the bundle (FlashInfer: scripts/bundle.sh --with-flashinfer),
 # installed offline into a temporary folder put on PYTHONPATH
+FI_CACHE=""
 if compgen -G ".bundle/wheels/*.whl" >/dev/null; then
     PYDIR="${TMPDIR:-/tmp}/tessera-bundle-python"
     rm -rf "$PYDIR"
     if run_step wheels "$LOG" "${PYTHON:-python3}" -m pip install --no-deps --no-index \
         --disable-pip-version-check --no-input -q --target "$PYDIR" .bundle/wheels/*.whl; then
         export PYTHONPATH="$PYDIR${PYTHONPATH:+:$PYTHONPATH}"
+        # FlashInfer JIT-compiles each kernel configuration with nvcc on first use (~70 s for
+        # fa3, ~16-21 s for fa2) into $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/<version>/
+        # <arch>/cached_ops/<uri>/<uri>.so. Modules built by an earlier run (bundle.sh
+        # --flashinfer-jit) go where FlashInfer looks for AOT modules, <package>/data/aot/<uri>/
+        # <uri>.so, and load without compiling (same FlashInfer version and GPU arch only).
+        export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-$PWD/.bundle/flashinfer-jit}"
+        FI_CACHE="$FLASHINFER_WORKSPACE_BASE/.cache/flashinfer"
+        if compgen -G ".bundle/flashinfer-aot/*/*.so" >/dev/null && [[ -d "$PYDIR/flashinfer" ]]; then
+            mkdir -p "$PYDIR/flashinfer/data/aot"
+            cp -r .bundle/flashinfer-aot/* "$PYDIR/flashinfer/data/aot/"
+            say "device-run: FlashInfer modules built earlier: $(ls .bundle/flashinfer-aot | wc -l) (.bundle/flashinfer-aot)"
+        fi
     else
         say "device-run: installing .bundle/wheels failed: those baselines will be missing"
     fi
@@ -164,6 +182,29 @@ if [[ $sanitizer == 1 ]]; then
     else
         say "device-run: compute-sanitizer not found (PATH, \$CUDA_HOME, /usr/local/cuda): sanitizer steps skipped"
         echo "compute-sanitizer not found: skipped" >>"$SAN"
+    fi
+fi
+
+# FlashInfer modules this run compiled, for the next bundle (bundle.sh --flashinfer-jit FILE):
+# OUTDIR/flashinfer-jit.tar.gz holds <uri>/<uri>.so (~2.8 MB each, ~45% smaller packed); only
+# written when it stays under 15 MiB and OUTDIR holds fewer than 8 files (the device tool's limit)
+if [[ -n "$FI_CACHE" && -d "$FI_CACHE" ]]; then
+    stage="${TMPDIR:-/tmp}/tessera-flashinfer-jit"
+    rm -rf "$stage" && mkdir -p "$stage"
+    while IFS= read -r so; do
+        uri="$(basename "$so" .so)"
+        [[ -e ".bundle/flashinfer-aot/$uri/$uri.so" ]] && continue # shipped, not built here
+        mkdir -p "$stage/$uri" && cp "$so" "$stage/$uri/"
+    done < <(find "$FI_CACHE" -path '*/cached_ops/*/*.so' 2>/dev/null)
+    if [[ -n "$(ls -A "$stage")" ]]; then
+        tar -czf "$stage.tar.gz" -C "$stage" . &&
+            if (($(stat -c %s "$stage.tar.gz") < 15 * 1024 * 1024)) &&
+                (($(find "$OUTDIR" -type f | wc -l) < 8)); then
+                cp "$stage.tar.gz" "$OUTDIR/flashinfer-jit.tar.gz"
+                say "device-run: FlashInfer modules built in this run: $(ls "$stage" | tr '\n' ' ')-> flashinfer-jit.tar.gz"
+            else
+                say "device-run: FlashInfer modules built ($(du -sh "$stage.tar.gz" | cut -f1) packed) not returned: too big or too many files in $OUTDIR"
+            fi
     fi
 fi
 

@@ -13,7 +13,7 @@ use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 use tessera::runtime::{probe, timing, Context, TimingOptions};
 
-use report::{BenchReport, BenchRow, Metric};
+use report::{BenchReport, BenchRow};
 
 #[derive(Parser)]
 #[command(
@@ -474,8 +474,7 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
             let jp = dir.join(format!("{op}.json"));
             let pp = dir.join(format!("{op}.png"));
             report.write_json(&jp)?;
-            let metric = Metric::infer(&report);
-            if let Err(e) = report::plot_png(&report, &pp, metric, &format!("{op} on {}", ctx.info().name)) {
+            if let Err(e) = report::plot_op(op, &report, &pp, &format!("{op} on {}", ctx.info().name)) {
                 eprintln!("bench: plot {}: {e}", pp.display());
             }
             println!("bench: wrote {} and {}", jp.display(), pp.display());

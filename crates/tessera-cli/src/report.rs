@@ -1,11 +1,14 @@
 //! Benchmark results: the JSON model of DESIGN.md ("Verification and benchmarks"), the console
 //! table, the PNG chart, and the protocol with the Python baseline runners in
-//! `scripts/baselines/` (`bench_torch.py --op OP --cases IN.json --out OUT.json`).
+//! `scripts/baselines/` (`bench_torch.py` / `bench_attention.py --op OP --cases IN.json
+//! --out OUT.json`, see `scripts/baselines/bench_common.py`).
 //!
 //! JSON shape (fields that do not apply are `null`):
 //! `{"gpu", "date", "commit", "command", "roofline": {"copy_gbps", "bf16_tflops"},
 //!   "rows": [{"case", "params", "impl", "ms", "tflops", "gbps", "extra_mib", "max_abs_err",
-//!   "rel_l2"}], "verify": {"passed", "failed"}}`
+//!   "rel_l2"}], "verify": {"passed", "failed"}}`; a row with `ms: null` also says why in
+//!   `"error"` (it failed) or `"missing"` (it cannot run here, or was skipped), and a row may
+//!   carry a `"note"` on how it was measured; these three appear only when set.
 
 // Not every command uses every helper.
 
@@ -62,6 +65,15 @@ pub struct BenchRow {
     pub extra_mib: Option<f64>,
     pub max_abs_err: Option<f64>,
     pub rel_l2: Option<f64>,
+    /// Why the row failed (`ms` is `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Why the impl has no number here: not installed, not supported, skipped (`ms` is `None`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<String>,
+    /// How the number was obtained, when that is not the obvious way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 impl BenchRow {
@@ -77,6 +89,9 @@ impl BenchRow {
             extra_mib: None,
             max_abs_err: None,
             rel_l2: None,
+            error: None,
+            missing: None,
+            note: None,
         }
     }
 }
@@ -189,9 +204,11 @@ impl Metric {
         }
     }
 
-    /// `Tflops` when our rows carry TFLOP/s but no GB/s, else `Gbps`.
+    /// `Tflops` when our rows (every row when there is none of ours) carry more TFLOP/s than
+    /// GB/s, else `Gbps`.
     pub fn infer(report: &BenchReport) -> Metric {
-        let ours = report.rows.iter().filter(|r| r.r#impl.starts_with(OURS));
+        let has_ours = report.rows.iter().any(|r| r.r#impl.starts_with(OURS));
+        let ours = report.rows.iter().filter(|r| !has_ours || r.r#impl.starts_with(OURS));
         let (mut g, mut t) = (0, 0);
         for r in ours {
             g += r.gbps.is_some() as usize;
@@ -271,6 +288,7 @@ pub fn format_table(report: &BenchReport, baseline_impls: &[&str]) -> String {
             match report.row(case, b) {
                 None => line.extend(["missing".into(), "-".into()]),
                 Some(r) => match r.ms {
+                    None if r.missing.is_some() => line.extend(["missing".into(), "-".into()]),
                     None => line.extend(["failed".into(), "-".into()]),
                     Some(bms) => {
                         line.push(fmt_ms(bms));
@@ -321,7 +339,8 @@ pub fn format_table(report: &BenchReport, baseline_impls: &[&str]) -> String {
 
 /// Prints one line per case: case, our ms, our GB/s (or TFLOP/s), % of roofline, then for each
 /// baseline impl its ms and the ratio baseline_ms / our_ms (>1 means we are faster), or
-/// `missing` when the baseline has no row for the case.
+/// `missing` when the baseline has no row for the case or says why it has no number, or
+/// `failed`.
 pub fn print_table(report: &BenchReport, baseline_impls: &[&str]) {
     print!("{}", format_table(report, baseline_impls));
 }
@@ -534,15 +553,29 @@ pub fn plot_png(report: &BenchReport, path: &Path, metric: Metric, title: &str) 
             .label(label)
             .legend(|(x, y)| PathElement::new([(x, y), (x + 14, y)], BLACK.stroke_width(2)));
     }
+    finish_chart(&mut chart, SeriesLabelPosition::UpperRight, &footer, report, path)
+}
+
+/// The common end of both charts: the legend at `legend`, the footer line (GPU, date, commit and
+/// command of the run) and the write to `path`.
+fn finish_chart<'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut plotters::chart::ChartContext<'a, plotters::prelude::BitMapBackend<'a>, CT>,
+    legend: plotters::chart::SeriesLabelPosition,
+    footer: &plotters::drawing::DrawingArea<plotters::prelude::BitMapBackend<'a>, plotters::coord::Shift>,
+    report: &BenchReport,
+    path: &Path,
+) -> Result<(), String> {
+    use plotters::prelude::*;
+
+    let draw_err = |e: &dyn std::fmt::Display| format!("cannot draw {}: {e}", path.display());
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        .position(legend)
         .label_font((FONT_FAMILY, 15))
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK.mix(0.4))
         .draw()
         .map_err(|e| draw_err(&e))?;
-
     let commit: String = report.commit.chars().take(12).collect();
     let note = format!(
         "{} | {} | commit {} | {}",
@@ -551,8 +584,146 @@ pub fn plot_png(report: &BenchReport, path: &Path, metric: Metric, title: &str) 
     footer
         .draw_text(&note, &(FONT_FAMILY, 13).into_font().color(&BLACK.mix(0.6)), (14, 2))
         .map_err(|e| draw_err(&e))?;
-    root.present().map_err(|e| draw_err(&e))?;
-    Ok(())
+    footer.present().map_err(|e| draw_err(&e))
+}
+
+/// Attention's seed table (ANCHORS.md, issue 3): causal fp16, B = 1, H = 32, D = 128, padded.
+fn is_attention_seed(p: &serde_json::Value) -> bool {
+    p["causal"] == true
+        && p["dtype"] == "fp16"
+        && p["B"] == 1
+        && p["Hq"] == 32
+        && p["Hkv"] == 32
+        && p["D"] == 128
+        && p["varlen"] != true
+        && p["N"].is_u64()
+}
+
+/// The chart `tessera bench --json` writes for an operator: attention plots TFLOP/s against N
+/// for its seed table, one line per impl ([`plot_vs_n`]); other operators, and attention runs
+/// without seed-table rows, a grouped bar per case ([`plot_png`]).
+pub fn plot_op(op: &str, report: &BenchReport, path: &Path, title: &str) -> Result<(), String> {
+    if op == "attention" {
+        let seed = BenchReport {
+            rows: report
+                .rows
+                .iter()
+                .filter(|r| is_attention_seed(&r.params))
+                .cloned()
+                .collect(),
+            ..report.clone()
+        };
+        if !seed.rows.is_empty() {
+            return plot_vs_n(&seed, path, &format!("{title}: causal fp16, B=1, H=32, D=128"));
+        }
+    }
+    plot_png(report, path, Metric::infer(report), title)
+}
+
+/// `512`, `1K`, `32K`, `1M`: a power of two as a short label.
+fn fmt_n(n: f64) -> String {
+    if n >= 1048576.0 && n % 1048576.0 == 0.0 {
+        format!("{}M", n / 1048576.0)
+    } else if n >= 1024.0 && n % 1024.0 == 0.0 {
+        format!("{}K", n / 1024.0)
+    } else {
+        format!("{n}")
+    }
+}
+
+/// Line chart: x = `params.N` (log2 axis), y = TFLOP/s, one line per impl (ours first) through
+/// the rows that have both, and a dashed line at the bf16 GEMM roofline when it is known.
+pub fn plot_vs_n(report: &BenchReport, path: &Path, title: &str) -> Result<(), String> {
+    use plotters::prelude::*;
+
+    ensure_fonts()?;
+    let n_of = |r: &BenchRow| r.params["N"].as_f64().filter(|n| *n >= 1.0);
+    let log_ns: Vec<f64> = report.rows.iter().filter_map(n_of).map(f64::log2).collect();
+    if log_ns.is_empty() {
+        return Err("no rows with params.N to plot".into());
+    }
+    let series: Vec<(&str, Vec<(f64, f64)>)> = report
+        .impls()
+        .into_iter()
+        .map(|imp| {
+            let mut pts: Vec<(f64, f64)> = report
+                .rows
+                .iter()
+                .filter(|r| r.r#impl == imp)
+                .filter_map(|r| Some((n_of(r)?.log2(), r.tflops.filter(|v| v.is_finite())?)))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            (imp, pts)
+        })
+        .collect();
+    let x0 = log_ns.iter().copied().fold(f64::INFINITY, f64::min) - 0.4;
+    let x1 = log_ns.iter().copied().fold(f64::NEG_INFINITY, f64::max) + 0.4;
+    let roof = report.roofline.bf16_tflops.filter(|r| r.is_finite() && *r > 0.0);
+    let vmax = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|p| p.1))
+        .chain(roof)
+        .fold(0.0f64, f64::max);
+    let ymax = if vmax > 0.0 { vmax * 1.3 } else { 1.0 };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    }
+
+    let draw_err = |e: &dyn std::fmt::Display| format!("cannot draw {}: {e}", path.display());
+    let (width, height) = (1100u32, 700u32);
+    let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| draw_err(&e))?;
+    let (main, footer) = root.split_vertically(height - 22);
+    let mut chart = ChartBuilder::on(&main)
+        .caption(title, (FONT_FAMILY, 24).into_font().style(FontStyle::Bold))
+        .margin(14)
+        .x_label_area_size(50)
+        .y_label_area_size(72)
+        .build_cartesian_2d(x0..x1, 0.0..ymax)
+        .map_err(|e| draw_err(&e))?;
+    let x_label = |x: &f64| {
+        if (x - x.round()).abs() < 1e-6 {
+            fmt_n(x.round().exp2())
+        } else {
+            String::new()
+        }
+    };
+    chart
+        .configure_mesh()
+        .x_labels((x1 - x0).ceil() as usize + 1)
+        .x_label_formatter(&x_label)
+        .y_labels(10)
+        .y_label_formatter(&|y: &f64| format!("{y:.0}"))
+        .x_desc("N (log scale)")
+        .y_desc("TFLOP/s")
+        .axis_desc_style((FONT_FAMILY, 16))
+        .label_style((FONT_FAMILY, 14))
+        .light_line_style(WHITE.mix(0.0))
+        .bold_line_style(BLACK.mix(0.12))
+        .draw()
+        .map_err(|e| draw_err(&e))?;
+    for (k, (imp, pts)) in series.iter().enumerate() {
+        if pts.is_empty() {
+            continue;
+        }
+        let color = series_color(k);
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| draw_err(&e))?
+            .label(*imp)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color.stroke_width(3)));
+        chart
+            .draw_series(pts.iter().map(|p| Circle::new(*p, 4, color.filled())))
+            .map_err(|e| draw_err(&e))?;
+    }
+    if let Some(r) = roof {
+        chart
+            .draw_series(DashedLineSeries::new([(x0, r), (x1, r)], 10, 6, BLACK.stroke_width(2)))
+            .map_err(|e| draw_err(&e))?
+            .label(format!("roofline: bf16 GEMM {} TFLOP/s", fmt_rate(r)))
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 18, y)], BLACK.stroke_width(2)));
+    }
+    finish_chart(&mut chart, SeriesLabelPosition::UpperLeft, &footer, report, path)
 }
 
 // ------------------------------------------------------------------------------------------
@@ -835,26 +1006,130 @@ mod tests {
     }
 
     #[test]
-    fn torch_runner_without_gpu_reports_missing() {
+    fn runners_without_gpu_report_missing() {
         // CI has python3 but no GPU (and usually no torch): the runner must say "missing"
         if Command::new("python3").arg("--version").output().is_err() {
             eprintln!("python3 not found: skipped");
             return;
         }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/baselines/bench_torch.py");
-        let cases = vec![(
+        let softmax = (
             "64x128 fp16".to_string(),
             json!({"rows": 64, "cols": 128, "dtype": "fp16", "op": "softmax"}),
-        )];
-        match run_python_baseline(&script, "softmax", &cases) {
-            BaselineOutcome::Missing(m) => assert!(
-                m.contains("torch not importable") || m.contains("CUDA not available"),
-                "{m}"
-            ),
-            BaselineOutcome::Rows(r) => panic!("a GPU here? {r:?}"),
+        );
+        let attention = (
+            "causal fp16 B1 H32 N1024 D128".to_string(),
+            json!({"B": 1, "Hq": 32, "Hkv": 32, "N": 1024, "D": 128, "causal": true,
+                "dtype": "fp16", "varlen": false}),
+        );
+        for (op, case) in [("softmax", &softmax), ("attention", &attention)] {
+            let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../scripts/baselines")
+                .join(crate::ops::baseline_script(op));
+            match run_python_baseline(&script, op, std::slice::from_ref(case)) {
+                BaselineOutcome::Missing(m) => assert!(
+                    m.contains("torch not importable") || m.contains("CUDA not available"),
+                    "{op}: {m}"
+                ),
+                BaselineOutcome::Rows(r) => panic!("a GPU here? {r:?}"),
+            }
         }
-        let absent = run_python_baseline(Path::new("/nonexistent/x.py"), "softmax", &cases);
+        let absent = run_python_baseline(Path::new("/nonexistent/x.py"), "softmax", &[softmax]);
         assert!(matches!(absent, BaselineOutcome::Missing(_)));
+    }
+
+    /// An attention report: the seed table for ours and three baselines (one failed, one
+    /// missing at the largest N), plus a GQA case outside the seed table.
+    fn fake_attention_report() -> BenchReport {
+        let mut r = fake_report();
+        r.command = "tessera bench attention --baselines".into();
+        r.rows.clear();
+        for n in [512u64, 1024, 2048, 4096, 8192, 16384, 32768] {
+            let case = format!("causal fp16 B1 H32 N{n} D128");
+            let params = json!({"B": 1, "Hq": 32, "Hkv": 32, "N": n, "D": 128, "causal": true,
+                "dtype": "fp16", "varlen": false});
+            let flops = 2.0 * 32.0 * (n * n) as f64 * 128.0;
+            for (imp, tf) in [
+                (OURS, 600.0),
+                ("torch-cudnn", 520.0),
+                ("flashinfer-fa3", 540.0),
+                ("torch-math", 10.0),
+            ] {
+                let mut row = BenchRow::new(&case, params.clone(), imp);
+                if imp == "torch-math" && n == 32768 {
+                    row.missing = Some("torch-math runs only up to N = 16384".into());
+                } else if imp == "flashinfer-fa3" && n == 512 {
+                    row.error = Some("RuntimeError: boom".into());
+                } else {
+                    row.tflops = Some(tf * (1.0 - 256.0 / n as f64));
+                    row.ms = Some(flops / (row.tflops.unwrap() * 1e12) * 1e3);
+                }
+                r.rows.push(row);
+            }
+        }
+        let gqa = json!({"B": 4, "Hq": 32, "Hkv": 8, "N": 4096, "D": 128, "causal": true,
+            "dtype": "bf16", "varlen": false});
+        let mut row = BenchRow::new("gqa", gqa, "torch-cudnn");
+        row.ms = Some(1.0);
+        row.tflops = Some(400.0);
+        r.rows.push(row);
+        r
+    }
+
+    #[test]
+    fn attention_table_and_line_chart() {
+        let report = fake_attention_report();
+        let t = format_table(&report, &["torch-cudnn", "torch-math", "flashinfer-fa3"]);
+        let line = |case: &str| t.lines().find(|l| l.starts_with(case)).unwrap().to_string();
+        assert!(line("causal fp16 B1 H32 N32768 D128").contains("missing"), "{t}");
+        assert!(line("causal fp16 B1 H32 N512 D128").contains("failed"), "{t}");
+        assert!(!line("causal fp16 B1 H32 N4096 D128").contains("missing"), "{t}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("attention.png");
+        plot_op("attention", &report, &path, "attention on NVIDIA H200").unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+        // no seed-table rows: the bar chart
+        let mut other = report.clone();
+        other.rows.retain(|r| r.case == "gqa");
+        plot_op("attention", &other, &dir.path().join("bars.png"), "x").unwrap();
+        assert_eq!(Metric::infer(&other), Metric::Tflops);
+        assert_eq!(fmt_n(32768.0), "32K");
+        assert_eq!(fmt_n(512.0), "512");
+    }
+
+    #[test]
+    fn row_reasons_round_trip_and_stay_out_when_unset() {
+        let text = r#"{"rows": [{"case": "a", "params": {}, "impl": "torch-math", "ms": null,
+            "tflops": null, "gbps": null, "extra_mib": null, "max_abs_err": null, "rel_l2": null,
+            "missing": "too big"}, {"case": "a", "params": {}, "impl": "torch-flash", "ms": 1.0,
+            "tflops": 2.0, "gbps": null, "extra_mib": 3.0, "max_abs_err": null, "rel_l2": null,
+            "note": "one sequence at a time"}], "flashinfer_jit": []}"#;
+        let BaselineOutcome::Rows(rows) = parse_baseline_output(text) else {
+            panic!("not rows")
+        };
+        assert_eq!(rows[0].missing.as_deref(), Some("too big"));
+        assert_eq!(rows[1].note.as_deref(), Some("one sequence at a time"));
+        assert!(rows[1].error.is_none());
+        let v = serde_json::to_value(&rows[1]).unwrap();
+        assert!(v.get("error").is_none() && v.get("missing").is_none() && v.get("note").is_some());
+    }
+
+    #[test]
+    fn attention_runner_logic_with_fake_torch() {
+        // bench_attention.py against a fake torch and flashinfer (no GPU, no torch needed)
+        if Command::new("python3").arg("--version").output().is_err() {
+            eprintln!("python3 not found: skipped");
+            return;
+        }
+        let test = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/baselines/test_bench_attention.py");
+        let out = Command::new("python3").arg(&test).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     #[test]

@@ -1,0 +1,197 @@
+"""Shared plumbing of the Python baseline runners (bench_torch.py, bench_attention.py).
+
+The CLI contract (crates/tessera-cli/src/report.rs, run_python_baseline):
+
+    python3 scripts/baselines/<runner>.py --op OP --cases CASES.json --out OUT.json
+
+CASES.json is a JSON list of {"case": str, "params": {...}}. OUT.json is
+{"rows": [row, ...], "torch": version, "device": name, ...} where each row has the BenchRow
+shape of DESIGN.md: {"case", "params", "impl", "ms", "tflops", "gbps", "extra_mib",
+"max_abs_err", "rel_l2"} (fields that do not apply are null), plus, only where they apply:
+"error" (the row failed: "ms" is null), "missing" (the impl cannot run here, or was skipped:
+"ms" is null; the reason) and "note" (how the number was obtained, when that is not obvious).
+When torch or CUDA is unavailable OUT.json is {"missing": reason} and the exit status is still 0.
+
+Timing (same as ANCHORS.md): warm-up, CUDA events around 5-30 calls per group, 7 groups,
+median of the group means; the calls rotate among enough input buffers that they span more
+than 2x the L2 cache (60 MB on H200), so the cache is not what gets measured.
+"""
+
+import json
+import math
+import statistics
+import sys
+import traceback
+
+L2_BYTES = 60 * 1024 * 1024
+ROTATE_BYTES = 2 * L2_BYTES  # inputs touched by consecutive calls span more than this
+MAX_BUFFERS = 64
+MAX_ROTATE_TOTAL = 4 * 1024**3  # never allocate more than this for rotation
+GROUPS = 7
+MIN_REPS, MAX_REPS = 5, 30
+TARGET_GROUP_MS = 2.0  # choose reps so a group takes about this long (within the bounds)
+MIB = 1024.0 * 1024.0
+
+torch = None  # set by import_torch(), so that a missing torch becomes {"missing": ...}
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def import_torch(tag, out_path):
+    """Imports torch and checks CUDA. On failure writes {"missing": reason} to out_path and
+    returns None."""
+    global torch
+    try:
+        import torch as _torch
+    except Exception as e:  # ImportError, or a broken install
+        reason = f"torch not importable: {type(e).__name__}: {e}"
+        log(f"{tag}: {reason}")
+        write_json(out_path, {"missing": reason})
+        return None
+    if not _torch.cuda.is_available():
+        reason = f"torch {_torch.__version__}: CUDA not available"
+        log(f"{tag}: {reason}")
+        write_json(out_path, {"missing": reason})
+        return None
+    torch = _torch
+    return torch
+
+
+def torch_dtype(name):
+    table = {"fp16": torch.float16, "fp32": torch.float32, "bf16": torch.bfloat16}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r} (expected one of {sorted(table)})")
+    return table[name]
+
+
+def row(case, params, impl, ms=None, gbps=None, tflops=None, extra_mib=None, error=None,
+        missing=None, note=None):
+    r = {
+        "case": case,
+        "params": params,
+        "impl": impl,
+        "ms": ms,
+        "tflops": tflops,
+        "gbps": gbps,
+        "extra_mib": extra_mib,
+        "max_abs_err": None,
+        "rel_l2": None,
+    }
+    for key, value in (("error", error), ("missing", missing), ("note", note)):
+        if value is not None:
+            r[key] = value
+    return r
+
+
+def rotation_count(bytes_per_input):
+    """Number of distinct input buffers so that a rotation spans > 2x L2 (at least 1)."""
+    n = max(1, math.ceil(ROTATE_BYTES / max(1, bytes_per_input)))
+    n = min(n, MAX_BUFFERS, max(1, MAX_ROTATE_TOTAL // max(1, bytes_per_input)))
+    return n
+
+
+def time_ms(fn, inputs):
+    """Median over GROUPS of the mean time (ms) of fn(x), x rotating over `inputs`."""
+    n = len(inputs)
+    # warm-up: compile/load kernels, settle clocks, and estimate the time per call
+    for i in range(max(3, n)):
+        fn(inputs[i % n])
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for i in range(MIN_REPS):
+        fn(inputs[i % n])
+    end.record()
+    end.synchronize()
+    est = max(start.elapsed_time(end) / MIN_REPS, 1e-4)
+    reps = int(min(MAX_REPS, max(MIN_REPS, math.ceil(TARGET_GROUP_MS / est))))
+
+    means = []
+    k = 0
+    for _ in range(GROUPS):
+        start.record()
+        for _ in range(reps):
+            fn(inputs[k % n])
+            k += 1
+        end.record()
+        end.synchronize()
+        means.append(start.elapsed_time(end) / reps)
+    return statistics.median(means)
+
+
+def peak_extra_mib(fn):
+    """Runs fn() once; returns the peak device memory it allocated beyond what was allocated
+    before it (MiB), as ANCHORS.md: reset_peak_memory_stats, max_memory_allocated minus
+    memory_allocated before the call."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = fn()
+    torch.cuda.synchronize()
+    extra = (torch.cuda.max_memory_allocated() - before) / MIB
+    del result
+    return extra
+
+
+def is_oom(e):
+    return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e)
+
+
+def error_text(e):
+    text = f"{type(e).__name__}: {e}".strip()
+    # torch's messages can be pages long (every backend's reasons); keep the head
+    text = " ".join(text.split())
+    return text if len(text) <= 600 else text[:600] + " ..."
+
+
+def load_cases(path):
+    with open(path) as f:
+        cases = json.load(f)
+    if not isinstance(cases, list):
+        raise SystemExit(f"{path}: expected a JSON list of cases")
+    return cases
+
+
+def log_row(r):
+    case = r["case"]
+    if r.get("ms") is not None:
+        if r.get("gbps") is not None:
+            rate = f"{r['gbps']:8.1f} GB/s"
+        elif r.get("tflops") is not None:
+            rate = f"{r['tflops']:8.1f} TFLOP/s"
+        else:
+            rate = ""
+        mem = f"  +{r['extra_mib']:.0f} MiB" if r.get("extra_mib") is not None else ""
+        log(f"  {case:<32} {r['impl']:<16} {r['ms']:9.4f} ms  {rate}{mem}")
+    elif r.get("missing") is not None:
+        log(f"  {case:<32} {r['impl']:<16} missing: {r['missing']}")
+    else:
+        log(f"  {case:<32} {r['impl']:<16} FAILED {r.get('error')}")
+
+
+def run_cases(cases, bench, fallback_impls):
+    """Runs bench(case, params) -> list[row] for every case; an exception becomes one error
+    row per impl in fallback_impls(params). Logs one line per row."""
+    out_rows = []
+    for c in cases:
+        case, params = c["case"], c["params"]
+        try:
+            rows = bench(case, params)
+        except Exception as e:
+            err = error_text(e)
+            if not isinstance(e, ValueError) and not is_oom(e):
+                traceback.print_exc(file=sys.stderr)
+            rows = [row(case, params, impl, error=err) for impl in fallback_impls(params)]
+        for r in rows:
+            log_row(r)
+        out_rows.extend(rows)
+        torch.cuda.empty_cache()
+    return out_rows
+
+
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1, allow_nan=False)
+        f.write("\n")
