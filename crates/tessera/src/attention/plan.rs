@@ -260,8 +260,8 @@ impl std::fmt::Debug for AttentionPlan {
     }
 }
 
-/// Validates the options for a head dim.
-fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
+/// Validates the options for a head dim (pure: no device needed).
+pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
     if let Some(s) = o.scale {
         if !(s.is_finite() && s > 0.0) {
             return Err(Error::invalid(
