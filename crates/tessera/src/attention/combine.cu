@@ -62,7 +62,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_combine(const __gri
     if (w == 0.0f) continue;  // an empty split (or one negligible against the others)
     const float* src = p.o_partial + (first + s * split_stride) * kHeadDim + lane * kVec;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) o[j] += w * src[j];
+    for (int j = 0; j < kVec; ++j) {
+      if (lane * kVec + j < p.head_dim) o[j] += w * src[j];  // the padding columns were never written
+    }
   }
 
   // output row: row = b * seqlen_q + i (padded) or the packed row (varlen)

@@ -3,19 +3,8 @@
 //! `ts::AttentionParams` has the size of its Rust mirror.
 
 use super::plan::{ci_combine_variants, ci_variants_for, PARAMS_BYTES};
-use crate::runtime::{compile_only, probe, Arch, KernelSpec};
-
-/// NVRTC is present, or the test must fail because CI demands it.
-fn nvrtc_or_skip(test: &str) -> bool {
-    match probe::nvrtc() {
-        Ok(_) => true,
-        Err(e) if probe::nvrtc_required() => panic!("{test}: TESSERA_REQUIRE_NVRTC is set but {e}"),
-        Err(e) => {
-            eprintln!("{test}: skipped, {e}");
-            false
-        }
-    }
-}
+use crate::runtime::probe::nvrtc_or_skip;
+use crate::runtime::{compile_only, Arch, KernelSpec};
 
 /// A kernel whose compilation fails unless `sizeof(ts::AttentionParams)` is the preamble's
 /// `kRustBytes` (= `PARAMS_BYTES`).

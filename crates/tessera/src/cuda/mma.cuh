@@ -12,10 +12,11 @@
 //   B (16 x 8, "col": each column n stored k-contiguous), 2 registers:
 //     b0 = B[2t, 2t+1][g], b1 = B[2t+8, 2t+9][g]
 //   C/D (16 x 8, f32), 4 registers: c0, c1 = C[g][2t, 2t+1], c2, c3 = C[g+8][2t, 2t+1]
-// ldmatrix.x4: lane l gives the shared address (ts::smem_addr, async_copy.cuh) of row (l % 8) of matrix (l / 8), 16 bytes
-// each; result register j holds matrix j with lane l owning row l / 4, elements 2(l % 4) and
-// 2(l % 4) + 1 (with .trans: column l / 4, rows 2(l % 4) and 2(l % 4) + 1), which is exactly an
-// A register, or a B register of a row-major [n][k] (plain) or [k][n] (.trans) tile.
+// ldmatrix.x4: lane l gives the shared address (ts::smem_addr, async_copy.cuh) of row (l % 8)
+// of matrix (l / 8), 16 bytes each; result register j holds matrix j with lane l owning row
+// l / 4, elements 2(l % 4) and 2(l % 4) + 1 (with .trans: column l / 4, rows 2(l % 4) and
+// 2(l % 4) + 1), which is exactly an A register, or a B register of a row-major [n][k] (plain)
+// or [k][n] (.trans) tile.
 // An m16n8k16 accumulator pair covering 16 consecutive columns is therefore, after pack2, the
 // A fragment of the next MMA (FlashAttention keeps P in registers this way).
 #pragma once

@@ -450,6 +450,7 @@ pub fn compile_only(spec: &KernelSpec, arch: Arch) -> Result<Compiled> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::probe::nvrtc_or_skip;
 
     #[test]
     fn parses_ptxas_log() {
@@ -498,18 +499,6 @@ mod tests {
         assert!(decode_entry(&bytes).is_none(), "a flipped byte must be detected");
         assert!(decode_entry(&bytes[..10]).is_none());
         assert!(decode_entry(b"not a cache entry at all, but long enough to be read........").is_none());
-    }
-
-    /// NVRTC is present, or the test must fail because CI demands it.
-    fn nvrtc_or_skip(test: &str) -> bool {
-        match probe::nvrtc() {
-            Ok(_) => true,
-            Err(e) if probe::nvrtc_required() => panic!("{test}: TESSERA_REQUIRE_NVRTC is set but {e}"),
-            Err(e) => {
-                eprintln!("{test}: skipped, {e}");
-                false
-            }
-        }
     }
 
     const TINY: &str =

@@ -273,3 +273,17 @@ pub fn cublas() -> Result<&'static LibraryInfo> {
 pub fn nvrtc_required() -> bool {
     matches!(std::env::var("TESSERA_REQUIRE_NVRTC").as_deref(), Ok("1") | Ok("true"))
 }
+
+/// For tests that need NVRTC: true when it is present; otherwise prints that `test` is skipped
+/// and returns false, or panics when CI demands NVRTC ([`nvrtc_required`]).
+#[cfg(test)]
+pub(crate) fn nvrtc_or_skip(test: &str) -> bool {
+    match nvrtc() {
+        Ok(_) => true,
+        Err(e) if nvrtc_required() => panic!("{test}: TESSERA_REQUIRE_NVRTC is set but {e}"),
+        Err(e) => {
+            eprintln!("{test}: skipped, {e}");
+            false
+        }
+    }
+}

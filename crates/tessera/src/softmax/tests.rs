@@ -3,19 +3,8 @@
 
 use super::plan::{ci_variants, ci_variants_for, cluster_shape, warp_shape, SoftmaxParams, Variant};
 use super::*;
-use crate::runtime::{compile_only, probe, Arch};
-
-/// NVRTC is present, or the test must fail because CI demands it.
-fn nvrtc_or_skip(test: &str) -> bool {
-    match probe::nvrtc() {
-        Ok(_) => true,
-        Err(e) if probe::nvrtc_required() => panic!("{test}: TESSERA_REQUIRE_NVRTC is set but {e}"),
-        Err(e) => {
-            eprintln!("{test}: skipped, {e}");
-            false
-        }
-    }
-}
+use crate::runtime::probe::nvrtc_or_skip;
+use crate::runtime::{compile_only, Arch};
 
 #[test]
 fn shape_validation_errors_name_the_rule() {
