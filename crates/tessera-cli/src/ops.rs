@@ -122,11 +122,10 @@ pub fn baseline_impls(op: &str) -> &'static [&'static str] {
     }
 }
 
-/// The Python runner script for an operator's baselines (a missing script or Python module is
-/// reported as "baseline missing" by `report::run_python_baseline`).
+/// The Python runner script for an operator's baselines (in `scripts/baselines/`).
 pub fn baseline_script(op: &str) -> &'static str {
     match op {
-        "attention" => "bench_attention.py",
+        "attention" => "bench_attention.py", // torch SDPA backends and FlashInfer
         _ => "bench_torch.py",
     }
 }

@@ -1,7 +1,8 @@
 // flash_sm80.cu: FlashAttention-2 forward for sm_80+ (ldmatrix + mma.sync + cp.async).
 //
 // Algorithm (Dao, "FlashAttention-2", 2023): a CTA owns one (batch, head, query tile of
-// kBlockM rows, KV split). Its kThreads / 32 warps each own 16 query rows (one m16 row block).
+// kBlockM rows, KV split). Its kThreads / 32 warps each own kMBlocks consecutive m16 row
+// blocks (kBlockM / warps rows); every K/V fragment a warp loads feeds all of its row blocks.
 // Per KV tile of kBlockN keys:
 //   S = Q K^T          mma.m16n8k16, f32 accumulators (Q fragments from registers or smem)
 //   scores             raw dot products (scale folded into the exp2 below) or, with kSoftcap,
@@ -18,7 +19,7 @@
 //
 // Variants (preamble from plan.rs Variant::spec): Elem, kHeadDim (multiple of 32, <= 256; the
 // real D = p.head_dim is a multiple of 8: columns beyond it are zero-filled on load, never
-// stored), kBlockM = 16 * warps, kBlockN (multiple of 16), kThreads, kStages >= 2, kMasked
+// stored), kBlockM (a multiple of 16 * warps), kBlockN (multiple of 16), kThreads, kStages >= 2, kMasked
 // (window / causal compiled in), kSoftcap, kSplit (write normalised f32 partials instead).
 //
 // Grid (B * Hq, q_tiles, splits): blockIdx.x = b * Hq + h, query tile = q_tiles - 1 -
@@ -57,16 +58,19 @@ namespace {
 using namespace ts;
 
 constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kMBlocks = kBlockM / (16 * kWarps);     // m16 row blocks per warp
+constexpr int kWarpRows = 16 * kMBlocks;
 constexpr int kRowElems = (kHeadDim + 63) / 64 * 64;  // shared row pitch, a multiple of 128 B
 constexpr int kChunks = kHeadDim / 8;                 // 16-byte chunks of a row that hold data
 constexpr int kKSteps = kHeadDim / 16;                // k16 steps of S = Q K^T
 constexpr int kSBlocks = kBlockN / 8;                 // n8 blocks of S (keys)
 constexpr int kOBlocks = kHeadDim / 8;                // n8 blocks of O (head dim)
-/// Q fragments stay in registers for D <= 128 (kKSteps * 4 registers); beyond that they are
-/// re-read from shared memory per k step to keep the O accumulator (D / 2 registers) spill-free.
-constexpr bool kQInRegs = kHeadDim <= 128;
+/// Q fragments stay in registers while they take at most 32 (kMBlocks * kKSteps * 4); beyond
+/// that they are re-read from shared memory per k step to keep the O accumulator
+/// (kMBlocks * D / 2 registers) spill-free.
+constexpr bool kQInRegs = kMBlocks * kHeadDim <= 128;
 
-static_assert(kBlockM == 16 * kWarps, "one m16 row block per warp");
+static_assert(kBlockM == kWarpRows * kWarps, "kBlockM: whole m16 row blocks per warp");
 static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "compiled head dim: a multiple of 32, <= 256");
 static_assert(kBlockN % 16 == 0, "kBlockN: a multiple of 16");
 static_assert(kStages >= 2, "at least double buffering");
@@ -125,47 +129,60 @@ TS_DEVICE LaneAddr lane_addr_k(uint32_t tile) {
   return LaneAddr{tile + ((l & 7) + (l >> 4) * 8) * kRowElems * (int)sizeof(Elem), ((l >> 3) & 1) ^ (l & 7)};
 }
 
-/// The A fragment of k step kk of this warp's 16 Q rows.
-TS_DEVICE void load_q_fragment(uint32_t (&a)[4], const LaneAddr& q, int kk) { ldmatrix_x4(a, q.at(0, 2 * kk)); }
+/// Q fragments of a warp: all k steps of all its row blocks in registers, or none (kQInRegs).
+using QFragments = uint32_t[kQInRegs ? kMBlocks : 1][kQInRegs ? kKSteps : 1][4];
 
-/// s += Q K^T for this warp's 16 rows and the kBlockN keys of the K stage at `sk`.
-TS_DEVICE void qk_tile(float (&s)[kSBlocks][4], const uint32_t (&qf)[kQInRegs ? kKSteps : 1][4], const LaneAddr& q,
-                       uint32_t sk) {
+/// s += Q K^T for this warp's row blocks and the kBlockN keys of the K stage at `sk`.
+TS_DEVICE void qk_tile(float (&s)[kMBlocks][kSBlocks][4], const QFragments& qf, const LaneAddr& q, uint32_t sk) {
   const LaneAddr k = lane_addr_k(sk);
 #pragma unroll
   for (int kk = 0; kk < kKSteps; ++kk) {
-    uint32_t a[4];
-    if constexpr (kQInRegs) {
+    uint32_t a[kMBlocks][4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) a[j] = qf[kk][j];
-    } else {
-      load_q_fragment(a, q, kk);
+    for (int mb = 0; mb < kMBlocks; ++mb) {
+      if constexpr (kQInRegs) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[mb][j] = qf[mb][kk][j];
+      } else {
+        ldmatrix_x4(a[mb], q.at(mb * 16, 2 * kk));
+      }
     }
 #pragma unroll
     for (int nb = 0; nb < kSBlocks; nb += 2) {
       uint32_t b[4];  // keys nb*8.. (chunks 2kk, 2kk+1), then keys nb*8+8.. (the same chunks)
       ldmatrix_x4(b, k.at(nb * 8, 2 * kk));
-      mma_m16n8k16<Elem>(s[nb], a, b[0], b[1]);
-      mma_m16n8k16<Elem>(s[nb + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb) {
+        mma_m16n8k16<Elem>(s[mb][nb], a[mb], b[0], b[1]);
+        mma_m16n8k16<Elem>(s[mb][nb + 1], a[mb], b[2], b[3]);
+      }
     }
   }
 }
 
-/// acc += P V with P (this warp's 16 x kBlockN probabilities, accumulator layout) packed to
-/// Elem as A fragments and V from the stage at `sv` through ldmatrix.trans.
-TS_DEVICE void pv_tile(float (&acc)[kOBlocks][4], const float (&s)[kSBlocks][4], uint32_t sv) {
+/// acc += P V with P (this warp's probabilities, accumulator layout) packed to Elem as A
+/// fragments and V from the stage at `sv` through ldmatrix.trans.
+TS_DEVICE void pv_tile(float (&acc)[kMBlocks][kOBlocks][4], const float (&s)[kMBlocks][kSBlocks][4], uint32_t sv) {
   const LaneAddr v = lane_addr_a(sv, 0);
 #pragma unroll
   for (int kk = 0; kk < kBlockN / 16; ++kk) {
-    const uint32_t a[4] = {pack2<Elem>(s[2 * kk][0], s[2 * kk][1]), pack2<Elem>(s[2 * kk][2], s[2 * kk][3]),
-                           pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                           pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+    uint32_t a[kMBlocks][4];
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb) {
+      a[mb][0] = pack2<Elem>(s[mb][2 * kk][0], s[mb][2 * kk][1]);
+      a[mb][1] = pack2<Elem>(s[mb][2 * kk][2], s[mb][2 * kk][3]);
+      a[mb][2] = pack2<Elem>(s[mb][2 * kk + 1][0], s[mb][2 * kk + 1][1]);
+      a[mb][3] = pack2<Elem>(s[mb][2 * kk + 1][2], s[mb][2 * kk + 1][3]);
+    }
 #pragma unroll
     for (int nb = 0; nb < kOBlocks; nb += 2) {
       uint32_t b[4];  // keys kk*16.. and kk*16+8.. of chunk nb, then the same keys of chunk nb+1
       ldmatrix_x4_trans(b, v.at(kk * 16, nb));
-      mma_m16n8k16<Elem>(acc[nb], a, b[0], b[1]);
-      mma_m16n8k16<Elem>(acc[nb + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb) {
+        mma_m16n8k16<Elem>(acc[mb][nb], a[mb], b[0], b[1]);
+        mma_m16n8k16<Elem>(acc[mb][nb + 1], a[mb], b[2], b[3]);
+      }
     }
   }
 }
@@ -222,23 +239,29 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
     cp_async_commit();
   }
 
-  // ---- per-warp state: 16 rows, this lane holds rows g and g + 8 of them -------------------
+  // ---- per-warp state: kMBlocks row blocks of 16; the lane holds rows g and g + 8 of each --
   const int lane = lane_id();
-  const int wrow = warp_id() * 16;
+  const int wrow = warp_id() * kWarpRows;
   const int row0 = m0 + wrow + (lane >> 2);  // in-sequence query index of the lane's first row
   const int col0 = 2 * (lane & 3);           // the lane's first column in every n8 block
   const LaneAddr q_addr = lane_addr_a(smem_addr(s_q), wrow);
-  float acc[kOBlocks][4];
+  float acc[kMBlocks][kOBlocks][4];
+  OnlineSoftmax state[kMBlocks][2];
 #pragma unroll
-  for (int nb = 0; nb < kOBlocks; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
-  OnlineSoftmax state[2] = {OnlineSoftmax::empty(), OnlineSoftmax::empty()};
-  uint32_t qf[kQInRegs ? kKSteps : 1][4];
+  for (int mb = 0; mb < kMBlocks; ++mb) {
+#pragma unroll
+    for (int nb = 0; nb < kOBlocks; ++nb) acc[mb][nb][0] = acc[mb][nb][1] = acc[mb][nb][2] = acc[mb][nb][3] = 0.0f;
+    state[mb][0] = state[mb][1] = OnlineSoftmax::empty();
+  }
+  QFragments qf;
   if constexpr (kQInRegs) {
     if (t_begin < t_end) {
       cp_async_wait<kStages - 1>();  // the Q group has landed for this thread ...
       __syncthreads();               // ... and for every thread
 #pragma unroll
-      for (int kk = 0; kk < kKSteps; ++kk) load_q_fragment(qf[kk], q_addr, kk);
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(qf[mb][kk], q_addr.at(mb * 16, 2 * kk));
     }
   }
   // scores are raw dot products scaled inside the exp2, or already log2 scores with kSoftcap
@@ -253,16 +276,20 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
     const uint32_t sk = smem_addr(s_k + stage * kStageElems);
     const uint32_t sv = smem_addr(s_v + stage * kStageElems);
 
-    float s[kSBlocks][4];
+    float s[kMBlocks][kSBlocks][4];
 #pragma unroll
-    for (int nb = 0; nb < kSBlocks; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+    for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+      for (int nb = 0; nb < kSBlocks; ++nb) s[mb][nb][0] = s[mb][nb][1] = s[mb][nb][2] = s[mb][nb][3] = 0.0f;
     qk_tile(s, qf, q_addr, sk);
 
     if constexpr (kSoftcap) {
 #pragma unroll
-      for (int nb = 0; nb < kSBlocks; ++nb)
+      for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[nb][e] = attn_score_log2(p, s[nb][e]);
+        for (int nb = 0; nb < kSBlocks; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mb][nb][e] = attn_score_log2(p, s[mb][nb][e]);
     }
 
     // per-element mask only where the tile crosses a window edge or the end of the keys
@@ -271,47 +298,52 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
     if constexpr (kMasked) edge = edge || n0 < mask.first_key(m0 + rows - 1) || n0 + kBlockN > mask.end_key(m0);
     if (edge) {
 #pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          // the row's visible keys [lo, hi), relative to this lane's first column of the tile
+          const int i = row0 + mb * 16 + r * 8;
+          const int lo = (kMasked ? mask.first_key(i) : 0) - (n0 + col0);
+          const int hi = (kMasked ? mask.end_key(i) : seq.len_k) - (n0 + col0);
+#pragma unroll
+          for (int nb = 0; nb < kSBlocks; ++nb)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int j = nb * 8 + e;
+              if (j < lo || j >= hi) s[mb][nb][2 * r + e] = kNegInf;
+            }
+        }
+    }
+
+    // online softmax of the lane's rows (r = 0: elements 0, 1; r = 1: elements 2, 3)
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
       for (int r = 0; r < 2; ++r) {
-        // the row's visible keys [lo, hi), relative to this lane's first column of the tile
-        const int i = row0 + r * 8;
-        const int lo = (kMasked ? mask.first_key(i) : 0) - (n0 + col0);
-        const int hi = (kMasked ? mask.end_key(i) : seq.len_k) - (n0 + col0);
+        float mx = kNegInf;
+#pragma unroll
+        for (int nb = 0; nb < kSBlocks; ++nb) mx = max_nan(mx, max_nan(s[mb][nb][2 * r], s[mb][nb][2 * r + 1]));
+        mx = max_nan(mx, shfl_xor(mx, 1));
+        mx = max_nan(mx, shfl_xor(mx, 2));
+        // round(scale * max dot) = max round(scale * dot) as scale > 0 (see shifted_fma)
+        OnlineSoftmax& st = state[mb][r];
+        const float factor = st.rescale(max_nan(st.m, mx * score_scale));
+        const float neg_shift = -softmax_shift(st.m);
+        float sum = 0.0f;
 #pragma unroll
         for (int nb = 0; nb < kSBlocks; ++nb)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int j = nb * 8 + e;
-            if (j < lo || j >= hi) s[nb][2 * r + e] = kNegInf;
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            s[mb][nb][e] = exp2_fma(s[mb][nb][e], score_scale, neg_shift);
+            sum += s[mb][nb][e];
           }
-      }
-    }
-
-    // online softmax of the lane's two rows (r = 0: elements 0, 1; r = 1: elements 2, 3)
+        st.d += sum;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = kNegInf;
-#pragma unroll
-      for (int nb = 0; nb < kSBlocks; ++nb) mx = max_nan(mx, max_nan(s[nb][2 * r], s[nb][2 * r + 1]));
-      mx = max_nan(mx, shfl_xor(mx, 1));
-      mx = max_nan(mx, shfl_xor(mx, 2));
-      // round(scale * max dot) = max round(scale * dot) as scale > 0 (see shifted_fma)
-      const float factor = state[r].rescale(max_nan(state[r].m, mx * score_scale));
-      const float neg_shift = -softmax_shift(state[r].m);
-      float sum = 0.0f;
-#pragma unroll
-      for (int nb = 0; nb < kSBlocks; ++nb)
-#pragma unroll
-        for (int e = 2 * r; e < 2 * r + 2; ++e) {
-          s[nb][e] = exp2_fma(s[nb][e], score_scale, neg_shift);
-          sum += s[nb][e];
+        for (int nb = 0; nb < kOBlocks; ++nb) {
+          acc[mb][nb][2 * r] *= factor;
+          acc[mb][nb][2 * r + 1] *= factor;
         }
-      state[r].d += sum;
-#pragma unroll
-      for (int nb = 0; nb < kOBlocks; ++nb) {
-        acc[nb][2 * r] *= factor;
-        acc[nb][2 * r + 1] *= factor;
       }
-    }
 
     pv_tile(acc, s, sv);
   }
@@ -319,53 +351,62 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
   // ---- epilogue ---------------------------------------------------------------------------
   cp_async_wait_all();  // no copy may land in the Q tile after it is reused below
   __syncthreads();
-  float inv_l[2];
-  float lse[2];
+  float inv_l[kMBlocks][2];
+  float lse[kMBlocks][2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = state[r].d;
-    l += shfl_xor(l, 1);
-    l += shfl_xor(l, 2);
-    inv_l[r] = l > 0.0f ? 1.0f / l : 0.0f;
-    lse[r] = OnlineSoftmax{state[r].m, l}.lse();  // -inf for a row that saw no key
-  }
+  for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = state[mb][r].d;
+      l += shfl_xor(l, 1);
+      l += shfl_xor(l, 2);
+      inv_l[mb][r] = l > 0.0f ? 1.0f / l : 0.0f;
+      lse[mb][r] = OnlineSoftmax{state[mb][r].m, l}.lse();  // -inf for a row that saw no key
+    }
 
   if constexpr (kSplit) {
     // normalised f32 partials, written straight from the accumulators (8 bytes per lane)
     const long long base = ((long long)blockIdx.z * p.heads_q + h) * p.partial_rows + seq.row_q;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int i = row0 + r * 8;
-      if (i >= seq.len_q) continue;
-      float* dst = p.o_partial + (base + i) * kHeadDim;
-#pragma unroll
-      for (int nb = 0; nb < kOBlocks; ++nb) {
-        const int c = nb * 8 + col0;
-        if (c < p.head_dim) {
-          U32x2 v{__float_as_uint(acc[nb][2 * r] * inv_l[r]), __float_as_uint(acc[nb][2 * r + 1] * inv_l[r])};
-          st_global_b64(dst + c, v);
-        }
-      }
-      if ((lane & 3) == 0) p.lse_partial[base + i] = lse[r];
-    }
-  } else {
-    // stage O / l as Elem in this warp's own 16 rows of the Q tile, then 16-byte stores
-#pragma unroll
-    for (int nb = 0; nb < kOBlocks; ++nb)
+    for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int sr = wrow + (lane >> 2) + r * 8;
-        const uint32_t v = pack2<Elem>(acc[nb][2 * r] * inv_l[r], acc[nb][2 * r + 1] * inv_l[r]);
-        *reinterpret_cast<uint32_t*>(s_q + swizzle(sr, nb) + col0) = v;
+        const int i = row0 + mb * 16 + r * 8;
+        if (i >= seq.len_q) continue;
+        float* dst = p.o_partial + (base + i) * kHeadDim;
+#pragma unroll
+        for (int nb = 0; nb < kOBlocks; ++nb) {
+          const int c = nb * 8 + col0;
+          if (c < p.head_dim) {
+            const float il = inv_l[mb][r];
+            st_global_b64(dst + c, U32x2{__float_as_uint(acc[mb][nb][2 * r] * il),
+                                         __float_as_uint(acc[mb][nb][2 * r + 1] * il)});
+          }
+        }
+        if ((lane & 3) == 0) p.lse_partial[base + i] = lse[mb][r];
       }
+  } else {
+    // stage O / l as Elem in this warp's own rows of the Q tile, then 16-byte stores
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+      for (int nb = 0; nb < kOBlocks; ++nb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int sr = wrow + mb * 16 + (lane >> 2) + r * 8;
+          const float il = inv_l[mb][r];
+          const uint32_t v = pack2<Elem>(acc[mb][nb][2 * r] * il, acc[mb][nb][2 * r + 1] * il);
+          *reinterpret_cast<uint32_t*>(s_q + swizzle(sr, nb) + col0) = v;
+        }
     __syncwarp();
     Elem* g_o = static_cast<Elem*>(p.o) + seq.o_off + m0 * p.o_stride_n;
+    constexpr int kWarpChunks = kWarpRows * kChunks;
 #pragma unroll
-    for (int i = 0; i < ceil_div(16 * kChunks, kWarpSize); ++i) {
+    for (int i = 0; i < ceil_div(kWarpChunks, kWarpSize); ++i) {
       const int idx = lane + i * kWarpSize;
       const int r = idx / kChunks;
       const int c = idx % kChunks;
-      if ((16 * kChunks % kWarpSize == 0 || idx < 16 * kChunks) && wrow + r < rows && c < d_chunks) {
+      if ((kWarpChunks % kWarpSize == 0 || idx < kWarpChunks) && wrow + r < rows && c < d_chunks) {
         const U32x4 v = *reinterpret_cast<const U32x4*>(s_q + swizzle(wrow + r, c));
         st_global_b128(g_o + (wrow + r) * p.o_stride_n + c * 8, v);
       }
@@ -373,10 +414,12 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
     if (p.lse != nullptr && (lane & 3) == 0) {
       const long long lse_row = p.cu_seqlens_q != nullptr ? seq.row_q : 0;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const int i = row0 + r * 8;
-        if (i < seq.len_q) p.lse[h * p.lse_stride_h + b * p.lse_stride_b + lse_row + i] = lse[r];
-      }
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int i = row0 + mb * 16 + r * 8;
+          if (i < seq.len_q) p.lse[h * p.lse_stride_h + b * p.lse_stride_b + lse_row + i] = lse[mb][r];
+        }
     }
   }
 }

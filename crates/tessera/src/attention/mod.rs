@@ -37,6 +37,8 @@ pub mod bench;
 pub mod hopper;
 pub mod plan;
 pub mod reference;
+#[cfg(test)]
+mod tests;
 pub mod verify;
 
 #[cfg(test)]
@@ -121,6 +123,55 @@ impl AttentionOptions {
     }
 }
 
+/// Checks `cu_seqlens_q/k` of a varlen batch: the same number of entries (batch + 1 >= 2),
+/// each starting at 0 and non-decreasing (zero-length sequences are allowed). Returns the
+/// longest query and key sequence.
+pub fn validate_cu_seqlens(cu_seqlens_q: &[i32], cu_seqlens_k: &[i32]) -> Result<(usize, usize)> {
+    fn check(name: &str, cu: &[i32]) -> Result<usize> {
+        if cu.len() < 2 {
+            return Err(Error::invalid(
+                "cu_seqlens",
+                format!("{name} must have batch + 1 >= 2 entries, got {}", cu.len()),
+            ));
+        }
+        if cu[0] != 0 {
+            return Err(Error::invalid(
+                "cu_seqlens",
+                format!("{name}[0] must be 0, got {}", cu[0]),
+            ));
+        }
+        let mut max = 0usize;
+        for (b, w) in cu.windows(2).enumerate() {
+            if w[1] < w[0] {
+                return Err(Error::invalid(
+                    "cu_seqlens",
+                    format!(
+                        "{name} must be non-decreasing: {name}[{}] = {} < {name}[{b}] = {}",
+                        b + 1,
+                        w[1],
+                        w[0]
+                    ),
+                ));
+            }
+            max = max.max((w[1] - w[0]) as usize);
+        }
+        Ok(max)
+    }
+    let max_q = check("cu_seqlens_q", cu_seqlens_q)?;
+    let max_k = check("cu_seqlens_k", cu_seqlens_k)?;
+    if cu_seqlens_q.len() != cu_seqlens_k.len() {
+        return Err(Error::invalid(
+            "cu_seqlens",
+            format!(
+                "cu_seqlens_q has {} entries but cu_seqlens_k has {} (both must be batch + 1)",
+                cu_seqlens_q.len(),
+                cu_seqlens_k.len()
+            ),
+        ));
+    }
+    Ok((max_q, max_k))
+}
+
 /// A packed variable-length batch: sequence `b` owns rows `cu_seqlens[b] .. cu_seqlens[b + 1]`
 /// of the `[total, H, D]` tensors. Built once (validated on the host, uploaded), used by many
 /// runs.
@@ -138,48 +189,7 @@ impl VarlenBatch {
     /// Validates `cu_seqlens_q/k` (same length >= 2, start at 0, non-decreasing, within i32) and
     /// uploads them. Zero-length sequences are allowed.
     pub fn new(ctx: &Context, cu_seqlens_q: &[i32], cu_seqlens_k: &[i32]) -> Result<VarlenBatch> {
-        fn check(name: &str, cu: &[i32]) -> Result<usize> {
-            if cu.len() < 2 {
-                return Err(Error::invalid(
-                    "cu_seqlens",
-                    format!("{name} must have batch + 1 >= 2 entries, got {}", cu.len()),
-                ));
-            }
-            if cu[0] != 0 {
-                return Err(Error::invalid(
-                    "cu_seqlens",
-                    format!("{name}[0] must be 0, got {}", cu[0]),
-                ));
-            }
-            let mut max = 0usize;
-            for (b, w) in cu.windows(2).enumerate() {
-                if w[1] < w[0] {
-                    return Err(Error::invalid(
-                        "cu_seqlens",
-                        format!(
-                            "{name} must be non-decreasing: {name}[{}] = {} < {name}[{b}] = {}",
-                            b + 1,
-                            w[1],
-                            w[0]
-                        ),
-                    ));
-                }
-                max = max.max((w[1] - w[0]) as usize);
-            }
-            Ok(max)
-        }
-        let max_q = check("cu_seqlens_q", cu_seqlens_q)?;
-        let max_k = check("cu_seqlens_k", cu_seqlens_k)?;
-        if cu_seqlens_q.len() != cu_seqlens_k.len() {
-            return Err(Error::invalid(
-                "cu_seqlens",
-                format!(
-                    "cu_seqlens_q has {} entries but cu_seqlens_k has {} (both must be batch + 1)",
-                    cu_seqlens_q.len(),
-                    cu_seqlens_k.len()
-                ),
-            ));
-        }
+        let (max_q, max_k) = validate_cu_seqlens(cu_seqlens_q, cu_seqlens_k)?;
         Ok(VarlenBatch {
             cu_q_host: cu_seqlens_q.to_vec(),
             cu_k_host: cu_seqlens_k.to_vec(),
@@ -277,28 +287,40 @@ impl AttentionProblem {
         layout: QkvLayout,
         varlen: Option<&VarlenBatch>,
     ) -> Result<AttentionProblem> {
+        Self::of_descs(
+            &TensorDesc::of(q),
+            &TensorDesc::of(k),
+            &TensorDesc::of(v),
+            layout,
+            varlen.map(|vb| (vb.cu_seqlens_q(), vb.cu_seqlens_k())),
+        )
+    }
+
+    /// [`AttentionProblem::of_views`] on shapes, strides and dtypes alone (no device memory):
+    /// `varlen` is `(cu_seqlens_q, cu_seqlens_k)`, checked by [`validate_cu_seqlens`].
+    pub fn of_descs(
+        q: &TensorDesc,
+        k: &TensorDesc,
+        v: &TensorDesc,
+        layout: QkvLayout,
+        varlen: Option<(&[i32], &[i32])>,
+    ) -> Result<AttentionProblem> {
         let dq = dims(q, "q", layout, varlen.is_some())?;
         let dk = dims(k, "k", layout, varlen.is_some())?;
         let dv = dims(v, "v", layout, varlen.is_some())?;
-        if q.dtype() != k.dtype() || q.dtype() != v.dtype() {
+        if q.dtype != k.dtype || q.dtype != v.dtype {
             return Err(Error::invalid(
                 "q/k/v",
                 format!(
                     "q, k and v must share a dtype, got {}, {} and {}",
-                    q.dtype(),
-                    k.dtype(),
-                    v.dtype()
+                    q.dtype, k.dtype, v.dtype
                 ),
             ));
         }
         if dk != dv {
             return Err(Error::invalid(
                 "k/v",
-                format!(
-                    "k and v must have the same shape, got {:?} and {:?}",
-                    k.shape(),
-                    v.shape()
-                ),
+                format!("k and v must have the same shape, got {:?} and {:?}", k.shape, v.shape),
             ));
         }
         if dq.0 != dk.0 || dq.3 != dk.3 {
@@ -306,28 +328,36 @@ impl AttentionProblem {
                 "q/k/v",
                 format!(
                     "q and k must agree in batch and head dim, got q {:?} and k {:?}",
-                    q.shape(),
-                    k.shape()
+                    q.shape, k.shape
                 ),
             ));
         }
         let p = match varlen {
-            Some(vb) => {
-                if dq.1 != vb.total_q() || dk.1 != vb.total_k() {
+            Some((cu_q, cu_k)) => {
+                let (max_q, max_k) = validate_cu_seqlens(cu_q, cu_k)?;
+                let (total_q, total_k) = (*cu_q.last().unwrap_or(&0) as usize, *cu_k.last().unwrap_or(&0) as usize);
+                if dq.1 != total_q || dk.1 != total_k {
                     return Err(Error::invalid(
                         "cu_seqlens",
                         format!(
-                            "varlen q has {} rows and k {} rows, but cu_seqlens end at {} and {}",
-                            dq.1,
-                            dk.1,
-                            vb.total_q(),
-                            vb.total_k()
+                            "varlen q has {} rows and k {} rows, but cu_seqlens_q ends at {total_q} and \
+                             cu_seqlens_k at {total_k} (they must end at the packed lengths)",
+                            dq.1, dk.1
                         ),
                     ));
                 }
-                AttentionProblem::varlen(vb, dq.2, dk.2, dq.3, q.dtype())
+                AttentionProblem {
+                    batch: cu_q.len() - 1,
+                    heads_q: dq.2,
+                    heads_kv: dk.2,
+                    seqlen_q: max_q,
+                    seqlen_k: max_k,
+                    head_dim: dq.3,
+                    dtype: q.dtype,
+                    varlen: Some((total_q, total_k)),
+                }
             }
-            None => AttentionProblem::padded(dq.0, dq.2, dk.2, dq.1, dk.1, dq.3, q.dtype()),
+            None => AttentionProblem::padded(dq.0, dq.2, dk.2, dq.1, dk.1, dq.3, q.dtype),
         };
         p.validate()?;
         Ok(p)
@@ -356,8 +386,8 @@ impl AttentionProblem {
                 ),
             ));
         }
-        let rows_q = self.varlen.map_or(self.batch * self.seqlen_q, |(t, _)| t);
-        let rows_k = self.varlen.map_or(self.batch * self.seqlen_k, |(_, t)| t);
+        let rows_q = self.varlen.map_or(self.batch.saturating_mul(self.seqlen_q), |(t, _)| t);
+        let rows_k = self.varlen.map_or(self.batch.saturating_mul(self.seqlen_k), |(_, t)| t);
         // Row indices (and row * heads for LSE / partials) are 32-bit in places on the device.
         let limit = i32::MAX as usize;
         if rows_q.saturating_mul(self.heads_q) > limit || rows_k.saturating_mul(self.heads_kv) > limit {
@@ -403,13 +433,42 @@ pub fn visible_pairs(nq: usize, nk: usize, left: i32, right: i32) -> u64 {
         .sum()
 }
 
+/// Shape, strides (elements) and dtype of a tensor argument: what validation needs, without
+/// device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorDesc<'a> {
+    pub shape: &'a [usize],
+    pub strides: &'a [usize],
+    pub dtype: DType,
+}
+
+impl<'a> TensorDesc<'a> {
+    /// The description of a view.
+    pub fn of(v: &'a TensorView) -> TensorDesc<'a> {
+        TensorDesc {
+            shape: v.shape(),
+            strides: v.strides(),
+            dtype: v.dtype(),
+        }
+    }
+}
+
 /// `(batch, rows, heads, head_dim)` of a Q/K/V view (batch = 1 for varlen).
-fn dims(t: &TensorView, name: &str, layout: QkvLayout, varlen: bool) -> Result<(usize, usize, usize, usize)> {
-    let s = t.shape();
+fn dims(t: &TensorDesc, name: &'static str, layout: QkvLayout, varlen: bool) -> Result<(usize, usize, usize, usize)> {
+    let s = t.shape;
     let want = if varlen { 3 } else { 4 };
+    if t.strides.len() != s.len() {
+        return Err(Error::invalid(
+            name,
+            format!(
+                "{name} has shape {s:?} but strides {:?} (one stride per dim)",
+                t.strides
+            ),
+        ));
+    }
     if s.len() != want {
         return Err(Error::invalid(
-            "cu_seqlens",
+            name,
             format!(
                 "{name} must be rank {want} ({}), got shape {s:?}",
                 if varlen {
@@ -422,12 +481,12 @@ fn dims(t: &TensorView, name: &str, layout: QkvLayout, varlen: bool) -> Result<(
             ),
         ));
     }
-    if t.strides()[want - 1] != 1 {
+    if t.strides[want - 1] != 1 {
         return Err(Error::invalid(
-            "cu_seqlens",
+            name,
             format!(
                 "{name}'s last dimension must be contiguous (stride 1), got strides {:?}",
-                t.strides()
+                t.strides
             ),
         ));
     }

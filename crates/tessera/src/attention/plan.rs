@@ -234,14 +234,19 @@ pub fn compiled_head_dim(d: usize) -> u32 {
 }
 
 /// Tiles of the Ampere kernel for a compiled head dim: `(block_m, block_n, threads, stages)`.
-/// One warp per 16 query rows (`block_m = 16 * threads / 32`). D <= 128: 128 query rows over 8
-/// warps (the O accumulator is D / 2 registers per lane, Q fragments D / 4), 128 keys per tile
-/// for D <= 64 and 64 for D <= 128; larger D: 64 x 32 tiles over 4 warps. Every choice keeps
-/// the double-buffered shared memory within 96 KiB, so it also fits sm_86 / sm_89 (99 KiB).
+/// Each warp owns `block_m / (threads / 32)` query rows (whole m16 blocks; flash_sm80.cu).
+/// - D <= 64: 128 x 128 over 8 warps, 16 rows each (O accumulator D / 2 registers per lane).
+/// - D <= 128: FlashAttention-2's 4 warps of 32 rows, so every K/V fragment feeds two row blocks
+///   (half the ldmatrix traffic per MMA); 32 keys per tile keeps the 2 x (D / 2) accumulator
+///   plus the scores within 255 registers, and 3 stages (80 KiB) hide the load latency while
+///   two CTAs share an SM.
+/// - larger D: 64 x 32 over 4 warps, 16 rows each, Q re-read from shared memory.
+///
+/// Every choice keeps the shared memory within 96 KiB, so it also fits sm_86 / sm_89 (99 KiB).
 pub fn sm80_tiles(head_dim: u32) -> (u32, u32, u32, u32) {
     match head_dim {
         0..=64 => (128, 128, 256, 2),
-        65..=128 => (128, 64, 256, 2),
+        65..=128 => (128, 32, 128, 3),
         _ => (64, 32, 128, 2),
     }
 }
@@ -273,8 +278,8 @@ impl std::fmt::Debug for AttentionPlan {
     }
 }
 
-/// Validates the options for a head dim.
-fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
+/// Validates the options for a head dim (pure: no device needed).
+pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
     if let Some(s) = o.scale {
         if !(s.is_finite() && s > 0.0) {
             return Err(Error::invalid(

@@ -3,11 +3,11 @@
 //! GQA/MQA, varlen batches with empty sequences, causal / window / none, softcap, fp16 and bf16,
 //! both layouts, strided views, forced and automatic split-KV, LSE on and off).
 //!
-//! Every case draws fresh seeded normal inputs; padding between heads holds NaN (a kernel that
-//! reads past `D` fails); the output and LSE are poisoned with NaN before the run; padding of a
-//! strided output must come back untouched; a fully masked row must be exactly 0 with LSE
-//! `-inf`. The output is judged by the dtype's rel-L2 budget (DESIGN.md), the LSE within
-//! [`LSE_ATOL`] absolute (`-inf` exactly).
+//! Every case draws fresh seeded normal inputs (Q with a larger spread, for a peaked softmax);
+//! padding between heads holds NaN (a kernel that reads past `D` fails); the output and LSE are
+//! poisoned with NaN before the run; padding of a strided output must come back untouched; a
+//! fully masked row must be exactly 0 with LSE `-inf`. The output is judged by the dtype's
+//! rel-L2 budget (DESIGN.md), the LSE within [`LSE_ATOL`] absolute (`-inf` exactly).
 //!
 //! Cases forced onto [`AttentionPath::Hopper`] on a GPU that is not `sm_90` are reported as
 //! skipped with the reason, neither passed nor failed.
@@ -23,6 +23,10 @@ use crate::error::{Error, Result};
 use crate::harness::VerifyOutcome;
 use crate::runtime::{Arch, Context, DeviceBuffer, TensorView};
 use crate::testdata::{random_matrix, Dist};
+
+/// Standard deviation of Q (K and V: 1). With the default scale the scores are then about
+/// N(0, 4): a peaked softmax whose running maximum keeps moving, so rescaling errors show.
+pub const Q_STD: f64 = 2.0;
 
 /// Largest allowed absolute LSE error.
 pub const LSE_ATOL: f64 = 1e-3;
@@ -755,14 +759,15 @@ pub struct Inputs<T> {
     pub v_at: Placement,
 }
 
-/// Draws the inputs of a case: normal values, NaN in every gap between heads.
+/// Draws the inputs of a case: normal values (Q with [`Q_STD`]), NaN in every gap between heads.
 pub fn case_inputs<T: Element>(case: &Case, seed: u64) -> Result<Inputs<T>> {
     let d = case.head_dim;
     let (cu_q, cu_k) = case.cu_seqlens();
     let (tq, tk) = (*cu_q.last().unwrap_or(&0), *cu_k.last().unwrap_or(&0));
     let (nq, nk) = (case.seqlen_q, case.seqlen_k);
-    let dist = Dist::Normal { std: 1.0 };
-    let fill = |s: u64, len: usize, pitch: usize| -> Vec<T> { random_matrix(s, len / pitch, d, pitch, dist) };
+    let fill = |s: u64, len: usize, pitch: usize, std: f64| -> Vec<T> {
+        random_matrix(s, len / pitch, d, pitch, Dist::Normal { std })
+    };
     match case.storage {
         Storage::PackedQkv => {
             if case.heads_q != case.heads_kv || cu_q != cu_k || case.layout != QkvLayout::Bnhd {
@@ -776,7 +781,13 @@ pub fn case_inputs<T: Element>(case: &Case, seed: u64) -> Result<Inputs<T>> {
             let mut at = placement(case, nq, tq, 3 * h, d);
             let heads_dim = at.shape.len() - 2;
             at.shape[heads_dim] = h;
-            let buf = fill(seed, tq * 3 * h * d, d);
+            let mut buf = fill(seed, tq * 3 * h * d, d, 1.0);
+            // Q's heads of every row scaled to Q_STD (a power of two: exact in fp16/bf16).
+            for row in buf.chunks_mut(3 * h * d) {
+                for x in &mut row[..h * d] {
+                    *x = T::from_f64(x.to_f64() * Q_STD);
+                }
+            }
             let with = |o: usize| Placement {
                 offset: o,
                 ..at.clone()
@@ -800,10 +811,20 @@ pub fn case_inputs<T: Element>(case: &Case, seed: u64) -> Result<Inputs<T>> {
             let q_at = placement(case, nq, tq, case.heads_q, pitch);
             let k_at = placement(case, nk, tk, case.heads_kv, pitch);
             Ok(Inputs {
-                q: fill(seed.wrapping_mul(3), tq * case.heads_q * pitch, pitch),
+                q: fill(seed.wrapping_mul(3), tq * case.heads_q * pitch, pitch, Q_STD),
                 kv: None,
-                k: fill(seed.wrapping_mul(3).wrapping_add(1), tk * case.heads_kv * pitch, pitch),
-                v: fill(seed.wrapping_mul(3).wrapping_add(2), tk * case.heads_kv * pitch, pitch),
+                k: fill(
+                    seed.wrapping_mul(3).wrapping_add(1),
+                    tk * case.heads_kv * pitch,
+                    pitch,
+                    1.0,
+                ),
+                v: fill(
+                    seed.wrapping_mul(3).wrapping_add(2),
+                    tk * case.heads_kv * pitch,
+                    pitch,
+                    1.0,
+                ),
                 v_at: k_at.clone(),
                 q_at,
                 k_at,
@@ -862,6 +883,23 @@ fn pick<'a, T: Element>(
         .ok_or_else(|| Error::invalid("case", "no input buffer"))
 }
 
+/// The f64 reference of a case on exactly the values of its inputs.
+pub fn reference_of<T: Element>(case: &Case, inputs: &Inputs<T>) -> RefOutput {
+    let (cu_q, cu_k) = case.cu_seqlens();
+    let (tq, tk) = (*cu_q.last().unwrap_or(&0), *cu_k.last().unwrap_or(&0));
+    let (hq, hkv, d) = (case.heads_q, case.heads_kv, case.head_dim);
+    attention_reference(
+        &RefInputs {
+            q: &gather(inputs.q_buf(), &inputs.q_at, tq, hq, d),
+            k: &gather(inputs.k_buf(), &inputs.k_at, tk, hkv, d),
+            v: &gather(inputs.v_buf(), &inputs.v_at, tk, hkv, d),
+            cu_q: &cu_q,
+            cu_k: &cu_k,
+        },
+        &ref_params(case),
+    )
+}
+
 /// A device view of `buf` starting `at.offset` elements in.
 fn view_at<'a, T: Element>(buf: &'a DeviceBuffer<T>, at: &Placement) -> Result<TensorView<'a>> {
     if at.offset == 0 {
@@ -882,10 +920,9 @@ fn view_at<'a, T: Element>(buf: &'a DeviceBuffer<T>, at: &Placement) -> Result<T
 }
 
 fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcome> {
-    let d = case.head_dim;
-    let (hq, hkv) = (case.heads_q, case.heads_kv);
+    let (hq, d) = (case.heads_q, case.head_dim);
     let (cu_q, cu_k) = case.cu_seqlens();
-    let (tq, tk) = (*cu_q.last().unwrap_or(&0), *cu_k.last().unwrap_or(&0));
+    let tq = *cu_q.last().unwrap_or(&0);
     let inputs = case_inputs::<T>(case, seed)?;
     let opts = case.options();
 
@@ -931,57 +968,13 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
     let out_host = out.to_host()?;
     let lse_host = lse.to_host()?;
 
-    let want: RefOutput = attention_reference(
-        &RefInputs {
-            q: &gather(inputs.q_buf(), &inputs.q_at, tq, hq, d),
-            k: &gather(inputs.k_buf(), &inputs.k_at, tk, hkv, d),
-            v: &gather(inputs.v_buf(), &inputs.v_at, tk, hkv, d),
-            cu_q: &cu_q,
-            cu_k: &cu_k,
-        },
-        &ref_params(case),
-    );
-    let got = gather(&out_host, &o_at, tq, hq, d);
-    let comparison: Comparison = compare(&got, &want.o, 1e-3, 1e-2);
+    let want = reference_of(case, &inputs);
+    let Judgement {
+        comparison,
+        notes,
+        lse_err,
+    } = judge(case, &o_at, out_pitch, &out_host, &lse_host, &want);
     let budget = case.dtype.rel_l2_budget();
-
-    let mut notes: Vec<String> = Vec::new();
-    // Fully masked rows: exactly zero.
-    if let Some(r) =
-        (0..tq * hq).find(|&r| want.lse[r] == f64::NEG_INFINITY && got[r * d..(r + 1) * d].iter().any(|&x| x != 0.0))
-    {
-        notes.push(format!(
-            "row {} head {} sees no key but its output is not exactly 0 (first value {})",
-            r / hq,
-            r % hq,
-            got[r * d..(r + 1) * d].iter().find(|&&x| x != 0.0).unwrap_or(&f64::NAN)
-        ));
-    }
-    // Output padding untouched (still the NaN poison).
-    if let Some(i) = (0..out_len).find(|&i| i % out_pitch >= d && !out_host[i].to_f64().is_nan()) {
-        notes.push(format!("output padding element {i} was overwritten"));
-    }
-    let mut lse_err = None;
-    if case.return_lse {
-        let lse_shape = plan.lse_shape();
-        let got_lse: Vec<f64> = (0..tq)
-            .flat_map(|r| (0..hq).map(move |h| (r, h)))
-            .map(|(r, h)| {
-                let i = if case.lengths.is_some() {
-                    h * tq + r
-                } else {
-                    let (b, n) = (r / case.seqlen_q, r % case.seqlen_q);
-                    (b * hq + h) * lse_shape[2] + n
-                };
-                lse_host[i] as f64
-            })
-            .collect();
-        let c = compare(&got_lse, &want.lse, LSE_ATOL, 0.0);
-        if c.nan_count > 0 || c.special_mismatches > 0 || c.max_abs_err > LSE_ATOL {
-            notes.push(format!("LSE (atol {LSE_ATOL:e}): {c}"));
-        }
-        lse_err = Some(c.max_abs_err);
-    }
     let passed = comparison.passes(budget) && notes.is_empty();
     Ok(VerifyOutcome {
         case: case.name(),
@@ -996,6 +989,75 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
         note: (!notes.is_empty()).then(|| notes.join("\n     ")),
         skipped: None,
     })
+}
+
+/// The verdict inputs of one run: the output's comparison with the reference, every failed
+/// check other than the metrics, and the largest LSE error (when LSE was requested).
+pub struct Judgement {
+    pub comparison: Comparison,
+    pub notes: Vec<String>,
+    pub lse_err: Option<f64>,
+}
+
+/// Index of `(global row r, head h)` in the LSE the plan writes: `[B, Hq, Nq]` for a padded
+/// batch, `[Hq, total_q]` for varlen.
+pub fn lse_index(case: &Case, total_q: usize, r: usize, h: usize) -> usize {
+    if case.lengths.is_some() {
+        h * total_q + r
+    } else {
+        let (b, n) = (r / case.seqlen_q, r % case.seqlen_q);
+        (b * case.heads_q + h) * case.seqlen_q + n
+    }
+}
+
+/// Judges the downloaded output (`out` with head pitch `out_pitch`, placed as `o_at`) and LSE
+/// against the reference: rel-L2 of the output, fully masked rows exactly 0, output padding
+/// still NaN, LSE within [`LSE_ATOL`] (-inf exactly).
+pub fn judge<T: Element>(
+    case: &Case,
+    o_at: &Placement,
+    out_pitch: usize,
+    out: &[T],
+    lse: &[f32],
+    want: &RefOutput,
+) -> Judgement {
+    let (hq, d) = (case.heads_q, case.head_dim);
+    let tq = want.lse.len() / hq.max(1);
+    let got = gather(out, o_at, tq, hq, d);
+    let comparison = compare(&got, &want.o, 1e-3, 1e-2);
+    let mut notes: Vec<String> = Vec::new();
+    // Fully masked rows: exactly zero.
+    if let Some(r) =
+        (0..tq * hq).find(|&r| want.lse[r] == f64::NEG_INFINITY && got[r * d..(r + 1) * d].iter().any(|&x| x != 0.0))
+    {
+        notes.push(format!(
+            "row {} head {} sees no key but its output is not exactly 0 (first value {})",
+            r / hq,
+            r % hq,
+            got[r * d..(r + 1) * d].iter().find(|&&x| x != 0.0).unwrap_or(&f64::NAN)
+        ));
+    }
+    // Output padding untouched (still the NaN poison).
+    if let Some(i) = (0..out.len()).find(|&i| i % out_pitch >= d && !out[i].to_f64().is_nan()) {
+        notes.push(format!("output padding element {i} was overwritten"));
+    }
+    let mut lse_err = None;
+    if case.return_lse {
+        let got_lse: Vec<f64> = (0..tq)
+            .flat_map(|r| (0..hq).map(move |h| (r, h)))
+            .map(|(r, h)| lse[lse_index(case, tq, r, h)] as f64)
+            .collect();
+        let c = compare(&got_lse, &want.lse, LSE_ATOL, 0.0);
+        if c.nan_count > 0 || c.special_mismatches > 0 || c.max_abs_err > LSE_ATOL {
+            notes.push(format!("LSE (atol {LSE_ATOL:e}): {c}"));
+        }
+        lse_err = Some(c.max_abs_err);
+    }
+    Judgement {
+        comparison,
+        notes,
+        lse_err,
+    }
 }
 
 #[cfg(test)]
@@ -1181,6 +1243,118 @@ mod tests {
             "packed-qkv",
         ] {
             assert!(n.contains(part), "{part} missing in {n}");
+        }
+    }
+
+    /// What a correct kernel would leave in memory: the reference rounded to `T` in the
+    /// output placement (padding still poisoned) and the LSE in the plan's layout.
+    fn ideal_outputs(case: &Case, want: &RefOutput, o_at: &Placement, pitch: usize) -> (Vec<f32>, Vec<f32>) {
+        let (hq, d) = (case.heads_q, case.head_dim);
+        let tq = want.lse.len() / hq;
+        let mut out = vec![f32::NAN; tq * hq * pitch];
+        let mut lse = vec![f32::NAN; tq * hq];
+        for r in 0..tq {
+            for h in 0..hq {
+                let o = o_at.at(r, h);
+                for c in 0..d {
+                    out[o + c] = want.o[(r * hq + h) * d + c] as f32;
+                }
+                lse[lse_index(case, tq, r, h)] = want.lse[r * hq + h] as f32;
+            }
+        }
+        (out, lse)
+    }
+
+    #[test]
+    fn judge_accepts_ideal_output_and_catches_faults() {
+        let mut rng = Lengths(9);
+        let lengths = rng.pairs(4, 9, 9, false);
+        for case in [
+            Case {
+                batch: 2,
+                heads_q: 4,
+                heads_kv: 2,
+                seqlen_q: 7,
+                seqlen_k: 5,
+                head_dim: 8,
+                causal: true,
+                out_padded: true,
+                ..Case::default()
+            },
+            Case {
+                batch: 2,
+                heads_q: 3,
+                heads_kv: 3,
+                seqlen_q: 6,
+                seqlen_k: 4,
+                head_dim: 16,
+                window: (1, 0),
+                layout: QkvLayout::Bhnd,
+                storage: Storage::PaddedHeads,
+                out_padded: true,
+                ..Case::default()
+            },
+            Case {
+                batch: lengths.len(),
+                lengths: Some(lengths.clone()),
+                heads_q: 2,
+                heads_kv: 1,
+                head_dim: 8,
+                causal: true,
+                ..Case::default()
+            },
+        ] {
+            let tq = *case.cu_seqlens().0.last().unwrap();
+            let (hq, d) = (case.heads_q, case.head_dim);
+            let want = reference_of(&case, &case_inputs::<f32>(&case, 5).unwrap());
+            assert!(
+                want.lse.contains(&f64::NEG_INFINITY),
+                "{}: has masked rows",
+                case.name()
+            );
+            let pitch = if case.out_padded { d + HEAD_PAD } else { d };
+            let o_at = placement(&case, case.seqlen_q, tq, hq, pitch);
+            let (out, lse) = ideal_outputs(&case, &want, &o_at, pitch);
+            let j = judge(&case, &o_at, pitch, &out, &lse, &want);
+            assert!(
+                j.comparison.passes(1e-6) && j.notes.is_empty(),
+                "{}: {:?}",
+                case.name(),
+                j.notes
+            );
+            assert!(j.lse_err.unwrap() < 1e-5);
+
+            // An unwritten element fails.
+            let mut bad = out.clone();
+            let masked_row = (0..tq * hq).find(|&r| want.lse[r] == f64::NEG_INFINITY).unwrap();
+            let live_row = (0..tq * hq).find(|&r| want.lse[r].is_finite()).unwrap();
+            bad[o_at.at(live_row / hq, live_row % hq)] = f32::NAN;
+            assert!(!judge(&case, &o_at, pitch, &bad, &lse, &want).comparison.passes(1.0));
+            // A fully masked row that is not exactly 0 fails.
+            let mut bad = out.clone();
+            bad[o_at.at(masked_row / hq, masked_row % hq)] = 1e-30;
+            let j = judge(&case, &o_at, pitch, &bad, &lse, &want);
+            assert!(j.notes.iter().any(|n| n.contains("sees no key")), "{:?}", j.notes);
+            // Written padding fails.
+            if case.out_padded {
+                let mut bad = out.clone();
+                bad[d] = 0.0;
+                let j = judge(&case, &o_at, pitch, &bad, &lse, &want);
+                assert!(j.notes.iter().any(|n| n.contains("padding")), "{:?}", j.notes);
+            }
+            // A finite LSE where the row is masked, or an LSE off by 2e-3, fails.
+            let mut bad = lse.clone();
+            bad[lse_index(&case, tq, masked_row / hq, masked_row % hq)] = -1e30;
+            assert!(!judge(&case, &o_at, pitch, &out, &bad, &want).notes.is_empty());
+            let mut bad = lse.clone();
+            bad[lse_index(&case, tq, live_row / hq, live_row % hq)] += 2e-3;
+            assert!(!judge(&case, &o_at, pitch, &out, &bad, &want).notes.is_empty());
+            // LSE not requested: not checked.
+            let no_lse = Case {
+                return_lse: false,
+                ..case.clone()
+            };
+            assert!(judge(&no_lse, &o_at, pitch, &out, &bad, &want).notes.is_empty());
         }
     }
 }
