@@ -1,5 +1,6 @@
 //! Attention tests that need NVRTC but no GPU: every forward and combine variant the dispatcher
-//! can produce compiles for every CI architecture without spills, and the device view of
+//! can produce compiles for every CI architecture without spills (and, on Hopper, without
+//! serialised wgmma instructions), and the device view of
 //! `ts::AttentionParams` has the size of its Rust mirror.
 
 use super::plan::{ci_combine_variants, ci_variants_for, PARAMS_BYTES};
@@ -58,6 +59,11 @@ fn kernels_compile_for_every_ci_arch_without_spills() {
     let mut max_regs = 0;
     for (name, arch, r) in &results {
         match r {
+            // ptxas C7520: the wgmmas of a Hopper kernel were serialised (a wait or branch inside
+            // their in-flight window); correct but far slower, so CI refuses it.
+            Ok(c) if c.log.contains("wgmma.mma_async instructions are serialized") => failures.push(format!(
+                "{name} {arch}: ptxas serialised its wgmma instructions (C7520)"
+            )),
             Ok(c) if c.resources.spill_free() && c.resources.registers <= 255 => {
                 max_regs = max_regs.max(c.resources.registers)
             }

@@ -401,28 +401,28 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
   ring.advance();
   for (int t = t1 - 2; t >= t0; --t) {
     float s[kSRegs];
+    // Every wait and every release sits outside the window in which a wgmma is in flight: a
+    // spin loop or a branch inside it makes ptxas serialise the wgmmas (C7520).
     ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
+    ts::mbar_wait(&bs.full_v[prev_slot], prev_phase);
     ts::named_barrier_sync(my_turn, 256);
     ts::wgmma_fence_acc(s);
     ts::wgmma_fence_acc(o);
     ts::wgmma_fence();
     issue_qk(s, q_base, smem_base + Smem::k + ring.slot * kKVBytes);
     ts::wgmma_commit();
-    ts::mbar_wait(&bs.full_v[prev_slot], prev_phase);
     issue_pv(o, pa, smem_base + Smem::v + prev_slot * kKVBytes);
     ts::wgmma_commit();
     ts::named_barrier_arrive(other_turn, 256);
     ts::wgmma_wait<1>();  // S(t) done; P V of the previous tile may still run
     ts::wgmma_fence_acc(s);
-    if (warp_leader) {
-      ts::mbar_arrive(&bs.empty_k[ring.slot]);
-      if (t == t0) ts::mbar_arrive(bs.empty_q);
-    }
     float factor[2];
     softmax_tile(p, s, st, tm, t, factor);
     ts::wgmma_wait<0>();
     ts::wgmma_fence_acc(o);
-    if (warp_leader) ts::mbar_arrive(&bs.empty_v[prev_slot]);
+    ts::mbar_arrive_if(&bs.empty_k[ring.slot], warp_leader);
+    ts::mbar_arrive_if(bs.empty_q, warp_leader && t == t0);
+    ts::mbar_arrive_if(&bs.empty_v[prev_slot], warp_leader);
     rescale_o(o, factor);
     pack_p(s, pa);
     prev_slot = ring.slot;

@@ -1,7 +1,7 @@
 // mbarrier.cuh: shared-memory transaction barriers (mbarrier, sm_90+) for producer/consumer
 // pipelines fed by the copy engine (TMA).
 //
-// Defines: ts::smem_addr, ts::mbar_init, ts::mbar_init_fence, ts::mbar_arrive,
+// Defines: ts::mbar_init, ts::mbar_init_fence, ts::mbar_arrive, ts::mbar_arrive_if,
 //          ts::mbar_arrive_expect_tx, ts::mbar_wait, ts::fence_proxy_async,
 //          ts::named_barrier_sync / named_barrier_arrive.
 //
@@ -15,15 +15,13 @@
 // block synchronises (__syncthreads) before anyone waits or a copy signals the barrier.
 #pragma once
 
+#include "tessera/async_copy.cuh"  // ts::smem_addr
 #include "tessera/common.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define TS_HAS_MBARRIER 1
 
 namespace ts {
-
-/// The 32-bit shared-window address of a shared-memory pointer (what PTX `.shared` operands take).
-TS_DEVICE uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 /// Initialises the barrier at `bar` to expect `count` arrivals per phase.
 TS_DEVICE void mbar_init(uint64_t* bar, uint32_t count) {
@@ -37,6 +35,17 @@ TS_DEVICE void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.clu
 /// before the phase completes).
 TS_DEVICE void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+/// One arrival when `pred` is true, as a predicated instruction rather than a branch (a branch
+/// around an arrive between a wgmma and its wait makes ptxas serialise the wgmma, C7520).
+TS_DEVICE void mbar_arrive_if(uint64_t* bar, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %1, 0;\n"
+      "@p mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n}\n" ::"r"(smem_addr(bar)),
+      "r"((int)pred)
+      : "memory");
 }
 
 /// One arrival that also announces `bytes` of copies that will complete on this barrier.
