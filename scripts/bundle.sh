@@ -24,6 +24,9 @@
 # --strip removes the debug info from the binary (~40 -> ~5 MiB; no line numbers in backtraces);
 # it is also done automatically when the total would exceed the limit.
 #
+# TESSERA_BUNDLE_OPS="attention" pre-compiles only those operators' kernels (the cache of every
+# operator can exceed the size limit); default: every operator.
+#
 # The repo tree plus .bundle/ must stay under 60 MiB: the total is printed and checked.
 # On the GPU machine: scripts/device-run.sh "$OUT" softmax
 set -euo pipefail
@@ -95,7 +98,8 @@ echo "$commit" >"$B/COMMIT"
 rm -rf "${B:?}/cache" # entries of older kernel sources would only take space
 if eval "$(bash scripts/setup-cuda-tools.sh)"; then
     export TESSERA_NVRTC
-    TESSERA_CACHE_DIR="$B/cache" "$B/bin/tessera" compile --arch sm_90a ||
+    # shellcheck disable=SC2086 # TESSERA_BUNDLE_OPS is a word list on purpose
+    TESSERA_CACHE_DIR="$B/cache" "$B/bin/tessera" compile ${TESSERA_BUNDLE_OPS:-} --arch sm_90a ||
         echo "bundle: warning: some kernels failed to compile or spilled (see above)" >&2
 else
     echo "bundle: NVRTC setup failed: kernels will be compiled on the GPU machine" >&2
