@@ -300,9 +300,9 @@ TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], Ro
     float mx = ts::kNegInf;
 #pragma unroll
     for (int i = 0; i < kSRegs; ++i)
-      if ((i % 4) / 2 == r) mx = fmaxf(mx, s[i]);
+      if ((i % 4) / 2 == r) mx = ts::max_nan(mx, s[i]);  // NaN scores propagate
     mx = ts::warp_allreduce_max<4>(mx);
-    const float m_new = fmaxf(st.m[r], mx * scale);
+    const float m_new = ts::max_nan(st.m[r], mx * scale);
     factor[r] = ts::exp2_shifted(st.m[r], ts::softmax_shift(m_new));
     st.m[r] = m_new;
     st.l[r] *= factor[r];

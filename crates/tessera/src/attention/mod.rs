@@ -117,6 +117,16 @@ impl AttentionOptions {
     pub fn is_masked(&self) -> bool {
         self.effective_window() != (-1, -1)
     }
+    /// The effective window for sequences of at most `max_q` queries and `max_k` keys: a side
+    /// that cannot mask anything there (`left >= max_k`, `right >= max_q`) becomes unbounded
+    /// (-1). Exact under the bottom-right rule, and keeps the kernels' 32-bit mask arithmetic
+    /// (`i + Nk - Nq + right + 1`) far from overflow for windows near `i32::MAX`.
+    pub fn window_for(&self, max_q: usize, max_k: usize) -> (i32, i32) {
+        let (l, r) = self.effective_window();
+        let l = if l >= 0 && l as usize >= max_k { -1 } else { l };
+        let r = if r >= 0 && r as usize >= max_q { -1 } else { r };
+        (l, r)
+    }
     /// The effective softmax scale for head dimension `d`.
     pub fn effective_scale(&self, d: usize) -> f32 {
         self.scale.unwrap_or(1.0 / (d as f32).sqrt())
@@ -389,7 +399,7 @@ impl AttentionProblem {
         let rows_q = self.varlen.map_or(self.batch.saturating_mul(self.seqlen_q), |(t, _)| t);
         let rows_k = self.varlen.map_or(self.batch.saturating_mul(self.seqlen_k), |(_, t)| t);
         // Row indices (and row * heads for LSE / partials) are 32-bit in places on the device.
-        let limit = i32::MAX as usize;
+        let limit = i32::MAX as usize - 1024; // headroom for tile-end arithmetic (n0 + kBlockN)
         if rows_q.saturating_mul(self.heads_q) > limit || rows_k.saturating_mul(self.heads_kv) > limit {
             return Err(Error::Unsupported(format!(
                 "attention with {rows_q} query rows x {} heads (or {rows_k} key rows x {} heads) exceeds \

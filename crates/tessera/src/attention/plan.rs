@@ -28,6 +28,9 @@ const SM80_SOURCE: &str = include_str!("flash_sm80.cu");
 const COMBINE_SOURCE: &str = include_str!("combine.cu");
 const SM90_SOURCE: &str = include_str!("flash_sm90.cu");
 
+/// Largest grid y (query tiles per sequence on the Ampere path).
+const MAX_GRID_Y: usize = 65535;
+
 /// Most KV splits a plan uses.
 pub const MAX_SPLITS: usize = 64;
 
@@ -346,15 +349,51 @@ impl AttentionPlan {
             }
         };
         let q_tiles = problem.seqlen_q.div_ceil(block_m as usize).max(1);
+        if path != AttentionPath::Hopper && q_tiles > MAX_GRID_Y {
+            // The Ampere grid puts query tiles on y (at most 65535 blocks).
+            return Err(Error::Unsupported(format!(
+                "{} queries per sequence need {q_tiles} query tiles of {block_m} on the {} path, more \
+                 than its {MAX_GRID_Y}; split the sequence",
+                problem.seqlen_q,
+                path.name()
+            )));
+        }
         let k_tiles = problem.seqlen_k.div_ceil(block_n as usize);
         let splits = match options.num_splits {
             Some(s) => s.min(k_tiles.max(1)),
             None => choose_splits(
-                problem.batch * problem.heads_q * q_tiles,
+                problem.batch.saturating_mul(problem.heads_q).saturating_mul(q_tiles),
                 ctx.info().sm_count as usize,
                 k_tiles,
             ),
         };
+        // Work items (Hopper's persistent loop) and B * Hq (Ampere grid x) are 32-bit on the
+        // device, with room for one more grid stride.
+        let work = q_tiles
+            .checked_mul(splits)
+            .and_then(|w| w.checked_mul(problem.batch))
+            .and_then(|w| w.checked_mul(problem.heads_q));
+        let limit = i32::MAX as usize - 4096;
+        if work.is_none_or(|w| w > limit) {
+            return Err(Error::Unsupported(format!(
+                "attention over {} sequences x {} heads x {q_tiles} query tiles x {splits} splits exceeds the \
+                 32-bit work-item range ({limit}); run fewer sequences per call",
+                problem.batch, problem.heads_q
+            )));
+        }
+        if options.softcap > 0.0 {
+            let q = options.effective_scale(problem.head_dim) / options.softcap;
+            if !(q.is_finite() && q > 0.0) {
+                return Err(Error::invalid(
+                    "softcap",
+                    format!(
+                        "scale / softcap must be a finite positive f32, got {} / {}",
+                        options.effective_scale(problem.head_dim),
+                        options.softcap
+                    ),
+                ));
+            }
+        }
         let variant = Variant {
             path,
             dtype: problem.dtype,
@@ -363,7 +402,7 @@ impl AttentionPlan {
             block_n,
             threads,
             stages,
-            masked: options.is_masked(),
+            masked: options.window_for(problem.seqlen_q, problem.seqlen_k) != (-1, -1),
             softcap: options.softcap > 0.0,
             split: splits > 1,
         };
@@ -530,7 +569,7 @@ impl AttentionPlan {
         let (cu_q, cu_k) = varlen.map_or((0, 0), |vb| vb.device_ptrs());
         let d = self.problem.head_dim;
         let scale = self.options.effective_scale(d);
-        let (left, right) = self.options.effective_window();
+        let (left, right) = self.options.window_for(self.problem.seqlen_q, self.problem.seqlen_k);
         let rows = partial_rows(&self.problem);
         let (o_partial, lse_partial) = match &self.workspace {
             Some(w) => {

@@ -209,9 +209,36 @@ fn index_overflow_is_unsupported() {
     // Saturates rather than wrapping.
     let e = err_text(AttentionProblem::padded(usize::MAX, 1, 1, usize::MAX, 1, 64, DType::F16).validate());
     assert!(e.contains("32-bit"), "{e}");
-    AttentionProblem::padded(1, 1 << 8, 1 << 8, (1 << 23) - 1, 16, 64, DType::F16)
+    AttentionProblem::padded(1, 1 << 8, 1 << 8, (1 << 23) - 8, 16, 64, DType::F16)
         .validate()
         .unwrap();
+}
+
+#[test]
+fn windows_that_cannot_mask_become_unbounded() {
+    let o = |window, causal| AttentionOptions {
+        window,
+        causal,
+        ..Default::default()
+    };
+    // left >= max keys and right >= max queries mask nothing under the bottom-right rule.
+    assert_eq!(o((-1, i32::MAX), false).window_for(1000, 255), (-1, -1));
+    assert_eq!(o((i32::MAX, -1), false).window_for(1000, 255), (-1, -1));
+    assert_eq!(o((255, 1000), false).window_for(1000, 255), (-1, -1));
+    // One below the bound still masks, and causal keeps right = 0.
+    assert_eq!(o((254, 999), false).window_for(1000, 255), (254, 999));
+    assert_eq!(o((i32::MAX, 5), true).window_for(10, 10), (-1, 0));
+    // The rule is exact: same visible pairs as the original window on every length pair.
+    for (nq, nk) in [(1usize, 1usize), (7, 3), (3, 7), (16, 16)] {
+        for (l, r) in [(0, 0), (2, 1), (6, 6), (7, 7), (100, 100), (i32::MAX, i32::MAX)] {
+            let (l2, r2) = o((l, r), false).window_for(nq, nk);
+            assert_eq!(
+                visible_pairs(nq, nk, l, r),
+                visible_pairs(nq, nk, l2, r2),
+                "{nq}x{nk} ({l},{r})"
+            );
+        }
+    }
 }
 
 #[test]
