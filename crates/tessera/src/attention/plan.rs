@@ -778,12 +778,16 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
     if arch.major < 8 {
         return out;
     }
+    // Every (masked, softcap, split) combination the plan can produce.
     let flags = [
         (false, false, false),
         (true, false, false),
         (false, true, false),
-        (true, true, true),
+        (true, true, false),
         (false, false, true),
+        (true, false, true),
+        (false, true, true),
+        (true, true, true),
     ];
     let mut push = |path, dtype, head_dim, (block_m, block_n, threads, stages)| {
         for (masked, softcap, split) in flags {

@@ -586,6 +586,28 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
         ));
     }
 
+    // Softcap with a mask and no split (a distinct compiled variant: the cases above let the
+    // plan split these small problems), and softcap with splits but no mask.
+    for (i, (causal, window, splits)) in [(true, (-1, -1), 1), (false, (100, 3), 1), (false, (-1, -1), 3)]
+        .into_iter()
+        .enumerate()
+    {
+        v.push((
+            Case {
+                dtype: DTYPES[i % 2],
+                seqlen_q: 300,
+                seqlen_k: 700,
+                head_dim: 128,
+                softcap: 20.0,
+                causal,
+                window,
+                num_splits: Some(splits),
+                ..base.clone()
+            },
+            false,
+        ));
+    }
+
     // Layouts and strided views.
     for (i, (layout, storage, out_padded, n, causal)) in [
         (QkvLayout::Bhnd, Storage::Contiguous, false, 1000, true),
