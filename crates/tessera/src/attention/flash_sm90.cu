@@ -331,6 +331,41 @@ TS_DEVICE void pack_p(const float (&s)[kSRegs], uint32_t (&pa)[kPSteps][4]) {
   }
 }
 
+/// S = Q K(t)^T in this consumer's turn, waited for; then the K slot (and after the last tile
+/// the Q tile) is released and the online softmax turns S into P, with `factor` the rescale of O.
+TS_DEVICE void score_tile(const ts::AttentionParams& p, const Barriers& bs, const Ring& ring, RowState& st,
+                          const TileMask& tm, int t, int t0, float (&s)[kSRegs], float (&factor)[2],
+                          uint32_t q_base, uint32_t smem_base, uint32_t my_turn, uint32_t other_turn,
+                          bool warp_leader) {
+  ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
+  ts::named_barrier_sync(my_turn, 256);
+  ts::wgmma_fence_acc(s);
+  ts::wgmma_fence();
+  issue_qk(s, q_base, smem_base + Smem::k + ring.slot * kKVBytes);
+  ts::wgmma_commit();
+  ts::named_barrier_arrive(other_turn, 256);
+  ts::wgmma_wait<0>();
+  ts::wgmma_fence_acc(s);
+  if (warp_leader) {
+    ts::mbar_arrive(&bs.empty_k[ring.slot]);
+    if (t == t0) ts::mbar_arrive(bs.empty_q);
+  }
+  softmax_tile(p, s, st, tm, t, factor);
+}
+
+/// O += P V of ring slot `slot`, waited for; then the V slot is released.
+TS_DEVICE void accumulate_pv(const Barriers& bs, int slot, uint32_t phase, float (&o)[kORegs],
+                             const uint32_t (&pa)[kPSteps][4], uint32_t smem_base, bool warp_leader) {
+  ts::mbar_wait(&bs.full_v[slot], phase);
+  ts::wgmma_fence_acc(o);
+  ts::wgmma_fence();
+  issue_pv(o, pa, smem_base + Smem::v + slot * kKVBytes);
+  ts::wgmma_commit();
+  ts::wgmma_wait<0>();
+  ts::wgmma_fence_acc(o);
+  if (warp_leader) ts::mbar_arrive(&bs.empty_v[slot]);
+}
+
 /// One key tile at a time: S = Q K^T, softmax, O += P V, each GEMM waited for before the next
 /// step. The consumers take turns issuing S.
 TS_DEVICE void mainloop_simple(const ts::AttentionParams& p, const Barriers& bs, Ring& ring, RowState& st,
@@ -338,32 +373,12 @@ TS_DEVICE void mainloop_simple(const ts::AttentionParams& p, const Barriers& bs,
                                uint32_t smem_base, uint32_t my_turn, uint32_t other_turn, bool warp_leader) {
   for (int t = t1 - 1; t >= t0; --t) {
     float s[kSRegs];
-    ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
-    ts::named_barrier_sync(my_turn, 256);
-    ts::wgmma_fence_acc(s);
-    ts::wgmma_fence();
-    issue_qk(s, q_base, smem_base + Smem::k + ring.slot * kKVBytes);
-    ts::wgmma_commit();
-    ts::named_barrier_arrive(other_turn, 256);
-    ts::wgmma_wait<0>();
-    ts::wgmma_fence_acc(s);
-    if (warp_leader) {
-      ts::mbar_arrive(&bs.empty_k[ring.slot]);
-      if (t == t0) ts::mbar_arrive(bs.empty_q);
-    }
     float factor[2];
-    softmax_tile(p, s, st, tm, t, factor);
+    score_tile(p, bs, ring, st, tm, t, t0, s, factor, q_base, smem_base, my_turn, other_turn, warp_leader);
     rescale_o(o, factor);
     uint32_t pa[kPSteps][4];
     pack_p(s, pa);
-    ts::mbar_wait(&bs.full_v[ring.slot], ring.phase);
-    ts::wgmma_fence_acc(o);
-    ts::wgmma_fence();
-    issue_pv(o, pa, smem_base + Smem::v + ring.slot * kKVBytes);
-    ts::wgmma_commit();
-    ts::wgmma_wait<0>();
-    ts::wgmma_fence_acc(o);
-    if (warp_leader) ts::mbar_arrive(&bs.empty_v[ring.slot]);
+    accumulate_pv(bs, ring.slot, ring.phase, o, pa, smem_base, warp_leader);
     ring.advance();
   }
 }
@@ -376,24 +391,10 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
                                    uint32_t smem_base, uint32_t my_turn, uint32_t other_turn, bool warp_leader) {
   uint32_t pa[kPSteps][4];
   {
-    // First tile: S only.
-    const int t = t1 - 1;
+    // First tile: S only (o is still 0: no rescale).
     float s[kSRegs];
-    ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
-    ts::named_barrier_sync(my_turn, 256);
-    ts::wgmma_fence_acc(s);
-    ts::wgmma_fence();
-    issue_qk(s, q_base, smem_base + Smem::k + ring.slot * kKVBytes);
-    ts::wgmma_commit();
-    ts::named_barrier_arrive(other_turn, 256);
-    ts::wgmma_wait<0>();
-    ts::wgmma_fence_acc(s);
-    if (warp_leader) {
-      ts::mbar_arrive(&bs.empty_k[ring.slot]);
-      if (t == t0) ts::mbar_arrive(bs.empty_q);
-    }
     float factor[2];
-    softmax_tile(p, s, st, tm, t, factor);  // o is still 0: no rescale
+    score_tile(p, bs, ring, st, tm, t1 - 1, t0, s, factor, q_base, smem_base, my_turn, other_turn, warp_leader);
     pack_p(s, pa);
   }
   int prev_slot = ring.slot;
@@ -429,15 +430,7 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
     prev_phase = ring.phase;
     ring.advance();
   }
-  // Last P V.
-  ts::mbar_wait(&bs.full_v[prev_slot], prev_phase);
-  ts::wgmma_fence_acc(o);
-  ts::wgmma_fence();
-  issue_pv(o, pa, smem_base + Smem::v + prev_slot * kKVBytes);
-  ts::wgmma_commit();
-  ts::wgmma_wait<0>();
-  ts::wgmma_fence_acc(o);
-  if (warp_leader) ts::mbar_arrive(&bs.empty_v[prev_slot]);
+  accumulate_pv(bs, prev_slot, prev_phase, o, pa, smem_base, warp_leader);  // the last P V
 }
 
 TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, int wg) {
