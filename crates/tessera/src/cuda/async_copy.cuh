@@ -34,6 +34,12 @@ TS_DEVICE void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
                : "memory");
 }
 
+/// Starts an 8-byte copy from global `src` to the shared address `dst` (both 8-byte aligned;
+/// `.ca`: cached in L1, for small reused data such as per-page scales).
+TS_DEVICE void cp_async_8(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+}
+
 /// Closes the current group of asynchronous copies.
 TS_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 

@@ -42,6 +42,10 @@ pub const DEVICE_HEADERS: &[(&str, &str)] = &[
         "tessera/attention_params.cuh",
         include_str!("../attention/attention_params.cuh"),
     ),
+    (
+        "tessera/kvcache_params.cuh",
+        include_str!("../kvcache/kvcache_params.cuh"),
+    ),
 ];
 
 /// A GPU architecture to compile for, e.g. `sm_90a`.

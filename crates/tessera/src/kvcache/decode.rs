@@ -1,0 +1,777 @@
+//! Paged GQA decode with split-KV: [`DecodePlan`] (plan once per batch composition, run once per
+//! layer), the kernel variants and the chunk planner.
+//!
+//! `O[b, i, h] = softmax_j(Q[b, i, h] . K[b, j, h / g] * scale) V[b, j, h / g]` for `q_len`
+//! query tokens per sequence (1 for plain decode, up to 8 for speculative decoding; token `i`
+//! sits at position `len - q_len + i` and sees the keys up to it), reading K/V in place from the
+//! pages of each sequence's block table. Queries and outputs are `[B, q_len, Hq, D]` fp16/bf16;
+//! the optional LSE (natural log, f32) is `[B, q_len, Hq]`. A sequence of length 0 gives zeros
+//! (LSE `-inf`).
+//!
+//! Work: one CTA per (KV head, work item = (sequence, key chunk), row group of up to 16 or 32
+//! query rows), serving every query head of that KV head (paged_decode.cu). Sequences cut into
+//! several chunks are merged by decode_combine.cu with the online-softmax rule.
+
+use std::sync::Arc;
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::runtime::jit::KernelSpec;
+use crate::runtime::launch::{Kernel, KernelParams, LaunchConfig};
+use crate::runtime::{Context, DeviceBuffer, TensorView, TensorViewMut};
+
+use super::{KvCacheConfig, PagedBatch, PagedKvCache, PagedTables};
+
+const DECODE_SOURCE: &str = include_str!("paged_decode.cu");
+const COMBINE_SOURCE: &str = include_str!("decode_combine.cu");
+
+/// Most query tokens per sequence (speculative decoding).
+pub const MAX_Q_LEN: usize = 8;
+/// Smallest key chunk the planner cuts a sequence into (shorter chunks cost more in partials
+/// and merging than they gain in parallelism).
+pub const MIN_CHUNK_TOKENS: usize = 256;
+/// Most work items (grid.y).
+pub const MAX_ITEMS: usize = 65535;
+
+/// Kernel shape knobs (tile keys per warp, pipeline stages, warps per CTA). The defaults come
+/// from the H200 measurements in bench/NOTES.md.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeTuning {
+    /// Warps per CTA: 4 or 8.
+    pub warps: u32,
+    /// Keys per warp tile: 16, 32, 48 or 64 (a multiple of the page size when smaller).
+    pub tile_keys: u32,
+    /// cp.async stages per warp: 2..=8.
+    pub stages: u32,
+}
+
+impl Default for DecodeTuning {
+    fn default() -> Self {
+        DecodeTuning {
+            warps: 4,
+            tile_keys: 16,
+            stages: 4,
+        }
+    }
+}
+
+impl DecodeTuning {
+    /// `TESSERA_DECODE_TUNING=warps,tile_keys,stages` overrides the default (benchmark sweeps).
+    pub fn from_env() -> Option<DecodeTuning> {
+        let s = std::env::var("TESSERA_DECODE_TUNING").ok()?;
+        let v: Vec<u32> = s.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+        (v.len() == 3).then(|| DecodeTuning {
+            warps: v[0],
+            tile_keys: v[1],
+            stages: v[2],
+        })
+    }
+    fn validate(&self) -> Result<()> {
+        if !matches!(self.warps, 4 | 8) || !matches!(self.tile_keys, 16 | 32 | 48 | 64) || !(2..=8).contains(&self.stages)
+        {
+            return Err(Error::invalid(
+                "tuning",
+                format!("{self:?}: warps 4 or 8, tile_keys 16/32/48/64, stages 2..=8"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Options of a decode plan. Defaults: one query token, `scale = 1/sqrt(D)`, fp16 queries for an
+/// fp8 cache, automatic chunking, default tuning.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecodeOptions {
+    /// Query tokens per sequence, 1..=8. Default 1.
+    pub q_len: usize,
+    /// Softmax scale; `None` = `1/sqrt(D)`. Finite and > 0.
+    pub scale: Option<f32>,
+    /// Query/output dtype for an fp8 cache (F16 or BF16; default F16). fp16/bf16 caches use
+    /// their own dtype.
+    pub query_dtype: Option<DType>,
+    /// Key chunk per work item (a multiple of 64); `None` lets the planner choose from the
+    /// lengths, Hkv and the SM count; `Some(usize::MAX)` disables split-KV.
+    pub chunk_tokens: Option<usize>,
+    /// Kernel shape; `None` = default (or `TESSERA_DECODE_TUNING`).
+    pub tuning: Option<DecodeTuning>,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        DecodeOptions {
+            q_len: 1,
+            scale: None,
+            query_dtype: None,
+            chunk_tokens: None,
+            tuning: None,
+        }
+    }
+}
+
+/// Compile-time specialisation of the decode kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeVariant {
+    /// Query / output dtype (fp16 or bf16).
+    pub dtype: DType,
+    /// Cache dtype (the query dtype or fp8 e4m3).
+    pub cache: DType,
+    pub head_dim: u32,
+    pub page_size: u32,
+    /// m16 row blocks per CTA (1 or 2).
+    pub m_blocks: u32,
+    pub tuning: DecodeTuning,
+}
+
+impl DecodeVariant {
+    pub fn spec(&self) -> KernelSpec {
+        let t = self.tuning;
+        KernelSpec {
+            name: format!(
+                "paged_decode_{}_{}_d{}_p{}_m{}_w{}_k{}_s{}",
+                self.dtype, self.cache, self.head_dim, self.page_size, self.m_blocks, t.warps, t.tile_keys, t.stages
+            ),
+            file: "paged_decode.cu",
+            source: DECODE_SOURCE,
+            preamble: format!(
+                "#include \"tessera/dtype.cuh\"\nusing Elem = {};\nusing Cache = {};\n\
+                 constexpr int kHeadDim = {};\nconstexpr int kPageSize = {};\nconstexpr int kMBlocks = {};\n\
+                 constexpr int kWarps = {};\nconstexpr int kTileKeys = {};\nconstexpr int kStages = {};\n\
+                 constexpr bool kFp8 = {};\n#define TS_GENERATED_PREAMBLE 1\n",
+                self.dtype.cuda_type(),
+                self.cache.cuda_type(),
+                self.head_dim,
+                self.page_size,
+                self.m_blocks,
+                t.warps,
+                t.tile_keys,
+                t.stages,
+                self.cache == DType::F8E4M3,
+            ),
+            entry: "paged_decode",
+        }
+    }
+
+    /// Threads per CTA.
+    pub fn threads(&self) -> u32 {
+        self.tuning.warps * 32
+    }
+
+    /// Dynamic shared memory (paged_decode.cu): the Q tile, then per warp the pipeline stages
+    /// (K and V tiles, fp8 scales) and fp8 staging tiles; the warp merge reuses that area.
+    pub fn shared_bytes(&self) -> u32 {
+        let t = self.tuning;
+        let rows = 16 * self.m_blocks;
+        let d = self.head_dim;
+        let fp8 = self.cache == DType::F8E4M3;
+        let tile_pages = if self.page_size < t.tile_keys { t.tile_keys / self.page_size } else { 1 };
+        let cache_tile = t.tile_keys * d * self.cache.size() as u32;
+        let elem_tile = t.tile_keys * d * 2;
+        let stage = 2 * cache_tile + if fp8 { 16 * tile_pages } else { 0 };
+        let warp = t.stages * stage + if fp8 { 2 * elem_tile } else { 0 };
+        let pipeline = t.warps * warp;
+        let merge = t.warps * rows * (d + 4) * 4 + t.warps * rows * 8;
+        rows * d * 2 + pipeline.max(merge)
+    }
+}
+
+/// The combine kernel of a decode plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeCombineVariant {
+    pub dtype: DType,
+    pub head_dim: u32,
+}
+
+impl DecodeCombineVariant {
+    pub const THREADS: u32 = 128;
+    pub fn spec(&self) -> KernelSpec {
+        KernelSpec {
+            name: format!("decode_combine_{}_d{}", self.dtype, self.head_dim),
+            file: "decode_combine.cu",
+            source: COMBINE_SOURCE,
+            preamble: format!(
+                "#include \"tessera/dtype.cuh\"\nusing Elem = {};\nconstexpr int kHeadDim = {};\n\
+                 constexpr int kThreads = {};\n#define TS_GENERATED_PREAMBLE 1\n",
+                self.dtype.cuda_type(),
+                self.head_dim,
+                Self::THREADS
+            ),
+            entry: "decode_combine",
+        }
+    }
+}
+
+/// `ts::DecodeParams` (kvcache_params.cuh), field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DecodeParams {
+    pub q: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub cache: u64,
+    pub scales: u64,
+    pub tables: PagedTables,
+    pub item_seq: u64,
+    pub item_indptr: u64,
+    pub o_partial: u64,
+    pub lse_partial: u64,
+    pub q_stride_b: i64,
+    pub q_stride_n: i64,
+    pub q_stride_h: i64,
+    pub o_stride_b: i64,
+    pub o_stride_n: i64,
+    pub o_stride_h: i64,
+    pub batch: i32,
+    pub heads_q: i32,
+    pub heads_kv: i32,
+    pub group: i32,
+    pub q_len: i32,
+    pub rows: i32,
+    pub chunk_tokens: i32,
+    pub num_items: i32,
+    pub scale_log2: f32,
+    pub pad_: i32,
+}
+
+// SAFETY: plain data matching the C layout of ts::DecodeParams (size checked by a compile test).
+unsafe impl KernelParams for DecodeParams {}
+
+/// The work list of a batch: which (sequence, chunk) each grid row serves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkList {
+    /// Key chunk per item (a multiple of the kernel's warps x tile keys).
+    pub chunk_tokens: usize,
+    /// `item_seq[x]`: the sequence of item x, longest chunks first.
+    pub item_seq: Vec<i32>,
+    /// `item_chunk[x]`: its chunk index within the sequence.
+    pub item_chunk: Vec<i32>,
+    /// `item_indptr[b] .. item_indptr[b + 1]`: the partial slots of sequence b.
+    pub item_indptr: Vec<i32>,
+}
+
+impl WorkList {
+    /// Items of sequence lengths `lens` cut into chunks of `chunk` tokens (a length-0 sequence
+    /// still gets one item, which writes its zeros), ordered longest first.
+    pub fn new(lens: &[usize], chunk: usize) -> WorkList {
+        let mut items: Vec<(usize, i32, i32)> = Vec::new(); // (tokens, seq, chunk)
+        let mut indptr = Vec::with_capacity(lens.len() + 1);
+        indptr.push(0i32);
+        for (b, &len) in lens.iter().enumerate() {
+            let n = len.div_ceil(chunk).max(1);
+            for k in 0..n {
+                items.push((len.min((k + 1) * chunk) - (k * chunk).min(len), b as i32, k as i32));
+            }
+            indptr.push(indptr[b] + n as i32);
+        }
+        items.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        WorkList {
+            chunk_tokens: chunk,
+            item_seq: items.iter().map(|i| i.1).collect(),
+            item_chunk: items.iter().map(|i| i.2).collect(),
+            item_indptr: indptr,
+        }
+    }
+    pub fn num_items(&self) -> usize {
+        self.item_seq.len()
+    }
+    /// True when some sequence has more than one chunk (the combine kernel runs).
+    pub fn splits(&self) -> bool {
+        self.item_indptr.windows(2).any(|w| w[1] - w[0] > 1)
+    }
+}
+
+/// Estimated run time (in token units) of the work list on `slots` concurrent CTAs: list
+/// scheduling of the items (longest first, `ctas_per_item` CTAs each) where an item costs its
+/// tokens plus a fixed `ITEM_OVERHEAD`, plus `COMBINE_COST` when a combine kernel runs.
+pub fn estimate_cost(lens: &[usize], chunk: usize, ctas_per_item: usize, slots: usize) -> f64 {
+    const ITEM_OVERHEAD: f64 = 128.0;
+    const COMBINE_COST: f64 = 200.0;
+    let w = WorkList::new(lens, chunk);
+    let mut finish = std::collections::BinaryHeap::new(); // min-heap of slot finish times
+    for _ in 0..slots.max(1) {
+        finish.push(std::cmp::Reverse(0u64));
+    }
+    for (x, &s) in w.item_seq.iter().enumerate() {
+        let k = w.item_chunk[x] as usize;
+        let len = lens[s as usize];
+        let tokens = len.min((k + 1) * chunk) - (k * chunk).min(len);
+        let cost = tokens as u64 + ITEM_OVERHEAD as u64;
+        for _ in 0..ctas_per_item {
+            let std::cmp::Reverse(t) = finish.pop().unwrap_or(std::cmp::Reverse(0));
+            finish.push(std::cmp::Reverse(t + cost));
+        }
+    }
+    let makespan = finish.into_iter().map(|r| r.0).max().unwrap_or(0) as f64;
+    makespan + if w.splits() { COMBINE_COST } else { 0.0 }
+}
+
+/// Chooses the key chunk for a batch: among cutting the longest sequence into 1, 2, 3, 4, 6, 8,
+/// ... 64 chunks (multiples of `quantum`, at least MIN_CHUNK_TOKENS), the one with the lowest
+/// [`estimate_cost`]; candidates with more than 16 waves of CTAs are not considered.
+pub fn choose_chunk(lens: &[usize], quantum: usize, ctas_per_item: usize, slots: usize) -> usize {
+    let max_len = lens.iter().copied().max().unwrap_or(0).max(1);
+    let whole = max_len.div_ceil(quantum) * quantum;
+    let mut best = (estimate_cost(lens, whole, ctas_per_item, slots), whole);
+    for k in [2usize, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64] {
+        let chunk = (max_len.div_ceil(k).div_ceil(quantum) * quantum).max(MIN_CHUNK_TOKENS.div_ceil(quantum) * quantum);
+        if chunk >= best.1 {
+            continue;
+        }
+        let items: usize = lens.iter().map(|&l| l.div_ceil(chunk).max(1)).sum();
+        if items > MAX_ITEMS || items * ctas_per_item > 16 * slots {
+            break;
+        }
+        let cost = estimate_cost(lens, chunk, ctas_per_item, slots);
+        if cost < best.0 {
+            best = (cost, chunk);
+        }
+    }
+    best.1
+}
+
+/// A decode plan: kernels, work list and workspace for one batch composition.
+pub struct DecodePlan {
+    ctx: Context,
+    cfg: KvCacheConfig,
+    heads_q: usize,
+    options: DecodeOptions,
+    variant: DecodeVariant,
+    row_groups: usize,
+    scale: f32,
+    kernel: Arc<Kernel>,
+    combine: Arc<Kernel>,
+    ctas_per_sm: usize,
+    work: WorkList,
+    item_seq: DeviceBuffer<i32>,
+    item_indptr: DeviceBuffer<i32>,
+    o_partial: DeviceBuffer<f32>,
+    lse_partial: DeviceBuffer<f32>,
+}
+
+impl std::fmt::Debug for DecodePlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl DecodePlan {
+    /// Plans the decode of a batch with lengths `seq_lens` (tokens in the cache, the query
+    /// tokens included) over a cache of config `cfg` with `heads_q` query heads.
+    pub fn new(
+        ctx: &Context,
+        cfg: &KvCacheConfig,
+        heads_q: usize,
+        seq_lens: &[usize],
+        options: &DecodeOptions,
+    ) -> Result<DecodePlan> {
+        cfg.validate()?;
+        if heads_q == 0 || heads_q % cfg.heads_kv != 0 {
+            return Err(Error::invalid(
+                "heads_q",
+                format!(
+                    "must be a positive multiple of heads_kv = {} (Hq % Hkv == 0), got {heads_q}",
+                    cfg.heads_kv
+                ),
+            ));
+        }
+        if !(1..=MAX_Q_LEN).contains(&options.q_len) {
+            return Err(Error::invalid(
+                "q_len",
+                format!("query tokens per sequence must be in 1..={MAX_Q_LEN}, got {}", options.q_len),
+            ));
+        }
+        let dtype = match (cfg.dtype, options.query_dtype) {
+            (DType::F8E4M3, None) => DType::F16,
+            (DType::F8E4M3, Some(d @ (DType::F16 | DType::BF16))) => d,
+            (DType::F8E4M3, Some(d)) => {
+                return Err(Error::invalid(
+                    "query_dtype",
+                    format!("{d}: queries over an fp8 cache are fp16 or bf16"),
+                ))
+            }
+            (c, None) => c,
+            (c, Some(d)) if d == c => c,
+            (c, Some(d)) => {
+                return Err(Error::invalid(
+                    "query_dtype",
+                    format!("{d} does not match the {c} cache (an fp16/bf16 cache takes queries of its own dtype)"),
+                ))
+            }
+        };
+        let scale = options.scale.unwrap_or(1.0 / (cfg.head_dim as f32).sqrt());
+        if !(scale.is_finite() && scale > 0.0) {
+            return Err(Error::invalid("scale", format!("must be finite and > 0, got {scale}")));
+        }
+        if seq_lens.is_empty() {
+            return Err(Error::invalid("seq_lens", "the batch must have at least one sequence"));
+        }
+        for (b, &l) in seq_lens.iter().enumerate() {
+            if l > i32::MAX as usize - 64 {
+                return Err(Error::invalid("seq_lens", format!("sequence {b}: {l} tokens exceed the 32-bit limit")));
+            }
+        }
+        let tuning = options.tuning.or_else(DecodeTuning::from_env).unwrap_or_default();
+        tuning.validate()?;
+        if (cfg.page_size as u32) < tuning.tile_keys && tuning.tile_keys % cfg.page_size as u32 != 0 {
+            return Err(Error::invalid(
+                "tuning",
+                format!("tile_keys {} must be a multiple of the page size {}", tuning.tile_keys, cfg.page_size),
+            ));
+        }
+        let group = heads_q / cfg.heads_kv;
+        let rows = group * options.q_len;
+        let m_blocks = if cfg.head_dim <= 128 && rows > 16 { 2 } else { 1 };
+        let row_groups = rows.div_ceil(16 * m_blocks);
+        let variant = DecodeVariant {
+            dtype,
+            cache: cfg.dtype,
+            head_dim: cfg.head_dim as u32,
+            page_size: cfg.page_size as u32,
+            m_blocks: m_blocks as u32,
+            tuning,
+        };
+        let smem = variant.shared_bytes();
+        if smem > ctx.info().max_shared_per_block_optin {
+            return Err(Error::Unsupported(format!(
+                "decode tuning {tuning:?} needs {smem} bytes of shared memory, the device allows {}",
+                ctx.info().max_shared_per_block_optin
+            )));
+        }
+        let kernel = ctx.kernel(&variant.spec())?;
+        let combine = ctx.kernel(
+            &DecodeCombineVariant {
+                dtype,
+                head_dim: cfg.head_dim as u32,
+            }
+            .spec(),
+        )?;
+        let ctas_per_sm = kernel.max_active_blocks_per_sm(ctx, variant.threads(), smem)?.max(1) as usize;
+        let quantum = (tuning.warps * tuning.tile_keys) as usize;
+        let slots = ctx.info().sm_count as usize * ctas_per_sm;
+        let work = plan_work(seq_lens, options.chunk_tokens, quantum, cfg.heads_kv * row_groups, slots)?;
+        let (item_seq, item_indptr, o_partial, lse_partial) = Self::buffers(ctx, &work, cfg, rows)?;
+        Ok(DecodePlan {
+            ctx: ctx.clone(),
+            cfg: cfg.clone(),
+            heads_q,
+            options: *options,
+            variant,
+            row_groups,
+            scale,
+            kernel,
+            combine,
+            ctas_per_sm,
+            work,
+            item_seq,
+            item_indptr,
+            o_partial,
+            lse_partial,
+        })
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn buffers(
+        ctx: &Context,
+        work: &WorkList,
+        cfg: &KvCacheConfig,
+        rows: usize,
+    ) -> Result<(DeviceBuffer<i32>, DeviceBuffer<i32>, DeviceBuffer<f32>, DeviceBuffer<f32>)> {
+        let partial_rows = if work.splits() { work.num_items() * cfg.heads_kv * rows } else { 0 };
+        Ok((
+            ctx.upload(&work.item_seq_and_chunk())?,
+            ctx.upload(&work.item_indptr)?,
+            ctx.alloc::<f32>(partial_rows * cfg.head_dim)?,
+            ctx.alloc::<f32>(partial_rows)?,
+        ))
+    }
+
+    /// Re-plans for new lengths of the same batch (same B): recomputes the work list and
+    /// re-uploads it, reallocating the small buffers only when they must grow. Optional: a plan
+    /// stays correct when lengths grow after planning (the last chunk of a sequence runs to its
+    /// end), it only drifts from the best balance.
+    pub fn update(&mut self, seq_lens: &[usize]) -> Result<()> {
+        if seq_lens.len() != self.batch() {
+            return Err(Error::invalid(
+                "seq_lens",
+                format!("has {} entries, the plan is for {} sequences", seq_lens.len(), self.batch()),
+            ));
+        }
+        let quantum = (self.variant.tuning.warps * self.variant.tuning.tile_keys) as usize;
+        let slots = self.ctx.info().sm_count as usize * self.ctas_per_sm;
+        let work = plan_work(
+            seq_lens,
+            self.options.chunk_tokens,
+            quantum,
+            self.cfg.heads_kv * self.row_groups,
+            slots,
+        )?;
+        let rows = self.rows();
+        let need_partial = if work.splits() { work.num_items() * self.cfg.heads_kv * rows } else { 0 };
+        let packed = work.item_seq_and_chunk();
+        if packed.len() <= self.item_seq.len() && need_partial <= self.lse_partial.len() {
+            self.item_seq.copy_from_host_at(0, &packed)?;
+            self.item_indptr.copy_from_host_at(0, &work.item_indptr)?;
+        } else {
+            let (a, b, c, d) = Self::buffers(&self.ctx, &work, &self.cfg, rows)?;
+            self.item_seq = a;
+            self.item_indptr = b;
+            self.o_partial = c;
+            self.lse_partial = d;
+        }
+        self.work = work;
+        Ok(())
+    }
+
+    pub fn batch(&self) -> usize {
+        self.work.item_indptr.len() - 1
+    }
+    fn rows(&self) -> usize {
+        self.heads_q / self.cfg.heads_kv * self.options.q_len
+    }
+    pub fn work(&self) -> &WorkList {
+        &self.work
+    }
+    pub fn variant(&self) -> &DecodeVariant {
+        &self.variant
+    }
+    /// Workspace bytes (partials and the work list).
+    pub fn workspace_bytes(&self) -> usize {
+        self.o_partial.bytes() + self.lse_partial.bytes() + self.item_seq.bytes() + self.item_indptr.bytes()
+    }
+    /// One line: kernel, chunking, CTAs.
+    pub fn describe(&self) -> String {
+        let t = self.variant.tuning;
+        format!(
+            "paged decode {} cache {} D={} page={} Hq={} Hkv={} q_len={}: {} items of <= {} tokens x {} KV heads x {} row groups, \
+             {} warps x {} keys x {} stages, {} B smem, {} CTAs/SM{}",
+            self.variant.dtype,
+            self.cfg.dtype,
+            self.cfg.head_dim,
+            self.cfg.page_size,
+            self.heads_q,
+            self.cfg.heads_kv,
+            self.options.q_len,
+            self.work.num_items(),
+            self.work.chunk_tokens,
+            self.cfg.heads_kv,
+            self.row_groups,
+            t.warps,
+            t.tile_keys,
+            t.stages,
+            self.variant.shared_bytes(),
+            self.ctas_per_sm,
+            if self.work.splits() { ", split-KV + combine" } else { "" }
+        )
+    }
+
+    /// Runs the decode of `layer`: `q` and `out` are `[B, q_len, Hq, D]` of the plan's query
+    /// dtype (any strides with a contiguous last dim, 16-byte aligned rows); `lse`, when given,
+    /// f32 `[B, q_len, Hq]` contiguous. `batch` holds the block tables and lengths (validated
+    /// when it was updated). Allocates nothing; only kernel launches are queued.
+    pub fn run(
+        &self,
+        q: &TensorView,
+        cache: &PagedKvCache,
+        layer: usize,
+        batch: &PagedBatch,
+        out: &mut TensorViewMut,
+        lse: Option<&mut TensorViewMut>,
+    ) -> Result<()> {
+        if cache.config() != &self.cfg {
+            return Err(Error::invalid(
+                "cache",
+                format!("the plan was made for {:?}, the cache is {:?}", self.cfg, cache.config()),
+            ));
+        }
+        let layer_buf = cache.layer(layer)?;
+        batch.check_config(&self.cfg)?;
+        let b = self.batch();
+        if batch.batch() != b {
+            return Err(Error::invalid(
+                "batch",
+                format!("has {} sequences, the plan was made for {b}", batch.batch()),
+            ));
+        }
+        let shape = [b, self.options.q_len, self.heads_q, self.cfg.head_dim];
+        let dtype = self.variant.dtype;
+        for (name, t) in [("q", *q), ("out", out.as_view())] {
+            if t.shape() != shape || t.dtype() != dtype {
+                return Err(Error::invalid(
+                    name,
+                    format!(
+                        "must be {dtype} [B, q_len, Hq, D] = {shape:?}, got {} {:?}",
+                        t.dtype(),
+                        t.shape()
+                    ),
+                ));
+            }
+            let s = t.strides();
+            if s[3] != 1 || s[..3].iter().any(|&x| x % 8 != 0) || t.device_ptr() % 16 != 0 {
+                return Err(Error::invalid(
+                    name,
+                    format!(
+                        "needs a contiguous last dim, 16-byte alignment and strides that are multiples of 8 elements, got strides {s:?}"
+                    ),
+                ));
+            }
+        }
+        let lse_ptr = match lse {
+            Some(l) => {
+                let want = [b, self.options.q_len, self.heads_q];
+                let contiguous = [self.options.q_len * self.heads_q, self.heads_q, 1];
+                if l.shape() != want || l.dtype() != DType::F32 || l.strides() != contiguous {
+                    return Err(Error::invalid(
+                        "lse",
+                        format!(
+                            "must be contiguous f32 {want:?}, got {} {:?} strides {:?}",
+                            l.dtype(),
+                            l.shape(),
+                            l.strides()
+                        ),
+                    ));
+                }
+                l.device_ptr()
+            }
+            None => 0,
+        };
+        let qs = q.strides();
+        let os = out.strides().to_vec();
+        let splits = self.work.splits();
+        let params = DecodeParams {
+            q: q.device_ptr(),
+            o: out.device_ptr(),
+            lse: lse_ptr,
+            cache: layer_buf.device_ptr(),
+            scales: if self.cfg.dtype == DType::F8E4M3 { cache.scales(layer)?.device_ptr() } else { 0 },
+            tables: batch.tables(),
+            item_seq: self.item_seq.device_ptr(),
+            item_indptr: self.item_indptr.device_ptr(),
+            o_partial: if splits { self.o_partial.device_ptr() } else { 0 },
+            lse_partial: if splits { self.lse_partial.device_ptr() } else { 0 },
+            q_stride_b: qs[0] as i64,
+            q_stride_n: qs[1] as i64,
+            q_stride_h: qs[2] as i64,
+            o_stride_b: os[0] as i64,
+            o_stride_n: os[1] as i64,
+            o_stride_h: os[2] as i64,
+            batch: b as i32,
+            heads_q: self.heads_q as i32,
+            heads_kv: self.cfg.heads_kv as i32,
+            group: (self.heads_q / self.cfg.heads_kv) as i32,
+            q_len: self.options.q_len as i32,
+            rows: self.rows() as i32,
+            chunk_tokens: self.work.chunk_tokens.min(i32::MAX as usize) as i32,
+            num_items: self.work.num_items() as i32,
+            scale_log2: self.scale * std::f32::consts::LOG2_E,
+            pad_: 0,
+        };
+        let cfg = LaunchConfig {
+            grid: (self.cfg.heads_kv as u32, self.work.num_items() as u32, self.row_groups as u32),
+            block: (self.variant.threads(), 1, 1),
+            shared_bytes: self.variant.shared_bytes(),
+            cluster_x: 1,
+        };
+        // SAFETY: params mirror ts::DecodeParams. q/out have the plan's shape and dtype with
+        // aligned strides (checked above); the layer, scales and tables belong to a cache and
+        // batch validated against the plan's config (page ids < P, tables covering every
+        // length); the work list and partial workspace were sized for this batch's items.
+        unsafe { self.kernel.launch(&self.ctx, cfg, &params)? };
+        if splits {
+            let warps = b * self.cfg.heads_kv * self.rows();
+            let per_cta = (DecodeCombineVariant::THREADS / 32) as usize;
+            let grid = warps.div_ceil(per_cta);
+            // SAFETY: as above; the combine reads the partials the decode kernel just wrote on
+            // the same stream and writes out / lse of the validated shapes.
+            unsafe {
+                self.combine.launch(
+                    &self.ctx,
+                    LaunchConfig::linear(grid as u32, DecodeCombineVariant::THREADS, 0),
+                    &params,
+                )?
+            };
+        }
+        Ok(())
+    }
+}
+
+impl WorkList {
+    /// item_seq and item_chunk packed for the kernel: `[items]` sequence ids, then `[items]`
+    /// chunk indices.
+    fn item_seq_and_chunk(&self) -> Vec<i32> {
+        let mut v = self.item_seq.clone();
+        v.extend_from_slice(&self.item_chunk);
+        v
+    }
+}
+
+fn plan_work(
+    lens: &[usize],
+    forced: Option<usize>,
+    quantum: usize,
+    ctas_per_item: usize,
+    slots: usize,
+) -> Result<WorkList> {
+    let chunk = match forced {
+        Some(usize::MAX) => lens.iter().copied().max().unwrap_or(0).max(1).div_ceil(quantum) * quantum,
+        Some(c) if c == 0 || c % 64 != 0 => {
+            return Err(Error::invalid(
+                "chunk_tokens",
+                format!("must be a positive multiple of 64 (or usize::MAX for no split), got {c}"),
+            ))
+        }
+        Some(c) => c.div_ceil(quantum) * quantum,
+        None => choose_chunk(lens, quantum, ctas_per_item, slots),
+    };
+    let work = WorkList::new(lens, chunk);
+    if work.num_items() > MAX_ITEMS {
+        return Err(Error::invalid(
+            "chunk_tokens",
+            format!("{} work items exceed the limit of {MAX_ITEMS}; use longer chunks", work.num_items()),
+        ));
+    }
+    Ok(work)
+}
+
+/// Decode variants for the CI compile checks (default tuning): every dtype pair x head dim x
+/// row blocks at page size 16, and every page size for fp16 and fp8 at D = 128.
+pub fn ci_variants() -> Vec<DecodeVariant> {
+    let mut v = Vec::new();
+    let variant = |dtype, cache, head_dim, page_size, m_blocks| DecodeVariant {
+        dtype,
+        cache,
+        head_dim,
+        page_size,
+        m_blocks,
+        tuning: DecodeTuning::default(),
+    };
+    for (dtype, cache) in [
+        (DType::F16, DType::F16),
+        (DType::BF16, DType::BF16),
+        (DType::F16, DType::F8E4M3),
+        (DType::BF16, DType::F8E4M3),
+    ] {
+        for head_dim in [64u32, 128, 256] {
+            for m_blocks in [1u32, 2] {
+                if m_blocks == 1 || head_dim <= 128 {
+                    v.push(variant(dtype, cache, head_dim, 16, m_blocks));
+                }
+            }
+        }
+    }
+    // the page size only changes address arithmetic: every size for one dtype / head dim
+    for page_size in [8u32, 32, 64, 128, 256] {
+        v.push(variant(DType::F16, DType::F16, 128, page_size, 1));
+        v.push(variant(DType::F16, DType::F8E4M3, 128, page_size, 1));
+    }
+    v
+}
+
+/// Combine variants for the CI compile checks.
+pub fn ci_combine_variants() -> Vec<DecodeCombineVariant> {
+    let mut v = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for head_dim in [64u32, 128, 256] {
+            v.push(DecodeCombineVariant { dtype, head_dim });
+        }
+    }
+    v
+}

@@ -1,0 +1,470 @@
+// paged_decode.cu: paged GQA decode attention over a paged KV cache, with split-KV.
+//
+// Computes, for every sequence b, KV head kvh and query row r = qi * group + hh (query head
+// h = kvh * group + hh, query token qi < q_len),
+//   O[b, qi, h] = softmax_j(Q[b, qi, h] . K[b, j, kvh] * scale) V[b, j, kvh]
+// over the keys j <= seq_len - q_len + qi, reading K/V in place from the pages of the block
+// table (kvcache_params.cuh). One CTA serves one (work item = (sequence, key chunk), KV head,
+// row group) and all the query heads sharing that KV head, so every K/V byte is read once per
+// step however large the group.
+//
+// Work mapping: grid (Hkv, num_items, row groups of 16 * kMBlocks rows); items come longest
+// first, so the block scheduler runs the longest chunks of every head first. The CTA's key chunk is
+// cut into tiles of kTileKeys keys and its kWarps warps take contiguous runs of tiles. Every
+// warp runs its own cp.async pipeline of kStages K/V tiles in its private shared memory: no
+// CTA barrier inside the main loop. Per tile a warp computes
+//   S = Q K^T      mma.m16n8k16 (Q: 16 * kMBlocks rows; K fragments by ldmatrix)
+//   online softmax per row (ts::OnlineSoftmax, log2 domain, scale folded into exp2)
+//   O += P V       P packed to Elem in registers as the A operand, V by ldmatrix.trans
+// and at the end the warps' (m, l, O) are merged through shared memory by the online-softmax
+// rule; the CTA writes the output (single-chunk sequence) or a normalised f32 partial + LSE for
+// decode_combine.cu.
+//
+// Pages: the page id of each tile is loaded one tile ahead (a register per lane, lane l holding
+// the tile's l-th page) and broadcast by shuffles when the copies are issued, so the table
+// lookup never stalls the pipeline. Rows past the warp's last key are zero-filled, never read.
+//
+// fp8 cache (kFp8): tiles land as e4m3 bytes and each warp converts its tile to Elem in a
+// private staging tile before the MMAs; the K scale of a page multiplies its score columns, the
+// V scale its probabilities (after the row sum), both copied per stage with cp.async.
+//
+// Shared memory (decode.rs `DecodeVariant::shared_bytes`): the Q tile (16 kMBlocks rows x D
+// Elem, swizzled), then per warp kStages x (K tile, V tile) of kTileKeys x D cache elements
+// (swizzled when 2-byte; plain for fp8) [+ for fp8 the Elem staging K/V tiles and the per-stage
+// scales]. The merge after the loop reuses the pipeline area.
+//
+// Roofline: decode reads each K/V byte once: time >= KV bytes / HBM bandwidth (4.8 TB/s peak on
+// the H200, ~4.3 TB/s sustained by copies); the MMAs waste the unused rows of m16 but run far
+// below the tensor-core limit.
+#include "tessera/async_copy.cuh"
+#include "tessera/kvcache_params.cuh"
+#include "tessera/math.cuh"
+#include "tessera/mma.cuh"
+#include "tessera/online_softmax.cuh"
+#include "tessera/vec.cuh"
+
+namespace {
+
+using namespace ts;
+
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kRows = 16 * kMBlocks;                       // query rows of a CTA
+constexpr int kElemRow = kHeadDim * (int)sizeof(Elem);     // bytes of an Elem row
+constexpr int kCacheRow = kHeadDim * (int)sizeof(Cache);   // bytes of a cache row
+constexpr int kCacheChunks = kCacheRow / 16;               // 16-byte chunks of a cache row
+constexpr int kKSteps = kHeadDim / 16;                     // k16 steps of S = Q K^T
+constexpr int kSBlocks = kTileKeys / 8;                    // n8 key blocks of a tile
+constexpr int kOBlocks = kHeadDim / 8;                     // n8 blocks of O
+constexpr int kTilePages = kPageSize < kTileKeys ? kTileKeys / kPageSize : 1;
+constexpr int kCacheTile = kTileKeys * kCacheRow;          // bytes of one K (or V) tile
+constexpr int kElemTile = kTileKeys * kElemRow;            // bytes of one Elem staging tile
+constexpr int kScaleBytes = kFp8 ? 16 * kTilePages : 0;    // per stage: (k, v) per page, padded
+constexpr int kStageBytes = 2 * kCacheTile + kScaleBytes;
+constexpr int kWarpBytes = kStages * kStageBytes + (kFp8 ? 2 * kElemTile : 0);
+constexpr bool kQInRegs = kMBlocks * kHeadDim <= 128;
+
+static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
+static_assert(kTileKeys % 16 == 0 && kTileKeys <= 64, "kTileKeys: 16, 32, 48 or 64");
+static_assert(kPageSize >= 8 && (kPageSize & (kPageSize - 1)) == 0, "page size: a power of two >= 8");
+static_assert(kPageSize >= kTileKeys || kTileKeys % kPageSize == 0, "whole pages per tile");
+static_assert(kTilePages <= kWarpSize, "page ids of a tile fit in a warp");
+static_assert((kTileKeys * kCacheChunks) % kWarpSize == 0, "whole copies per lane");
+static_assert(kWarpSize % kCacheChunks == 0 || kCacheChunks % kWarpSize == 0, "lane -> chunk map");
+static_assert(kStages >= 2, "at least double buffering");
+static_assert(is_same_v<Elem, f16> || is_same_v<Elem, bf16>, "Elem: f16 or bf16");
+static_assert(kFp8 == is_same_v<Cache, fp8e4m3>, "kFp8 iff the cache is e4m3");
+static_assert(kFp8 || is_same_v<Cache, Elem>, "a 2-byte cache has the query dtype");
+
+// ---- swizzled Elem tiles: 16-byte chunk c of row r stored at chunk c ^ (r % 8) -------------
+TS_DEVICE int chunk_offset(int c, int x) { return ((c & ~7) | ((c & 7) ^ x)) << 4; }
+TS_DEVICE int swizzled(int r, int c) { return r * kElemRow + chunk_offset(c, r & 7); }
+
+/// Per-lane ldmatrix addressing into a swizzled Elem tile (lane l supplies row l % 8 of
+/// matrix l / 8; mma.cuh). Every row a lane addresses is = l % 8 (mod 8), so its XOR term is
+/// fixed and compile-time tile coordinates become constant offsets.
+struct LaneAddr {
+  uint32_t row;  // shared address of the lane's row
+  int x;         // the lane's chunk XOR
+  TS_DEVICE uint32_t at(int row_const, int chunk_const) const {
+    return row + row_const * kElemRow + chunk_offset(chunk_const, x);
+  }
+};
+/// A operand (Q rows) and V (.trans): matrix m -> rows +8 * (m & 1), chunk + (m >> 1).
+TS_DEVICE LaneAddr lane_addr_a(uint32_t tile) {
+  const int l = lane_id();
+  return LaneAddr{tile + ((l & 7) + ((l >> 3) & 1) * 8) * kElemRow, (l >> 4) ^ (l & 7)};
+}
+/// K (B operand): matrix m -> keys +8 * (m >> 1), chunk + (m & 1).
+TS_DEVICE LaneAddr lane_addr_k(uint32_t tile) {
+  const int l = lane_id();
+  return LaneAddr{tile + ((l & 7) + (l >> 4) * 8) * kElemRow, ((l >> 3) & 1) ^ (l & 7)};
+}
+
+using QFragments = uint32_t[kQInRegs ? kMBlocks : 1][kQInRegs ? kKSteps : 1][4];
+using Scores = float[kMBlocks][kSBlocks][4];
+using Accum = float[kMBlocks][kOBlocks][4];
+
+/// s = Q K^T for the warp's tile of kTileKeys keys (K as a swizzled Elem tile at `sk`).
+TS_DEVICE void qk_tile(Scores& s, const QFragments& qf, const LaneAddr& q, uint32_t sk) {
+  const LaneAddr k = lane_addr_k(sk);
+#pragma unroll
+  for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+    for (int nb = 0; nb < kSBlocks; ++nb) s[mb][nb][0] = s[mb][nb][1] = s[mb][nb][2] = s[mb][nb][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    uint32_t a[kMBlocks][4];
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb) {
+      if constexpr (kQInRegs) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[mb][j] = qf[mb][kk][j];
+      } else {
+        ldmatrix_x4(a[mb], q.at(mb * 16, 2 * kk));
+      }
+    }
+#pragma unroll
+    for (int nb = 0; nb < kSBlocks; nb += 2) {
+      uint32_t b[4];
+      ldmatrix_x4(b, k.at(nb * 8, 2 * kk));
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb) {
+        mma_m16n8k16<Elem>(s[mb][nb], a[mb], b[0], b[1]);
+        mma_m16n8k16<Elem>(s[mb][nb + 1], a[mb], b[2], b[3]);
+      }
+    }
+  }
+}
+
+/// acc += P V with P (probabilities in accumulator layout) packed to Elem, V at `sv`.
+TS_DEVICE void pv_tile(Accum& acc, const Scores& p, uint32_t sv) {
+  const LaneAddr v = lane_addr_a(sv);
+#pragma unroll
+  for (int kk = 0; kk < kTileKeys / 16; ++kk) {
+    uint32_t a[kMBlocks][4];
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb) {
+      a[mb][0] = pack2<Elem>(p[mb][2 * kk][0], p[mb][2 * kk][1]);
+      a[mb][1] = pack2<Elem>(p[mb][2 * kk][2], p[mb][2 * kk][3]);
+      a[mb][2] = pack2<Elem>(p[mb][2 * kk + 1][0], p[mb][2 * kk + 1][1]);
+      a[mb][3] = pack2<Elem>(p[mb][2 * kk + 1][2], p[mb][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int nb = 0; nb < kOBlocks; nb += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, v.at(kk * 16, nb));
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb) {
+        mma_m16n8k16<Elem>(acc[mb][nb], a[mb], b[0], b[1]);
+        mma_m16n8k16<Elem>(acc[mb][nb + 1], a[mb], b[2], b[3]);
+      }
+    }
+  }
+}
+
+/// Converts an e4m3 tile (plain rows of kHeadDim bytes) into a swizzled Elem tile.
+TS_DEVICE void dequant_tile(unsigned char* dst, const unsigned char* src) {
+  constexpr int kChunks = kTileKeys * kCacheChunks;  // 16 fp8 values each
+#pragma unroll
+  for (int i = 0; i < kChunks / kWarpSize; ++i) {
+    const int idx = lane_id() + i * kWarpSize;
+    const int r = idx / kCacheChunks;
+    const int c = idx % kCacheChunks;
+    const U32x4 raw = *reinterpret_cast<const U32x4*>(src + r * kCacheRow + c * 16);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    uint32_t out[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const Array<float, 2> lo = unpack_e4m3x2((uint16_t)(w[j] & 0xffffu));
+      const Array<float, 2> hi = unpack_e4m3x2((uint16_t)(w[j] >> 16));
+      out[2 * j] = pack2<Elem>(lo[0], lo[1]);  // exact: every e4m3 value is an f16 / bf16
+      out[2 * j + 1] = pack2<Elem>(hi[0], hi[1]);
+    }
+    *reinterpret_cast<U32x4*>(dst + swizzled(r, 2 * c)) = U32x4{out[0], out[1], out[2], out[3]};
+    *reinterpret_cast<U32x4*>(dst + swizzled(r, 2 * c + 1)) = U32x4{out[4], out[5], out[6], out[7]};
+  }
+}
+
+/// The key range of one CTA: [begin, end) of sequence b, and whether it is b's only chunk.
+struct Chunk {
+  int b;
+  int slot;  // partial slot: item_indptr[b] + chunk index
+  int begin;
+  int end;
+  int len;
+  bool only;
+};
+
+TS_DEVICE Chunk chunk_of(const DecodeParams& p, int item) {
+  const int b = p.item_seq[item];
+  const int k = p.item_seq[p.num_items + item];  // chunk index (packed after the sequence ids)
+  const int first = p.item_indptr[b];
+  const int n = p.item_indptr[b + 1] - first;
+  const int len = p.tables.seq_lens[b];
+  const int begin = min(k * p.chunk_tokens, len);
+  const int end = k == n - 1 ? len : min(begin + p.chunk_tokens, len);
+  return Chunk{b, first + k, begin, end, len, n == 1};
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads) paged_decode(const __grid_constant__ ts::DecodeParams p) {
+  const int kvh = blockIdx.x;
+  const int item = blockIdx.y;
+  const int row_base = blockIdx.z * kRows;  // first query row of this CTA
+  const Chunk ch = chunk_of(p, item);
+  const int lane = lane_id();
+  const int warp = warp_id();
+
+  unsigned char* smem = dynamic_smem<unsigned char>();
+  unsigned char* s_q = smem;
+  unsigned char* s_warp = smem + kRows * kElemRow + warp * kWarpBytes;
+
+  // ---- Q rows of this CTA: cp.async, rows past p.rows zero-filled ------------------------
+  {
+    constexpr int kQChunks = kRows * (kElemRow / 16);
+    const uint32_t base = smem_addr(s_q);
+    for (int idx = thread_id(); idx < kQChunks; idx += kThreads) {
+      const int r = idx / (kElemRow / 16);
+      const int c = idx % (kElemRow / 16);
+      const int row = row_base + r;
+      const bool valid = row < p.rows;
+      const int qi = valid ? row / p.group : 0;
+      const int h = kvh * p.group + (valid ? row % p.group : 0);
+      const Elem* src = static_cast<const Elem*>(p.q) + ch.b * p.q_stride_b + qi * p.q_stride_n + h * p.q_stride_h;
+      cp_async_16_zfill(base + swizzled(r, c), src + c * (16 / (int)sizeof(Elem)), valid);
+    }
+    cp_async_commit();
+  }
+
+  // ---- this warp's tiles ------------------------------------------------------------------
+  const int n_tiles = ceil_div(ch.end - ch.begin, kTileKeys);
+  const int t_begin = n_tiles * warp / kWarps;
+  const int t_end = n_tiles * (warp + 1) / kWarps;
+  const int warp_end = min(ch.begin + t_end * kTileKeys, ch.end);  // keys >= this are masked
+  const int table_pages = ceil_div(ch.len, kPageSize);
+  const int* table = p.tables.page_indices + p.tables.page_indptr[ch.b];
+  const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
+  const long long token_bytes = (long long)p.heads_kv * kCacheRow;  // one token of one page half
+  const long long head_off = (long long)kvh * kCacheRow;
+
+  // lane l < kTilePages: the physical page of the tile's l-th page (0 when past the table)
+  auto tile_pages = [&](int t) -> int {
+    const int lp = (ch.begin + t * kTileKeys) / kPageSize + lane;
+    return (t < t_end && lane < kTilePages && lp < table_pages) ? __ldg(table + lp) : 0;
+  };
+  auto issue = [&](int t, int pages) {
+    if (t < t_end) {
+      unsigned char* stage = s_warp + ((t - t_begin) % kStages) * kStageBytes;
+      const int tok0 = ch.begin + t * kTileKeys;
+      const uint32_t sbase = smem_addr(stage);
+#pragma unroll
+      for (int i = 0; i < kTileKeys * kCacheChunks / kWarpSize; ++i) {
+        const int idx = lane + i * kWarpSize;
+        const int r = idx / kCacheChunks;
+        const int c = idx % kCacheChunks;
+        const int tok = tok0 + r;
+        const int page = __shfl_sync(kFullMask, pages, (r / kPageSize) % kTilePages);
+        const bool valid = tok < warp_end;
+        const unsigned char* src =
+            cache + ((long long)page * 2 * kPageSize + tok % kPageSize) * token_bytes + head_off + c * 16;
+        const int dst = kFp8 ? r * kCacheRow + c * 16 : swizzled(r, c);
+        cp_async_16_zfill(sbase + dst, valid ? src : cache, valid);                       // K
+        cp_async_16_zfill(sbase + kCacheTile + dst, valid ? src + kPageSize * token_bytes : cache, valid);  // V
+      }
+      if constexpr (kFp8) {
+        // (k, v) scale pair of each page of the tile: 8 bytes at [page][kvh][0..2)
+        const int page = __shfl_sync(kFullMask, pages, lane % kTilePages);
+        if (lane < kTilePages) cp_async_8(sbase + 2 * kCacheTile + lane * 16, p.scales + ((long long)page * p.heads_kv + kvh) * 2);
+      }
+    }
+    cp_async_commit();  // one group per tile (possibly empty): wait<kStages - 2> stays exact
+  };
+
+  int next_pages = tile_pages(t_begin);
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) {
+    const int pages = next_pages;
+    next_pages = tile_pages(t_begin + i + 1);
+    issue(t_begin + i, pages);
+  }
+
+  // ---- per-lane state: kMBlocks row blocks; the lane holds rows g and g + 8 of each -------
+  const int col0 = 2 * (lane & 3);
+  const LaneAddr q_addr = lane_addr_a(smem_addr(s_q));
+  Accum acc;
+  OnlineSoftmax state[kMBlocks][2];
+#pragma unroll
+  for (int mb = 0; mb < kMBlocks; ++mb) {
+#pragma unroll
+    for (int nb = 0; nb < kOBlocks; ++nb) acc[mb][nb][0] = acc[mb][nb][1] = acc[mb][nb][2] = acc[mb][nb][3] = 0.0f;
+    state[mb][0] = state[mb][1] = OnlineSoftmax::empty();
+  }
+  // the query position limit of each of the lane's rows (causal with q_len > 1)
+  int row_limit[kMBlocks][2];
+#pragma unroll
+  for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row_base + mb * 16 + (lane >> 2) + 8 * r;
+      row_limit[mb][r] = ch.len - p.q_len + min(row / p.group, p.q_len - 1) + 1;  // keys < this
+    }
+  const int causal_from = ch.len - p.q_len + 1;  // tiles reaching here need the causal mask
+
+  QFragments qf;
+  cp_async_wait<kStages - 1>();  // Q landed for this thread ...
+  __syncthreads();               // ... and for all threads
+  if constexpr (kQInRegs) {
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(qf[mb][kk], q_addr.at(mb * 16, 2 * kk));
+  }
+
+  for (int t = t_begin; t < t_end; ++t) {
+    cp_async_wait<kStages - 2>();  // tile t landed for this lane ...
+    __syncwarp();                  // ... for the whole warp, which is also done with tile t - 1
+    {
+      const int pages = next_pages;
+      next_pages = tile_pages(t + kStages);
+      issue(t + kStages - 1, pages);
+    }
+    unsigned char* stage = s_warp + ((t - t_begin) % kStages) * kStageBytes;
+    uint32_t sk = smem_addr(stage);
+    uint32_t sv = sk + kCacheTile;
+    if constexpr (kFp8) {
+      unsigned char* staging = s_warp + kStages * kStageBytes;
+      dequant_tile(staging, stage);
+      dequant_tile(staging + kElemTile, stage + kCacheTile);
+      __syncwarp();
+      sk = smem_addr(staging);
+      sv = sk + kElemTile;
+    }
+
+    Scores s;
+    qk_tile(s, qf, q_addr, sk);
+
+    const int tok0 = ch.begin + t * kTileKeys;
+    float v_scale[kSBlocks];
+    if constexpr (kFp8) {
+      const float* sc = reinterpret_cast<const float*>(stage + 2 * kCacheTile);
+#pragma unroll
+      for (int nb = 0; nb < kSBlocks; ++nb) {
+        const int pg = (nb * 8 / kPageSize) % kTilePages;
+        const float k_scale = sc[pg * 4];
+        v_scale[nb] = sc[pg * 4 + 1];
+#pragma unroll
+        for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mb][nb][e] *= k_scale;
+      }
+    }
+    if (tok0 + kTileKeys > warp_end || tok0 + kTileKeys > causal_from) {
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int hi = min(warp_end, row_limit[mb][r]) - (tok0 + col0);
+#pragma unroll
+          for (int nb = 0; nb < kSBlocks; ++nb)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (nb * 8 + e >= hi) s[mb][nb][2 * r + e] = kNegInf;
+        }
+    }
+
+    // online softmax of the lane's rows (r = 0: elements 0, 1; r = 1: elements 2, 3)
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = kNegInf;
+#pragma unroll
+        for (int nb = 0; nb < kSBlocks; ++nb) mx = max_nan(mx, max_nan(s[mb][nb][2 * r], s[mb][nb][2 * r + 1]));
+        mx = max_nan(mx, shfl_xor(mx, 1));
+        mx = max_nan(mx, shfl_xor(mx, 2));
+        OnlineSoftmax& st = state[mb][r];
+        const float factor = st.rescale(max_nan(st.m, mx * p.scale_log2));
+        const float neg_shift = -softmax_shift(st.m);
+        float sum = 0.0f;
+#pragma unroll
+        for (int nb = 0; nb < kSBlocks; ++nb)
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            s[mb][nb][e] = exp2_fma(s[mb][nb][e], p.scale_log2, neg_shift);
+            sum += s[mb][nb][e];
+            if constexpr (kFp8) s[mb][nb][e] *= v_scale[nb];
+          }
+        st.d += sum;
+#pragma unroll
+        for (int nb = 0; nb < kOBlocks; ++nb) {
+          acc[mb][nb][2 * r] *= factor;
+          acc[mb][nb][2 * r + 1] *= factor;
+        }
+      }
+
+    pv_tile(acc, s, sv);
+  }
+
+  // ---- merge the warps: (m, l) per row and O through shared memory -----------------------
+  cp_async_wait_all();
+  __syncthreads();  // every warp is done with its pipeline area
+  constexpr int kPitch = kHeadDim + 4;  // floats per merge row (breaks the 8-row bank pattern)
+  float* s_o = reinterpret_cast<float*>(smem + kRows * kElemRow);      // [kWarps][kRows][kPitch]
+  float2* s_ml = reinterpret_cast<float2*>(s_o + kWarps * kRows * kPitch);  // [kWarps][kRows]
+#pragma unroll
+  for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = state[mb][r].d;
+      l += shfl_xor(l, 1);
+      l += shfl_xor(l, 2);
+      const int row = mb * 16 + (lane >> 2) + 8 * r;
+      if ((lane & 3) == 0) s_ml[warp * kRows + row] = make_float2(state[mb][r].m, l);
+      float* dst = s_o + (warp * kRows + row) * kPitch + col0;
+#pragma unroll
+      for (int nb = 0; nb < kOBlocks; ++nb)
+        *reinterpret_cast<float2*>(dst + nb * 8) = make_float2(acc[mb][nb][2 * r], acc[mb][nb][2 * r + 1]);
+    }
+  __syncthreads();
+
+  // thread -> (row, 4 columns); rows past p.rows are skipped
+  const long long part_row0 = ((long long)ch.slot * p.heads_kv + kvh) * p.rows;
+  for (int idx = thread_id(); idx < kRows * (kHeadDim / 4); idx += kThreads) {
+    const int row = idx / (kHeadDim / 4);
+    const int c = (idx % (kHeadDim / 4)) * 4;
+    const int grow = row_base + row;
+    if (grow >= p.rows) continue;
+    float m = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m = max_nan(m, s_ml[w * kRows + row].x);
+    const float shift = softmax_shift(m);
+    float l = 0.0f;
+    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float2 ml = s_ml[w * kRows + row];
+      const float f = exp2_shifted(ml.x, shift);  // 0 for a warp that saw no key
+      if (f == 0.0f) continue;
+      l += f * ml.y;
+      const float4 ow = *reinterpret_cast<const float4*>(s_o + (w * kRows + row) * kPitch + c);
+      o[0] += f * ow.x;
+      o[1] += f * ow.y;
+      o[2] += f * ow.z;
+      o[3] += f * ow.w;
+    }
+    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: O = 0, LSE = -inf
+    const float lse = OnlineSoftmax{m, l}.lse();
+    if (ch.only) {
+      const int qi = grow / p.group;
+      const int h = kvh * p.group + grow % p.group;
+      Elem* dst = static_cast<Elem*>(p.o) + ch.b * p.o_stride_b + qi * p.o_stride_n + h * p.o_stride_h + c;
+      st_global_b64(dst, U32x2{pack2<Elem>(o[0] * inv_l, o[1] * inv_l), pack2<Elem>(o[2] * inv_l, o[3] * inv_l)});
+      if (p.lse != nullptr && c == 0) p.lse[((long long)ch.b * p.q_len + qi) * p.heads_q + h] = lse;
+    } else {
+      float* dst = p.o_partial + (part_row0 + grow) * kHeadDim + c;
+      *reinterpret_cast<float4*>(dst) = make_float4(o[0] * inv_l, o[1] * inv_l, o[2] * inv_l, o[3] * inv_l);
+      if (c == 0) p.lse_partial[part_row0 + grow] = lse;
+    }
+  }
+}
