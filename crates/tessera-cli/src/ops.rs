@@ -4,10 +4,10 @@
 
 use tessera::harness::{BenchOutcome, VerifyOutcome};
 use tessera::runtime::{Context, TimingOptions};
-use tessera::{attention, softmax, Result};
+use tessera::{attention, kvcache, softmax, Result};
 
 /// Every implemented operator, in dependency order.
-pub const ALL: &[&str] = &["softmax", "attention"];
+pub const ALL: &[&str] = &["softmax", "attention", "kvcache"];
 
 /// Resolves the user's operator list (empty = all); unknown names are an error listing ALL.
 pub fn select(requested: &[String]) -> std::result::Result<Vec<&'static str>, String> {
@@ -52,6 +52,13 @@ pub fn verify_jobs(op: &str, quick: bool) -> Vec<VerifyJob> {
                 run: Box::new(move |ctx: &Context, seed| attention::verify::verify_case(ctx, &c, seed)),
             })
             .collect(),
+        "kvcache" => kvcache::verify::cases(quick)
+            .into_iter()
+            .map(|c| VerifyJob {
+                name: c.name(),
+                run: Box::new(move |ctx: &Context, seed| kvcache::verify::verify_case(ctx, &c, seed)),
+            })
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -89,6 +96,17 @@ pub fn bench_jobs(op: &str, quick: bool) -> Vec<BenchJob> {
                 }
             })
             .collect(),
+        "kvcache" => kvcache::bench::cases(quick)
+            .into_iter()
+            .map(|c| {
+                let baseline = c.tuning.is_none().then(|| (c.name(), c.params()));
+                BenchJob {
+                    name: format!("{} {}", c.name(), c.implementation()),
+                    baseline,
+                    run: Box::new(move |ctx: &Context, seed, t| kvcache::bench::bench_case(ctx, &c, seed, t)),
+                }
+            })
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -101,6 +119,12 @@ pub fn kernel_specs(op: &str, arch: tessera::runtime::Arch) -> Vec<tessera::runt
             .iter()
             .map(|v| v.spec())
             .chain(attention::plan::ci_combine_variants().iter().map(|v| v.spec()))
+            .collect(),
+        "kvcache" => kvcache::decode::ci_variants()
+            .iter()
+            .map(|v| v.spec())
+            .chain(kvcache::decode::ci_combine_variants().iter().map(|v| v.spec()))
+            .chain(kvcache::ci_append_variants().iter().map(|v| v.spec()))
             .collect(),
         _ => Vec::new(),
     }
@@ -118,6 +142,13 @@ pub fn baseline_impls(op: &str) -> &'static [&'static str] {
             "flashinfer-fa3",
             "flashinfer-fa2",
         ],
+        "kvcache" => &[
+            "flashinfer",
+            "torch-cudnn-gqa",
+            "torch-flash-gqa",
+            "torch-flash-expanded",
+            "torch-index",
+        ],
         _ => &[],
     }
 }
@@ -126,6 +157,7 @@ pub fn baseline_impls(op: &str) -> &'static [&'static str] {
 pub fn baseline_script(op: &str) -> &'static str {
     match op {
         "attention" => "bench_attention.py", // torch SDPA backends and FlashInfer
+        "kvcache" => "bench_kvcache.py",     // FlashInfer paged decode / append, torch SDPA GQA
         _ => "bench_torch.py",
     }
 }

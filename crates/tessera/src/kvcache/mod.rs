@@ -42,9 +42,12 @@
 //! # Ok(()) }
 //! ```
 
+pub mod bench;
 pub mod block_manager;
 pub mod decode;
 pub mod fp8;
+pub mod reference;
+pub mod verify;
 
 #[cfg(test)]
 mod compile_tests;
