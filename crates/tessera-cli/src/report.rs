@@ -1133,6 +1133,23 @@ mod tests {
     }
 
     #[test]
+    fn kvcache_runner_logic_with_fake_torch() {
+        // bench_kvcache.py against a fake torch and flashinfer (no GPU, no torch needed)
+        if Command::new("python3").arg("--version").output().is_err() {
+            eprintln!("python3 not found: skipped");
+            return;
+        }
+        let test = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/baselines/test_bench_kvcache.py");
+        let out = Command::new("python3").arg(&test).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
     fn date_format() {
         let d = utc_now_iso8601();
         assert_eq!(d.len(), 20, "{d}");
