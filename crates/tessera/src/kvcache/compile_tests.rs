@@ -19,15 +19,14 @@ fn params_structs_have_the_sizes_of_their_rust_mirrors() {
     if !nvrtc_or_skip("params_structs_have_the_sizes_of_their_rust_mirrors") {
         return;
     }
-    let (a, d) = (
-        std::mem::size_of::<AppendParams>(),
-        std::mem::size_of::<DecodeParams>(),
-    );
+    let (a, d) = (std::mem::size_of::<AppendParams>(), std::mem::size_of::<DecodeParams>());
     let spec = KernelSpec {
         name: "kvcache_params_size_check".into(),
         file: "params_size_check.cu",
         source: PARAMS_SIZE_CHECK,
-        preamble: format!("constexpr unsigned long long kAppendBytes = {a};\nconstexpr unsigned long long kDecodeBytes = {d};\n"),
+        preamble: format!(
+            "constexpr unsigned long long kAppendBytes = {a};\nconstexpr unsigned long long kDecodeBytes = {d};\n"
+        ),
         entry: "params_size_check",
     };
     if let Err(e) = compile_only(&spec, Arch::SM80) {
@@ -68,5 +67,10 @@ fn kernels_compile_for_every_ci_arch_without_spills() {
         }
     }
     eprintln!("compiled {} kvcache kernels; max registers {max_regs}", results.len());
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

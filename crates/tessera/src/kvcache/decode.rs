@@ -67,7 +67,9 @@ impl DecodeTuning {
         })
     }
     fn validate(&self) -> Result<()> {
-        if !matches!(self.warps, 4 | 8) || !matches!(self.tile_keys, 16 | 32 | 48 | 64) || !(2..=8).contains(&self.stages)
+        if !matches!(self.warps, 4 | 8)
+            || !matches!(self.tile_keys, 16 | 32 | 48 | 64)
+            || !(2..=8).contains(&self.stages)
         {
             return Err(Error::invalid(
                 "tuning",
@@ -163,7 +165,11 @@ impl DecodeVariant {
         let rows = 16 * self.m_blocks;
         let d = self.head_dim;
         let fp8 = self.cache == DType::F8E4M3;
-        let tile_pages = if self.page_size < t.tile_keys { t.tile_keys / self.page_size } else { 1 };
+        let tile_pages = if self.page_size < t.tile_keys {
+            t.tile_keys / self.page_size
+        } else {
+            1
+        };
         let cache_tile = t.tile_keys * d * self.cache.size() as u32;
         let elem_tile = t.tile_keys * d * 2;
         let stage = 2 * cache_tile + if fp8 { 16 * tile_pages } else { 0 };
@@ -376,7 +382,10 @@ impl DecodePlan {
         if !(1..=MAX_Q_LEN).contains(&options.q_len) {
             return Err(Error::invalid(
                 "q_len",
-                format!("query tokens per sequence must be in 1..={MAX_Q_LEN}, got {}", options.q_len),
+                format!(
+                    "query tokens per sequence must be in 1..={MAX_Q_LEN}, got {}",
+                    options.q_len
+                ),
             ));
         }
         let dtype = match (cfg.dtype, options.query_dtype) {
@@ -406,7 +415,10 @@ impl DecodePlan {
         }
         for (b, &l) in seq_lens.iter().enumerate() {
             if l > i32::MAX as usize - 64 {
-                return Err(Error::invalid("seq_lens", format!("sequence {b}: {l} tokens exceed the 32-bit limit")));
+                return Err(Error::invalid(
+                    "seq_lens",
+                    format!("sequence {b}: {l} tokens exceed the 32-bit limit"),
+                ));
             }
         }
         let tuning = options.tuning.or_else(DecodeTuning::from_env).unwrap_or_default();
@@ -414,7 +426,10 @@ impl DecodePlan {
         if (cfg.page_size as u32) < tuning.tile_keys && tuning.tile_keys % cfg.page_size as u32 != 0 {
             return Err(Error::invalid(
                 "tuning",
-                format!("tile_keys {} must be a multiple of the page size {}", tuning.tile_keys, cfg.page_size),
+                format!(
+                    "tile_keys {} must be a multiple of the page size {}",
+                    tuning.tile_keys, cfg.page_size
+                ),
             ));
         }
         let group = heads_q / cfg.heads_kv;
@@ -447,7 +462,13 @@ impl DecodePlan {
         let ctas_per_sm = kernel.max_active_blocks_per_sm(ctx, variant.threads(), smem)?.max(1) as usize;
         let quantum = (tuning.warps * tuning.tile_keys) as usize;
         let slots = ctx.info().sm_count as usize * ctas_per_sm;
-        let work = plan_work(seq_lens, options.chunk_tokens, quantum, cfg.heads_kv * row_groups, slots)?;
+        let work = plan_work(
+            seq_lens,
+            options.chunk_tokens,
+            quantum,
+            cfg.heads_kv * row_groups,
+            slots,
+        )?;
         let (item_seq, item_indptr, o_partial, lse_partial) = Self::buffers(ctx, &work, cfg, rows)?;
         Ok(DecodePlan {
             ctx: ctx.clone(),
@@ -474,8 +495,17 @@ impl DecodePlan {
         work: &WorkList,
         cfg: &KvCacheConfig,
         rows: usize,
-    ) -> Result<(DeviceBuffer<i32>, DeviceBuffer<i32>, DeviceBuffer<f32>, DeviceBuffer<f32>)> {
-        let partial_rows = if work.splits() { work.num_items() * cfg.heads_kv * rows } else { 0 };
+    ) -> Result<(
+        DeviceBuffer<i32>,
+        DeviceBuffer<i32>,
+        DeviceBuffer<f32>,
+        DeviceBuffer<f32>,
+    )> {
+        let partial_rows = if work.splits() {
+            work.num_items() * cfg.heads_kv * rows
+        } else {
+            0
+        };
         Ok((
             ctx.upload(&work.item_seq_and_chunk())?,
             ctx.upload(&work.item_indptr)?,
@@ -492,7 +522,11 @@ impl DecodePlan {
         if seq_lens.len() != self.batch() {
             return Err(Error::invalid(
                 "seq_lens",
-                format!("has {} entries, the plan is for {} sequences", seq_lens.len(), self.batch()),
+                format!(
+                    "has {} entries, the plan is for {} sequences",
+                    seq_lens.len(),
+                    self.batch()
+                ),
             ));
         }
         let quantum = (self.variant.tuning.warps * self.variant.tuning.tile_keys) as usize;
@@ -505,7 +539,11 @@ impl DecodePlan {
             slots,
         )?;
         let rows = self.rows();
-        let need_partial = if work.splits() { work.num_items() * self.cfg.heads_kv * rows } else { 0 };
+        let need_partial = if work.splits() {
+            work.num_items() * self.cfg.heads_kv * rows
+        } else {
+            0
+        };
         let packed = work.item_seq_and_chunk();
         if packed.len() <= self.item_seq.len() && need_partial <= self.lse_partial.len() {
             self.item_seq.copy_from_host_at(0, &packed)?;
@@ -579,7 +617,11 @@ impl DecodePlan {
         if cache.config() != &self.cfg {
             return Err(Error::invalid(
                 "cache",
-                format!("the plan was made for {:?}, the cache is {:?}", self.cfg, cache.config()),
+                format!(
+                    "the plan was made for {:?}, the cache is {:?}",
+                    self.cfg,
+                    cache.config()
+                ),
             ));
         }
         let layer_buf = cache.layer(layer)?;
@@ -641,7 +683,11 @@ impl DecodePlan {
             o: out.device_ptr(),
             lse: lse_ptr,
             cache: layer_buf.device_ptr(),
-            scales: if self.cfg.dtype == DType::F8E4M3 { cache.scales(layer)?.device_ptr() } else { 0 },
+            scales: if self.cfg.dtype == DType::F8E4M3 {
+                cache.scales(layer)?.device_ptr()
+            } else {
+                0
+            },
             tables: batch.tables(),
             item_seq: self.item_seq.device_ptr(),
             item_indptr: self.item_indptr.device_ptr(),
@@ -665,7 +711,11 @@ impl DecodePlan {
             pad_: 0,
         };
         let cfg = LaunchConfig {
-            grid: (self.cfg.heads_kv as u32, self.work.num_items() as u32, self.row_groups as u32),
+            grid: (
+                self.cfg.heads_kv as u32,
+                self.work.num_items() as u32,
+                self.row_groups as u32,
+            ),
             block: (self.variant.threads(), 1, 1),
             shared_bytes: self.variant.shared_bytes(),
             cluster_x: 1,
@@ -725,7 +775,10 @@ fn plan_work(
     if work.num_items() > MAX_ITEMS {
         return Err(Error::invalid(
             "chunk_tokens",
-            format!("{} work items exceed the limit of {MAX_ITEMS}; use longer chunks", work.num_items()),
+            format!(
+                "{} work items exceed the limit of {MAX_ITEMS}; use longer chunks",
+                work.num_items()
+            ),
         ));
     }
     Ok(work)

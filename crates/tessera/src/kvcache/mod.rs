@@ -391,9 +391,10 @@ impl PagedKvCache {
         if n == 0 {
             return Ok(());
         }
-        let vector_ok = [k, v].iter().all(|t| {
-            t.device_ptr() % 16 == 0 && t.strides()[0] % 8 == 0 && t.strides()[1] % 8 == 0
-        }) && cfg.head_dim % 8 == 0;
+        let vector_ok = [k, v]
+            .iter()
+            .all(|t| t.device_ptr() % 16 == 0 && t.strides()[0] % 8 == 0 && t.strides()[1] % 8 == 0)
+            && cfg.head_dim % 8 == 0;
         let params = AppendParams {
             k: k.device_ptr(),
             v: v.device_ptr(),
@@ -503,7 +504,10 @@ impl PagedBatch {
         if total > self.capacity_pages {
             return Err(Error::invalid(
                 "tables",
-                format!("{total} pages in all exceed the batch capacity of {}", self.capacity_pages),
+                format!(
+                    "{total} pages in all exceed the batch capacity of {}",
+                    self.capacity_pages
+                ),
             ));
         }
         let mut indices = Vec::with_capacity(total);
@@ -516,7 +520,13 @@ impl PagedBatch {
 
     /// As [`update`](Self::update) from FlashInfer-style CSR tables: sequence `b` owns
     /// `indices[indptr[b] .. indptr[b + 1]]`.
-    pub fn update_csr(&mut self, cfg: &KvCacheConfig, indptr: &[i32], indices: &[i32], seq_lens: &[usize]) -> Result<()> {
+    pub fn update_csr(
+        &mut self,
+        cfg: &KvCacheConfig,
+        indptr: &[i32],
+        indices: &[i32],
+        seq_lens: &[usize],
+    ) -> Result<()> {
         cfg.validate()?;
         let b = seq_lens.len();
         if indptr.len() != b + 1 {
@@ -528,13 +538,20 @@ impl PagedBatch {
         if b == 0 || b > self.capacity_batch {
             return Err(Error::invalid(
                 "seq_lens",
-                format!("batch of {b} sequences: must be 1..={} (the capacity)", self.capacity_batch),
+                format!(
+                    "batch of {b} sequences: must be 1..={} (the capacity)",
+                    self.capacity_batch
+                ),
             ));
         }
         if indices.len() > self.capacity_pages {
             return Err(Error::invalid(
                 "indices",
-                format!("{} entries exceed the capacity of {}", indices.len(), self.capacity_pages),
+                format!(
+                    "{} entries exceed the capacity of {}",
+                    indices.len(),
+                    self.capacity_pages
+                ),
             ));
         }
         if indptr[0] != 0 || indptr[b] < 0 || indptr[b] as usize > indices.len() {
@@ -553,7 +570,10 @@ impl PagedBatch {
             }
             let len = seq_lens[s];
             if len > i32::MAX as usize - 64 {
-                return Err(Error::invalid("seq_lens", format!("sequence {s}: length {len} exceeds the 32-bit limit")));
+                return Err(Error::invalid(
+                    "seq_lens",
+                    format!("sequence {s}: length {len} exceeds the 32-bit limit"),
+                ));
             }
             let have = (hi - lo) as usize;
             let need = cfg.pages_for(len);
@@ -644,7 +664,10 @@ impl AppendBatch {
     }
     fn indptr_of(counts: &[usize]) -> Result<Vec<i32>> {
         if counts.is_empty() {
-            return Err(Error::invalid("counts", "must have one entry per sequence (batch >= 1)"));
+            return Err(Error::invalid(
+                "counts",
+                "must have one entry per sequence (batch >= 1)",
+            ));
         }
         let mut indptr = Vec::with_capacity(counts.len() + 1);
         let mut total = 0usize;
@@ -663,7 +686,11 @@ impl AppendBatch {
         if counts.len() != self.counts.len() {
             return Err(Error::invalid(
                 "counts",
-                format!("has {} entries, this append batch was made for {}", counts.len(), self.counts.len()),
+                format!(
+                    "has {} entries, this append batch was made for {}",
+                    counts.len(),
+                    self.counts.len()
+                ),
             ));
         }
         let indptr = Self::indptr_of(counts)?;

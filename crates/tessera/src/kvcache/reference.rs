@@ -64,6 +64,7 @@ pub struct DecodeRef {
 
 /// Decode attention in f64. `q` is `[B][q_len][Hq][D]`; `keys[b]` / `values[b]` are sequence b's
 /// logical `[len_b][Hkv][D]`.
+#[allow(clippy::too_many_arguments)]
 pub fn decode_reference(
     q: &[f64],
     keys: &[Vec<f64>],
@@ -207,7 +208,9 @@ mod tests {
         for dtype in [DType::F16, DType::BF16, DType::F8E4M3] {
             let c = cfg(dtype);
             let mut layer = vec![0u8; c.layer_bytes().unwrap()];
-            let scales: Vec<f32> = (0..c.num_pages * c.heads_kv * 2).map(|i| 0.5 + i as f32 * 0.25).collect();
+            let scales: Vec<f32> = (0..c.num_pages * c.heads_kv * 2)
+                .map(|i| 0.5 + i as f32 * 0.25)
+                .collect();
             let sc = (dtype == DType::F8E4M3).then_some(scales.as_slice());
             // token t of the sequence gets value t (K) and -t (V) in every dim of head 1
             let table = [3, 1];

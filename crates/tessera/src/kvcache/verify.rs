@@ -161,7 +161,13 @@ pub fn cases(quick: bool) -> Vec<Case> {
     // zero-length sequences give zeros / -inf
     v.push(Case::base(f16, f16, 8, 2, 128, &[0, 17, 0, 300]));
     // speculative decoding: q_len 2, 4, 8 (rows with no visible key when len < q_len), row groups
-    for (q_len, hq, hkv, d) in [(2usize, 8usize, 2usize, 128usize), (4, 16, 4, 128), (8, 32, 4, 128), (8, 32, 4, 256), (4, 8, 1, 64)] {
+    for (q_len, hq, hkv, d) in [
+        (2usize, 8usize, 2usize, 128usize),
+        (4, 16, 4, 128),
+        (8, 32, 4, 128),
+        (8, 32, 4, 256),
+        (4, 8, 1, 64),
+    ] {
         let mut c = Case::base(f16, f16, hq, hkv, d, &[3, 8, 100, 2049]);
         c.q_len = q_len;
         v.push(c);
@@ -216,7 +222,8 @@ pub fn cases(quick: bool) -> Vec<Case> {
 
     if quick {
         let keep = |c: &Case| {
-            c.lens.iter().max().copied().unwrap_or(0) <= 5000 && (c.append.is_some() || c.head_dim == 128 && c.heads_q == 16)
+            c.lens.iter().max().copied().unwrap_or(0) <= 5000
+                && (c.append.is_some() || c.head_dim == 128 && c.heads_q == 16)
         };
         v.retain(keep);
         v.truncate(12);
@@ -245,7 +252,11 @@ fn page_tables(case: &Case, rng: &mut StdRng) -> (usize, Vec<Vec<u32>>) {
     let mut next = 0usize;
     let mut tables: Vec<Vec<u32>> = Vec::new();
     for (b, &n) in need.iter().enumerate() {
-        let shared = if b > 0 { case.shared_prefix_pages.min(n).min(need[0]) } else { 0 };
+        let shared = if b > 0 {
+            case.shared_prefix_pages.min(n).min(need[0])
+        } else {
+            0
+        };
         let mut table: Vec<u32> = tables.first().map_or(Vec::new(), |t0| t0[..shared].to_vec());
         table.extend_from_slice(&pool[next..next + n - shared]);
         next += n - shared;
@@ -277,7 +288,11 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
             random_matrix::<f32>(page_seed, 1, per_page, per_page, Dist::Normal { std: 1.0 })
         })
         .collect();
-    let scales: Option<Vec<f32>> = fp8.then(|| (0..num_pages * hkv * 2).map(|_| rng.random_range(1.0 / 64.0..1.0 / 16.0)).collect());
+    let scales: Option<Vec<f32>> = fp8.then(|| {
+        (0..num_pages * hkv * 2)
+            .map(|_| rng.random_range(1.0 / 64.0..1.0 / 16.0))
+            .collect()
+    });
     let mut layer = vec![0u8; cfg.layer_bytes().unwrap_or(0)];
     layer.par_chunks_mut(per_page * eb).enumerate().for_each(|(p, bytes)| {
         for (i, x) in page_values[p].iter().enumerate() {
@@ -315,7 +330,9 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
         cache.append(0, &kview, &vview, &batch, &appended)?;
         // host expectation
         let dense = |rows: &[T]| -> Vec<f32> {
-            (0..n).flat_map(|i| rows[i * pitch..i * pitch + hkv * d].iter().map(|x| x.to_f64() as f32)).collect()
+            (0..n)
+                .flat_map(|i| rows[i * pitch..i * pitch + hkv * d].iter().map(|x| x.to_f64() as f32))
+                .collect()
         };
         let mut targets = Vec::with_capacity(n);
         for (s, &c) in counts.iter().enumerate() {
@@ -324,7 +341,14 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
                 targets.push((table.clone(), case.lens[s] - c + j));
             }
         }
-        append_reference(&cfg, &mut layer, scales.as_deref(), &dense(&rows_k), &dense(&rows_v), &targets);
+        append_reference(
+            &cfg,
+            &mut layer,
+            scales.as_deref(),
+            &dense(&rows_k),
+            &dense(&rows_v),
+            &targets,
+        );
         let got = cache.layer(0)?.to_host()?;
         let bad = got.iter().zip(&layer).filter(|(a, b)| a != b).count();
         if bad > 0 {
@@ -392,7 +416,13 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
     let lse_bad = lse_got
         .iter()
         .zip(&want.lse)
-        .filter(|(g, w)| if w.is_finite() { !((*g - *w).abs() <= 1e-3) } else { **g != **w })
+        .filter(|(g, w)| {
+            if w.is_finite() {
+                (*g - *w).abs().partial_cmp(&1e-3) != Some(std::cmp::Ordering::Less)
+            } else {
+                **g != **w
+            }
+        })
         .count();
     let mut notes: Vec<String> = note.into_iter().collect();
     if !padding_poisoned {

@@ -114,12 +114,19 @@ impl<T: Element> DeviceBuffer<T> {
     /// Copies `data` into elements `offset .. offset + data.len()` (a buffer used below its
     /// capacity, such as block tables), ordered on the stream; returns once `data` may be reused.
     pub fn copy_from_host_at(&mut self, offset: usize, data: &[T]) -> Result<()> {
-        let end = offset.checked_add(data.len()).filter(|&e| e <= self.len).ok_or_else(|| {
-            Error::invalid(
-                "data",
-                format!("{} elements at offset {offset} overrun a {}-element buffer", data.len(), self.len),
-            )
-        })?;
+        let end = offset
+            .checked_add(data.len())
+            .filter(|&e| e <= self.len)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "data",
+                    format!(
+                        "{} elements at offset {offset} overrun a {}-element buffer",
+                        data.len(),
+                        self.len
+                    ),
+                )
+            })?;
         if data.is_empty() {
             return Ok(());
         }
@@ -129,7 +136,12 @@ impl<T: Element> DeviceBuffer<T> {
         // SAFETY: the destination range lies inside the allocation (checked above) and the
         // source holds data.len() elements; a pageable source is staged before the call returns.
         check("cuMemcpyHtoDAsync", unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst, data.as_ptr() as *const _, std::mem::size_of_val(data), self.ctx.cu_stream())
+            sys::cuMemcpyHtoDAsync_v2(
+                dst,
+                data.as_ptr() as *const _,
+                std::mem::size_of_val(data),
+                self.ctx.cu_stream(),
+            )
         })
     }
 
