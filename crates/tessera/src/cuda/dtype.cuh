@@ -189,6 +189,17 @@ TS_DEVICE Array<float, 2> unpack_e4m3x2(uint16_t v) {
 #endif
   return r;
 }
+/// Two E4M3 bytes -> one f16x2 register (lo in bits 0..15): exact, one cvt on sm_89+.
+TS_DEVICE uint32_t e4m3x2_to_f16x2(uint16_t v) {
+#if __CUDA_ARCH__ >= 890
+  uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(v));
+  return r;
+#else
+  return (uint32_t)float_to_f16_bits(e4m3_bits_to_float_portable(v & 0xffu)) |
+         ((uint32_t)float_to_f16_bits(e4m3_bits_to_float_portable((uint32_t)v >> 8)) << 16);
+#endif
+}
 TS_DEVICE Array<float, 2> unpack_e5m2x2(uint16_t v) {
   Array<float, 2> r;
   r[0] = e5m2_bits_to_float(v & 0xffu);

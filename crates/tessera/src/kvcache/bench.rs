@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use serde_json::json;
 
-use super::decode::{DecodeOptions, DecodePlan, DecodeTuning};
+use super::decode::{default_tuning, DecodeOptions, DecodePlan, DecodeTuning, DecodeVariant, HOPPER_SHARED_LIMIT};
 use super::reference::{decode_reference, encode, gather_sequence};
 use super::{AppendBatch, KvCacheConfig, PagedBatch, PagedKvCache};
 use crate::check::compare;
@@ -109,7 +109,7 @@ impl BenchCase {
         let mut p = json!({
             "op": match self.op { BenchOp::Decode => "decode", BenchOp::Append => "append" },
             "B": self.batch(), "Hq": self.heads_q, "Hkv": self.heads_kv, "D": self.head_dim,
-            "ctx": self.ctx(), "page": self.page_size, "dtype": self.dtype.name(), "mixed": self.mixed,
+            "ctx": self.ctx(), "page": self.page_size, "dtype": bench_dtype_name(self.dtype), "mixed": self.mixed,
         });
         if self.mixed {
             p["lengths"] = json!(self.lengths);
@@ -122,6 +122,19 @@ impl BenchCase {
             Some(t) => format!("tessera-w{}k{}s{}", t.warps, t.tile_keys, t.stages),
         }
     }
+    /// The decode kernel variant this case runs with its forced tuning (or the default).
+    pub fn variant(&self) -> DecodeVariant {
+        let mut v = DecodeVariant {
+            dtype: if self.dtype == DType::BF16 { DType::BF16 } else { DType::F16 },
+            cache: self.dtype,
+            head_dim: self.head_dim as u32,
+            page_size: self.page_size as u32,
+            m_blocks: if self.heads_q / self.heads_kv > 16 && self.head_dim <= 128 { 2 } else { 1 },
+            tuning: DecodeTuning::default(),
+        };
+        v.tuning = self.tuning.unwrap_or_else(|| default_tuning(&v, HOPPER_SHARED_LIMIT));
+        v
+    }
     /// Bytes of K and V the decode reads.
     pub fn kv_bytes(&self) -> usize {
         let elems: usize = self
@@ -130,6 +143,14 @@ impl BenchCase {
             .map(|&l| l * self.heads_kv * self.head_dim * 2)
             .sum();
         elems * self.dtype.size()
+    }
+}
+
+/// The dtype as the baseline runner names it (`fp16`, `bf16`, `fp8`).
+fn bench_dtype_name(d: DType) -> &'static str {
+    match d {
+        DType::F8E4M3 => "fp8",
+        d => d.name(),
     }
 }
 
@@ -164,12 +185,15 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         }) {
             for &(warps, tile_keys, stages) in &sweep {
                 let mut c = base.clone();
-                c.tuning = Some(DecodeTuning {
+                let tuning = DecodeTuning {
                     warps,
                     tile_keys,
                     stages,
-                });
-                extra.push(c);
+                };
+                c.tuning = Some(tuning);
+                if c.variant().shared_bytes() <= HOPPER_SHARED_LIMIT {
+                    extra.push(c);
+                }
             }
         }
         v.extend(extra);

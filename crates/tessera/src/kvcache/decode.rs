@@ -10,7 +10,8 @@
 //!
 //! Work: one CTA per (KV head, work item = (sequence, key chunk), row group of up to 16 or 32
 //! query rows), serving every query head of that KV head (paged_decode.cu). Sequences cut into
-//! several chunks are merged by decode_combine.cu with the online-softmax rule.
+//! several chunks are merged with the online-softmax rule by the last CTA of each (sequence, KV
+//! head, row group) to finish, in the same launch.
 
 use std::sync::Arc;
 
@@ -23,7 +24,6 @@ use crate::runtime::{Context, DeviceBuffer, TensorView, TensorViewMut};
 use super::{KvCacheConfig, PagedBatch, PagedKvCache, PagedTables};
 
 const DECODE_SOURCE: &str = include_str!("paged_decode.cu");
-const COMBINE_SOURCE: &str = include_str!("decode_combine.cu");
 
 /// Most query tokens per sequence (speculative decoding).
 pub const MAX_Q_LEN: usize = 8;
@@ -180,32 +180,6 @@ impl DecodeVariant {
     }
 }
 
-/// The combine kernel of a decode plan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DecodeCombineVariant {
-    pub dtype: DType,
-    pub head_dim: u32,
-}
-
-impl DecodeCombineVariant {
-    pub const THREADS: u32 = 128;
-    pub fn spec(&self) -> KernelSpec {
-        KernelSpec {
-            name: format!("decode_combine_{}_d{}", self.dtype, self.head_dim),
-            file: "decode_combine.cu",
-            source: COMBINE_SOURCE,
-            preamble: format!(
-                "#include \"tessera/dtype.cuh\"\nusing Elem = {};\nconstexpr int kHeadDim = {};\n\
-                 constexpr int kThreads = {};\n#define TS_GENERATED_PREAMBLE 1\n",
-                self.dtype.cuda_type(),
-                self.head_dim,
-                Self::THREADS
-            ),
-            entry: "decode_combine",
-        }
-    }
-}
-
 /// `ts::DecodeParams` (kvcache_params.cuh), field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -220,6 +194,7 @@ pub struct DecodeParams {
     pub item_indptr: u64,
     pub o_partial: u64,
     pub lse_partial: u64,
+    pub counters: u64,
     pub q_stride_b: i64,
     pub q_stride_n: i64,
     pub q_stride_h: i64,
@@ -279,7 +254,7 @@ impl WorkList {
     pub fn num_items(&self) -> usize {
         self.item_seq.len()
     }
-    /// True when some sequence has more than one chunk (the combine kernel runs).
+    /// True when some sequence has more than one chunk (partials are merged).
     pub fn splits(&self) -> bool {
         self.item_indptr.windows(2).any(|w| w[1] - w[0] > 1)
     }
@@ -287,10 +262,10 @@ impl WorkList {
 
 /// Estimated run time (in token units) of the work list on `slots` concurrent CTAs: list
 /// scheduling of the items (longest first, `ctas_per_item` CTAs each) where an item costs its
-/// tokens plus a fixed `ITEM_OVERHEAD`, plus `COMBINE_COST` when a combine kernel runs.
+/// tokens plus a fixed `ITEM_OVERHEAD`, plus `COMBINE_COST` when partials are merged.
 pub fn estimate_cost(lens: &[usize], chunk: usize, ctas_per_item: usize, slots: usize) -> f64 {
     const ITEM_OVERHEAD: f64 = 128.0;
-    const COMBINE_COST: f64 = 200.0;
+    const COMBINE_COST: f64 = 64.0;
     let w = WorkList::new(lens, chunk);
     let mut finish = std::collections::BinaryHeap::new(); // min-heap of slot finish times
     for _ in 0..slots.max(1) {
@@ -344,13 +319,14 @@ pub struct DecodePlan {
     row_groups: usize,
     scale: f32,
     kernel: Arc<Kernel>,
-    combine: Arc<Kernel>,
     ctas_per_sm: usize,
     work: WorkList,
     item_seq: DeviceBuffer<i32>,
     item_indptr: DeviceBuffer<i32>,
     o_partial: DeviceBuffer<f32>,
     lse_partial: DeviceBuffer<f32>,
+    /// `[B * Hkv * row groups]` arrival counters of split sequences, zero between runs.
+    counters: DeviceBuffer<i32>,
 }
 
 impl std::fmt::Debug for DecodePlan {
@@ -421,7 +397,8 @@ impl DecodePlan {
                 ));
             }
         }
-        let tuning = options.tuning.or_else(DecodeTuning::from_env).unwrap_or_default();
+        let forced = options.tuning.or_else(DecodeTuning::from_env);
+        let mut tuning = forced.unwrap_or_default();
         tuning.validate()?;
         if (cfg.page_size as u32) < tuning.tile_keys && tuning.tile_keys % cfg.page_size as u32 != 0 {
             return Err(Error::invalid(
@@ -436,7 +413,7 @@ impl DecodePlan {
         let rows = group * options.q_len;
         let m_blocks = if cfg.head_dim <= 128 && rows > 16 { 2 } else { 1 };
         let row_groups = rows.div_ceil(16 * m_blocks);
-        let variant = DecodeVariant {
+        let mut variant = DecodeVariant {
             dtype,
             cache: cfg.dtype,
             head_dim: cfg.head_dim as u32,
@@ -444,6 +421,11 @@ impl DecodePlan {
             m_blocks: m_blocks as u32,
             tuning,
         };
+        if forced.is_none() {
+            // the default pipeline depth, shortened until it fits (D = 256 takes 3 stages)
+            variant.tuning = default_tuning(&variant, ctx.info().max_shared_per_block_optin);
+            tuning = variant.tuning;
+        }
         let smem = variant.shared_bytes();
         if smem > ctx.info().max_shared_per_block_optin {
             return Err(Error::Unsupported(format!(
@@ -452,13 +434,6 @@ impl DecodePlan {
             )));
         }
         let kernel = ctx.kernel(&variant.spec())?;
-        let combine = ctx.kernel(
-            &DecodeCombineVariant {
-                dtype,
-                head_dim: cfg.head_dim as u32,
-            }
-            .spec(),
-        )?;
         let ctas_per_sm = kernel.max_active_blocks_per_sm(ctx, variant.threads(), smem)?.max(1) as usize;
         let quantum = (tuning.warps * tuning.tile_keys) as usize;
         let slots = ctx.info().sm_count as usize * ctas_per_sm;
@@ -470,6 +445,8 @@ impl DecodePlan {
             slots,
         )?;
         let (item_seq, item_indptr, o_partial, lse_partial) = Self::buffers(ctx, &work, cfg, rows)?;
+        // zero once; the kernel leaves every counter at zero after each run
+        let counters = ctx.upload(&vec![0i32; seq_lens.len() * cfg.heads_kv * row_groups])?;
         Ok(DecodePlan {
             ctx: ctx.clone(),
             cfg: cfg.clone(),
@@ -479,13 +456,13 @@ impl DecodePlan {
             row_groups,
             scale,
             kernel,
-            combine,
             ctas_per_sm,
             work,
             item_seq,
             item_indptr,
             o_partial,
             lse_partial,
+            counters,
         })
     }
 
@@ -597,7 +574,7 @@ impl DecodePlan {
             t.stages,
             self.variant.shared_bytes(),
             self.ctas_per_sm,
-            if self.work.splits() { ", split-KV + combine" } else { "" }
+            if self.work.splits() { ", split-KV" } else { "" }
         )
     }
 
@@ -693,6 +670,7 @@ impl DecodePlan {
             item_indptr: self.item_indptr.device_ptr(),
             o_partial: if splits { self.o_partial.device_ptr() } else { 0 },
             lse_partial: if splits { self.lse_partial.device_ptr() } else { 0 },
+            counters: self.counters.device_ptr(),
             q_stride_b: qs[0] as i64,
             q_stride_n: qs[1] as i64,
             q_stride_h: qs[2] as i64,
@@ -723,22 +701,8 @@ impl DecodePlan {
         // SAFETY: params mirror ts::DecodeParams. q/out have the plan's shape and dtype with
         // aligned strides (checked above); the layer, scales and tables belong to a cache and
         // batch validated against the plan's config (page ids < P, tables covering every
-        // length); the work list and partial workspace were sized for this batch's items.
-        unsafe { self.kernel.launch(&self.ctx, cfg, &params)? };
-        if splits {
-            let warps = b * self.cfg.heads_kv * self.rows();
-            let per_cta = (DecodeCombineVariant::THREADS / 32) as usize;
-            let grid = warps.div_ceil(per_cta);
-            // SAFETY: as above; the combine reads the partials the decode kernel just wrote on
-            // the same stream and writes out / lse of the validated shapes.
-            unsafe {
-                self.combine.launch(
-                    &self.ctx,
-                    LaunchConfig::linear(grid as u32, DecodeCombineVariant::THREADS, 0),
-                    &params,
-                )?
-            };
-        }
+        // length); the work list, partial workspace and counters were sized for this batch.
+        unsafe { self.kernel.launch(&self.ctx, cfg, &params) }?;
         Ok(())
     }
 }
@@ -751,6 +715,17 @@ impl WorkList {
         v.extend_from_slice(&self.item_chunk);
         v
     }
+}
+
+/// The default tuning for a variant: 4 warps x 16 keys, 4 stages, fewer while the shared
+/// memory exceeds `limit` (never below 2).
+pub fn default_tuning(v: &DecodeVariant, limit: u32) -> DecodeTuning {
+    let mut v = *v;
+    v.tuning = DecodeTuning::default();
+    while v.tuning.stages > 2 && v.shared_bytes() > limit {
+        v.tuning.stages -= 1;
+    }
+    v.tuning
 }
 
 fn plan_work(
@@ -784,17 +759,25 @@ fn plan_work(
     Ok(work)
 }
 
-/// Decode variants for the CI compile checks (default tuning): every dtype pair x head dim x
+/// Opt-in shared memory per block of H100/H200 (the tuning the CI variants and the device bundle
+/// are compiled with).
+pub const HOPPER_SHARED_LIMIT: u32 = 232_448;
+
+/// Decode variants for the CI compile checks (default tuning for Hopper): every dtype pair x head dim x
 /// row blocks at page size 16, and every page size for fp16 and fp8 at D = 128.
 pub fn ci_variants() -> Vec<DecodeVariant> {
     let mut v = Vec::new();
-    let variant = |dtype, cache, head_dim, page_size, m_blocks| DecodeVariant {
-        dtype,
-        cache,
-        head_dim,
-        page_size,
-        m_blocks,
-        tuning: DecodeTuning::default(),
+    let variant = |dtype, cache, head_dim, page_size, m_blocks| {
+        let mut v = DecodeVariant {
+            dtype,
+            cache,
+            head_dim,
+            page_size,
+            m_blocks,
+            tuning: DecodeTuning::default(),
+        };
+        v.tuning = default_tuning(&v, HOPPER_SHARED_LIMIT);
+        v
     };
     for (dtype, cache) in [
         (DType::F16, DType::F16),
@@ -814,17 +797,6 @@ pub fn ci_variants() -> Vec<DecodeVariant> {
     for page_size in [8u32, 32, 64, 128, 256] {
         v.push(variant(DType::F16, DType::F16, 128, page_size, 1));
         v.push(variant(DType::F16, DType::F8E4M3, 128, page_size, 1));
-    }
-    v
-}
-
-/// Combine variants for the CI compile checks.
-pub fn ci_combine_variants() -> Vec<DecodeCombineVariant> {
-    let mut v = Vec::new();
-    for dtype in [DType::F16, DType::BF16] {
-        for head_dim in [64u32, 128, 256] {
-            v.push(DecodeCombineVariant { dtype, head_dim });
-        }
     }
     v
 }

@@ -17,8 +17,10 @@
 //   online softmax per row (ts::OnlineSoftmax, log2 domain, scale folded into exp2)
 //   O += P V       P packed to Elem in registers as the A operand, V by ldmatrix.trans
 // and at the end the warps' (m, l, O) are merged through shared memory by the online-softmax
-// rule; the CTA writes the output (single-chunk sequence) or a normalised f32 partial + LSE for
-// decode_combine.cu.
+// rule; the CTA writes the output (single-chunk sequence) or a normalised f32 partial + LSE; the
+// last CTA to finish a split sequence (an atomic counter per (sequence, KV head, row group))
+// merges the partials by the same rule and writes the output, so split-KV needs no second
+// kernel launch.
 //
 // Pages: the page id of each tile is loaded one tile ahead (a register per lane, lane l holding
 // the tile's l-th page) and broadcast by shuffles when the copies are issued, so the table
@@ -175,10 +177,18 @@ TS_DEVICE void dequant_tile(unsigned char* dst, const unsigned char* src) {
     uint32_t out[8];
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const Array<float, 2> lo = unpack_e4m3x2((uint16_t)(w[j] & 0xffffu));
-      const Array<float, 2> hi = unpack_e4m3x2((uint16_t)(w[j] >> 16));
-      out[2 * j] = pack2<Elem>(lo[0], lo[1]);  // exact: every e4m3 value is an f16 / bf16
-      out[2 * j + 1] = pack2<Elem>(hi[0], hi[1]);
+      // exact: every e4m3 value is an f16 (and a bf16)
+      const uint32_t lo = e4m3x2_to_f16x2((uint16_t)(w[j] & 0xffffu));
+      const uint32_t hi = e4m3x2_to_f16x2((uint16_t)(w[j] >> 16));
+      if constexpr (is_same_v<Elem, f16>) {
+        out[2 * j] = lo;
+        out[2 * j + 1] = hi;
+      } else {
+        const Array<float, 2> a = unpack_f16x2(lo);
+        const Array<float, 2> b = unpack_f16x2(hi);
+        out[2 * j] = pack2<Elem>(a[0], a[1]);
+        out[2 * j + 1] = pack2<Elem>(b[0], b[1]);
+      }
     }
     *reinterpret_cast<U32x4*>(dst + swizzled(r, 2 * c)) = U32x4{out[0], out[1], out[2], out[3]};
     *reinterpret_cast<U32x4*>(dst + swizzled(r, 2 * c + 1)) = U32x4{out[4], out[5], out[6], out[7]};
@@ -188,7 +198,8 @@ TS_DEVICE void dequant_tile(unsigned char* dst, const unsigned char* src) {
 /// The key range of one CTA: [begin, end) of sequence b, and whether it is b's only chunk.
 struct Chunk {
   int b;
-  int slot;  // partial slot: item_indptr[b] + chunk index
+  int slot;   // partial slot: item_indptr[b] + chunk index
+  int count;  // chunks of sequence b
   int begin;
   int end;
   int len;
@@ -203,7 +214,17 @@ TS_DEVICE Chunk chunk_of(const DecodeParams& p, int item) {
   const int len = p.tables.seq_lens[b];
   const int begin = min(k * p.chunk_tokens, len);
   const int end = k == n - 1 ? len : min(begin + p.chunk_tokens, len);
-  return Chunk{b, first + k, begin, end, len, n == 1};
+  return Chunk{b, first + k, n, begin, end, len, n == 1};
+}
+
+/// Writes 4 output columns of query row `row` (of KV head kvh) and, from column 0, its LSE.
+TS_DEVICE void store_output(const DecodeParams& p, int b, int kvh, int row, int c, float o0, float o1, float o2,
+                            float o3, float lse) {
+  const int qi = row / p.group;
+  const int h = kvh * p.group + row % p.group;
+  Elem* dst = static_cast<Elem*>(p.o) + b * p.o_stride_b + qi * p.o_stride_n + h * p.o_stride_h + c;
+  st_global_b64(dst, U32x2{pack2<Elem>(o0, o1), pack2<Elem>(o2, o3)});
+  if (p.lse != nullptr && c == 0) p.lse[((long long)b * p.q_len + qi) * p.heads_q + h] = lse;
 }
 
 }  // namespace
@@ -454,17 +475,55 @@ extern "C" __global__ void __launch_bounds__(kThreads) paged_decode(const __grid
       o[3] += f * ow.w;
     }
     const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: O = 0, LSE = -inf
-    const float lse = OnlineSoftmax{m, l}.lse();
     if (ch.only) {
-      const int qi = grow / p.group;
-      const int h = kvh * p.group + grow % p.group;
-      Elem* dst = static_cast<Elem*>(p.o) + ch.b * p.o_stride_b + qi * p.o_stride_n + h * p.o_stride_h + c;
-      st_global_b64(dst, U32x2{pack2<Elem>(o[0] * inv_l, o[1] * inv_l), pack2<Elem>(o[2] * inv_l, o[3] * inv_l)});
-      if (p.lse != nullptr && c == 0) p.lse[((long long)ch.b * p.q_len + qi) * p.heads_q + h] = lse;
+      store_output(p, ch.b, kvh, grow, c, o[0] * inv_l, o[1] * inv_l, o[2] * inv_l, o[3] * inv_l,
+                   OnlineSoftmax{m, l}.lse());
     } else {
       float* dst = p.o_partial + (part_row0 + grow) * kHeadDim + c;
       *reinterpret_cast<float4*>(dst) = make_float4(o[0] * inv_l, o[1] * inv_l, o[2] * inv_l, o[3] * inv_l);
-      if (c == 0) p.lse_partial[part_row0 + grow] = lse;
+      if (c == 0) p.lse_partial[part_row0 + grow] = OnlineSoftmax{m, l}.lse();
     }
+  }
+  if (ch.only) return;
+
+  // ---- split-KV: the last CTA of (sequence, KV head, row group) merges the chunks ---------
+  // Classic "last block" reduction: every CTA makes its partials visible device-wide, then
+  // counts itself in; the CTA that completes the count reads all partials (through L2) and
+  // resets the counter for the next run (so a captured CUDA graph replays correctly).
+  __shared__ int s_last;
+  __syncthreads();  // all partial stores of this CTA were issued
+  if (thread_id() == 0) {
+    __threadfence();
+    int* counter = p.counters + ((long long)ch.b * p.heads_kv + kvh) * gridDim.z + blockIdx.z;
+    const int done = atomicAdd(counter, 1) + 1;
+    s_last = done == ch.count;
+    if (s_last) *counter = 0;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const int first = p.item_indptr[ch.b];
+  for (int idx = thread_id(); idx < kRows * (kHeadDim / 4); idx += kThreads) {
+    const int row = idx / (kHeadDim / 4);
+    const int c = (idx % (kHeadDim / 4)) * 4;
+    const int grow = row_base + row;
+    if (grow >= p.rows) continue;
+    // partial row of slot i: (i * Hkv + kvh) * rows + grow
+    auto part_row = [&](int i) { return ((long long)i * p.heads_kv + kvh) * p.rows + grow; };
+    OnlineSoftmax st = OnlineSoftmax::empty();
+    for (int i = first; i < first + ch.count; ++i) st.update(__ldcg(p.lse_partial + part_row(i)) * kLog2e);
+    const float shift = softmax_shift(st.m);
+    const float inv_d = st.d > 0.0f ? 1.0f / st.d : 0.0f;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int i = first; i < first + ch.count; ++i) {
+      const float w = exp2_shifted(__ldcg(p.lse_partial + part_row(i)) * kLog2e, shift) * inv_d;
+      if (w == 0.0f) continue;  // an empty chunk (or one negligible against the others)
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(p.o_partial + part_row(i) * kHeadDim + c));
+      o.x += w * x.x;
+      o.y += w * x.y;
+      o.z += w * x.z;
+      o.w += w * x.w;
+    }
+    store_output(p, ch.b, kvh, grow, c, o.x, o.y, o.z, o.w, st.lse());
   }
 }

@@ -186,7 +186,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
     c.shared_prefix_pages = 40;
     v.push(c);
     // every tuning the benchmark sweeps
-    for (warps, tile_keys, stages) in [(4u32, 32u32, 3u32), (4, 64, 2), (8, 16, 3), (8, 32, 2), (4, 16, 6)] {
+    for (warps, tile_keys, stages) in [(4u32, 32u32, 3u32), (4, 16, 2), (8, 16, 3), (8, 16, 2), (4, 32, 4), (8, 32, 3)] {
         for cache in [f16, fp8] {
             let mut c = Case::base(cache, f16, 32, 8, 128, &[1, 33, 1000, 4097]);
             c.tuning = Some(DecodeTuning {
