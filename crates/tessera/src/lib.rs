@@ -9,6 +9,7 @@ pub mod check;
 pub mod dtype;
 pub mod error;
 pub mod harness;
+pub mod kvcache;
 pub mod runtime;
 pub mod softmax;
 pub mod testdata;
