@@ -1,1 +1,3 @@
 pub mod block_manager;
+#[cfg(test)]
+mod block_manager_tests;
