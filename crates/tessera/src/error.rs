@@ -31,6 +31,15 @@ pub enum Error {
     /// A valid but unsupported combination; the message says what is supported.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The paged KV cache has too few free or evictable pages for the call; nothing was changed.
+    /// The caller preempts (frees or swaps out) a sequence and retries.
+    #[error("KV cache out of pages: needed {needed}, {available} free or evictable; preempt a sequence or free pages")]
+    OutOfPages {
+        /// Pages the call needed.
+        needed: usize,
+        /// Pages that were free or held only by the prefix cache (evictable) for this call.
+        available: usize,
+    },
     /// File-system or other I/O failure.
     #[error("{context}: {source}")]
     Io {

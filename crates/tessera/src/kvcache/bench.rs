@@ -125,11 +125,19 @@ impl BenchCase {
     /// The decode kernel variant this case runs with its forced tuning (or the default).
     pub fn variant(&self) -> DecodeVariant {
         let mut v = DecodeVariant {
-            dtype: if self.dtype == DType::BF16 { DType::BF16 } else { DType::F16 },
+            dtype: if self.dtype == DType::BF16 {
+                DType::BF16
+            } else {
+                DType::F16
+            },
             cache: self.dtype,
             head_dim: self.head_dim as u32,
             page_size: self.page_size as u32,
-            m_blocks: if self.heads_q / self.heads_kv > 16 && self.head_dim <= 128 { 2 } else { 1 },
+            m_blocks: if self.heads_q / self.heads_kv > 16 && self.head_dim <= 128 {
+                2
+            } else {
+                1
+            },
             tuning: DecodeTuning::default(),
         };
         v.tuning = self.tuning.unwrap_or_else(|| default_tuning(&v, HOPPER_SHARED_LIMIT));

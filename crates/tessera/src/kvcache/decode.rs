@@ -345,58 +345,7 @@ impl DecodePlan {
         seq_lens: &[usize],
         options: &DecodeOptions,
     ) -> Result<DecodePlan> {
-        cfg.validate()?;
-        if heads_q == 0 || heads_q % cfg.heads_kv != 0 {
-            return Err(Error::invalid(
-                "heads_q",
-                format!(
-                    "must be a positive multiple of heads_kv = {} (Hq % Hkv == 0), got {heads_q}",
-                    cfg.heads_kv
-                ),
-            ));
-        }
-        if !(1..=MAX_Q_LEN).contains(&options.q_len) {
-            return Err(Error::invalid(
-                "q_len",
-                format!(
-                    "query tokens per sequence must be in 1..={MAX_Q_LEN}, got {}",
-                    options.q_len
-                ),
-            ));
-        }
-        let dtype = match (cfg.dtype, options.query_dtype) {
-            (DType::F8E4M3, None) => DType::F16,
-            (DType::F8E4M3, Some(d @ (DType::F16 | DType::BF16))) => d,
-            (DType::F8E4M3, Some(d)) => {
-                return Err(Error::invalid(
-                    "query_dtype",
-                    format!("{d}: queries over an fp8 cache are fp16 or bf16"),
-                ))
-            }
-            (c, None) => c,
-            (c, Some(d)) if d == c => c,
-            (c, Some(d)) => {
-                return Err(Error::invalid(
-                    "query_dtype",
-                    format!("{d} does not match the {c} cache (an fp16/bf16 cache takes queries of its own dtype)"),
-                ))
-            }
-        };
-        let scale = options.scale.unwrap_or(1.0 / (cfg.head_dim as f32).sqrt());
-        if !(scale.is_finite() && scale > 0.0) {
-            return Err(Error::invalid("scale", format!("must be finite and > 0, got {scale}")));
-        }
-        if seq_lens.is_empty() {
-            return Err(Error::invalid("seq_lens", "the batch must have at least one sequence"));
-        }
-        for (b, &l) in seq_lens.iter().enumerate() {
-            if l > i32::MAX as usize - 64 {
-                return Err(Error::invalid(
-                    "seq_lens",
-                    format!("sequence {b}: {l} tokens exceed the 32-bit limit"),
-                ));
-            }
-        }
+        let (dtype, scale) = validate_decode(cfg, heads_q, seq_lens, options)?;
         let forced = options.tuning.or_else(DecodeTuning::from_env);
         let mut tuning = forced.unwrap_or_default();
         tuning.validate()?;
@@ -715,6 +664,70 @@ impl WorkList {
         v.extend_from_slice(&self.item_chunk);
         v
     }
+}
+
+/// Checks a decode request without a GPU: the cache config, `Hq % Hkv == 0`, `q_len` in
+/// 1..=8, the query dtype against the cache dtype, the scale and the lengths. Returns the query
+/// dtype and the effective scale.
+pub fn validate_decode(
+    cfg: &KvCacheConfig,
+    heads_q: usize,
+    seq_lens: &[usize],
+    options: &DecodeOptions,
+) -> Result<(DType, f32)> {
+    cfg.validate()?;
+    if heads_q == 0 || heads_q % cfg.heads_kv != 0 {
+        return Err(Error::invalid(
+            "heads_q",
+            format!(
+                "must be a positive multiple of heads_kv = {} (Hq % Hkv == 0), got {heads_q}",
+                cfg.heads_kv
+            ),
+        ));
+    }
+    if !(1..=MAX_Q_LEN).contains(&options.q_len) {
+        return Err(Error::invalid(
+            "q_len",
+            format!(
+                "query tokens per sequence must be in 1..={MAX_Q_LEN}, got {}",
+                options.q_len
+            ),
+        ));
+    }
+    let dtype = match (cfg.dtype, options.query_dtype) {
+        (DType::F8E4M3, None) => DType::F16,
+        (DType::F8E4M3, Some(d @ (DType::F16 | DType::BF16))) => d,
+        (DType::F8E4M3, Some(d)) => {
+            return Err(Error::invalid(
+                "query_dtype",
+                format!("{d}: queries over an fp8 cache are fp16 or bf16"),
+            ))
+        }
+        (c, None) => c,
+        (c, Some(d)) if d == c => c,
+        (c, Some(d)) => {
+            return Err(Error::invalid(
+                "query_dtype",
+                format!("{d} does not match the {c} cache (an fp16/bf16 cache takes queries of its own dtype)"),
+            ))
+        }
+    };
+    let scale = options.scale.unwrap_or(1.0 / (cfg.head_dim as f32).sqrt());
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(Error::invalid("scale", format!("must be finite and > 0, got {scale}")));
+    }
+    if seq_lens.is_empty() {
+        return Err(Error::invalid("seq_lens", "the batch must have at least one sequence"));
+    }
+    for (b, &l) in seq_lens.iter().enumerate() {
+        if l > i32::MAX as usize - 64 {
+            return Err(Error::invalid(
+                "seq_lens",
+                format!("sequence {b}: {l} tokens exceed the 32-bit limit"),
+            ));
+        }
+    }
+    Ok((dtype, scale))
 }
 
 /// The default tuning for a variant: 4 warps x 16 keys, 4 stages, fewer while the shared

@@ -50,7 +50,11 @@ pub mod reference;
 pub mod verify;
 
 #[cfg(test)]
+mod block_manager_tests;
+#[cfg(test)]
 mod compile_tests;
+#[cfg(test)]
+mod tests;
 
 use std::sync::{Arc, OnceLock};
 
@@ -527,77 +531,8 @@ impl PagedBatch {
         indices: &[i32],
         seq_lens: &[usize],
     ) -> Result<()> {
-        cfg.validate()?;
+        check_tables(cfg, indptr, indices, seq_lens, self.capacity_batch, self.capacity_pages)?;
         let b = seq_lens.len();
-        if indptr.len() != b + 1 {
-            return Err(Error::invalid(
-                "indptr",
-                format!("must have batch + 1 = {} entries, got {}", b + 1, indptr.len()),
-            ));
-        }
-        if b == 0 || b > self.capacity_batch {
-            return Err(Error::invalid(
-                "seq_lens",
-                format!(
-                    "batch of {b} sequences: must be 1..={} (the capacity)",
-                    self.capacity_batch
-                ),
-            ));
-        }
-        if indices.len() > self.capacity_pages {
-            return Err(Error::invalid(
-                "indices",
-                format!(
-                    "{} entries exceed the capacity of {}",
-                    indices.len(),
-                    self.capacity_pages
-                ),
-            ));
-        }
-        if indptr[0] != 0 || indptr[b] < 0 || indptr[b] as usize > indices.len() {
-            return Err(Error::invalid(
-                "indptr",
-                format!("must start at 0 and end within indices ({} entries)", indices.len()),
-            ));
-        }
-        for s in 0..b {
-            let (lo, hi) = (indptr[s], indptr[s + 1]);
-            if hi < lo {
-                return Err(Error::invalid(
-                    "indptr",
-                    format!("must be non-decreasing: indptr[{}] = {hi} < indptr[{s}] = {lo}", s + 1),
-                ));
-            }
-            let len = seq_lens[s];
-            if len > i32::MAX as usize - 64 {
-                return Err(Error::invalid(
-                    "seq_lens",
-                    format!("sequence {s}: length {len} exceeds the 32-bit limit"),
-                ));
-            }
-            let have = (hi - lo) as usize;
-            let need = cfg.pages_for(len);
-            if have < need {
-                return Err(Error::invalid(
-                    "tables",
-                    format!(
-                        "sequence {s} has {len} tokens, which need {need} pages of {}, but its block table has {have}",
-                        cfg.page_size
-                    ),
-                ));
-            }
-            for (i, &p) in indices[lo as usize..hi as usize].iter().enumerate() {
-                if p < 0 || p as usize >= cfg.num_pages {
-                    return Err(Error::invalid(
-                        "tables",
-                        format!(
-                            "sequence {s}, page {i}: physical page {p} is out of range (the cache has {} pages)",
-                            cfg.num_pages
-                        ),
-                    ));
-                }
-            }
-        }
         // validated: upload (in place, no allocation), then commit the host mirror
         let lens32: Vec<i32> = seq_lens.iter().map(|&l| l as i32).collect();
         self.indptr.copy_from_host_at(0, indptr)?;
@@ -647,6 +582,84 @@ impl PagedBatch {
     }
 }
 
+/// Validates CSR block tables against a cache config and batch capacities: `indptr` has B + 1
+/// non-decreasing entries from 0 within `indices`, every page id is `< num_pages`, every table
+/// covers its length (`>= ceil(len / T)` pages), lengths stay within the 32-bit range.
+pub fn check_tables(
+    cfg: &KvCacheConfig,
+    indptr: &[i32],
+    indices: &[i32],
+    seq_lens: &[usize],
+    capacity_batch: usize,
+    capacity_pages: usize,
+) -> Result<()> {
+    cfg.validate()?;
+    let b = seq_lens.len();
+    if indptr.len() != b + 1 {
+        return Err(Error::invalid(
+            "indptr",
+            format!("must have batch + 1 = {} entries, got {}", b + 1, indptr.len()),
+        ));
+    }
+    if b == 0 || b > capacity_batch {
+        return Err(Error::invalid(
+            "seq_lens",
+            format!("batch of {b} sequences: must be 1..={} (the capacity)", capacity_batch),
+        ));
+    }
+    if indices.len() > capacity_pages {
+        return Err(Error::invalid(
+            "indices",
+            format!("{} entries exceed the capacity of {}", indices.len(), capacity_pages),
+        ));
+    }
+    if indptr[0] != 0 || indptr[b] < 0 || indptr[b] as usize > indices.len() {
+        return Err(Error::invalid(
+            "indptr",
+            format!("must start at 0 and end within indices ({} entries)", indices.len()),
+        ));
+    }
+    for s in 0..b {
+        let (lo, hi) = (indptr[s], indptr[s + 1]);
+        if hi < lo {
+            return Err(Error::invalid(
+                "indptr",
+                format!("must be non-decreasing: indptr[{}] = {hi} < indptr[{s}] = {lo}", s + 1),
+            ));
+        }
+        let len = seq_lens[s];
+        if len > i32::MAX as usize - 64 {
+            return Err(Error::invalid(
+                "seq_lens",
+                format!("sequence {s}: length {len} exceeds the 32-bit limit"),
+            ));
+        }
+        let have = (hi - lo) as usize;
+        let need = cfg.pages_for(len);
+        if have < need {
+            return Err(Error::invalid(
+                "tables",
+                format!(
+                    "sequence {s} has {len} tokens, which need {need} pages of {}, but its block table has {have}",
+                    cfg.page_size
+                ),
+            ));
+        }
+        for (i, &p) in indices[lo as usize..hi as usize].iter().enumerate() {
+            if p < 0 || p as usize >= cfg.num_pages {
+                return Err(Error::invalid(
+                    "tables",
+                    format!(
+                        "sequence {s}, page {i}: physical page {p} is out of range (the cache has {} pages)",
+                        cfg.num_pages
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// How many new rows each sequence appends (the packing of the `[N, Hkv, D]` append inputs).
 pub struct AppendBatch {
     counts: Vec<usize>,
@@ -662,7 +675,7 @@ impl AppendBatch {
             indptr: ctx.upload(&indptr)?,
         })
     }
-    fn indptr_of(counts: &[usize]) -> Result<Vec<i32>> {
+    pub(crate) fn indptr_of(counts: &[usize]) -> Result<Vec<i32>> {
         if counts.is_empty() {
             return Err(Error::invalid(
                 "counts",

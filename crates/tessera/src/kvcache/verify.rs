@@ -186,7 +186,14 @@ pub fn cases(quick: bool) -> Vec<Case> {
     c.shared_prefix_pages = 40;
     v.push(c);
     // every tuning the benchmark sweeps
-    for (warps, tile_keys, stages) in [(4u32, 32u32, 3u32), (4, 16, 2), (8, 16, 3), (8, 16, 2), (4, 32, 4), (8, 32, 3)] {
+    for (warps, tile_keys, stages) in [
+        (4u32, 32u32, 3u32),
+        (4, 16, 2),
+        (8, 16, 3),
+        (8, 16, 2),
+        (4, 32, 4),
+        (8, 32, 3),
+    ] {
         for cache in [f16, fp8] {
             let mut c = Case::base(cache, f16, 32, 8, 128, &[1, 33, 1000, 4097]);
             c.tuning = Some(DecodeTuning {
@@ -387,6 +394,17 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
     }
     let out_host = out.to_host()?;
     let lse_host = lse.to_host()?;
+    // a second run (split counters reset by the first) must give the same bits
+    out.fill_bytes(0xff)?;
+    {
+        let mut ov = out.view_mut(&shape, &strides)?;
+        plan.run(&qv, &cache, 0, &batch, &mut ov, None)?;
+    }
+    let rerun = out.to_host()?;
+    let rerun_same = rerun
+        .iter()
+        .zip(&out_host)
+        .all(|(a, b)| a.to_f64().to_bits() == b.to_f64().to_bits());
 
     // ---- reference -------------------------------------------------------------------------
     let gathered: Vec<(Vec<f64>, Vec<f64>)> = (0..b)
@@ -425,13 +443,16 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
         })
         .count();
     let mut notes: Vec<String> = note.into_iter().collect();
+    if !rerun_same {
+        notes.push("a second run gave different output bits".into());
+    }
     if !padding_poisoned {
         notes.push("output row padding was overwritten".into());
     }
     if lse_bad > 0 {
         notes.push(format!("{lse_bad} LSE values off by more than 1e-3 (or -inf mismatch)"));
     }
-    let passed = comparison.passes(budget) && append_ok && padding_poisoned && lse_bad == 0;
+    let passed = comparison.passes(budget) && append_ok && padding_poisoned && lse_bad == 0 && rerun_same;
     Ok(VerifyOutcome {
         case: case.name(),
         params: case.params(),

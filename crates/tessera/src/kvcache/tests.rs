@@ -1,0 +1,206 @@
+//! KV cache tests that need no GPU: every bad input the issue lists is refused with an error
+//! naming the rule (through the pure checkers the public entry points call), and the split-KV
+//! planner's work lists cover every key exactly once.
+
+use proptest::prelude::*;
+
+use super::decode::{
+    choose_chunk, default_tuning, validate_decode, DecodeOptions, DecodeTuning, DecodeVariant, WorkList,
+    HOPPER_SHARED_LIMIT, MAX_ITEMS,
+};
+use super::*;
+
+fn cfg() -> KvCacheConfig {
+    KvCacheConfig {
+        num_pages: 100,
+        page_size: 16,
+        heads_kv: 8,
+        head_dim: 128,
+        ..Default::default()
+    }
+}
+
+fn err<T: std::fmt::Debug>(r: Result<T>) -> String {
+    r.expect_err("expected an error").to_string()
+}
+
+#[test]
+fn config_errors_name_the_field_and_the_supported_values() {
+    let mut c = cfg();
+    c.page_size = 12;
+    assert!(err(c.validate()).contains("page_size"));
+    c.page_size = 512;
+    assert!(err(c.validate()).contains("power of two from 8 to 256"));
+    let mut c = cfg();
+    c.head_dim = 96;
+    assert!(err(c.validate()).contains("[64, 128, 256]"));
+    let mut c = cfg();
+    c.dtype = DType::F32;
+    assert!(err(c.validate()).contains("fp16, bf16 and fp8e4m3"));
+    let mut c = cfg();
+    c.num_pages = 0;
+    assert!(err(c.validate()).contains("num_pages"));
+    let mut c = cfg();
+    c.heads_kv = 0;
+    assert!(err(c.validate()).contains("heads_kv"));
+    let mut c = cfg();
+    c.fp8_scale = f32::NAN;
+    assert!(err(c.validate()).contains("fp8_scale"));
+    for t in [8, 16, 32, 64, 128, 256] {
+        let mut c = cfg();
+        c.page_size = t;
+        c.validate().unwrap();
+    }
+}
+
+fn csr(tables: &[&[i32]]) -> (Vec<i32>, Vec<i32>) {
+    let mut indptr = vec![0];
+    let mut indices = Vec::new();
+    for t in tables {
+        indices.extend_from_slice(t);
+        indptr.push(indices.len() as i32);
+    }
+    (indptr, indices)
+}
+
+#[test]
+fn tables_are_checked_against_the_pool_and_the_lengths() {
+    let c = cfg();
+    let (ip, ix) = csr(&[&[3, 7], &[9]]);
+    check_tables(&c, &ip, &ix, &[20, 16], 4, 10).unwrap();
+    // a longer table than needed is fine; length 0 needs no page
+    let (ip, ix) = csr(&[&[3, 7, 8], &[]]);
+    check_tables(&c, &ip, &ix, &[20, 0], 4, 10).unwrap();
+    // page id out of range
+    let (ip, ix) = csr(&[&[3, 100]]);
+    let e = err(check_tables(&c, &ip, &ix, &[20], 4, 10));
+    assert!(
+        e.contains("physical page 100 is out of range") && e.contains("100 pages"),
+        "{e}"
+    );
+    let (ip, ix) = csr(&[&[-1]]);
+    assert!(err(check_tables(&c, &ip, &ix, &[1], 4, 10)).contains("out of range"));
+    // block table shorter than the length
+    let (ip, ix) = csr(&[&[3]]);
+    let e = err(check_tables(&c, &ip, &ix, &[17], 4, 10));
+    assert!(e.contains("need 2 pages") && e.contains("has 1"), "{e}");
+    // indptr shape and order
+    assert!(err(check_tables(&c, &[0, 1], &[3], &[1, 1], 4, 10)).contains("batch + 1"));
+    assert!(err(check_tables(&c, &[1, 1], &[3], &[1], 4, 10)).contains("start at 0"));
+    assert!(err(check_tables(&c, &[0, 2, 1], &[3, 4], &[1, 1], 4, 10)).contains("non-decreasing"));
+    assert!(err(check_tables(&c, &[0, 5], &[3], &[1], 4, 10)).contains("within indices"));
+    // capacities and empty batches
+    let (ip, ix) = csr(&[&[1], &[2], &[3]]);
+    assert!(err(check_tables(&c, &ip, &ix, &[1, 1, 1], 2, 10)).contains("capacity"));
+    assert!(err(check_tables(&c, &ip, &ix, &[1, 1, 1], 4, 2)).contains("capacity"));
+    assert!(err(check_tables(&c, &[0], &[], &[], 4, 10)).contains("batch of 0"));
+}
+
+#[test]
+fn decode_requests_are_validated() {
+    let c = cfg();
+    let o = DecodeOptions::default();
+    assert_eq!(validate_decode(&c, 32, &[5], &o).unwrap().0, DType::F16);
+    let e = err(validate_decode(&c, 12, &[5], &o));
+    assert!(e.contains("Hq % Hkv == 0"), "{e}");
+    assert!(err(validate_decode(&c, 0, &[5], &o)).contains("heads_q"));
+    for q_len in [0, 9] {
+        let o = DecodeOptions { q_len, ..o };
+        assert!(err(validate_decode(&c, 32, &[5], &o)).contains("1..=8"));
+    }
+    // an fp16 cache takes fp16 queries only; an fp8 cache fp16 or bf16
+    let o_bf = DecodeOptions {
+        query_dtype: Some(DType::BF16),
+        ..o
+    };
+    assert!(err(validate_decode(&c, 32, &[5], &o_bf)).contains("does not match"));
+    let mut c8 = cfg();
+    c8.dtype = DType::F8E4M3;
+    assert_eq!(validate_decode(&c8, 32, &[5], &o_bf).unwrap().0, DType::BF16);
+    let o_f32 = DecodeOptions {
+        query_dtype: Some(DType::F32),
+        ..o
+    };
+    assert!(err(validate_decode(&c8, 32, &[5], &o_f32)).contains("fp16 or bf16"));
+    for scale in [0.0, -1.0, f32::INFINITY] {
+        let o = DecodeOptions {
+            scale: Some(scale),
+            ..o
+        };
+        assert!(err(validate_decode(&c, 32, &[5], &o)).contains("scale"));
+    }
+    assert!(err(validate_decode(&c, 32, &[], &o)).contains("at least one sequence"));
+    assert!(err(validate_decode(&c, 32, &[i32::MAX as usize], &o)).contains("32-bit"));
+    // default scale 1/sqrt(D)
+    let (_, s) = validate_decode(&c, 32, &[5], &o).unwrap();
+    assert!((s - 1.0 / (128f32).sqrt()).abs() < 1e-7);
+}
+
+#[test]
+fn append_counts_are_checked() {
+    assert!(err(AppendBatch::indptr_of(&[])).contains("one entry per sequence"));
+    assert_eq!(AppendBatch::indptr_of(&[2, 0, 5]).unwrap(), vec![0, 2, 2, 7]);
+    assert!(err(AppendBatch::indptr_of(&[1 << 30, 1 << 30])).contains("2^30"));
+}
+
+#[test]
+fn default_tunings_fit_hopper_shared_memory() {
+    for cache in [DType::F16, DType::F8E4M3] {
+        for head_dim in [64, 128, 256] {
+            let mut v = DecodeVariant {
+                dtype: DType::F16,
+                cache,
+                head_dim,
+                page_size: 16,
+                m_blocks: 1,
+                tuning: DecodeTuning::default(),
+            };
+            v.tuning = default_tuning(&v, HOPPER_SHARED_LIMIT);
+            assert!(v.shared_bytes() <= HOPPER_SHARED_LIMIT, "{v:?}: {}", v.shared_bytes());
+        }
+    }
+}
+
+#[test]
+fn the_planner_splits_short_batches_and_not_long_ones() {
+    // 8 x 4K on 132 slots of 8 KV heads: split into at least 2 chunks per sequence
+    let w = WorkList::new(&[4096; 8], choose_chunk(&[4096; 8], 64, 8, 132));
+    assert!(w.num_items() >= 16 && w.splits(), "{w:?}");
+    // 512 sequences of 1K already fill the machine: no split
+    let lens = vec![1024; 512];
+    let chunk = choose_chunk(&lens, 64, 8, 132);
+    assert!(!WorkList::new(&lens, chunk).splits(), "chunk {chunk}");
+}
+
+proptest! {
+    /// Every key of every sequence is covered by exactly one item, chunks are multiples of the
+    /// quantum, items stay under the grid limit, and partial slots are a prefix sum.
+    #[test]
+    fn work_lists_cover_every_key_once(
+        lens in proptest::collection::vec(0usize..70_000, 1..40),
+        quantum in prop_oneof![Just(64usize), Just(128usize)],
+        slots in 1usize..300,
+        heads in 1usize..9,
+    ) {
+        let chunk = choose_chunk(&lens, quantum, heads, slots);
+        prop_assert!(chunk % quantum == 0 && chunk > 0);
+        let w = WorkList::new(&lens, chunk);
+        prop_assert!(w.num_items() <= MAX_ITEMS);
+        let mut covered = vec![0usize; lens.len()];
+        let mut seen = std::collections::HashSet::new();
+        for (x, &s) in w.item_seq.iter().enumerate() {
+            let (s, k) = (s as usize, w.item_chunk[x] as usize);
+            prop_assert!(seen.insert((s, k)));
+            let n = (w.item_indptr[s + 1] - w.item_indptr[s]) as usize;
+            prop_assert!(k < n);
+            let begin = (k * chunk).min(lens[s]);
+            let end = if k + 1 == n { lens[s] } else { ((k + 1) * chunk).min(lens[s]) };
+            covered[s] += end - begin;
+        }
+        prop_assert_eq!(&covered, &lens);
+        prop_assert_eq!(*w.item_indptr.last().unwrap() as usize, w.num_items());
+        for (b, &l) in lens.iter().enumerate() {
+            prop_assert_eq!((w.item_indptr[b + 1] - w.item_indptr[b]) as usize, l.div_ceil(chunk).max(1));
+        }
+    }
+}
