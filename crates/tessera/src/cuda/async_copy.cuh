@@ -26,6 +26,11 @@ TS_DEVICE void cp_async_16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
 
+/// As cp_async_16, to the 32-bit shared address `dst` (ts::smem_addr).
+TS_DEVICE void cp_async_16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
 /// As cp_async_16 to the shared address `dst`, but copies 16 bytes only when `valid` and
 /// otherwise writes 16 zero bytes without reading `src` (the src-size operand is 0): tails of a
 /// tile are zero-filled by the same instruction. `src` must still be a valid pointer value.

@@ -18,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use serde_json::json;
 
-use super::decode::{default_tuning, DecodeOptions, DecodePlan, DecodeTuning, DecodeVariant, HOPPER_SHARED_LIMIT};
+use super::decode::{DecodeOptions, DecodePlan, DecodeTuning, DecodeVariant, HOPPER_SHARED_LIMIT};
 use super::reference::{decode_reference, encode, gather_sequence};
 use super::{AppendBatch, KvCacheConfig, PagedBatch, PagedKvCache};
 use crate::check::compare;
@@ -124,24 +124,20 @@ impl BenchCase {
     }
     /// The decode kernel variant this case runs with its forced tuning (or the default).
     pub fn variant(&self) -> DecodeVariant {
-        let mut v = DecodeVariant {
-            dtype: if self.dtype == DType::BF16 {
-                DType::BF16
-            } else {
-                DType::F16
-            },
-            cache: self.dtype,
-            head_dim: self.head_dim as u32,
-            page_size: self.page_size as u32,
-            m_blocks: if self.heads_q / self.heads_kv > 16 && self.head_dim <= 128 {
-                2
-            } else {
-                1
-            },
-            tuning: DecodeTuning::default(),
+        let cfg = KvCacheConfig {
+            num_pages: 1,
+            page_size: self.page_size,
+            heads_kv: self.heads_kv,
+            head_dim: self.head_dim,
+            dtype: self.dtype,
+            ..Default::default()
         };
-        v.tuning = self.tuning.unwrap_or_else(|| default_tuning(&v, HOPPER_SHARED_LIMIT));
-        v
+        let query = if self.dtype == DType::BF16 {
+            DType::BF16
+        } else {
+            DType::F16
+        };
+        DecodeVariant::for_problem(query, &cfg, self.heads_q, 1, self.tuning, HOPPER_SHARED_LIMIT)
     }
     /// Bytes of K and V the decode reads.
     pub fn kv_bytes(&self) -> usize {
@@ -179,13 +175,13 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
     v.push(append);
     if std::env::var("TESSERA_DECODE_SWEEP").is_ok_and(|s| s == "1") {
         let sweep = [
-            (4u32, 16u32, 4u32),
-            (4, 16, 6),
-            (4, 32, 3),
-            (4, 64, 2),
-            (8, 16, 3),
-            (8, 32, 2),
-            (4, 32, 4),
+            (4u32, 16u32, 2u32),
+            (4, 16, 3),
+            (2, 16, 2),
+            (2, 16, 3),
+            (8, 16, 2),
+            (4, 32, 2),
+            (4, 16, 4),
         ];
         let mut extra = Vec::new();
         for base in v.iter().filter(|c| {

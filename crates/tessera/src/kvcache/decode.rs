@@ -37,7 +37,7 @@ pub const MAX_ITEMS: usize = 65535;
 /// from the H200 measurements in bench/NOTES.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DecodeTuning {
-    /// Warps per CTA: 4 or 8.
+    /// Warps per CTA: 2, 4 or 8.
     pub warps: u32,
     /// Keys per warp tile: 16, 32, 48 or 64 (a multiple of the page size when smaller).
     pub tile_keys: u32,
@@ -73,7 +73,7 @@ impl DecodeTuning {
         {
             return Err(Error::invalid(
                 "tuning",
-                format!("{self:?}: warps 4 or 8, tile_keys 16/32/48/64, stages 2..=8"),
+                format!("{self:?}: warps 2, 4 or 8, tile_keys 16/32/48/64, stages 2..=8"),
             ));
         }
         Ok(())
@@ -125,6 +125,30 @@ pub struct DecodeVariant {
 }
 
 impl DecodeVariant {
+    /// The variant a plan runs: query dtype `dtype`, the cache's dtype, head dim and page size;
+    /// 2 row blocks when a KV head serves more than 16 query rows (D <= 128); the `forced`
+    /// tuning, or the default one shortened to fit `shared_limit`.
+    pub fn for_problem(
+        dtype: DType,
+        cfg: &KvCacheConfig,
+        heads_q: usize,
+        q_len: usize,
+        forced: Option<DecodeTuning>,
+        shared_limit: u32,
+    ) -> DecodeVariant {
+        let rows = heads_q / cfg.heads_kv.max(1) * q_len;
+        let mut v = DecodeVariant {
+            dtype,
+            cache: cfg.dtype,
+            head_dim: cfg.head_dim as u32,
+            page_size: cfg.page_size as u32,
+            m_blocks: if cfg.head_dim <= 128 && rows > 16 { 2 } else { 1 },
+            tuning: DecodeTuning::default(),
+        };
+        v.tuning = forced.unwrap_or_else(|| default_tuning(&v, shared_limit));
+        v
+    }
+
     pub fn spec(&self) -> KernelSpec {
         let t = self.tuning;
         KernelSpec {
@@ -358,23 +382,17 @@ impl DecodePlan {
                 ),
             ));
         }
-        let group = heads_q / cfg.heads_kv;
-        let rows = group * options.q_len;
-        let m_blocks = if cfg.head_dim <= 128 && rows > 16 { 2 } else { 1 };
-        let row_groups = rows.div_ceil(16 * m_blocks);
-        let mut variant = DecodeVariant {
+        let variant = DecodeVariant::for_problem(
             dtype,
-            cache: cfg.dtype,
-            head_dim: cfg.head_dim as u32,
-            page_size: cfg.page_size as u32,
-            m_blocks: m_blocks as u32,
-            tuning,
-        };
-        if forced.is_none() {
-            // the default pipeline depth, shortened until it fits (D = 256 takes 3 stages)
-            variant.tuning = default_tuning(&variant, ctx.info().max_shared_per_block_optin);
-            tuning = variant.tuning;
-        }
+            cfg,
+            heads_q,
+            options.q_len,
+            forced,
+            ctx.info().max_shared_per_block_optin,
+        );
+        tuning = variant.tuning;
+        let rows = heads_q / cfg.heads_kv * options.q_len;
+        let row_groups = rows.div_ceil(16 * variant.m_blocks as usize);
         let smem = variant.shared_bytes();
         if smem > ctx.info().max_shared_per_block_optin {
             return Err(Error::Unsupported(format!(

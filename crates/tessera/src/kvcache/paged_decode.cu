@@ -274,24 +274,41 @@ extern "C" __global__ void __launch_bounds__(kThreads) paged_decode(const __grid
     const int lp = (ch.begin + t * kTileKeys) / kPageSize + lane;
     return (t < t_end && lane < kTilePages && lp < table_pages) ? __ldg(table + lp) : 0;
   };
+  // Copy layout: copy i of lane l is 16-byte chunk idx = l + 32 i of the tile, row idx / kCacheChunks.
+  constexpr int kCopies = kTileKeys * kCacheChunks / kWarpSize;  // per lane, per K (and V) tile
+  const long long v_offset = (long long)kPageSize * token_bytes;  // V half after the K half
   auto issue = [&](int t, int pages) {
     if (t < t_end) {
       unsigned char* stage = s_warp + ((t - t_begin) % kStages) * kStageBytes;
       const int tok0 = ch.begin + t * kTileKeys;
       const uint32_t sbase = smem_addr(stage);
+      const bool full = tok0 + kTileKeys <= warp_end;  // no row past the warp's last key
+      // with one page per tile (kPageSize >= kTileKeys) the tile's rows are consecutive rows of
+      // that page: one base address per tile, a constant stride per copy
+      const unsigned char* tile_base =
+          cache + ((long long)__shfl_sync(kFullMask, pages, 0) * 2 * kPageSize + tok0 % kPageSize) * token_bytes +
+          head_off;
 #pragma unroll
-      for (int i = 0; i < kTileKeys * kCacheChunks / kWarpSize; ++i) {
+      for (int i = 0; i < kCopies; ++i) {
         const int idx = lane + i * kWarpSize;
         const int r = idx / kCacheChunks;
         const int c = idx % kCacheChunks;
-        const int tok = tok0 + r;
-        const int page = __shfl_sync(kFullMask, pages, (r / kPageSize) % kTilePages);
-        const bool valid = tok < warp_end;
-        const unsigned char* src =
-            cache + ((long long)page * 2 * kPageSize + tok % kPageSize) * token_bytes + head_off + c * 16;
-        const int dst = kFp8 ? r * kCacheRow + c * 16 : swizzled(r, c);
-        cp_async_16_zfill(sbase + dst, valid ? src : cache, valid);                       // K
-        cp_async_16_zfill(sbase + kCacheTile + dst, valid ? src + kPageSize * token_bytes : cache, valid);  // V
+        const unsigned char* src;
+        if constexpr (kTilePages == 1) {
+          src = tile_base + r * token_bytes + c * 16;
+        } else {
+          const int page = __shfl_sync(kFullMask, pages, r / kPageSize);
+          src = cache + ((long long)page * 2 * kPageSize + r % kPageSize) * token_bytes + head_off + c * 16;
+        }
+        const uint32_t dst = sbase + (kFp8 ? r * kCacheRow + c * 16 : swizzled(r, c));
+        if (full) {
+          cp_async_16(dst, src);                           // K
+          cp_async_16(dst + kCacheTile, src + v_offset);   // V
+        } else {
+          const bool valid = tok0 + r < warp_end;
+          cp_async_16_zfill(dst, valid ? src : cache, valid);
+          cp_async_16_zfill(dst + kCacheTile, valid ? src + v_offset : cache, valid);
+        }
       }
       if constexpr (kFp8) {
         // (k, v) scale pair of each page of the tile: 8 bytes at [page][kvh][0..2)
