@@ -4,9 +4,9 @@
 #   scripts/test-python.sh [PYTEST ARGS...]
 #
 # 1. installs maturin and pytest (pinned) from PyPI into a project-local tools venv,
-#    target/python/tools (kept between runs);
+#    target/python/tools (kept between runs), and
 # 2. builds the `tessera` wheel (crates/tessera-py: abi3, CPython >= 3.9, linux_x86_64) into
-#    target/python/wheels with `maturin build --release`;
+#    target/python/wheels with `maturin build --release` (both: scripts/build-wheel.sh);
 # 3. installs it into a fresh venv (target/python/venv-3.X, made anew every run) with pytest and
 #    runs crates/tessera-py/tests: import, signatures, stubs, argument validation and the
 #    no-GPU error (test_api.py); test_gpu.py skips itself without torch or a GPU;
@@ -19,11 +19,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT="$PWD"
 
-MATURIN_VERSION=1.16.0
-PYTEST_VERSION=8.3.5
 PYTHON="${PYTHON:-python3}"
 OUT="$ROOT/target/python"
-TOOLS="$OUT/tools"
 CRATE="$ROOT/crates/tessera-py"
 
 log() { echo "test-python: $*" >&2; }
@@ -37,30 +34,21 @@ missing() {
     exit 0
 }
 pip_quiet=(--disable-pip-version-check --no-input -q)
+export PYTHON
 
 command -v "$PYTHON" >/dev/null 2>&1 || missing "$PYTHON not found"
 t0=$(date +%s)
 
-# 1. tools venv (maturin, pytest), reused while the pins do not change
-stamp="$TOOLS/.pins-$MATURIN_VERSION-$PYTEST_VERSION"
-if [[ ! -f "$stamp" ]]; then
-    rm -rf "$TOOLS"
-    "$PYTHON" -m venv "$TOOLS" || missing "'$PYTHON -m venv' failed (on Debian: apt-get install python3-venv)"
-    "$TOOLS/bin/pip" install "${pip_quiet[@]}" "maturin==$MATURIN_VERSION" "pytest==$PYTEST_VERSION" ||
-        missing "pip install maturin==$MATURIN_VERSION pytest==$PYTEST_VERSION failed (no network?)"
-    touch "$stamp"
+# 1./2. the wheel (and the tools venv with maturin and pytest)
+rc=0
+wheel="$(bash scripts/build-wheel.sh "$OUT/wheels")" || rc=$?
+if [[ $rc == 3 ]]; then
+    missing "maturin could not be installed (see above)"
+elif [[ $rc != 0 ]]; then
+    log "error: the wheel did not build"
+    exit "$rc"
 fi
-
-# 2. the wheel
-rm -rf "$OUT/wheels"
-log "maturin build --release (crates/tessera-py)"
-(cd "$CRATE" && "$TOOLS/bin/maturin" build --release --out "$OUT/wheels" >&2)
-wheel="$(ls "$OUT"/wheels/tessera-*-cp39-abi3-linux_x86_64.whl 2>/dev/null | head -n 1)"
-[[ -n "$wheel" ]] || {
-    log "error: no cp39-abi3 linux_x86_64 wheel in $OUT/wheels: $(ls "$OUT/wheels" 2>&1)"
-    exit 1
-}
-log "built $(basename "$wheel") ($(du -h "$wheel" | cut -f1))"
+PYTEST_VERSION="$(sed -n 's/^PYTEST_VERSION=//p' scripts/build-wheel.sh)"
 
 # 3./4. a fresh venv per interpreter: install the wheel and pytest, run pytest (ARGS) from a
 # folder outside the source tree so that `import tessera` is the installed package

@@ -277,3 +277,18 @@ def test_nvrtc_location_is_not_forced_when_absent():
     # find_nvrtc only sets TESSERA_NVRTC to a file that exists
     path = os.environ.get("TESSERA_NVRTC")
     assert path is None or os.path.isfile(path)
+
+
+def readme_example() -> str:
+    """The Python example of the repository README's "Using tessera from Python" section."""
+    readme = pathlib.Path(__file__).resolve().parents[3] / "README.md"
+    text = readme.read_text()
+    section = text[text.index("## Using tessera from Python") :]
+    return section[section.index("```python\n") + len("```python\n") : section.index("\n```", section.index("```python"))]
+
+
+def test_readme_example_compiles():
+    # it runs on the GPU machine (test_gpu.py); here it must at least be valid Python
+    code = readme_example()
+    assert "tessera.flash_attn_func" in code
+    compile(code, "README.md", "exec")

@@ -442,3 +442,11 @@ def test_flash_attn_func_matches_flashinfer_single_prefill(causal):
     out = tessera.flash_attn_func(q, k, v, causal=causal)
     e = rel_l2(out[0], ref)
     assert e < BUDGET[torch.float16], f"vs FlashInfer: rel_l2 {e:.3g}"
+
+
+def test_readme_example_runs(capsys):
+    from test_api import readme_example  # noqa: PLC0415 (the tests folder is on sys.path)
+
+    exec(compile(readme_example(), "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "torch.Size([2, 1024, 16, 128])" in printed
