@@ -261,6 +261,10 @@ pub fn plan_cache_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pyfunction]
 pub fn clear_plan_cache(py: Python<'_>) {
     py.detach(|| {
+        // freeing a workspace binds its device's context: put the caller's back afterwards
+        let _keep = tessera::runtime::probe::driver()
+            .ok()
+            .map(|_| KeepCurrentContext::save());
         lock(&SOFTMAX_PLANS).clear();
         lock(&ATTENTION_PLANS).clear();
     })

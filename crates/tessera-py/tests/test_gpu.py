@@ -93,6 +93,8 @@ def test_softmax_strided_out_and_in_place():
     assert_close(tessera.softmax(xs), torch.softmax(xs.double(), -1), torch.float32, "strided last dim")
     xt = big.t()  # rows that do not collapse: copied first
     assert_close(tessera.softmax(xt), torch.softmax(xt.double(), -1), torch.float32, "transposed")
+    xb = big[0].expand(7, 1024)  # broadcast rows (stride 0): copied first
+    assert_close(tessera.softmax(xb), torch.softmax(xb.double(), -1), torch.float32, "broadcast rows")
     inplace = randn((64, 777), torch.float16, "inplace")
     expect = torch.softmax(inplace.double(), -1)
     assert tessera.softmax(inplace, out=inplace) is inplace

@@ -62,11 +62,16 @@ def dtype_name(dtype: Any) -> str:
 
 
 def _rows_collapse(shape, strides) -> bool:
-    """Whether the leading dimensions of a tensor with a contiguous last dimension collapse into
-    evenly strided rows (what the kernel reads without a copy)."""
+    """Whether a tensor's last dimension is contiguous and its leading dimensions collapse into
+    evenly strided, non-overlapping rows (what the kernel reads without a copy)."""
     r = len(shape)
     if shape[-1] > 1 and strides[-1] != 1:
         return False
+    rows = 1
+    for n in shape[:-1]:
+        rows *= n
+    if rows > 1 and strides[-2] < shape[-1] and shape[-2] > 1:
+        return False  # rows overlap (a broadcast, stride 0)
     return all(shape[i] <= 1 or strides[i] == strides[i + 1] * shape[i + 1] for i in range(r - 2))
 
 
