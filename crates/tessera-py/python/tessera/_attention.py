@@ -15,6 +15,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 from . import _tessera
 from ._tensors import (
     Arg,
+    _torch,
     as_arg,
     check_writable,
     device_of,
@@ -206,33 +207,25 @@ def _pad_head_dim(args: List[Arg], names: Sequence[str]) -> List[Arg]:
 
 
 def _cu_seqlens(x: Any, name: str, device: Optional[int]) -> Tuple[Arg, Optional[List[int]]]:
-    """The cu_seqlens argument on the device, and its host values when they were read (CPU input,
-    lists, or TESSERA_CHECK_VARLEN=1)."""
-    torch = None
+    """The cu_seqlens argument on the device, and its host values when they were read (CPU
+    tensors and lists, which are then copied to the device; or TESSERA_CHECK_VARLEN=1)."""
+    host: Optional[List[int]] = None
     if isinstance(x, (list, tuple)):
         torch = require_torch(f"`{name}` given as a list")
-        host = [int(i) for i in x]
-        x = torch.tensor(host, dtype=torch.int32)
-    else:
-        from ._tensors import _torch
-
-        torch = _torch()
+        x = torch.tensor([int(i) for i in x], dtype=torch.int32)
+    torch = _torch()
     if torch is not None and isinstance(x, torch.Tensor) and not x.is_cuda:
-        if x.dtype != torch.int32:
-            raise invalid(name, f"must be int32, got {str(x.dtype).replace('torch.', '')}")
+        if x.dtype != torch.int32 or x.dim() != 1:
+            raise invalid(name, f"must be a 1-D int32 tensor, got {x.dim()}-D {str(x.dtype).replace('torch.', '')}")
         host = x.tolist()
-        if device is None:
-            device = torch.cuda.current_device()
-        a = as_arg(x.to(torch.device("cuda", device), non_blocking=False), name)
-        return a, host
+        x = x.to(torch.device("cuda", torch.cuda.current_device() if device is None else device))
     a = as_arg(x, name)
     if a.dtype != "int32":
         raise invalid(name, f"must be int32, got {a.dtype}")
     if len(a.shape) != 1 or (a.shape[0] > 1 and a.strides[0] != 1):
         raise invalid(name, f"must be a contiguous 1-D tensor of batch_size + 1 entries, got shape {list(a.shape)}")
-    host = None
-    if os.environ.get("TESSERA_CHECK_VARLEN") == "1":
-        host = a.obj.tolist() if a.is_torch else None
+    if host is None and a.is_torch and os.environ.get("TESSERA_CHECK_VARLEN") == "1":
+        host = a.obj.tolist()  # synchronises: asked for
     return a, host
 
 
@@ -290,8 +283,7 @@ def _forward(q, k, v, varlen, softmax_scale, causal, window_size, softcap, retur
     device = device_of(everything)
     # the kernel writes q's (padded) shape: a caller's `out` directly unless the head dim was
     # padded, then a copy of the unpadded part
-    direct = oa is not None and oa.shape == args[0].shape
-    o = oa if direct else as_arg(empty(args[0].shape, args[0].dtype, device), "out")
+    o = oa if oa is not None and oa.shape == args[0].shape else as_arg(empty(args[0].shape, args[0].dtype, device), "out")
     lse = as_arg(empty(lse_shape, "float32", device), "lse") if return_lse else None
     stream = stream_of(everything, device)
     _tessera.flash_attention(
@@ -313,7 +305,7 @@ def _forward(q, k, v, varlen, softmax_scale, causal, window_size, softcap, retur
         result = result[..., :head_dim]
         if oa is not None:
             result = oa.obj.copy_(result)
-    if return_lse:
+    if lse is not None:
         return result, lse.obj, None
     return result
 

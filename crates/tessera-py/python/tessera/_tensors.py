@@ -64,7 +64,7 @@ def _torch():
 def require_torch(why: str):
     """Imports torch or raises a clear error saying what needed it."""
     try:
-        import torch  # noqa: PLC0415 (imported lazily on purpose)
+        import torch  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415 (lazily)
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise unsupported(f"{why} needs PyTorch, which is not importable ({e})") from None
     return torch
