@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs ON the GPU machine, from the repo root, with the bundle made by scripts/bundle.sh:
 #
-#   scripts/device-run.sh [--no-bench] [--no-sanitizer] [--python] OUTDIR [OPS...]
+#   scripts/device-run.sh [--no-bench] [--no-sanitizer] [--python] [--no-pytest] OUTDIR [OPS...]
 #   e.g.  scripts/device-run.sh "$OUT" softmax
 #         scripts/device-run.sh "$OUT" python        (only the Python package's steps)
 #
@@ -17,7 +17,8 @@
 #      python -m pytest crates/tessera-py/tests                      -> OUTDIR/log.txt
 #      python .bundle/baselines/bench_python.py --json OUTDIR         -> OUTDIR/python.json
 #      (tessera's Python API against torch softmax / SDPA in one process; bench_python.py
-#      --flashinfer too when FlashInfer's wheels are in the bundle)
+#      --flashinfer too when FlashInfer's wheels are in the bundle). --no-bench skips the
+#      benchmark, --no-pytest the tests; TESSERA_PYTHON_BENCH_ARGS adds arguments (--quick).
 # No OPS means every operator (and not `python`); OPS = `python` alone runs info and step 5
 # only. Exit status: 0 when every step passed; 1 when verify, bench, the Python tests or
 # benchmark failed or a sanitizer reported errors (the failed steps are listed at the end of
@@ -40,11 +41,13 @@ usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0" | sed 's/^# \{0,1\}//'; }
 bench=1
 sanitizer=1
 python=0
+pytest=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
     --no-bench) bench=0 ;;
     --no-sanitizer) sanitizer=0 ;;
     --python) python=1 ;;
+    --no-pytest) pytest=0 ;;
     -h | --help) usage; exit 0 ;;
     -*) echo "device-run: unknown option $1" >&2; usage >&2; exit 2 ;;
     *) break ;;
@@ -171,13 +174,17 @@ fi
 # the Python package: its tests (GPU and API) and the side-by-side benchmark
 if [[ $python == 1 ]]; then
     if "${PYTHON:-python3}" -c 'import tessera' 2>/dev/null; then
-        run_step python-tests "$LOG" "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider -rfEs \
-            crates/tessera-py/tests || failed+=("python-tests")
+        if [[ $pytest == 1 ]]; then
+            run_step python-tests "$LOG" "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider -rfEs \
+                crates/tessera-py/tests || failed+=("python-tests")
+        fi
         if [[ $bench == 1 ]]; then
-            fi_flag=()
-            "${PYTHON:-python3}" -c 'import flashinfer' 2>/dev/null && fi_flag=(--flashinfer)
+            bench_args=()
+            "${PYTHON:-python3}" -c 'import flashinfer' 2>/dev/null && bench_args=(--flashinfer)
+            # shellcheck disable=SC2206 # a word list on purpose
+            bench_args+=(${TESSERA_PYTHON_BENCH_ARGS:-})
             run_step python-bench "$LOG" "${PYTHON:-python3}" .bundle/baselines/bench_python.py \
-                --json "$OUTDIR" "${fi_flag[@]}" || failed+=("python-bench")
+                --json "$OUTDIR" "${bench_args[@]}" || failed+=("python-bench")
         fi
     else
         say "device-run: ERROR: the tessera Python package is not importable (scripts/bundle.sh builds .bundle/wheels/tessera-*.whl)"

@@ -223,7 +223,7 @@ def bench_attention(b, hq, hkv, n, d, causal, dt, lengths, tally, flashinfer):
         impls += [(f"torch-{be}", (lambda be: lambda _: sdpa(be, q, k, v, causal))(be)) for be in SDPA_BACKENDS]
         if flashinfer is not None and b == 1 and hq == hkv:
             impls.append(
-                ("flashinfer-fa2", lambda _: flashinfer.single_prefill_with_kv_cache(q[0], k[0], v[0], causal=causal)[None])
+                ("flashinfer-fa2", lambda _: flashinfer.single_prefill_with_kv_cache(q[0], k[0], v[0], causal=causal, backend="fa2")[None])
             )
     else:
         total = sum(lengths)

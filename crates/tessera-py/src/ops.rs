@@ -1,7 +1,7 @@
-//! The operators as Python sees them (called by `python/tessera/_ops.py`, which documents
-//! them). Each `check_*` runs tessera's validation without a device; each op validates again,
-//! fetches or makes the plan for (device, stream, problem) and launches on the caller's stream.
-//! The GIL is released while planning and launching.
+//! The operators as Python sees them (called by `python/tessera/_softmax.py` and
+//! `_attention.py`, which document them). Each `check_*` runs tessera's validation without a
+//! device; each op validates again, fetches or makes the plan for (device, stream, problem) and
+//! launches on the caller's stream. The GIL is released while planning and launching.
 
 use pyo3::prelude::*;
 use tessera::attention::{plan::validate_options, AttentionOptions, AttentionPath, AttentionPlan, AttentionProblem};

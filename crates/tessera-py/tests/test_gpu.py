@@ -434,14 +434,13 @@ def _flashinfer():
 
 
 @pytest.mark.skipif(_flashinfer() is None, reason="flashinfer not importable (or TESSERA_TEST_FLASHINFER=0)")
-@pytest.mark.parametrize("causal", [True, False])
-def test_flash_attn_func_matches_flashinfer_single_prefill(causal):
-    # FlashInfer compiles each configuration with nvcc on first use (~20-70 s); one shape
+def test_flash_attn_func_matches_flashinfer_single_prefill():
+    # FlashInfer compiles each configuration with nvcc on first use (~20 s for fa2): one shape
     flashinfer = _flashinfer()
     n, h, d = 512, 8, 128
-    q, k, v = (randn((1, n, h, d), torch.float16, f"fi{causal}{t}") for t in "qkv")
-    ref = flashinfer.single_prefill_with_kv_cache(q[0], k[0], v[0], causal=causal)
-    out = tessera.flash_attn_func(q, k, v, causal=causal)
+    q, k, v = (randn((1, n, h, d), torch.float16, f"fi{t}") for t in "qkv")
+    ref = flashinfer.single_prefill_with_kv_cache(q[0], k[0], v[0], causal=True, backend="fa2")
+    out = tessera.flash_attn_func(q, k, v, causal=True)
     e = rel_l2(out[0], ref)
     assert e < BUDGET[torch.float16], f"vs FlashInfer: rel_l2 {e:.3g}"
 
