@@ -2,7 +2,7 @@
 # Build the bundle shipped to the GPU machine (which has no Rust and no network), on the dev
 # machine, from the repo root:
 #
-#   scripts/bundle.sh [--with-flashinfer] [--flashinfer-jit FILE.tar.gz] [--strip]
+#   scripts/bundle.sh [--with-flashinfer] [--flashinfer-jit FILE.tar.gz] [--strip] [--no-wheel]
 #
 # Produces (git-ignored):
 #   .bundle/bin/tessera      release build of the CLI (cargo build --release -p tessera-cli)
@@ -10,6 +10,13 @@
 #   .bundle/cache/           every kernel variant pre-compiled for sm_90a (the JIT cache)
 #   .bundle/COMMIT           git commit of the build (+ "-dirty" when the tree had changes);
 #                            device-run.sh exports it as TESSERA_COMMIT
+#   .bundle/wheels/tessera-*.whl  the Python package (scripts/build-wheel.sh: abi3, CPython >= 3.9,
+#                            ~0.5 MB); not with --no-wheel. device-run.sh installs every
+#                            .bundle/wheels/*.whl (below) and, asked for the op `python`, runs the
+#                            package's tests (crates/tessera-py/tests) and
+#                            scripts/baselines/bench_python.py
+#   .bundle/pytest-wheels/   pytest and its pure-Python dependencies for CPython 3.12 (~0.5 MB),
+#                            installed there only when that Python has no pytest
 #   .bundle/wheels/*.whl     only with --with-flashinfer: the wheels of FlashInfer 0.6.12 and
 #                            its two small dependencies for CPython 3.12 / x86_64 (~18 MB;
 #                            unpacked they are ~120 MB, too big to ship). device-run.sh
@@ -42,9 +49,12 @@ die() {
 with_flashinfer=0
 flashinfer_jit=""
 strip=0
+wheel=1
+PYTEST_WHEELS=(pytest==8.3.5)
 for arg in "$@"; do
     case "$arg" in
     --with-flashinfer) with_flashinfer=1 ;;
+    --no-wheel) wheel=0 ;;
     --strip) strip=1 ;;
     -h | --help)
         awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0" | sed 's/^# \{0,1\}//'
@@ -57,7 +67,7 @@ for arg in "$@"; do
             with_flashinfer=1
             want_jit=0
         else
-            die "unknown argument '$arg' (usage: $0 [--with-flashinfer] [--flashinfer-jit FILE.tar.gz] [--strip])"
+            die "unknown argument '$arg' (usage: $0 [--with-flashinfer] [--flashinfer-jit FILE.tar.gz] [--strip] [--no-wheel])"
         fi
         ;;
     esac
@@ -105,7 +115,15 @@ else
     echo "bundle: NVRTC setup failed: kernels will be compiled on the GPU machine" >&2
 fi
 
-rm -rf "${B:?}/wheels"
+rm -rf "${B:?}/wheels" "${B:?}/pytest-wheels"
+if [[ $wheel == 1 ]]; then
+    bash scripts/build-wheel.sh "$B/wheels" >/dev/null || die "the tessera wheel did not build (--no-wheel skips it)"
+    echo "bundle: pytest wheels for CPython 3.12: ${PYTEST_WHEELS[*]}" >&2
+    target/python/tools/bin/pip download -d "$B/pytest-wheels" --only-binary=:all: \
+        --python-version 3.12 --implementation cp --abi cp312 --abi none --platform any \
+        --disable-pip-version-check --no-input -q "${PYTEST_WHEELS[@]}" ||
+        die "pip download of ${PYTEST_WHEELS[*]} failed"
+fi
 if [[ $with_flashinfer == 1 ]]; then
     echo "bundle: FlashInfer wheels for CPython 3.12 x86_64: ${FLASHINFER_WHEELS[*]}" >&2
     python3 -m pip download --no-deps -d "$B/wheels" --only-binary=:all: \

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs ON the GPU machine, from the repo root, with the bundle made by scripts/bundle.sh:
 #
-#   scripts/device-run.sh [--no-bench] [--no-sanitizer] OUTDIR [OPS...]
+#   scripts/device-run.sh [--no-bench] [--no-sanitizer] [--python] [--no-pytest] OUTDIR [OPS...]
 #   e.g.  scripts/device-run.sh "$OUT" softmax
+#         scripts/device-run.sh "$OUT" python        (only the Python package's steps)
 #
 # Steps (all of them always run, whatever fails):
 #   1. tessera info                                    -> OUTDIR/log.txt
@@ -10,8 +11,18 @@
 #   3. tessera bench OPS --baselines --json OUTDIR     -> OUTDIR/log.txt, OUTDIR/<op>.json|png
 #   4. compute-sanitizer --tool memcheck / racecheck  tessera verify OPS --quick
 #                                                      -> OUTDIR/sanitizer.txt (summary in log)
-# No OPS means every operator. Exit status: 0 when every step passed; 1 when verify or bench
-# failed or a sanitizer reported errors (the failed steps are listed at the end of the log).
+#   5. with the op `python` (or --python), the Python package of the bundle (.bundle/wheels,
+#      installed into a temporary folder on PYTHONPATH with pytest from .bundle/pytest-wheels
+#      when this Python has none):
+#      python -m pytest crates/tessera-py/tests                      -> OUTDIR/log.txt
+#      python .bundle/baselines/bench_python.py --json OUTDIR         -> OUTDIR/python.json
+#      (tessera's Python API against torch softmax / SDPA in one process; bench_python.py
+#      --flashinfer too when FlashInfer's wheels are in the bundle). --no-bench skips the
+#      benchmark, --no-pytest the tests; TESSERA_PYTHON_BENCH_ARGS adds arguments (--quick).
+# No OPS means every operator (and not `python`); OPS = `python` alone runs info and step 5
+# only. Exit status: 0 when every step passed; 1 when verify, bench, the Python tests or
+# benchmark failed or a sanitizer reported errors (the failed steps are listed at the end of
+# the log).
 # Only log.txt, sanitizer.txt and the bench's JSON/PNG files are written into OUTDIR (the
 # device tool returns at most 8 files), so ask for at most 3 operators per run; with room left,
 # flashinfer-jit.tar.gz holds the FlashInfer modules the run compiled (for bundle.sh
@@ -29,10 +40,14 @@ usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0" | sed 's/^# \{0,1\}//'; }
 
 bench=1
 sanitizer=1
+python=0
+pytest=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
     --no-bench) bench=0 ;;
     --no-sanitizer) sanitizer=0 ;;
+    --python) python=1 ;;
+    --no-pytest) pytest=0 ;;
     -h | --help) usage; exit 0 ;;
     -*) echo "device-run: unknown option $1" >&2; usage >&2; exit 2 ;;
     *) break ;;
@@ -45,7 +60,13 @@ if [[ $# -lt 1 ]]; then
 fi
 OUTDIR="$1"
 shift
-OPS=("$@")
+OPS=()
+for op in "$@"; do
+    if [[ "$op" == python ]]; then python=1; else OPS+=("$op"); fi
+done
+# `python` alone: no operator steps of the CLI
+cli_ops=1
+if [[ $python == 1 && ${#OPS[@]} -eq 0 && $# -gt 0 ]]; then cli_ops=0; fi
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 mkdir -p "$OUTDIR" || exit 2
@@ -81,7 +102,9 @@ run_step() {
 }
 
 say "device-run: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
-say "device-run: ops: ${OPS[*]:-(all)}  bin: $BIN  out: $OUTDIR"
+if [[ $cli_ops == 1 ]]; then ops_text="${OPS[*]:-(all)}"; else ops_text="(none)"; fi
+[[ $python == 1 ]] && ops_text="$ops_text + python"
+say "device-run: ops: $ops_text  bin: $BIN  out: $OUTDIR"
 
 if [[ -f .bundle/COMMIT ]]; then
     TESSERA_COMMIT="$(cat .bundle/COMMIT)"
@@ -94,8 +117,13 @@ FI_CACHE=""
 if compgen -G ".bundle/wheels/*.whl" >/dev/null; then
     PYDIR="${TMPDIR:-/tmp}/tessera-bundle-python"
     rm -rf "$PYDIR"
+    wheels=(.bundle/wheels/*.whl)
+    if [[ $python == 1 ]] && ! "${PYTHON:-python3}" -c 'import pytest' 2>/dev/null &&
+        compgen -G ".bundle/pytest-wheels/*.whl" >/dev/null; then
+        wheels+=(.bundle/pytest-wheels/*.whl)
+    fi
     if run_step wheels "$LOG" "${PYTHON:-python3}" -m pip install --no-deps --no-index \
-        --disable-pip-version-check --no-input -q --target "$PYDIR" .bundle/wheels/*.whl; then
+        --disable-pip-version-check --no-input -q --target "$PYDIR" "${wheels[@]}"; then
         export PYTHONPATH="$PYDIR${PYTHONPATH:+:$PYTHONPATH}"
         # FlashInfer JIT-compiles each kernel configuration with nvcc on first use (~70 s for
         # fa3, ~16-21 s for fa2) into $FLASHINFER_WORKSPACE_BASE/.cache/flashinfer/<version>/
@@ -136,9 +164,32 @@ if [[ ! -x "$BIN" ]]; then
 fi
 
 run_step info "$LOG" "$BIN" info || failed+=("info")
-run_step verify "$LOG" "$BIN" verify "${OPS[@]}" || failed+=("verify")
-if [[ $bench == 1 ]]; then
-    run_step bench "$LOG" "$BIN" bench "${OPS[@]}" --baselines --json "$OUTDIR" || failed+=("bench")
+if [[ $cli_ops == 1 ]]; then
+    run_step verify "$LOG" "$BIN" verify "${OPS[@]}" || failed+=("verify")
+    if [[ $bench == 1 ]]; then
+        run_step bench "$LOG" "$BIN" bench "${OPS[@]}" --baselines --json "$OUTDIR" || failed+=("bench")
+    fi
+fi
+
+# the Python package: its tests (GPU and API) and the side-by-side benchmark
+if [[ $python == 1 ]]; then
+    if "${PYTHON:-python3}" -c 'import tessera' 2>/dev/null; then
+        if [[ $pytest == 1 ]]; then
+            run_step python-tests "$LOG" "${PYTHON:-python3}" -m pytest -q -p no:cacheprovider -rfEs \
+                crates/tessera-py/tests || failed+=("python-tests")
+        fi
+        if [[ $bench == 1 ]]; then
+            bench_args=()
+            "${PYTHON:-python3}" -c 'import flashinfer' 2>/dev/null && bench_args=(--flashinfer)
+            # shellcheck disable=SC2206 # a word list on purpose
+            bench_args+=(${TESSERA_PYTHON_BENCH_ARGS:-})
+            run_step python-bench "$LOG" "${PYTHON:-python3}" .bundle/baselines/bench_python.py \
+                --json "$OUTDIR" "${bench_args[@]}" || failed+=("python-bench")
+        fi
+    else
+        say "device-run: ERROR: the tessera Python package is not importable (scripts/bundle.sh builds .bundle/wheels/tessera-*.whl)"
+        failed+=("python")
+    fi
 fi
 
 find_sanitizer() {
@@ -154,7 +205,7 @@ find_sanitizer() {
     return 1
 }
 
-if [[ $sanitizer == 1 ]]; then
+if [[ $sanitizer == 1 && $cli_ops == 1 ]]; then
     : >"$SAN"
     if CS="$(find_sanitizer)"; then
         for tool in memcheck racecheck; do

@@ -182,56 +182,159 @@ pub fn validate_cu_seqlens(cu_seqlens_q: &[i32], cu_seqlens_k: &[i32]) -> Result
     Ok((max_q, max_k))
 }
 
+/// The sizes of a packed variable-length batch: what validation and planning need from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VarlenShape {
+    /// Number of sequences (`cu_seqlens` has `batch + 1` entries).
+    pub batch: usize,
+    /// Rows of the packed query tensor (`[total_q, Hq, D]`).
+    pub total_q: usize,
+    /// Rows of the packed key/value tensors.
+    pub total_k: usize,
+    /// Longest query sequence.
+    pub max_seqlen_q: usize,
+    /// Longest key sequence.
+    pub max_seqlen_k: usize,
+}
+
+impl VarlenShape {
+    /// The shape of host `cu_seqlens_q/k`, checked by [`validate_cu_seqlens`]; the totals are
+    /// their last entries.
+    pub fn of_cu_seqlens(cu_seqlens_q: &[i32], cu_seqlens_k: &[i32]) -> Result<VarlenShape> {
+        let (max_q, max_k) = validate_cu_seqlens(cu_seqlens_q, cu_seqlens_k)?;
+        Ok(VarlenShape {
+            batch: cu_seqlens_q.len() - 1,
+            total_q: *cu_seqlens_q.last().unwrap_or(&0) as usize,
+            total_k: *cu_seqlens_k.last().unwrap_or(&0) as usize,
+            max_seqlen_q: max_q,
+            max_seqlen_k: max_k,
+        })
+    }
+
+    /// Checks what can be checked without the offsets: at least one sequence, the maxima within
+    /// the totals, and every count within the kernels' 32-bit offsets.
+    pub fn validate(&self) -> Result<()> {
+        if self.batch == 0 {
+            return Err(Error::invalid(
+                "cu_seqlens",
+                "must have batch + 1 >= 2 entries, got batch 0",
+            ));
+        }
+        for (name, max, total) in [
+            ("max_seqlen_q", self.max_seqlen_q, self.total_q),
+            ("max_seqlen_k", self.max_seqlen_k, self.total_k),
+        ] {
+            if max > total {
+                return Err(Error::invalid(
+                    name,
+                    format!("{name} = {max} exceeds the {total} packed rows"),
+                ));
+            }
+        }
+        let limit = i32::MAX as usize;
+        if self.total_q > limit || self.total_k > limit || self.batch >= limit {
+            return Err(Error::invalid(
+                "cu_seqlens",
+                format!(
+                    "batch {} with {} query and {} key rows exceeds the 32-bit offsets of cu_seqlens",
+                    self.batch, self.total_q, self.total_k
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A packed variable-length batch: sequence `b` owns rows `cu_seqlens[b] .. cu_seqlens[b + 1]`
 /// of the `[total, H, D]` tensors. Built once (validated on the host, uploaded), used by many
-/// runs.
+/// runs; or, with [`VarlenBatch::from_device`], described by offsets already on the device.
 #[derive(Debug)]
 pub struct VarlenBatch {
-    cu_q_host: Vec<i32>,
-    cu_k_host: Vec<i32>,
-    cu_q: DeviceBuffer<i32>,
-    cu_k: DeviceBuffer<i32>,
-    max_seqlen_q: usize,
-    max_seqlen_k: usize,
+    /// Host copies of `cu_seqlens_q/k` (`None` for a batch made with `from_device`).
+    host: Option<(Vec<i32>, Vec<i32>)>,
+    /// The uploaded offsets this batch owns (`None` when it borrows them).
+    _owned: Option<(DeviceBuffer<i32>, DeviceBuffer<i32>)>,
+    /// Device addresses of `cu_seqlens_q/k`.
+    ptrs: (u64, u64),
+    shape: VarlenShape,
 }
 
 impl VarlenBatch {
     /// Validates `cu_seqlens_q/k` (same length >= 2, start at 0, non-decreasing, within i32) and
     /// uploads them. Zero-length sequences are allowed.
     pub fn new(ctx: &Context, cu_seqlens_q: &[i32], cu_seqlens_k: &[i32]) -> Result<VarlenBatch> {
-        let (max_q, max_k) = validate_cu_seqlens(cu_seqlens_q, cu_seqlens_k)?;
+        let shape = VarlenShape::of_cu_seqlens(cu_seqlens_q, cu_seqlens_k)?;
+        let (cu_q, cu_k) = (ctx.upload(cu_seqlens_q)?, ctx.upload(cu_seqlens_k)?);
         Ok(VarlenBatch {
-            cu_q_host: cu_seqlens_q.to_vec(),
-            cu_k_host: cu_seqlens_k.to_vec(),
-            cu_q: ctx.upload(cu_seqlens_q)?,
-            cu_k: ctx.upload(cu_seqlens_k)?,
-            max_seqlen_q: max_q,
-            max_seqlen_k: max_k,
+            host: Some((cu_seqlens_q.to_vec(), cu_seqlens_k.to_vec())),
+            ptrs: (cu_q.device_ptr(), cu_k.device_ptr()),
+            _owned: Some((cu_q, cu_k)),
+            shape,
         })
     }
+
+    /// A batch whose `cu_seqlens_q/k` (i32, `shape.batch + 1` entries each) already live in
+    /// device memory owned by someone else (another library's tensors), as `flash_attn`
+    /// takes them: nothing is copied or read on the host, so nothing synchronises. Only
+    /// `shape` is validated ([`VarlenShape::validate`]).
+    ///
+    /// # Safety
+    /// For as long as runs using this batch may execute on the device:
+    /// - `cu_seqlens_q` and `cu_seqlens_k` are device addresses of this context's device, each
+    ///   valid for `shape.batch + 1` i32 values and 4-byte aligned;
+    /// - their contents follow [`validate_cu_seqlens`]'s rules (start at 0, non-decreasing),
+    ///   end at most at `shape.total_q` / `shape.total_k`, and no sequence is longer than
+    ///   `shape.max_seqlen_q` / `shape.max_seqlen_k`.
+    ///
+    /// Offsets past the totals make the kernels read and write outside the tensors; longer
+    /// sequences than the maxima leave query rows unwritten.
+    pub unsafe fn from_device(cu_seqlens_q: u64, cu_seqlens_k: u64, shape: VarlenShape) -> Result<VarlenBatch> {
+        shape.validate()?;
+        for (name, p) in [("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)] {
+            if p == 0 || p % 4 != 0 {
+                return Err(Error::invalid(
+                    name,
+                    format!("{name} device address {p:#x} is null or not 4-byte aligned"),
+                ));
+            }
+        }
+        Ok(VarlenBatch {
+            host: None,
+            _owned: None,
+            ptrs: (cu_seqlens_q, cu_seqlens_k),
+            shape,
+        })
+    }
+
     pub fn batch(&self) -> usize {
-        self.cu_q_host.len() - 1
+        self.shape.batch
     }
     pub fn total_q(&self) -> usize {
-        *self.cu_q_host.last().unwrap_or(&0) as usize
+        self.shape.total_q
     }
     pub fn total_k(&self) -> usize {
-        *self.cu_k_host.last().unwrap_or(&0) as usize
+        self.shape.total_k
     }
     pub fn max_seqlen_q(&self) -> usize {
-        self.max_seqlen_q
+        self.shape.max_seqlen_q
     }
     pub fn max_seqlen_k(&self) -> usize {
-        self.max_seqlen_k
+        self.shape.max_seqlen_k
     }
-    pub fn cu_seqlens_q(&self) -> &[i32] {
-        &self.cu_q_host
+    /// The sizes of the batch.
+    pub fn shape(&self) -> VarlenShape {
+        self.shape
     }
-    pub fn cu_seqlens_k(&self) -> &[i32] {
-        &self.cu_k_host
+    /// The host copy of `cu_seqlens_q` (`None` for a batch made with [`VarlenBatch::from_device`]).
+    pub fn cu_seqlens_q(&self) -> Option<&[i32]> {
+        self.host.as_ref().map(|h| h.0.as_slice())
+    }
+    /// The host copy of `cu_seqlens_k` (`None` for a batch made with [`VarlenBatch::from_device`]).
+    pub fn cu_seqlens_k(&self) -> Option<&[i32]> {
+        self.host.as_ref().map(|h| h.1.as_slice())
     }
     pub(crate) fn device_ptrs(&self) -> (u64, u64) {
-        (self.cu_q.device_ptr(), self.cu_k.device_ptr())
+        self.ptrs
     }
 }
 
@@ -297,12 +400,12 @@ impl AttentionProblem {
         layout: QkvLayout,
         varlen: Option<&VarlenBatch>,
     ) -> Result<AttentionProblem> {
-        Self::of_descs(
+        Self::of_descs_shape(
             &TensorDesc::of(q),
             &TensorDesc::of(k),
             &TensorDesc::of(v),
             layout,
-            varlen.map(|vb| (vb.cu_seqlens_q(), vb.cu_seqlens_k())),
+            varlen.map(VarlenBatch::shape),
         )
     }
 
@@ -314,6 +417,29 @@ impl AttentionProblem {
         v: &TensorDesc,
         layout: QkvLayout,
         varlen: Option<(&[i32], &[i32])>,
+    ) -> Result<AttentionProblem> {
+        Self::of_descs_with(q, k, v, layout, varlen.map(|(cq, ck)| Varlen::Host(cq, ck)))
+    }
+
+    /// [`AttentionProblem::of_descs`] for a varlen batch known by its [`VarlenShape`] alone (its
+    /// offsets on the device, as [`VarlenBatch::from_device`]): the packed row counts must be
+    /// the shape's totals.
+    pub fn of_descs_shape(
+        q: &TensorDesc,
+        k: &TensorDesc,
+        v: &TensorDesc,
+        layout: QkvLayout,
+        varlen: Option<VarlenShape>,
+    ) -> Result<AttentionProblem> {
+        Self::of_descs_with(q, k, v, layout, varlen.map(Varlen::Shape))
+    }
+
+    fn of_descs_with(
+        q: &TensorDesc,
+        k: &TensorDesc,
+        v: &TensorDesc,
+        layout: QkvLayout,
+        varlen: Option<Varlen>,
     ) -> Result<AttentionProblem> {
         let dq = dims(q, "q", layout, varlen.is_some())?;
         let dk = dims(k, "k", layout, varlen.is_some())?;
@@ -343,25 +469,37 @@ impl AttentionProblem {
             ));
         }
         let p = match varlen {
-            Some((cu_q, cu_k)) => {
-                let (max_q, max_k) = validate_cu_seqlens(cu_q, cu_k)?;
-                let (total_q, total_k) = (*cu_q.last().unwrap_or(&0) as usize, *cu_k.last().unwrap_or(&0) as usize);
+            Some(vl) => {
+                let (shape, host) = match vl {
+                    Varlen::Host(cu_q, cu_k) => (VarlenShape::of_cu_seqlens(cu_q, cu_k)?, true),
+                    Varlen::Shape(s) => {
+                        s.validate()?;
+                        (s, false)
+                    }
+                };
+                let (total_q, total_k) = (shape.total_q, shape.total_k);
                 if dq.1 != total_q || dk.1 != total_k {
-                    return Err(Error::invalid(
-                        "cu_seqlens",
+                    let rule = if host {
                         format!(
                             "varlen q has {} rows and k {} rows, but cu_seqlens_q ends at {total_q} and \
                              cu_seqlens_k at {total_k} (they must end at the packed lengths)",
                             dq.1, dk.1
-                        ),
-                    ));
+                        )
+                    } else {
+                        format!(
+                            "varlen q has {} rows and k {} rows, but the batch was described with \
+                             total_q = {total_q} and total_k = {total_k}",
+                            dq.1, dk.1
+                        )
+                    };
+                    return Err(Error::invalid("cu_seqlens", rule));
                 }
                 AttentionProblem {
-                    batch: cu_q.len() - 1,
+                    batch: shape.batch,
                     heads_q: dq.2,
                     heads_kv: dk.2,
-                    seqlen_q: max_q,
-                    seqlen_k: max_k,
+                    seqlen_q: shape.max_seqlen_q,
+                    seqlen_k: shape.max_seqlen_k,
                     head_dim: dq.3,
                     dtype: q.dtype,
                     varlen: Some((total_q, total_k)),
@@ -441,6 +579,13 @@ pub fn visible_pairs(nq: usize, nk: usize, left: i32, right: i32) -> u64 {
             (hi - lo).max(0) as u64
         })
         .sum()
+}
+
+/// How a varlen batch is known to validation: by its host offsets or by its sizes alone.
+#[derive(Clone, Copy)]
+enum Varlen<'a> {
+    Host(&'a [i32], &'a [i32]),
+    Shape(VarlenShape),
 }
 
 /// Shape, strides (elements) and dtype of a tensor argument: what validation needs, without

@@ -73,6 +73,67 @@ fn valid_padded_and_varlen_problems() {
 }
 
 #[test]
+fn varlen_known_by_its_shape_alone() {
+    // The same batch as above, described by sizes (offsets on the device): the same problem.
+    let sh = Shapes::new(&[12, 4, 64], &[9, 4, 64]);
+    let (q, kv) = (
+        TensorDesc {
+            shape: &sh.q,
+            strides: &sh.qs,
+            dtype: DType::BF16,
+        },
+        TensorDesc {
+            shape: &sh.kv,
+            strides: &sh.kvs,
+            dtype: DType::BF16,
+        },
+    );
+    let (cq, ck) = ([0, 5, 5, 12], [0, 7, 9, 9]);
+    let shape = VarlenShape::of_cu_seqlens(&cq, &ck).unwrap();
+    assert_eq!(
+        shape,
+        VarlenShape {
+            batch: 3,
+            total_q: 12,
+            total_k: 9,
+            max_seqlen_q: 7,
+            max_seqlen_k: 7
+        }
+    );
+    let by_shape = AttentionProblem::of_descs_shape(&q, &kv, &kv, QkvLayout::Bnhd, Some(shape)).unwrap();
+    let by_host = sh.problem(DType::BF16, DType::BF16, Some((&cq, &ck))).unwrap();
+    assert_eq!(by_shape, by_host);
+    // Totals that differ from the packed rows, maxima beyond the totals, no sequence.
+    let e = err_text(AttentionProblem::of_descs_shape(
+        &q,
+        &kv,
+        &kv,
+        QkvLayout::Bnhd,
+        Some(VarlenShape { total_q: 11, ..shape }),
+    ));
+    assert!(e.contains("described with total_q = 11 and total_k = 9"), "{e}");
+    let e = err_text(
+        VarlenShape {
+            max_seqlen_k: 10,
+            ..shape
+        }
+        .validate(),
+    );
+    assert!(
+        e.contains("`max_seqlen_k`: max_seqlen_k = 10 exceeds the 9 packed rows"),
+        "{e}"
+    );
+    let e = err_text(VarlenShape { batch: 0, ..shape }.validate());
+    assert!(e.contains("batch + 1 >= 2"), "{e}");
+    // SAFETY: never run; only the validation of the description is exercised.
+    let e = err_text(unsafe { VarlenBatch::from_device(0x1000, 0x1002, shape) });
+    assert!(e.contains("`cu_seqlens_k`") && e.contains("not 4-byte aligned"), "{e}");
+    // SAFETY: as above.
+    let b = unsafe { VarlenBatch::from_device(0x1000, 0x2000, shape) }.unwrap();
+    assert_eq!((b.batch(), b.shape(), b.cu_seqlens_q()), (3, shape, None));
+}
+
+#[test]
 fn head_ratio_must_divide() {
     let e = err_text(Shapes::new(&[1, 16, 6, 64], &[1, 16, 4, 64]).problem(DType::F16, DType::F16, None));
     assert!(

@@ -1,5 +1,10 @@
 //! [`Context`]: one device, one stream, a stream-ordered memory pool, the kernel cache and
 //! lazily created library handles. Cheap to clone.
+//!
+//! A context made by [`Context::new`] owns its stream. [`Context::with_stream`] gives a context
+//! that shares everything of the device (pool, kernels, JIT cache) but queues its work on a
+//! stream owned by someone else: how a caller's framework (PyTorch's current stream) orders
+//! tessera's kernels with its own work without synchronising.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -68,14 +73,30 @@ pub struct PoolStats {
     pub used_peak: u64,
 }
 
+/// What every context of one device shares.
 pub(crate) struct Inner {
     pub(crate) info: DeviceInfo,
     pub(crate) pool: sys::CUmemoryPool,
     pub(crate) kernels: Mutex<HashMap<[u8; 32], Arc<Kernel>>>,
     pub(crate) jit: Arc<JitCache>,
-    pub(crate) blas: OnceLock<std::result::Result<Arc<cudarc::cublas::CudaBlas>, String>>,
+    /// The stream [`Context::new`] created (synchronised before the pool is destroyed).
     pub(crate) stream: Arc<CudaStream>,
     pub(crate) cuda: Arc<CudaContext>,
+}
+
+/// The stream a context queues work on, and the cuBLAS handle bound to that stream.
+pub(crate) struct StreamBinding {
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) blas: OnceLock<std::result::Result<Arc<cudarc::cublas::CudaBlas>, String>>,
+}
+
+impl StreamBinding {
+    fn new(stream: Arc<CudaStream>) -> Arc<StreamBinding> {
+        Arc::new(StreamBinding {
+            stream,
+            blas: OnceLock::new(),
+        })
+    }
 }
 
 // SAFETY: the raw pool handle is only used through the driver API, which is thread safe once
@@ -100,6 +121,7 @@ impl Drop for Inner {
 #[derive(Clone)]
 pub struct Context {
     pub(crate) inner: Arc<Inner>,
+    pub(crate) on: Arc<StreamBinding>,
 }
 
 impl std::fmt::Debug for Context {
@@ -153,16 +175,43 @@ impl Context {
         };
         let pool = create_pool(ordinal)?;
         Ok(Context {
+            on: StreamBinding::new(stream.clone()),
             inner: Arc::new(Inner {
                 info,
                 pool,
                 kernels: Mutex::new(HashMap::new()),
                 jit: Arc::new(JitCache::new(super::jit::default_cache_dir())),
-                blas: OnceLock::new(),
                 stream,
                 cuda,
             }),
         })
+    }
+
+    /// A context of the same device that queues all its work (launches, allocations, frees,
+    /// copies, cuBLAS calls, event records) on `stream` instead of this context's stream. It
+    /// shares the memory pool, the loaded kernels and the JIT cache; it has its own cuBLAS
+    /// handle, created on first use and bound to `stream`. Making one allocates one small
+    /// object and calls no driver function.
+    ///
+    /// This is how work is ordered with another library's stream (PyTorch's
+    /// `torch.cuda.current_stream().cuda_stream`): tessera queues behind what the caller queued
+    /// there, and the caller's later work queues behind tessera's, with no synchronisation.
+    ///
+    /// # Safety
+    /// - `stream` is a stream of this device's primary context (the one the CUDA runtime, and
+    ///   so PyTorch and CuPy, use), or a special handle valid there: null (the default stream),
+    ///   `CU_STREAM_LEGACY` (0x1) or `CU_STREAM_PER_THREAD` (0x2).
+    /// - `stream` stays valid as long as the returned context, its clones and everything made
+    ///   with it (buffers, plans, timers) live: buffers free themselves on it when dropped.
+    /// - The caller orders this stream with any other stream that touches the same memory;
+    ///   tessera orders its work on `stream` only.
+    pub unsafe fn with_stream(&self, stream: sys::CUstream) -> Context {
+        Context {
+            inner: self.inner.clone(),
+            // SAFETY: the caller guarantees the stream belongs to this (primary) context and
+            // outlives the wrapper; a borrowed wrapper never destroys it.
+            on: StreamBinding::new(unsafe { self.inner.cuda.wrap_borrowed_stream(stream) }),
+        }
     }
 
     /// The device's properties.
@@ -177,7 +226,7 @@ impl Context {
 
     /// The raw stream all work of this context is ordered on.
     pub fn cu_stream(&self) -> sys::CUstream {
-        self.inner.stream.cu_stream()
+        self.on.stream.cu_stream()
     }
 
     /// The kernel cache of this context (its on-disk directory is shared by all contexts).
@@ -257,14 +306,15 @@ impl Context {
         check("cuMemPoolTrimTo", unsafe { sys::cuMemPoolTrimTo(self.inner.pool, 0) })
     }
 
-    /// The cuBLAS handle of this context, created on first use, bound to its stream.
+    /// The cuBLAS handle of this context, created on first use, bound to its stream (a
+    /// [`Context::with_stream`] context has its own, bound to the borrowed stream).
     pub fn cublas(&self) -> Result<Arc<cudarc::cublas::CudaBlas>> {
         self.bind()?;
-        self.inner
+        self.on
             .blas
             .get_or_init(|| {
                 probe::cublas().map_err(|e| e.to_string())?;
-                cudarc::cublas::CudaBlas::new(self.inner.stream.clone())
+                cudarc::cublas::CudaBlas::new(self.on.stream.clone())
                     .map(Arc::new)
                     .map_err(|e| format!("{e:?}"))
             })
@@ -298,4 +348,36 @@ fn create_pool(ordinal: usize) -> Result<sys::CUmemoryPool> {
         )
     })?;
     Ok(pool)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a GPU: a context on a borrowed stream shares the device's pool and kernels, queues on
+    /// that stream, and a whole softmax verification passes through it. Skipped without one.
+    #[test]
+    fn with_stream_queues_on_the_borrowed_stream_when_a_device_is_present() {
+        let ctx = match Context::new(0) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("with_stream test: skipped, {e}");
+                return;
+            }
+        };
+        let foreign = ctx.inner.cuda.new_stream().unwrap();
+        // SAFETY: `foreign` is a stream of the same (primary) context and outlives `on`.
+        let on = unsafe { ctx.with_stream(foreign.cu_stream()) };
+        assert_eq!(on.cu_stream(), foreign.cu_stream());
+        assert_ne!(on.cu_stream(), ctx.cu_stream());
+        assert!(Arc::ptr_eq(&on.inner, &ctx.inner));
+        let b = on.upload(&[1.0f32, 2.0, 3.0]).unwrap();
+        assert_eq!(b.to_host().unwrap(), vec![1.0, 2.0, 3.0]);
+        let seed = crate::testdata::seed_from_env_or_time().unwrap();
+        let case = &crate::softmax::verify::cases(true)[0];
+        let out = crate::softmax::verify::verify_case(&on, case, seed).unwrap();
+        assert!(out.passed, "seed {seed} {}: {}", out.case, out.comparison);
+        drop(b);
+        on.synchronize().unwrap();
+    }
 }

@@ -1,0 +1,80 @@
+//! Tensor arguments as the Python layer hands them over: `(data_ptr, dtype, shape, strides)`,
+//! strides in elements. The Python layer reads them from torch tensors,
+//! `__cuda_array_interface__` or DLPack and has already checked the device.
+
+use tessera::runtime::{TensorView, TensorViewMut};
+use tessera::DType;
+
+use crate::errors::{invalid, to_py, IntoPy};
+use pyo3::PyResult;
+
+/// What Python passes for one tensor.
+pub type RawDesc = (u64, String, Vec<i64>, Vec<i64>);
+
+/// A validated tensor argument (no device memory is touched here).
+#[derive(Clone, Debug)]
+pub struct Desc {
+    pub ptr: u64,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    pub strides: Vec<usize>,
+}
+
+impl Desc {
+    /// Parses `raw` for argument `arg`: a dtype tessera knows, one non-negative stride per
+    /// dimension, non-negative sizes.
+    pub fn new(arg: &'static str, raw: RawDesc) -> PyResult<Desc> {
+        let (ptr, dtype, shape, strides) = raw;
+        let dtype = DType::parse(&dtype).ok_or_else(|| {
+            to_py(tessera::Error::Unsupported(format!(
+                "{arg} has dtype {dtype}; tessera takes float32, float16 and bfloat16 tensors (int32 for cu_seqlens)"
+            )))
+        })?;
+        if shape.len() != strides.len() {
+            return Err(invalid(
+                arg,
+                format!("{arg} has {} dims but {} strides", shape.len(), strides.len()),
+            ));
+        }
+        if shape.iter().any(|&n| n < 0) {
+            return Err(invalid(arg, format!("{arg} has a negative size in {shape:?}")));
+        }
+        if strides.iter().any(|&s| s < 0) {
+            return Err(invalid(
+                arg,
+                format!("{arg} has a negative stride in {strides:?}; tessera reads forward-strided tensors only"),
+            ));
+        }
+        Ok(Desc {
+            ptr,
+            dtype,
+            shape: shape.iter().map(|&n| n as usize).collect(),
+            strides: strides.iter().map(|&s| s as usize).collect(),
+        })
+    }
+
+    /// Elements from element 0 to one past the last addressed element (0 when empty).
+    fn extent(&self) -> usize {
+        if self.shape.contains(&0) {
+            return 0;
+        }
+        self.shape
+            .iter()
+            .zip(&self.strides)
+            .fold(1usize, |acc, (&n, &s)| acc.saturating_add((n - 1).saturating_mul(s)))
+    }
+
+    /// A read-only view (checked for rank and stride overflow by tessera).
+    pub fn view(&self) -> PyResult<TensorView<'static>> {
+        // SAFETY: the view only carries the address; it is dereferenced by a launch, whose
+        // caller (the op functions) passes addresses of live tensors of the caller's device.
+        // The extent is the tensor's own, so the bounds check cannot fail on a real tensor.
+        unsafe { TensorView::from_raw(self.ptr, self.dtype, self.extent(), &self.shape, &self.strides) }.py_err()
+    }
+
+    /// A writable view (as [`Desc::view`]).
+    pub fn view_mut(&self) -> PyResult<TensorViewMut<'static>> {
+        // SAFETY: as in `view`; the Python layer allocated or was handed this output.
+        unsafe { TensorViewMut::from_raw(self.ptr, self.dtype, self.extent(), &self.shape, &self.strides) }.py_err()
+    }
+}

@@ -1,0 +1,294 @@
+"""Tests of the installed `tessera` wheel that need no GPU and no torch (CI runs them):
+import, public names and signatures (flash_attn's), stubs and docstrings, argument validation
+with tessera's messages, and the error raised when no GPU is usable.
+
+Tensors are stand-ins: objects exposing `__cuda_array_interface__` with made-up addresses.
+Validation runs before anything touches the device, so these never reach a GPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import os
+import pathlib
+
+import pytest
+
+import tessera
+from tessera import _tessera
+
+
+class Fake:
+    """A stand-in CUDA array: only its `__cuda_array_interface__` (v3)."""
+
+    def __init__(self, shape, typestr="<f2", ptr=0x7F0000000000, strides=None, readonly=False):
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape),
+            "typestr": typestr,
+            "data": (ptr, readonly),
+            "strides": strides,
+            "version": 3,
+            "stream": None,
+        }
+
+
+def qkv(b=1, n=16, h=4, hk=2, d=64, nk=None, typestr="<f2"):
+    nk = n if nk is None else nk
+    return Fake((b, n, h, d), typestr), Fake((b, nk, hk, d), typestr), Fake((b, nk, hk, d), typestr)
+
+
+GPU = tessera.is_available()
+
+# -- import, names, signatures ------------------------------------------------------------
+
+
+def test_import_and_version():
+    assert tessera.__version__ == _tessera.__version__
+    assert tessera.__version__.count(".") == 2
+    for name in tessera.__all__:
+        assert hasattr(tessera, name), name
+
+
+def test_exception_hierarchy():
+    assert issubclass(tessera.InvalidArgumentError, ValueError)
+    assert issubclass(tessera.UnsupportedError, NotImplementedError)
+    for cls in (tessera.NoGpuError, tessera.CudaError, tessera.CompileError):
+        assert issubclass(cls, RuntimeError)
+    assert issubclass(tessera.TesseraIOError, OSError)
+    for cls in (
+        tessera.InvalidArgumentError,
+        tessera.UnsupportedError,
+        tessera.NoGpuError,
+        tessera.CudaError,
+        tessera.CompileError,
+        tessera.TesseraIOError,
+    ):
+        assert issubclass(cls, tessera.TesseraError)
+        assert cls.__module__ == "tessera"
+        assert cls.__doc__
+
+
+def _params(fn):
+    return [(p.name, p.default, p.kind) for p in inspect.signature(fn).parameters.values()]
+
+
+P, K = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+E = inspect.Parameter.empty
+
+# flash_attn 2.x (flash_attn/flash_attn_interface.py), then tessera's keyword-only additions
+FLASH_ATTN_FUNC = [
+    ("q", E, P),
+    ("k", E, P),
+    ("v", E, P),
+    ("dropout_p", 0.0, P),
+    ("softmax_scale", None, P),
+    ("causal", False, P),
+    ("window_size", (-1, -1), P),
+    ("softcap", 0.0, P),
+    ("alibi_slopes", None, P),
+    ("deterministic", False, P),
+    ("return_attn_probs", False, P),
+    ("out", None, K),
+]
+FLASH_ATTN_VARLEN_FUNC = (
+    FLASH_ATTN_FUNC[:3]
+    + [
+        ("cu_seqlens_q", E, P),
+        ("cu_seqlens_k", E, P),
+        ("max_seqlen_q", E, P),
+        ("max_seqlen_k", E, P),
+    ]
+    + FLASH_ATTN_FUNC[3:11]
+    + [("block_table", None, P), ("out", None, K)]
+)
+
+
+def test_flash_attn_signatures_match_flash_attn():
+    assert _params(tessera.flash_attn_func) == FLASH_ATTN_FUNC
+    assert _params(tessera.flash_attn_varlen_func) == FLASH_ATTN_VARLEN_FUNC
+
+
+def test_softmax_signatures():
+    for fn in (tessera.softmax, tessera.log_softmax):
+        assert _params(fn) == [("x", E, P), ("dim", -1, P), ("dtype", None, K), ("out", None, K)]
+
+
+def test_every_public_function_has_a_docstring():
+    for name in tessera.__all__:
+        obj = getattr(tessera, name)
+        if callable(obj):
+            assert obj.__doc__ and len(obj.__doc__.strip()) > 20, name
+    assert tessera.__doc__ and "flash_attn_func" in tessera.__doc__
+
+
+def test_stubs_and_py_typed_are_installed_and_match_the_extension():
+    pkg = pathlib.Path(tessera.__file__).parent
+    assert (pkg / "py.typed").is_file()
+    stub = pkg / "_tessera.pyi"
+    tree = ast.parse(stub.read_text())
+    stubbed = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    stubbed |= {t.target.id for t in tree.body if isinstance(t, ast.AnnAssign)}
+    exported = {n for n in dir(_tessera) if not n.startswith("_")} | {"__version__"}
+    assert exported - {"Desc"} <= stubbed | {"__version__"}, exported - stubbed
+    assert stubbed - {"Desc"} <= exported, stubbed - exported
+    for n in tree.body:
+        if isinstance(n, (ast.FunctionDef, ast.ClassDef)):
+            assert ast.get_docstring(n), n.name
+
+
+# -- argument validation (no device) -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kwargs, arg",
+    [
+        ({"dropout_p": 0.1}, "dropout_p"),
+        ({"alibi_slopes": Fake((4,), "<f4")}, "alibi_slopes"),
+        ({"deterministic": True}, "deterministic"),
+    ],
+)
+def test_unsupported_flash_attn_arguments_raise_not_implemented(kwargs, arg):
+    with pytest.raises(NotImplementedError, match=f"`{arg}`") as e:
+        tessera.flash_attn_func(*qkv(), **kwargs)
+    assert isinstance(e.value, tessera.UnsupportedError)
+    cu = Fake((2,), "<i4")
+    with pytest.raises(tessera.UnsupportedError, match=f"`{arg}`"):
+        tessera.flash_attn_varlen_func(*[Fake((16, 4, 64)) for _ in range(3)], cu, cu, 16, 16, **kwargs)
+
+
+def test_block_table_is_not_bound_yet():
+    cu = Fake((2,), "<i4")
+    t = Fake((16, 4, 64))
+    with pytest.raises(NotImplementedError, match="`block_table`"):
+        tessera.flash_attn_varlen_func(t, t, t, cu, cu, 16, 16, block_table=Fake((1, 4), "<i4"))
+
+
+@pytest.mark.parametrize(
+    "q, k, v, kwargs, exc, text",
+    [
+        (*qkv(h=4, hk=3), {}, ValueError, "invalid argument `heads_q`: heads_q (4) must be a positive multiple of heads_kv (3)"),
+        (*qkv(typestr="<f4"), {}, NotImplementedError, "attention dtype fp32: supported are fp16 and bf16"),
+        (*qkv(d=264), {}, NotImplementedError, "head dim 264"),
+        (Fake((16, 4, 64)), Fake((16, 4, 64)), Fake((16, 4, 64)), {}, ValueError, "q must be rank 4"),
+        (*qkv(), {"window_size": (-2, 0)}, ValueError, "window sizes must be >= -1"),
+        (*qkv(), {"window_size": 3}, ValueError, "`window_size`"),
+        (*qkv(), {"softcap": -1.0}, ValueError, "softcap must be finite and >= 0"),
+        (*qkv(), {"softmax_scale": -0.5}, ValueError, "softmax scale must be finite and > 0"),
+        (Fake((1, 16, 4, 64)), Fake((1, 16, 2, 64)), Fake((1, 16, 2, 32)), {}, ValueError, "k and v must have the same shape"),
+        (Fake((1, 16, 4, 64)), Fake((1, 16, 2, 64), "<f2"), Fake((1, 16, 2, 64), "<f4"), {}, ValueError, "must share a dtype"),
+    ],
+)
+def test_flash_attn_validation_errors_carry_tessera_messages(q, k, v, kwargs, exc, text):
+    with pytest.raises(exc) as e:
+        tessera.flash_attn_func(q, k, v, **kwargs)
+    assert text in str(e.value)
+    assert isinstance(e.value, tessera.TesseraError)
+
+
+def test_flash_attn_last_dim_must_be_contiguous_for_interface_objects():
+    q = Fake((1, 16, 4, 64), strides=(16 * 4 * 128 * 2, 4 * 128 * 2, 128 * 2, 4))
+    k, v = Fake((1, 16, 4, 64)), Fake((1, 16, 4, 64))
+    with pytest.raises(ValueError, match="last dimension must be contiguous"):
+        tessera.flash_attn_func(q, k, v)
+
+
+def test_varlen_validation():
+    t = Fake((16, 4, 64))
+    cu2, cu3 = Fake((2,), "<i4"), Fake((3,), "<i4")
+    with pytest.raises(ValueError, match="`cu_seqlens_q`: must be int32, got float32"):
+        tessera.flash_attn_varlen_func(t, t, t, Fake((2,), "<f4"), cu2, 16, 16)
+    with pytest.raises(ValueError, match="cu_seqlens_q has 2 entries but cu_seqlens_k has 3"):
+        tessera.flash_attn_varlen_func(t, t, t, cu2, cu3, 16, 16)
+    with pytest.raises(ValueError, match="max_seqlen_q = 17 exceeds the 16 packed rows"):
+        tessera.flash_attn_varlen_func(t, t, t, cu2, cu2, 17, 16)
+    with pytest.raises(ValueError, match="`max_seqlen_k`: must be a non-negative int"):
+        tessera.flash_attn_varlen_func(t, t, t, cu2, cu2, 16, -1)
+    with pytest.raises(ValueError, match="contiguous 1-D"):
+        tessera.flash_attn_varlen_func(t, t, t, Fake((2, 1), "<i4"), cu2, 16, 16)
+    with pytest.raises(ValueError, match="rank 3"):
+        tessera.flash_attn_varlen_func(*qkv(), cu2, cu2, 16, 16)
+
+
+def test_host_cu_seqlens_checker():
+    assert _tessera.validate_cu_seqlens([0, 3, 3, 10], [0, 5, 6, 6]) == (7, 5)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must be non-decreasing: cu_seqlens_q\[2\] = 2 < cu_seqlens_q\[1\] = 3"):
+        _tessera.validate_cu_seqlens([0, 3, 2], [0, 1, 2])
+    with pytest.raises(ValueError, match=r"cu_seqlens_k\[0\] must be 0"):
+        _tessera.validate_cu_seqlens([0, 1], [1, 2])
+
+
+def test_softmax_validation():
+    with pytest.raises(NotImplementedError, match="softmax input dtype i32; supported: fp32, fp16, bf16"):
+        tessera.softmax(Fake((4, 8), "<i4"))
+    with pytest.raises(NotImplementedError, match="output dtype fp64"):
+        tessera.log_softmax(Fake((4, 8), "<f4"), out=Fake((4, 8), "<f8"))
+    with pytest.raises(ValueError, match=r"`output`: shape \[4, 9\] differs from the input's \[4, 8\]"):
+        tessera.softmax(Fake((4, 8), "<f4"), out=Fake((4, 9), "<f4"))
+    with pytest.raises(ValueError, match="`dim`: dimension 2 is out of range for a tensor of 2 dims"):
+        tessera.softmax(Fake((4, 8), "<f4"), dim=2)
+    with pytest.raises(NotImplementedError, match="other than the last needs a torch tensor"):
+        tessera.softmax(Fake((4, 8), "<f4"), dim=0)
+    with pytest.raises(ValueError, match="read-only"):
+        tessera.softmax(Fake((4, 8), "<f4"), out=Fake((4, 8), "<f4", readonly=True))
+    with pytest.raises(ValueError, match="last dimension must be contiguous"):
+        tessera.softmax(Fake((4, 8), "<f4", strides=(64, 8)))
+    with pytest.raises(TypeError, match="__cuda_array_interface__"):
+        tessera.softmax([1.0, 2.0])
+
+
+def test_plan_cache_info_shape():
+    info = tessera.plan_cache_info()
+    assert info["capacity"] == _tessera.PLAN_CACHE_CAPACITY > 0
+    for kind in ("softmax", "attention"):
+        assert info[kind] >= 0 and info[f"{kind}_hits"] >= 0 and info[f"{kind}_misses"] >= 0
+    tessera.clear_plan_cache()
+    assert tessera.plan_cache_info()["softmax"] == 0
+
+
+# -- without a GPU -------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is usable here")
+def test_calls_without_a_gpu_raise_no_gpu_error():
+    assert tessera.is_available() is False
+    with pytest.raises(tessera.NoGpuError) as e:
+        tessera.device_info()
+    text = str(e.value)
+    assert any(s in text for s in ("CUDA driver library not found", "no CUDA device", "NVRTC library not found")), text
+    # valid calls get as far as the device and stop there with the same error
+    with pytest.raises(tessera.NoGpuError, match="not found|no CUDA device"):
+        tessera.softmax(Fake((4, 8), "<f4"))
+    with pytest.raises(RuntimeError, match="not found|no CUDA device"):
+        tessera.flash_attn_func(*qkv(), causal=True, out=Fake((1, 16, 4, 64)))
+    cu = Fake((2,), "<i4")
+    with pytest.raises(tessera.NoGpuError):
+        t = Fake((16, 4, 64))
+        tessera.flash_attn_varlen_func(t, t, t, cu, cu, 16, 16, out=Fake((16, 4, 64)))
+
+
+@pytest.mark.skipif(not GPU, reason="no GPU here")
+def test_device_info_with_a_gpu():
+    info = tessera.device_info(0)
+    assert info["sm_count"] > 0 and info["arch"].startswith("sm_")
+
+
+def test_nvrtc_location_is_not_forced_when_absent():
+    # find_nvrtc only sets TESSERA_NVRTC to a file that exists
+    path = os.environ.get("TESSERA_NVRTC")
+    assert path is None or os.path.isfile(path)
+
+
+def readme_example() -> str:
+    """The Python example of the repository README's "Using tessera from Python" section."""
+    readme = pathlib.Path(__file__).resolve().parents[3] / "README.md"
+    text = readme.read_text()
+    section = text[text.index("## Using tessera from Python") :]
+    return section[section.index("```python\n") + len("```python\n") : section.index("\n```", section.index("```python"))]
+
+
+def test_readme_example_compiles():
+    # it runs on the GPU machine (test_gpu.py); here it must at least be valid Python
+    code = readme_example()
+    assert "tessera.flash_attn_func" in code
+    compile(code, "README.md", "exec")

@@ -1,0 +1,453 @@
+"""GPU tests of the installed `tessera` wheel: every function against torch (softmax, SDPA, a
+float32 attention reference) and FlashInfer where it is importable, on random inputs of many
+shapes, in one process. Skipped cleanly when torch, CUDA or a usable GPU is missing.
+
+Budgets (DESIGN.md): rel_l2 = ||out - ref|| / ||ref|| below 1e-5 (fp32), 2e-3 (fp16),
+1e-2 (bf16) against references computed in float64 (softmax) or float32 (attention) from the
+same inputs. The seed is printed; TESSERA_SEED replays it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import zlib
+
+import pytest
+
+import tessera
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("torch sees no CUDA device", allow_module_level=True)
+if not tessera.is_available():
+    pytest.skip("tessera cannot use the GPU here (no driver, device or NVRTC)", allow_module_level=True)
+
+F = torch.nn.functional
+DEV = torch.device("cuda", 0)
+SEED = int(os.environ.get("TESSERA_SEED", random.randrange(1 << 31)))
+print(f"test_gpu: seed {SEED} (TESSERA_SEED={SEED} replays)")
+BUDGET = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def gen(tag):
+    """A generator seeded from SEED and the test's own tag (so tests are independent)."""
+    return torch.Generator(device=DEV).manual_seed((SEED * 1000003 + zlib.crc32(tag.encode())) % (1 << 62))
+
+
+def randn(shape, dtype, tag, scale=1.0):
+    return (torch.randn(shape, device=DEV, dtype=torch.float32, generator=gen(tag)) * scale).to(dtype)
+
+
+def rel_l2(out, ref):
+    out, ref = out.double(), ref.double()
+    num = torch.linalg.vector_norm(out - ref)
+    den = torch.linalg.vector_norm(ref)
+    return float(num / den) if den > 0 else float(num)
+
+
+def assert_close(out, ref, dtype, what):
+    assert out.shape == ref.shape, (what, out.shape, ref.shape)
+    assert not torch.isnan(out).any(), f"{what}: NaN in output (seed {SEED})"
+    e = rel_l2(out, ref)
+    assert e < BUDGET[dtype], f"{what}: rel_l2 {e:.3g} >= {BUDGET[dtype]} (seed {SEED})"
+
+
+# -- softmax -------------------------------------------------------------------------------
+
+SOFTMAX_SHAPES = [(1, 1), (7, 33), (128, 1000), (3, 5, 1025), (256, 4096), (2, 100003), (1, 1 << 20), (4096, 8)]
+
+
+@pytest.mark.parametrize("shape", SOFTMAX_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_softmax_matches_torch(shape, dtype, log):
+    dt = DTYPES[dtype]
+    x = randn(shape, dt, f"softmax{shape}{dtype}", scale=3.0)
+    fn, ref_fn = (tessera.log_softmax, torch.log_softmax) if log else (tessera.softmax, torch.softmax)
+    y = fn(x)
+    assert isinstance(y, torch.Tensor) and y.dtype == dt and y.device == x.device
+    assert_close(y, ref_fn(x.double(), dim=-1), dt, f"{fn.__name__} {dtype} {shape}")
+
+
+@pytest.mark.parametrize("dim", [0, 1, -2])
+def test_softmax_other_dims_and_dtype_out(dim):
+    x = randn((33, 65, 17), torch.float16, f"dims{dim}")
+    y = tessera.softmax(x, dim=dim, dtype=torch.float32)
+    assert y.dtype == torch.float32 and y.shape == x.shape
+    assert_close(y, torch.softmax(x.double(), dim=dim), torch.float32, f"softmax dim={dim}")
+    z = tessera.log_softmax(x, dim, dtype="bfloat16")
+    assert_close(z, torch.log_softmax(x.double(), dim=dim), torch.bfloat16, f"log_softmax dim={dim}")
+
+
+def test_softmax_strided_out_and_in_place():
+    big = randn((300, 1024), torch.float32, "padded")
+    x = big[:, :1000]  # padded rows: read in place (row stride 1024)
+    out = torch.empty((300, 1000), device=DEV, dtype=torch.float32)
+    r = tessera.softmax(x, out=out)
+    assert r is out
+    assert_close(out, torch.softmax(x.double(), -1), torch.float32, "padded rows into out=")
+    xs = big[:, ::2]  # last dim not contiguous: copied first
+    assert_close(tessera.softmax(xs), torch.softmax(xs.double(), -1), torch.float32, "strided last dim")
+    xt = big.t()  # rows that do not collapse: copied first
+    assert_close(tessera.softmax(xt), torch.softmax(xt.double(), -1), torch.float32, "transposed")
+    xb = big[0].expand(7, 1024)  # broadcast rows (stride 0): copied first
+    assert_close(tessera.softmax(xb), torch.softmax(xb.double(), -1), torch.float32, "broadcast rows")
+    inplace = randn((64, 777), torch.float16, "inplace")
+    expect = torch.softmax(inplace.double(), -1)
+    assert tessera.softmax(inplace, out=inplace) is inplace
+    assert_close(inplace, expect, torch.float16, "in place")
+
+
+def test_softmax_special_rows_and_sizes():
+    x = randn((4, 100), torch.float32, "special")
+    x[1] = -math.inf
+    x[2, 5] = math.nan
+    y, ly = tessera.softmax(x), tessera.log_softmax(x)
+    assert torch.equal(y[1], torch.zeros_like(y[1])), "an all -inf row gives zeros"
+    assert torch.isneginf(ly[1]).all(), "an all -inf row gives -inf in log_softmax"
+    assert torch.isnan(y[2]).all(), "a NaN makes its row NaN"
+    for r in (0, 3):
+        assert_close(y[r], torch.softmax(x[r].double(), -1), torch.float32, f"row {r}")
+    e = tessera.softmax(torch.empty((0, 7), device=DEV))
+    assert e.shape == (0, 7)
+    assert tessera.softmax(torch.empty((3, 0), device=DEV)).shape == (3, 0)
+    s = tessera.softmax(torch.tensor(2.5, device=DEV))
+    assert s.shape == () and float(s) == 1.0
+
+
+def test_softmax_accepts_cuda_array_interface_and_dlpack():
+    x = randn((16, 300), torch.float32, "cai")
+    out = torch.empty_like(x)
+
+    class Cai:
+        def __init__(self, t):
+            self.t = t
+            self.__cuda_array_interface__ = t.__cuda_array_interface__
+
+    class DLPack:
+        def __init__(self, t):
+            self.t = t
+
+        def __dlpack__(self, **kwargs):
+            return self.t.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.t.__dlpack_device__()
+
+    r = tessera.softmax(Cai(x), out=Cai(out))
+    torch.cuda.synchronize()
+    assert isinstance(r, Cai)
+    assert_close(out, torch.softmax(x.double(), -1), torch.float32, "interface in, interface out")
+    y = tessera.softmax(DLPack(x))
+    assert isinstance(y, torch.Tensor)
+    assert_close(y, torch.softmax(x.double(), -1), torch.float32, "dlpack")
+
+
+def test_errors_on_the_gpu():
+    with pytest.raises(tessera.InvalidArgumentError, match="CUDA tensors"):
+        tessera.softmax(torch.ones(4, 4))
+    with pytest.raises(tessera.UnsupportedError, match="dtype fp64"):
+        tessera.softmax(torch.ones(4, 4, device=DEV, dtype=torch.float64))
+    q = torch.randn(1, 16, 2, 64, device=DEV, dtype=torch.float16, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="no backward"):
+        tessera.flash_attn_func(q, q, q)
+    with torch.no_grad():
+        assert tessera.flash_attn_func(q, q, q).shape == q.shape
+
+
+# -- attention -----------------------------------------------------------------------------
+
+
+def attention_ref(q, k, v, causal=False, window=(-1, -1), scale=None, softcap=0.0):
+    """float32 attention with flash_attn's conventions: [B, N, H, D], GQA, bottom-right causal
+    and window masks, softcap. Returns (out [B, Nq, H, D], lse [B, H, Nq]); a row that sees no
+    key gets zeros and LSE -inf."""
+    b, nq, h, d = q.shape
+    nk, hk = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qf = q.float().transpose(1, 2)
+    kf = k.float().transpose(1, 2).repeat_interleave(h // hk, dim=1)
+    vf = v.float().transpose(1, 2).repeat_interleave(h // hk, dim=1)
+    s = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(nq, device=q.device)[:, None]
+    j = torch.arange(nk, device=q.device)[None, :]
+    shift = nk - nq
+    left, right = window
+    if causal:
+        right = 0
+    vis = torch.ones(nq, nk, dtype=torch.bool, device=q.device)
+    if left >= 0:
+        vis &= j >= i + shift - left
+    if right >= 0:
+        vis &= j <= i + shift + right
+    s = s.masked_fill(~vis, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None])
+    p = torch.where(torch.isneginf(lse)[..., None], torch.zeros_like(p), p)
+    o = torch.matmul(p, vf).transpose(1, 2)
+    return o, lse
+
+
+def check_lse(lse, ref, what):
+    assert lse.dtype == torch.float32 and lse.shape == ref.shape, (what, lse.shape, ref.shape)
+    inf = torch.isneginf(ref)
+    assert torch.equal(torch.isneginf(lse), inf), f"{what}: -inf LSE rows differ (seed {SEED})"
+    err = (lse[~inf] - ref[~inf]).abs().max().item() if (~inf).any() else 0.0
+    assert err < 2e-3, f"{what}: LSE max abs err {err:.3g} (seed {SEED})"
+
+
+# (B, Nq, Nk, Hq, Hk, D, causal, window, softcap)
+ATTN_CASES = [
+    (1, 128, 128, 4, 4, 64, False, (-1, -1), 0.0),
+    (2, 257, 257, 8, 2, 128, True, (-1, -1), 0.0),
+    (1, 1, 300, 8, 1, 128, True, (-1, -1), 0.0),
+    (3, 100, 37, 6, 3, 64, True, (-1, -1), 0.0),
+    (2, 37, 100, 4, 4, 128, True, (-1, -1), 0.0),
+    (1, 512, 512, 2, 2, 256, False, (-1, -1), 0.0),
+    (2, 64, 80, 4, 4, 40, False, (-1, -1), 0.0),
+    (1, 70, 70, 4, 2, 36, True, (-1, -1), 0.0),
+    (1, 200, 200, 4, 4, 96, False, (-1, -1), 0.0),
+    (1, 1000, 1000, 4, 4, 128, False, (64, 16), 0.0),
+    (1, 300, 300, 4, 2, 128, True, (-1, -1), 30.0),
+    (2, 200, 200, 8, 1, 64, False, (-1, -1), 0.0),
+    (1, 8, 8192, 1, 1, 128, False, (-1, -1), 0.0),
+    (4, 1024, 1024, 16, 4, 128, True, (-1, -1), 0.0),
+]
+
+
+def case_id(c):
+    b, nq, nk, h, hk, d, causal, window, softcap = c
+    s = f"B{b}-N{nq}x{nk}-H{h}/{hk}-D{d}"
+    s += "-causal" if causal else ""
+    s += f"-win{window[0]},{window[1]}" if window != (-1, -1) else ""
+    s += f"-cap{softcap:g}" if softcap else ""
+    return s
+
+
+@pytest.mark.parametrize("case", ATTN_CASES, ids=case_id)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_flash_attn_func_matches_reference(case, dtype):
+    b, nq, nk, h, hk, d, causal, window, softcap = case
+    dt = DTYPES[dtype]
+    tag = f"{case_id(case)}{dtype}"
+    q = randn((b, nq, h, d), dt, tag + "q")
+    k = randn((b, nk, hk, d), dt, tag + "k")
+    v = randn((b, nk, hk, d), dt, tag + "v")
+    out, lse, probs = tessera.flash_attn_func(
+        q, k, v, causal=causal, window_size=window, softcap=softcap, return_attn_probs=True
+    )
+    assert probs is None
+    ref, ref_lse = attention_ref(q, k, v, causal, window, softcap=softcap)
+    assert out.dtype == dt and out.shape == q.shape
+    assert_close(out, ref, dt, f"flash_attn_func {tag}")
+    check_lse(lse, ref_lse, f"flash_attn_func {tag}")
+    plain = tessera.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap)
+    assert isinstance(plain, torch.Tensor) and torch.equal(plain, out), "deterministic, same without LSE"
+
+
+SDPA_CASES = [(2, 256, 8, 8, 64, False), (1, 1024, 16, 16, 128, True), (2, 333, 8, 2, 128, True), (1, 128, 4, 4, 256, False)]
+
+
+@pytest.mark.parametrize("case", SDPA_CASES, ids=lambda c: "B{}-N{}-H{}/{}-D{}{}".format(*c[:5], "-causal" if c[5] else ""))
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_flash_attn_func_matches_torch_sdpa(case, dtype):
+    b, n, h, hk, d, causal = case
+    dt = DTYPES[dtype]
+    tag = f"sdpa{case}{dtype}"
+    q, k, v = (randn((b, n, hh, d), dt, tag + t) for t, hh in (("q", h), ("k", hk), ("v", hk)))
+    out = tessera.flash_attn_func(q, k, v, causal=causal)
+    kk, vv = (t.repeat_interleave(h // hk, dim=2) for t in (k, v))
+    ref = F.scaled_dot_product_attention(
+        q.transpose(1, 2).float(), kk.transpose(1, 2).float(), vv.transpose(1, 2).float(), is_causal=causal
+    ).transpose(1, 2)
+    assert_close(out, ref, dt, f"vs float32 SDPA {tag}")
+    same_dtype = F.scaled_dot_product_attention(q.transpose(1, 2), kk.transpose(1, 2), vv.transpose(1, 2), is_causal=causal)
+    e = rel_l2(out, same_dtype.transpose(1, 2))
+    assert e < 2 * BUDGET[dt], f"vs {dtype} SDPA {tag}: rel_l2 {e:.3g}"
+
+
+def test_flash_attn_func_layouts_scale_and_out():
+    b, n, h, d = 2, 150, 4, 64
+    qkv = randn((b, n, 3, h, d), torch.float16, "packed")
+    q, k, v = qkv.unbind(dim=2)  # strided views, read without a copy
+    ref, _ = attention_ref(q, k, v, True, scale=0.3)
+    out = torch.empty_like(q.contiguous())
+    r = tessera.flash_attn_func(q, k, v, softmax_scale=0.3, causal=True, out=out)
+    assert r is out
+    assert_close(out, ref, torch.float16, "packed qkv views into out=")
+    flat = randn((b * n * h * d + 1,), torch.float16, "misaligned")[1:].view(b, n, h, d)  # 2-byte aligned
+    assert flat.data_ptr() % 16 != 0
+    ref2, _ = attention_ref(flat, k, v)
+    assert_close(tessera.flash_attn_func(flat, k, v), ref2, torch.float16, "misaligned q (copied)")
+    qt = randn((b, n, d, h), torch.float16, "lastdim").transpose(-1, -2)  # last dim stride h
+    ref3, _ = attention_ref(qt, k, v)
+    assert_close(tessera.flash_attn_func(qt, k, v), ref3, torch.float16, "non-contiguous last dim (copied)")
+    q36 = randn((1, 40, 2, 36), torch.bfloat16, "d36")
+    out36 = torch.empty_like(q36)
+    assert tessera.flash_attn_func(q36, q36, q36, out=out36) is out36
+    ref36, _ = attention_ref(q36, q36, q36)
+    assert_close(out36, ref36, torch.bfloat16, "head dim 36 (padded) into out=")
+
+
+def _varlen_inputs(lengths_q, lengths_k, h, hk, d, dt, tag):
+    cu_q = [0]
+    cu_k = [0]
+    for a, c in zip(lengths_q, lengths_k):
+        cu_q.append(cu_q[-1] + a)
+        cu_k.append(cu_k[-1] + c)
+    q = randn((cu_q[-1], h, d), dt, tag + "q")
+    k = randn((cu_k[-1], hk, d), dt, tag + "k")
+    v = randn((cu_k[-1], hk, d), dt, tag + "v")
+    return q, k, v, cu_q, cu_k
+
+
+VARLEN_CASES = [
+    ([5, 0, 130, 64], [7, 3, 130, 1], 8, 2, 128, True),
+    ([5, 0, 130, 64], [7, 3, 130, 1], 8, 2, 128, False),
+    ([1000, 1, 17], [1000, 1, 17], 4, 4, 64, True),
+    ([3, 300], [500, 2], 6, 3, 256, True),
+]
+
+
+@pytest.mark.parametrize("case", VARLEN_CASES, ids=lambda c: f"{len(c[0])}seqs-H{c[2]}/{c[3]}-D{c[4]}{'-causal' if c[5] else ''}")
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("cu_on", ["cuda", "cpu", "list"])
+def test_flash_attn_varlen_func_matches_per_sequence_reference(case, dtype, cu_on):
+    lq, lk, h, hk, d, causal = case
+    dt = DTYPES[dtype]
+    tag = f"varlen{case}{dtype}"
+    q, k, v, cu_q, cu_k = _varlen_inputs(lq, lk, h, hk, d, dt, tag)
+    if cu_on == "list":
+        cq, ck = cu_q, cu_k
+    else:
+        cq, ck = (torch.tensor(c, dtype=torch.int32, device=cu_on) for c in (cu_q, cu_k))
+    out, lse, none = tessera.flash_attn_varlen_func(
+        q, k, v, cq, ck, max(lq), max(lk), causal=causal, return_attn_probs=True
+    )
+    assert none is None and out.shape == q.shape and lse.shape == (h, q.shape[0])
+    for s in range(len(lq)):
+        a, z = cu_q[s], cu_q[s + 1]
+        ka, kz = cu_k[s], cu_k[s + 1]
+        if z == a:
+            continue
+        ref, ref_lse = attention_ref(q[None, a:z], k[None, ka:kz], v[None, ka:kz], causal)
+        assert_close(out[a:z], ref[0], dt, f"varlen {tag} seq {s}")
+        check_lse(lse[:, a:z], ref_lse[0], f"varlen {tag} seq {s}")
+
+
+def test_varlen_checks_host_offsets():
+    q, k, v, cu_q, cu_k = _varlen_inputs([4, 4], [4, 4], 2, 2, 64, torch.float16, "vcheck")
+    with pytest.raises(ValueError, match="`max_seqlen_q`: is 3 but a sequence has 4 rows"):
+        tessera.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 3, 4)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        tessera.flash_attn_varlen_func(q, k, v, [0, 5, 4], cu_k, 5, 4)
+    with pytest.raises(ValueError, match="past the 8 packed rows"):
+        tessera.flash_attn_varlen_func(q, k, v, torch.tensor([0, 4, 9], dtype=torch.int32), cu_k, 5, 4)
+
+
+# -- streams, graphs, caches ---------------------------------------------------------------
+
+
+def test_runs_on_the_callers_stream_without_synchronising():
+    src = randn((2048, 4096), torch.float32, "stream")
+    x = torch.zeros_like(src)
+    s = torch.cuda.Stream()  # torch's pool streams do not wait for the default stream
+    with torch.cuda.stream(s):  # plans for this stream (and kernels) are made here, not below
+        tessera.softmax(x)
+        tessera.flash_attn_func(*(x.view(1, 2048, 64, 64).to(torch.float16),) * 3)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time queued first on s
+        x.copy_(src)  # what tessera must read: only correct if queued behind this on s
+        y = tessera.softmax(x)
+        q = x.view(1, 2048, 64, 64).to(torch.float16)
+        o = tessera.flash_attn_func(q, q, q)
+        z = y * 2.0  # torch work after tessera's on the same stream
+    assert not s.query(), "tessera synchronised the stream (the sleep should still be running)"
+    s.synchronize()
+    assert_close(y, torch.softmax(src.double(), -1), torch.float32, "softmax on a side stream")
+    assert_close(z, 2.0 * torch.softmax(src.double(), -1), torch.float32, "torch after tessera")
+    q2 = src.view(1, 2048, 64, 64).to(torch.float16)
+    ref, _ = attention_ref(q2, q2, q2)
+    assert_close(o, ref, torch.float16, "attention on a side stream")
+
+
+def test_cuda_graph_capture_and_replay():
+    x = randn((512, 1000), torch.float16, "graph")
+    q = randn((1, 256, 8, 128), torch.float16, "graphq")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up on the capture stream: plans are cached per stream
+        tessera.softmax(x)
+        tessera.flash_attn_func(q, q, q, causal=True)
+    s.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        y = tessera.softmax(x)
+        o = tessera.flash_attn_func(q, q, q, causal=True)
+    x.copy_(randn((512, 1000), torch.float16, "graph2"))
+    q.copy_(randn((1, 256, 8, 128), torch.float16, "graphq2"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert_close(y, torch.softmax(x.double(), -1), torch.float16, "softmax replayed")
+    ref, _ = attention_ref(q, q, q, True)
+    assert_close(o, ref, torch.float16, "attention replayed")
+
+
+def test_plans_are_cached_per_shape():
+    tessera.clear_plan_cache()
+    x = randn((64, 512), torch.float16, "cache")
+    before = tessera.plan_cache_info()
+    for _ in range(5):
+        tessera.softmax(x)
+    info = tessera.plan_cache_info()
+    assert info["softmax"] == 1
+    assert info["softmax_hits"] - before["softmax_hits"] == 4
+    assert info["softmax_misses"] - before["softmax_misses"] == 1
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_second_device_keeps_torchs_current_device():
+    torch.cuda.set_device(0)
+    x = randn((8, 100), torch.float32, "dev1").to("cuda:1")
+    y = tessera.softmax(x)
+    assert y.device.index == 1 and torch.cuda.current_device() == 0
+    assert_close(y, torch.softmax(x.double(), -1), torch.float32, "cuda:1")
+
+
+# -- FlashInfer ----------------------------------------------------------------------------
+
+
+def _flashinfer():
+    if os.environ.get("TESSERA_TEST_FLASHINFER", "1") == "0":
+        return None
+    try:
+        import flashinfer  # noqa: PLC0415
+    except Exception:
+        return None
+    return flashinfer
+
+
+@pytest.mark.skipif(_flashinfer() is None, reason="flashinfer not importable (or TESSERA_TEST_FLASHINFER=0)")
+def test_flash_attn_func_matches_flashinfer_single_prefill():
+    # FlashInfer compiles each configuration with nvcc on first use (~20 s for fa2): one shape
+    flashinfer = _flashinfer()
+    n, h, d = 512, 8, 128
+    q, k, v = (randn((1, n, h, d), torch.float16, f"fi{t}") for t in "qkv")
+    ref = flashinfer.single_prefill_with_kv_cache(q[0], k[0], v[0], causal=True, backend="fa2")
+    out = tessera.flash_attn_func(q, k, v, causal=True)
+    e = rel_l2(out[0], ref)
+    assert e < BUDGET[torch.float16], f"vs FlashInfer: rel_l2 {e:.3g}"
+
+
+def test_readme_example_runs(capsys):
+    from test_api import readme_example  # noqa: PLC0415 (the tests folder is on sys.path)
+
+    exec(compile(readme_example(), "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert "torch.Size([2, 1024, 16, 128])" in printed
