@@ -11,8 +11,9 @@
 //! | `Cuda`                            | `CudaError(TesseraError, RuntimeError)`        |
 //! | `Compile`                         | `CompileError(TesseraError, RuntimeError)`     |
 //! | `Io`                              | `TesseraIOError(TesseraError, OSError)`        |
+//! | `OutOfPages`                      | `OutOfPagesError(TesseraError, MemoryError)`   |
 
-use pyo3::exceptions::{PyException, PyNotImplementedError, PyOSError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyException, PyMemoryError, PyNotImplementedError, PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
@@ -27,6 +28,7 @@ struct Classes {
     cuda: Py<PyType>,
     compile: Py<PyType>,
     io: Py<PyType>,
+    out_of_pages: Py<PyType>,
 }
 
 static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
@@ -82,6 +84,11 @@ fn classes(py: Python<'_>) -> PyResult<&Classes> {
                 py.get_type::<PyOSError>(),
                 "A file-system error (the kernel cache).",
             )?,
+            out_of_pages: sub(
+                "OutOfPagesError",
+                py.get_type::<PyMemoryError>(),
+                "The paged KV cache has no free or evictable page; nothing was changed (preempt a sequence).",
+            )?,
             base,
         })
     })
@@ -98,6 +105,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         &c.cuda,
         &c.compile,
         &c.io,
+        &c.out_of_pages,
     ] {
         let cls = cls.bind(m.py());
         m.add(cls.name()?, cls)?;
@@ -119,6 +127,7 @@ pub fn to_py(e: Error) -> PyErr {
             Error::Cuda { .. } => &c.cuda,
             Error::Compile { .. } => &c.compile,
             Error::Io { .. } => &c.io,
+            Error::OutOfPages { .. } => &c.out_of_pages,
         };
         PyErr::from_type(cls.bind(py).clone(), e.to_string())
     })

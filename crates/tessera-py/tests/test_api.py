@@ -56,6 +56,7 @@ def test_exception_hierarchy():
     for cls in (tessera.NoGpuError, tessera.CudaError, tessera.CompileError):
         assert issubclass(cls, RuntimeError)
     assert issubclass(tessera.TesseraIOError, OSError)
+    assert issubclass(tessera.OutOfPagesError, MemoryError)
     for cls in (
         tessera.InvalidArgumentError,
         tessera.UnsupportedError,
@@ -63,6 +64,7 @@ def test_exception_hierarchy():
         tessera.CudaError,
         tessera.CompileError,
         tessera.TesseraIOError,
+        tessera.OutOfPagesError,
     ):
         assert issubclass(cls, tessera.TesseraError)
         assert cls.__module__ == "tessera"

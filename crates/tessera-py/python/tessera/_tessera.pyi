@@ -34,6 +34,9 @@ class CompileError(TesseraError, RuntimeError):
 class TesseraIOError(TesseraError, OSError):
     """A file-system error (the kernel cache)."""
 
+class OutOfPagesError(TesseraError, MemoryError):
+    """The paged KV cache has no free or evictable page; nothing was changed (preempt a sequence)."""
+
 def check_softmax(x: Desc, y: Desc) -> None:
     """Validates a softmax over the last dimension of ``x`` into ``y`` (no device needed)."""
 
