@@ -7,8 +7,9 @@
 //!
 //! 1. **Admit** waiting requests in arrival order while the batch has room, the step's prefill
 //!    budget (`--max-prefill-tokens`, counted in prompt tokens) lasts and
-//!    [`BlockManager::can_allocate`] says yes (once something runs, a 1% watermark of free pages
-//!    is also kept, as vLLM does). [`BlockManager::allocate`] reports the prefix hits
+//!    [`BlockManager::can_allocate`] says yes (once something runs, the prompt's pages, prefix
+//!    hits not deducted, plus a watermark of 1% of the pool must be free or evictable, as in
+//!    vLLM). [`BlockManager::allocate`] reports the prefix hits
 //!    ([`Allocation::cached_tokens`](tessera::kvcache::block_manager::Allocation)).
 //! 2. **Prefill** the admitted requests as one varlen batch per layer: queries are the uncached
 //!    suffix of each prompt, keys the whole prompt (causal, bottom-right aligned), through
@@ -1371,7 +1372,7 @@ impl SimReport {
         line(
             "prefix hit rate",
             format!(
-                "{:.1}% ({} of {} prompt tokens found cached)",
+                "{:.1}% ({} of {} prompt tokens found cached; re-prefills after preemption included)",
                 100.0 * self.prefix_hit_rate,
                 self.prefix_hit_tokens,
                 self.prefix_lookup_tokens
@@ -1885,6 +1886,80 @@ mod tests {
         let a = pool_offset(1, 1 << 20, 3, 0, Slot::PrefillK, 4096);
         let b = pool_offset(1, 1 << 20, 3, 1, Slot::PrefillK, 4096);
         assert_ne!(a, b, "layers read different slices");
+    }
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ServeSimArgs,
+    }
+
+    #[test]
+    fn options_parse_with_their_defaults() {
+        use clap::{CommandFactory, Parser};
+        Cli::command().debug_assert();
+        let a = Cli::try_parse_from(["serve-sim"]).unwrap().args;
+        assert_eq!((a.requests, a.layers, a.max_batch, a.page_size), (256, 32, 64, 16));
+        assert_eq!(a.prompt_len, LenRange { lo: 128, hi: 4096 });
+        assert_eq!(a.gen_len, LenRange { lo: 32, hi: 512 });
+        assert_eq!((a.shared_prefixes, a.prefix_len, a.shared_fraction), (4, 512, 0.6));
+        assert_eq!(a.dtype, DType::F16);
+        assert!(a.pages.is_none() && a.arrival.is_none() && a.check.is_none() && !a.dry_run);
+        let a = Cli::try_parse_from([
+            "serve-sim",
+            "--dtype",
+            "fp8",
+            "--prompt-len",
+            "64..=128",
+            "--check",
+            "10",
+        ])
+        .unwrap()
+        .args;
+        assert_eq!((a.dtype, a.prompt_len.hi, a.check), (DType::F8E4M3, 128, Some(10)));
+        assert!(Cli::try_parse_from(["serve-sim", "--check", "5", "--no-check"]).is_err());
+        assert!(Cli::try_parse_from(["serve-sim", "--gen-len", "9..3"]).is_err());
+    }
+
+    #[test]
+    fn dry_run_command_writes_the_report() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("sim.json");
+        let json_arg = json.to_str().unwrap();
+        let argv = [
+            "serve-sim",
+            "--dry-run",
+            "--requests",
+            "24",
+            "--max-batch",
+            "8",
+            "--prompt-len",
+            "64..512",
+            "--gen-len",
+            "4..32",
+            "--prefix-len",
+            "64",
+            "--seed",
+            "3",
+            "--json",
+            json_arg,
+        ];
+        let a = Cli::try_parse_from(argv).unwrap().args;
+        assert_eq!(run(&a, "test"), Ok(true));
+        let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(j["finished"], 24);
+        assert_eq!(j["dry_run"], true);
+        assert_eq!(j["final_pages"]["used"], 0);
+        assert!(j["decode_tokens_per_s"].is_null());
+        assert!(j["host_block_manager_us"]["mean"].as_f64().unwrap() > 0.0);
+        // the same seed, the same schedule
+        let b = Cli::try_parse_from(argv).unwrap().args;
+        assert_eq!(run(&b, "test"), Ok(true));
+        let k: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        for key in ["steps", "prefix_hit_tokens", "evictions", "preemptions", "pages_used"] {
+            assert_eq!(j[key], k[key], "{key}");
+        }
     }
 
     #[test]
