@@ -4,6 +4,7 @@
 mod cpu;
 mod ops;
 mod report;
+mod serve_sim;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -80,6 +81,9 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         device: usize,
     },
+    /// End-to-end serving simulation: a 32-layer Llama-3-8B-shaped attention stack with
+    /// continuous batching over the paged KV cache (prefix sharing, eviction, preemption).
+    ServeSim(serve_sim::ServeSimArgs),
 }
 
 fn main() -> ExitCode {
@@ -97,6 +101,7 @@ fn main() -> ExitCode {
         }) => with_device(device)
             .and_then(|ctx| verify(&ctx, &ops, quick, filter.as_deref(), seed).map(|failed| failed == 0)),
         Some(Command::Compile { ops, arch, verbose }) => compile(&ops, &arch, verbose),
+        Some(Command::ServeSim(args)) => serve_sim::run(&args, &command_line),
         Some(Command::Bench {
             ops,
             quick,

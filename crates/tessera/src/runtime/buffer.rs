@@ -206,6 +206,32 @@ impl<T: Element> DeviceBuffer<T> {
             view: TensorView::new(self.ptr, T::DTYPE, self.len, shape, strides)?,
         })
     }
+
+    /// An N-D view whose element 0 is element `offset` of the buffer (a slice of a larger
+    /// buffer, such as one of many inputs packed in a pool); bounds checked like [`view`](Self::view).
+    pub fn view_at(&self, offset: usize, shape: &[usize], strides: &[usize]) -> Result<TensorView<'_>> {
+        let (ptr, len) = self.offset_ptr(offset)?;
+        TensorView::new(ptr, T::DTYPE, len, shape, strides)
+    }
+
+    /// A mutable [`view_at`](Self::view_at).
+    pub fn view_mut_at(&mut self, offset: usize, shape: &[usize], strides: &[usize]) -> Result<TensorViewMut<'_>> {
+        let (ptr, len) = self.offset_ptr(offset)?;
+        Ok(TensorViewMut {
+            view: TensorView::new(ptr, T::DTYPE, len, shape, strides)?,
+        })
+    }
+
+    /// The address of element `offset` and the elements from there to the end.
+    fn offset_ptr(&self, offset: usize) -> Result<(u64, usize)> {
+        if offset > self.len {
+            return Err(Error::invalid(
+                "offset",
+                format!("{offset} is past the end of a {}-element buffer", self.len),
+            ));
+        }
+        Ok((self.ptr + (offset * std::mem::size_of::<T>()) as u64, self.len - offset))
+    }
 }
 
 /// Maximum rank of a view.
