@@ -10,8 +10,7 @@
 //!
 //! Work: one CTA per (KV head, work item = (sequence, key chunk), row group of up to 16 or 32
 //! query rows), serving every query head of that KV head (paged_decode.cu). Sequences cut into
-//! several chunks are merged with the online-softmax rule by the last CTA of each (sequence, KV
-//! head, row group) to finish, in the same launch.
+//! several chunks are merged by decode_combine.cu with the online-softmax rule.
 
 use std::sync::Arc;
 
@@ -24,6 +23,7 @@ use crate::runtime::{Context, DeviceBuffer, TensorView, TensorViewMut};
 use super::{KvCacheConfig, PagedBatch, PagedKvCache, PagedTables};
 
 const DECODE_SOURCE: &str = include_str!("paged_decode.cu");
+const COMBINE_SOURCE: &str = include_str!("decode_combine.cu");
 
 /// Most query tokens per sequence (speculative decoding).
 pub const MAX_Q_LEN: usize = 8;
@@ -67,7 +67,7 @@ impl DecodeTuning {
         })
     }
     fn validate(&self) -> Result<()> {
-        if !matches!(self.warps, 4 | 8)
+        if !matches!(self.warps, 2 | 4 | 8)
             || !matches!(self.tile_keys, 16 | 32 | 48 | 64)
             || !(2..=8).contains(&self.stages)
         {
@@ -204,6 +204,32 @@ impl DecodeVariant {
     }
 }
 
+/// The combine kernel of a decode plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeCombineVariant {
+    pub dtype: DType,
+    pub head_dim: u32,
+}
+
+impl DecodeCombineVariant {
+    pub const THREADS: u32 = 128;
+    pub fn spec(&self) -> KernelSpec {
+        KernelSpec {
+            name: format!("decode_combine_{}_d{}", self.dtype, self.head_dim),
+            file: "decode_combine.cu",
+            source: COMBINE_SOURCE,
+            preamble: format!(
+                "#include \"tessera/dtype.cuh\"\nusing Elem = {};\nconstexpr int kHeadDim = {};\n\
+                 constexpr int kThreads = {};\n#define TS_GENERATED_PREAMBLE 1\n",
+                self.dtype.cuda_type(),
+                self.head_dim,
+                Self::THREADS
+            ),
+            entry: "decode_combine",
+        }
+    }
+}
+
 /// `ts::DecodeParams` (kvcache_params.cuh), field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -218,7 +244,6 @@ pub struct DecodeParams {
     pub item_indptr: u64,
     pub o_partial: u64,
     pub lse_partial: u64,
-    pub counters: u64,
     pub q_stride_b: i64,
     pub q_stride_n: i64,
     pub q_stride_h: i64,
@@ -278,7 +303,7 @@ impl WorkList {
     pub fn num_items(&self) -> usize {
         self.item_seq.len()
     }
-    /// True when some sequence has more than one chunk (partials are merged).
+    /// True when some sequence has more than one chunk (the combine kernel runs).
     pub fn splits(&self) -> bool {
         self.item_indptr.windows(2).any(|w| w[1] - w[0] > 1)
     }
@@ -286,10 +311,10 @@ impl WorkList {
 
 /// Estimated run time (in token units) of the work list on `slots` concurrent CTAs: list
 /// scheduling of the items (longest first, `ctas_per_item` CTAs each) where an item costs its
-/// tokens plus a fixed `ITEM_OVERHEAD`, plus `COMBINE_COST` when partials are merged.
+/// tokens plus a fixed `ITEM_OVERHEAD`, plus `COMBINE_COST` when the combine kernel runs.
 pub fn estimate_cost(lens: &[usize], chunk: usize, ctas_per_item: usize, slots: usize) -> f64 {
     const ITEM_OVERHEAD: f64 = 128.0;
-    const COMBINE_COST: f64 = 64.0;
+    const COMBINE_COST: f64 = 200.0;
     let w = WorkList::new(lens, chunk);
     let mut finish = std::collections::BinaryHeap::new(); // min-heap of slot finish times
     for _ in 0..slots.max(1) {
@@ -343,14 +368,13 @@ pub struct DecodePlan {
     row_groups: usize,
     scale: f32,
     kernel: Arc<Kernel>,
+    combine: Arc<Kernel>,
     ctas_per_sm: usize,
     work: WorkList,
     item_seq: DeviceBuffer<i32>,
     item_indptr: DeviceBuffer<i32>,
     o_partial: DeviceBuffer<f32>,
     lse_partial: DeviceBuffer<f32>,
-    /// `[B * Hkv * row groups]` arrival counters of split sequences, zero between runs.
-    counters: DeviceBuffer<i32>,
 }
 
 impl std::fmt::Debug for DecodePlan {
@@ -412,8 +436,13 @@ impl DecodePlan {
             slots,
         )?;
         let (item_seq, item_indptr, o_partial, lse_partial) = Self::buffers(ctx, &work, cfg, rows)?;
-        // zero once; the kernel leaves every counter at zero after each run
-        let counters = ctx.upload(&vec![0i32; seq_lens.len() * cfg.heads_kv * row_groups])?;
+        let combine = ctx.kernel(
+            &DecodeCombineVariant {
+                dtype,
+                head_dim: cfg.head_dim as u32,
+            }
+            .spec(),
+        )?;
         Ok(DecodePlan {
             ctx: ctx.clone(),
             cfg: cfg.clone(),
@@ -423,13 +452,13 @@ impl DecodePlan {
             row_groups,
             scale,
             kernel,
+            combine,
             ctas_per_sm,
             work,
             item_seq,
             item_indptr,
             o_partial,
             lse_partial,
-            counters,
         })
     }
 
@@ -541,7 +570,7 @@ impl DecodePlan {
             t.stages,
             self.variant.shared_bytes(),
             self.ctas_per_sm,
-            if self.work.splits() { ", split-KV" } else { "" }
+            if self.work.splits() { ", split-KV + combine" } else { "" }
         )
     }
 
@@ -637,7 +666,6 @@ impl DecodePlan {
             item_indptr: self.item_indptr.device_ptr(),
             o_partial: if splits { self.o_partial.device_ptr() } else { 0 },
             lse_partial: if splits { self.lse_partial.device_ptr() } else { 0 },
-            counters: self.counters.device_ptr(),
             q_stride_b: qs[0] as i64,
             q_stride_n: qs[1] as i64,
             q_stride_h: qs[2] as i64,
@@ -668,8 +696,22 @@ impl DecodePlan {
         // SAFETY: params mirror ts::DecodeParams. q/out have the plan's shape and dtype with
         // aligned strides (checked above); the layer, scales and tables belong to a cache and
         // batch validated against the plan's config (page ids < P, tables covering every
-        // length); the work list, partial workspace and counters were sized for this batch.
+        // length); the work list and partial workspace were sized for this batch's items.
         unsafe { self.kernel.launch(&self.ctx, cfg, &params) }?;
+        if splits {
+            let warps = b * self.cfg.heads_kv * self.rows();
+            let per_cta = (DecodeCombineVariant::THREADS / 32) as usize;
+            let grid = warps.div_ceil(per_cta);
+            // SAFETY: as above; the combine reads the partials the decode kernel just wrote on
+            // the same stream and writes out / lse of the validated shapes.
+            unsafe {
+                self.combine.launch(
+                    &self.ctx,
+                    LaunchConfig::linear(grid as u32, DecodeCombineVariant::THREADS, 0),
+                    &params,
+                )
+            }?;
+        }
         Ok(())
     }
 }
@@ -828,6 +870,17 @@ pub fn ci_variants() -> Vec<DecodeVariant> {
     for page_size in [8u32, 32, 64, 128, 256] {
         v.push(variant(DType::F16, DType::F16, 128, page_size, 1));
         v.push(variant(DType::F16, DType::F8E4M3, 128, page_size, 1));
+    }
+    v
+}
+
+/// Combine variants for the CI compile checks.
+pub fn ci_combine_variants() -> Vec<DecodeCombineVariant> {
+    let mut v = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for head_dim in [64u32, 128, 256] {
+            v.push(DecodeCombineVariant { dtype, head_dim });
+        }
     }
     v
 }

@@ -46,8 +46,7 @@ struct AppendParams {
 /// end. A sequence with one item writes o / lse directly; otherwise its items write normalised
 /// partials to slot s = item_indptr[b] + k:
 ///   o_partial[((s * heads_kv + kvh) * rows + r) * D + d], lse_partial[(s * heads_kv + kvh) * rows + r]
-/// and the last CTA of (b, kvh, row group) to finish, counted in
-/// counters[(b * heads_kv + kvh) * row_groups + z] (zero between runs), merges them.
+/// that the combine kernel merges.
 struct DecodeParams {
   const void* q;             // [B, q_len, Hq, D] Elem
   void* o;                   // [B, q_len, Hq, D] Elem
@@ -59,7 +58,6 @@ struct DecodeParams {
   const int* item_indptr;    // [B + 1]
   float* o_partial;          // workspace (nullptr when no sequence has two items)
   float* lse_partial;
-  int* counters;             // [B * Hkv * row groups], zero before and after every run
   long long q_stride_b, q_stride_n, q_stride_h;
   long long o_stride_b, o_stride_n, o_stride_h;
   int batch;

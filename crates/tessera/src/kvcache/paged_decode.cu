@@ -17,10 +17,9 @@
 //   online softmax per row (ts::OnlineSoftmax, log2 domain, scale folded into exp2)
 //   O += P V       P packed to Elem in registers as the A operand, V by ldmatrix.trans
 // and at the end the warps' (m, l, O) are merged through shared memory by the online-softmax
-// rule; the CTA writes the output (single-chunk sequence) or a normalised f32 partial + LSE; the
-// last CTA to finish a split sequence (an atomic counter per (sequence, KV head, row group))
-// merges the partials by the same rule and writes the output, so split-KV needs no second
-// kernel launch.
+// rule; the CTA writes the output (single-chunk sequence) or a normalised f32 partial + LSE that
+// decode_combine.cu merges. (Merging in the last CTA to finish, counted with atomics, saved the
+// second launch but made the whole kernel ~15% slower on the H200: bench/NOTES.md.)
 //
 // Pages: the page id of each tile is loaded one tile ahead (a register per lane, lane l holding
 // the tile's l-th page) and broadcast by shuffles when the copies are issued, so the table
@@ -76,6 +75,12 @@ static_assert(kStages >= 2, "at least double buffering");
 static_assert(is_same_v<Elem, f16> || is_same_v<Elem, bf16>, "Elem: f16 or bf16");
 static_assert(kFp8 == is_same_v<Cache, fp8e4m3>, "kFp8 iff the cache is e4m3");
 static_assert(kFp8 || is_same_v<Cache, Elem>, "a 2-byte cache has the query dtype");
+
+/// A compile-time flag passed as an argument (selects a code path of a generic lambda).
+template <bool B>
+struct BoolTag {
+  static constexpr bool value = B;
+};
 
 // ---- swizzled Elem tiles: 16-byte chunk c of row r stored at chunk c ^ (r % 8) -------------
 TS_DEVICE int chunk_offset(int c, int x) { return ((c & ~7) | ((c & 7) ^ x)) << 4; }
@@ -282,33 +287,39 @@ extern "C" __global__ void __launch_bounds__(kThreads) paged_decode(const __grid
       unsigned char* stage = s_warp + ((t - t_begin) % kStages) * kStageBytes;
       const int tok0 = ch.begin + t * kTileKeys;
       const uint32_t sbase = smem_addr(stage);
-      const bool full = tok0 + kTileKeys <= warp_end;  // no row past the warp's last key
       // with one page per tile (kPageSize >= kTileKeys) the tile's rows are consecutive rows of
       // that page: one base address per tile, a constant stride per copy
       const unsigned char* tile_base =
           cache + ((long long)__shfl_sync(kFullMask, pages, 0) * 2 * kPageSize + tok0 % kPageSize) * token_bytes +
           head_off;
+      auto copy_tile = [&](auto full) {
 #pragma unroll
-      for (int i = 0; i < kCopies; ++i) {
-        const int idx = lane + i * kWarpSize;
-        const int r = idx / kCacheChunks;
-        const int c = idx % kCacheChunks;
-        const unsigned char* src;
-        if constexpr (kTilePages == 1) {
-          src = tile_base + r * token_bytes + c * 16;
-        } else {
-          const int page = __shfl_sync(kFullMask, pages, r / kPageSize);
-          src = cache + ((long long)page * 2 * kPageSize + r % kPageSize) * token_bytes + head_off + c * 16;
+        for (int i = 0; i < kCopies; ++i) {
+          const int idx = lane + i * kWarpSize;
+          const int r = idx / kCacheChunks;
+          const int c = idx % kCacheChunks;
+          const unsigned char* src;
+          if constexpr (kTilePages == 1) {
+            src = tile_base + r * token_bytes + c * 16;
+          } else {
+            const int page = __shfl_sync(kFullMask, pages, r / kPageSize);
+            src = cache + ((long long)page * 2 * kPageSize + r % kPageSize) * token_bytes + head_off + c * 16;
+          }
+          const uint32_t dst = sbase + (kFp8 ? r * kCacheRow + c * 16 : swizzled(r, c));
+          if constexpr (decltype(full)::value) {
+            cp_async_16(dst, src);                          // K
+            cp_async_16(dst + kCacheTile, src + v_offset);  // V
+          } else {
+            const bool valid = tok0 + r < warp_end;
+            cp_async_16_zfill(dst, valid ? src : cache, valid);
+            cp_async_16_zfill(dst + kCacheTile, valid ? src + v_offset : cache, valid);
+          }
         }
-        const uint32_t dst = sbase + (kFp8 ? r * kCacheRow + c * 16 : swizzled(r, c));
-        if (full) {
-          cp_async_16(dst, src);                           // K
-          cp_async_16(dst + kCacheTile, src + v_offset);   // V
-        } else {
-          const bool valid = tok0 + r < warp_end;
-          cp_async_16_zfill(dst, valid ? src : cache, valid);
-          cp_async_16_zfill(dst + kCacheTile, valid ? src + v_offset : cache, valid);
-        }
+      };
+      if (tok0 + kTileKeys <= warp_end) {  // no row past the warp's last key
+        copy_tile(BoolTag<true>{});
+      } else {
+        copy_tile(BoolTag<false>{});
       }
       if constexpr (kFp8) {
         // (k, v) scale pair of each page of the tile: 8 bytes at [page][kvh][0..2)
@@ -500,47 +511,5 @@ extern "C" __global__ void __launch_bounds__(kThreads) paged_decode(const __grid
       *reinterpret_cast<float4*>(dst) = make_float4(o[0] * inv_l, o[1] * inv_l, o[2] * inv_l, o[3] * inv_l);
       if (c == 0) p.lse_partial[part_row0 + grow] = OnlineSoftmax{m, l}.lse();
     }
-  }
-  if (ch.only) return;
-
-  // ---- split-KV: the last CTA of (sequence, KV head, row group) merges the chunks ---------
-  // Classic "last block" reduction: every CTA makes its partials visible device-wide, then
-  // counts itself in; the CTA that completes the count reads all partials (through L2) and
-  // resets the counter for the next run (so a captured CUDA graph replays correctly).
-  __shared__ int s_last;
-  __syncthreads();  // all partial stores of this CTA were issued
-  if (thread_id() == 0) {
-    __threadfence();
-    int* counter = p.counters + ((long long)ch.b * p.heads_kv + kvh) * gridDim.z + blockIdx.z;
-    const int done = atomicAdd(counter, 1) + 1;
-    s_last = done == ch.count;
-    if (s_last) *counter = 0;
-  }
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  const int first = p.item_indptr[ch.b];
-  for (int idx = thread_id(); idx < kRows * (kHeadDim / 4); idx += kThreads) {
-    const int row = idx / (kHeadDim / 4);
-    const int c = (idx % (kHeadDim / 4)) * 4;
-    const int grow = row_base + row;
-    if (grow >= p.rows) continue;
-    // partial row of slot i: (i * Hkv + kvh) * rows + grow
-    auto part_row = [&](int i) { return ((long long)i * p.heads_kv + kvh) * p.rows + grow; };
-    OnlineSoftmax st = OnlineSoftmax::empty();
-    for (int i = first; i < first + ch.count; ++i) st.update(__ldcg(p.lse_partial + part_row(i)) * kLog2e);
-    const float shift = softmax_shift(st.m);
-    const float inv_d = st.d > 0.0f ? 1.0f / st.d : 0.0f;
-    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int i = first; i < first + ch.count; ++i) {
-      const float w = exp2_shifted(__ldcg(p.lse_partial + part_row(i)) * kLog2e, shift) * inv_d;
-      if (w == 0.0f) continue;  // an empty chunk (or one negligible against the others)
-      const float4 x = __ldcg(reinterpret_cast<const float4*>(p.o_partial + part_row(i) * kHeadDim + c));
-      o.x += w * x.x;
-      o.y += w * x.y;
-      o.z += w * x.z;
-      o.w += w * x.w;
-    }
-    store_output(p, ch.b, kvh, grow, c, o.x, o.y, o.z, o.w, st.lse());
   }
 }
