@@ -200,6 +200,19 @@ TS_DEVICE uint32_t e4m3x2_to_f16x2(uint16_t v) {
          ((uint32_t)float_to_f16_bits(e4m3_bits_to_float_portable((uint32_t)v >> 8)) << 16);
 #endif
 }
+/// Four E4M3 bytes (byte 0 lowest) -> two f16x2 registers: lo = bytes 0, 1, hi = bytes 2, 3.
+/// Exact; on sm_89+ two cvt reading the register halves directly (no shifts or masks).
+TS_DEVICE void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+#if __CUDA_ARCH__ >= 890
+  asm("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\t"
+      "cvt.rn.f16x2.e4m3x2 %0, l;\n\tcvt.rn.f16x2.e4m3x2 %1, h;\n\t}"
+      : "=r"(lo), "=r"(hi)
+      : "r"(w));
+#else
+  lo = e4m3x2_to_f16x2((uint16_t)(w & 0xffffu));
+  hi = e4m3x2_to_f16x2((uint16_t)(w >> 16));
+#endif
+}
 TS_DEVICE Array<float, 2> unpack_e5m2x2(uint16_t v) {
   Array<float, 2> r;
   r[0] = e5m2_bits_to_float(v & 0xffu);

@@ -162,7 +162,7 @@ impl DecodeVariant {
                 "#include \"tessera/dtype.cuh\"\nusing Elem = {};\nusing Cache = {};\n\
                  constexpr int kHeadDim = {};\nconstexpr int kPageSize = {};\nconstexpr int kMBlocks = {};\n\
                  constexpr int kWarps = {};\nconstexpr int kTileKeys = {};\nconstexpr int kStages = {};\n\
-                 constexpr bool kFp8 = {};\n#define TS_GENERATED_PREAMBLE 1\n",
+                 constexpr bool kFp8 = {};\nconstexpr int kMinCtasPerSm = {};\n#define TS_GENERATED_PREAMBLE 1\n",
                 self.dtype.cuda_type(),
                 self.cache.cuda_type(),
                 self.head_dim,
@@ -172,6 +172,7 @@ impl DecodeVariant {
                 t.tile_keys,
                 t.stages,
                 self.cache == DType::F8E4M3,
+                min_ctas_per_sm(self),
             ),
             entry: "paged_decode",
         }
@@ -790,15 +791,41 @@ pub fn validate_decode(
     Ok((dtype, scale))
 }
 
-/// The default tuning for a variant: 4 warps x 16 keys, 4 stages, fewer while the shared
-/// memory exceeds `limit` (never below 2).
+/// The default tuning for a variant: the first of these that fits `limit` bytes of shared
+/// memory (H200 measurements, bench/NOTES.md):
+/// - fp8 cache: 4 warps x 16 keys x 2 stages (68 KB: 3 CTAs per SM hide the dequantisation);
+/// - fp16/bf16 cache: 8 warps x 16 keys x 2 stages, else 4 x 16 x 3, else 4 x 16 x 2.
 pub fn default_tuning(v: &DecodeVariant, limit: u32) -> DecodeTuning {
+    let candidates: &[(u32, u32, u32)] = if v.cache == DType::F8E4M3 {
+        &[(4, 16, 2)]
+    } else {
+        &[(8, 16, 2), (4, 16, 3), (4, 16, 2)]
+    };
     let mut v = *v;
-    v.tuning = DecodeTuning::default();
-    while v.tuning.stages > 2 && v.shared_bytes() > limit {
-        v.tuning.stages -= 1;
+    for &(warps, tile_keys, stages) in candidates {
+        v.tuning = DecodeTuning {
+            warps,
+            tile_keys,
+            stages,
+        };
+        if v.shared_bytes() <= limit {
+            return v.tuning;
+        }
     }
     v.tuning
+}
+
+/// The kernel's `__launch_bounds__` minimum of CTAs per SM, so ptxas keeps the registers within
+/// what they can share: 3 for the fp8 variants with one row block, D <= 128 and one page per
+/// tile (68 KB of shared memory: three fit an SM; the dequantisation needs the extra warps),
+/// else 1 (shared memory limits those to one or two CTAs anyway, and more would spill).
+pub fn min_ctas_per_sm(v: &DecodeVariant) -> u32 {
+    let one_page_per_tile = v.page_size >= v.tuning.tile_keys;
+    if v.cache == DType::F8E4M3 && v.m_blocks == 1 && v.head_dim <= 128 && one_page_per_tile {
+        (233_472 / (v.shared_bytes() + 1024)).clamp(1, 3)
+    } else {
+        1
+    }
 }
 
 fn plan_work(

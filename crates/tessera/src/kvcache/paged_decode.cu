@@ -63,6 +63,9 @@ constexpr int kScaleBytes = kFp8 ? 16 * kTilePages : 0;    // per stage: (k, v) 
 constexpr int kStageBytes = 2 * kCacheTile + kScaleBytes;
 constexpr int kWarpBytes = kStages * kStageBytes + (kFp8 ? 2 * kElemTile : 0);
 constexpr bool kQInRegs = kMBlocks * kHeadDim <= 128;
+/// Unroll the main loop by the stage count where the registers allow (one row block, D <= 128):
+/// ~7% fewer instructions per tile (H200, bench/NOTES.md); larger variants would spill.
+constexpr bool kUnrollStages = kMBlocks == 1 && kHeadDim <= 128;
 
 static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
 static_assert(kTileKeys % 16 == 0 && kTileKeys <= 64, "kTileKeys: 16, 32, 48 or 64");
@@ -81,6 +84,21 @@ template <bool B>
 struct BoolTag {
   static constexpr bool value = B;
 };
+
+/// A compile-time int passed as an argument (the pipeline stage of an unrolled step).
+template <int N>
+struct IntTag {
+  static constexpr int value = N;
+};
+
+/// Calls f(IntTag<0>{}), ..., f(IntTag<N - 1>{}): a loop whose index is a constant in each copy.
+template <int N, int I = 0, typename F>
+TS_DEVICE void unroll_for(F&& f) {
+  if constexpr (I < N) {
+    f(IntTag<I>{});
+    unroll_for<N, I + 1>(f);
+  }
+}
 
 // ---- swizzled Elem tiles: 16-byte chunk c of row r stored at chunk c ^ (r % 8) -------------
 TS_DEVICE int chunk_offset(int c, int x) { return ((c & ~7) | ((c & 7) ^ x)) << 4; }
@@ -183,8 +201,9 @@ TS_DEVICE void dequant_tile(unsigned char* dst, const unsigned char* src) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       // exact: every e4m3 value is an f16 (and a bf16)
-      const uint32_t lo = e4m3x2_to_f16x2((uint16_t)(w[j] & 0xffffu));
-      const uint32_t hi = e4m3x2_to_f16x2((uint16_t)(w[j] >> 16));
+      uint32_t lo;
+      uint32_t hi;
+      e4m3x4_to_f16x4(w[j], lo, hi);
       if constexpr (is_same_v<Elem, f16>) {
         out[2 * j] = lo;
         out[2 * j + 1] = hi;
@@ -234,7 +253,7 @@ TS_DEVICE void store_output(const DecodeParams& p, int b, int kvh, int row, int 
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(kThreads) paged_decode(const __grid_constant__ ts::DecodeParams p) {
+extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_decode(const __grid_constant__ ts::DecodeParams p) {
   const int kvh = blockIdx.x;
   const int item = blockIdx.y;
   const int row_base = blockIdx.z * kRows;  // first query row of this CTA
@@ -282,9 +301,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) paged_decode(const __grid
   // Copy layout: copy i of lane l is 16-byte chunk idx = l + 32 i of the tile, row idx / kCacheChunks.
   constexpr int kCopies = kTileKeys * kCacheChunks / kWarpSize;  // per lane, per K (and V) tile
   const long long v_offset = (long long)kPageSize * token_bytes;  // V half after the K half
-  auto issue = [&](int t, int pages) {
+  // tile t goes to stage (t - t_begin) % kStages, a compile-time value in the unrolled loops
+  auto issue = [&](int t, int pages, int stage_index) {
     if (t < t_end) {
-      unsigned char* stage = s_warp + ((t - t_begin) % kStages) * kStageBytes;
+      unsigned char* stage = s_warp + stage_index * kStageBytes;
       const int tok0 = ch.begin + t * kTileKeys;
       const uint32_t sbase = smem_addr(stage);
       // with one page per tile (kPageSize >= kTileKeys) the tile's rows are consecutive rows of
@@ -331,12 +351,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) paged_decode(const __grid
   };
 
   int next_pages = tile_pages(t_begin);
-#pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) {
+  unroll_for<kStages - 1>([&](auto i) {
     const int pages = next_pages;
-    next_pages = tile_pages(t_begin + i + 1);
-    issue(t_begin + i, pages);
-  }
+    next_pages = tile_pages(t_begin + decltype(i)::value + 1);
+    issue(t_begin + decltype(i)::value, pages, decltype(i)::value);
+  });
 
   // ---- per-lane state: kMBlocks row blocks; the lane holds rows g and g + 8 of each -------
   const int col0 = 2 * (lane & 3);
@@ -370,15 +389,16 @@ extern "C" __global__ void __launch_bounds__(kThreads) paged_decode(const __grid
       for (int kk = 0; kk < kKSteps; ++kk) ldmatrix_x4(qf[mb][kk], q_addr.at(mb * 16, 2 * kk));
   }
 
-  for (int t = t_begin; t < t_end; ++t) {
+  // one pipeline step: tile t in stage `stage_index` (= (t - t_begin) % kStages)
+  auto step = [&](int t, int stage_index) {
     cp_async_wait<kStages - 2>();  // tile t landed for this lane ...
     __syncwarp();                  // ... for the whole warp, which is also done with tile t - 1
     {
       const int pages = next_pages;
       next_pages = tile_pages(t + kStages);
-      issue(t + kStages - 1, pages);
+      issue(t + kStages - 1, pages, stage_index == 0 ? kStages - 1 : stage_index - 1);
     }
-    unsigned char* stage = s_warp + ((t - t_begin) % kStages) * kStageBytes;
+    unsigned char* stage = s_warp + stage_index * kStageBytes;
     uint32_t sk = smem_addr(stage);
     uint32_t sv = sk + kCacheTile;
     if constexpr (kFp8) {
@@ -423,6 +443,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) paged_decode(const __grid
     }
 
     // online softmax of the lane's rows (r = 0: elements 0, 1; r = 1: elements 2, 3)
+    float factors[kMBlocks][2];
 #pragma unroll
     for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
@@ -445,14 +466,36 @@ extern "C" __global__ void __launch_bounds__(kThreads) paged_decode(const __grid
             if constexpr (kFp8) s[mb][nb][e] *= v_scale[nb];
           }
         st.d += sum;
+        factors[mb][r] = factor;
+      }
+    // Rescale O only when some row's max grew in this tile (rare once the first tiles have
+    // set the maxima): a warp-uniform branch that skips kMBlocks * D / 2 multiplies per lane.
+    bool grew = false;
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb) grew = grew || factors[mb][0] != 1.0f || factors[mb][1] != 1.0f;
+    if (__any_sync(kFullMask, grew)) {
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
         for (int nb = 0; nb < kOBlocks; ++nb) {
-          acc[mb][nb][2 * r] *= factor;
-          acc[mb][nb][2 * r + 1] *= factor;
+          acc[mb][nb][0] *= factors[mb][0];
+          acc[mb][nb][1] *= factors[mb][0];
+          acc[mb][nb][2] *= factors[mb][1];
+          acc[mb][nb][3] *= factors[mb][1];
         }
-      }
+    }
 
     pv_tile(acc, s, sv);
+  };
+  if constexpr (kUnrollStages) {
+    // unrolled by kStages: every stage offset (and the addresses derived from it) is a constant
+    for (int t = t_begin; t < t_end; t += kStages) {
+      unroll_for<kStages>([&](auto i) {
+        if (t + decltype(i)::value < t_end) step(t + decltype(i)::value, decltype(i)::value);
+      });
+    }
+  } else {
+    for (int t = t_begin; t < t_end; ++t) step(t, (t - t_begin) % kStages);
   }
 
   // ---- merge the warps: (m, l) per row and O through shared memory -----------------------
