@@ -269,7 +269,6 @@ impl KvCache {
         let device = self.device;
         py.detach(|| {
             cache::with_device(device, |_| {
-                self.use_stream(stream)?;
                 let cfg = self.cache.config().clone();
                 let ctx = on(device, stream)?;
                 let b = seq_lens.len();
@@ -288,7 +287,11 @@ impl KvCache {
                 };
                 scratch.batch.update_csr(&cfg, &indptr, &indices, &seq_lens)?;
                 let appended = append_batch(&ctx, &mut scratch.appended, &counts)?;
-                let r = self.cache.append(layer, &kv, &vv, &scratch.batch, appended);
+                // after the table uploads (a new scratch synchronises `stream` once), so that
+                // they do not wait for the cache's previous stream
+                let r = self
+                    .use_stream(stream)
+                    .and_then(|_| self.cache.append(layer, &kv, &vv, &scratch.batch, appended));
                 self.scratch = Some(scratch);
                 r
             })
@@ -531,9 +534,11 @@ impl DecodeWrapper {
         let c: &mut KvCache = &mut c;
         py.detach(|| {
             cache::with_device(device, |_| {
-                c.use_stream(stream)?;
+                // the tables first: building them anew synchronises `stream`, which must not
+                // yet wait for the cache's previous stream
                 let cfg = c.cache.config().clone();
                 self.prepare(device, stream, &cfg)?;
+                c.use_stream(stream)?;
                 let s = self.state.as_ref().expect("prepared");
                 s.plan.run(&qv, &c.cache, layer, &s.batch, &mut ov, lv.as_mut())
             })
@@ -567,13 +572,13 @@ impl DecodeWrapper {
         let c: &mut KvCache = &mut c;
         py.detach(|| {
             cache::with_device(device, |_| {
-                c.use_stream(stream)?;
                 let cfg = c.cache.config().clone();
                 self.prepare(device, stream, &cfg)?;
                 let s = self.state.as_mut().expect("prepared");
                 let ones = vec![1usize; s.batch.batch()];
                 let ctx = on(device, stream)?;
                 let appended = append_batch(&ctx, &mut s.ones, &ones)?;
+                c.use_stream(stream)?; // after the (possibly synchronising) table uploads
                 c.cache.append(layer, &kv, &vv, &s.batch, appended)
             })
         })

@@ -289,6 +289,15 @@ def readme_example() -> str:
     return section[section.index("```python\n") + len("```python\n") : section.index("\n```", section.index("```python"))]
 
 
+def paged_readme_example() -> str:
+    """The Python example of the README's "Paged KV cache (decode)" subsection."""
+    readme = pathlib.Path(__file__).resolve().parents[3] / "README.md"
+    text = readme.read_text()
+    section = text[text.index("### Paged KV cache (decode)") :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("\n```", start)]
+
+
 def test_readme_example_compiles():
     # it runs on the GPU machine (test_gpu.py); here it must at least be valid Python
     code = readme_example()
@@ -463,3 +472,9 @@ def test_append_positions_must_be_each_sequences_last():
 def test_paged_kv_cache_without_a_gpu_raises_no_gpu_error():
     with pytest.raises(tessera.NoGpuError, match="not found|no CUDA device"):
         tessera.PagedKVCache(16, 16, 2, 64)
+
+
+def test_paged_readme_example_compiles():
+    code = paged_readme_example()
+    assert "BatchDecodeWithPagedKVCacheWrapper" in code and "wrapper.run" in code
+    compile(code, "README.md", "exec")
