@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark of tessera's Python API against torch (and FlashInfer) in one process, on a GPU:
 
-    python3 scripts/baselines/bench_python.py --json OUTDIR [--quick] [--ops softmax,attention]
+    python3 scripts/baselines/bench_python.py --json OUTDIR [--quick] [--ops softmax,attention,kvcache,host]
         [--flashinfer]
 
 Writes OUTDIR/python.json in the JSON shape of `tessera bench` (DESIGN.md): {"gpu", "date",
@@ -19,6 +19,29 @@ Writes OUTDIR/python.json in the JSON shape of `tessera bench` (DESIGN.md): {"gp
                    varlen case runs the sequences one after another in one timed call
   flashinfer-fa2   with --flashinfer, single-sequence cases only: single_prefill_with_kv_cache
                    (FlashInfer compiles each configuration with nvcc on first use, ~20 s)
+
+Paged KV cache (--ops kvcache; the CLI's `tessera bench kvcache` case names and params:
+"decode fp16 B8 ctx4096 Hq32 Hkv8 D128 page16", ...; B=8, Hq=32, Hkv=8, D=128, fp16, page 16,
+one cache just big enough with its pages in a random order, as bench_kvcache.py):
+
+  tessera-py       decode: tessera.BatchDecodeWithPagedKVCacheWrapper, plan() once outside the
+                   timing, timed .run(q, cache) on a tessera.PagedKVCache; append:
+                   wrapper.append(k, v, cache) (the decode-step append with plan()'s tables)
+  tessera-py-fi    append only: tessera.append_paged_kv_cache with FlashInfer's arguments
+                   (batch_indices / positions / tables as CPU lists: host checks per call)
+  flashinfer       with --flashinfer: BatchDecodeWithPagedKVCacheWrapper (128 MiB workspace,
+                   plan() outside the timing) .run(q, cache.kv_cache()) -- the same pages,
+                   through tessera's torch view; append_paged_kv_cache on the same view
+  torch-flash-gqa, torch-cudnn-gqa
+                   decode: SDPA (enable_gqa) of q [B, 1, Hq, D] over the K/V gathered into
+                   contiguous [B, ctx, Hkv, D] tensors (outside the timing)
+  torch-index      append: cache[page_ids, 0, offsets] = k (and v) with precomputed indices
+
+Decode rows are checked against a float32 reference on the gathered K/V (rel_l2 under the fp16
+budget counts in "verify" for tessera-py); append rows read the written slots back and compare
+them bit for bit. gbps: decode = KV bytes read / t, append = K/V bytes written / t (as the
+CLI). extra_mib counts torch's allocator only: tessera's plan workspace and tables come from its
+own pool (a few MiB; the cache itself is allocated before the measured call).
 
 Timing: bench_common.time_ms (CUDA events, warm-up, median of 7 groups; softmax inputs rotate
 over more than 2x the L2). Every tessera-py row is checked against a reference (softmax: torch
@@ -261,6 +284,177 @@ def bench_attention(b, hq, hkv, n, d, causal, dt, lengths, tally, flashinfer):
     return out_rows
 
 
+# -- paged KV cache --------------------------------------------------------------------------
+
+KV_SEED = 0x4B5C  # bench_kvcache.py's page order
+
+
+def kvcache_cases(quick):
+    """(op, ctx) of the CLI's kvcache cases this runner covers."""
+    decode = [4096] if quick else [4096, 32768]
+    return [("decode", c) for c in decode] + [("append", 4096)]
+
+
+def kv_layout(lengths, page):
+    """(indptr, indices, last_page_len, num_pages): a pool just big enough, pages shuffled."""
+    import random  # noqa: PLC0415
+
+    pages = [(n + page - 1) // page for n in lengths]
+    indptr = [0]
+    for p in pages:
+        indptr.append(indptr[-1] + p)
+    indices = list(range(indptr[-1]))
+    random.Random(KV_SEED).shuffle(indices)
+    last = [(n - 1) % page + 1 for n in lengths]
+    return indptr, indices, last, indptr[-1]
+
+
+def gather_kv(kv, indptr, indices, lengths):
+    """Contiguous K and V [B, ctx, Hkv, D] (uniform lengths) gathered from [P, 2, T, Hkv, D]."""
+    ks, vs = [], []
+    for b, n in enumerate(lengths):
+        pages = torch.tensor(indices[indptr[b] : indptr[b + 1]], dtype=torch.long, device="cuda")
+        x = kv[pages]  # [n_pages, 2, T, Hkv, D]
+        ks.append(x[:, 0].reshape(-1, *x.shape[3:])[:n])
+        vs.append(x[:, 1].reshape(-1, *x.shape[3:])[:n])
+    return torch.stack(ks), torch.stack(vs)
+
+
+def decode_reference(q, k, v):
+    """float32 decode of q [B, Hq, D] over k/v [B, L, Hkv, D], one sequence at a time."""
+    g = q.shape[1] // k.shape[2]
+    out = []
+    for b in range(q.shape[0]):
+        kf = k[b].float().transpose(0, 1).repeat_interleave(g, 0)  # [Hq, L, D]
+        vf = v[b].float().transpose(0, 1).repeat_interleave(g, 0)
+        s = torch.einsum("hd,hld->hl", q[b].float(), kf) / math.sqrt(q.shape[-1])
+        out.append(torch.einsum("hl,hld->hd", torch.softmax(s, -1), vf))
+        del kf, vf, s
+    return torch.stack(out)
+
+
+def bench_kvcache(op, ctx, tally, flashinfer):
+    b, hq, hkv, d, page, dt = 8, 32, 8, 128, 16, "fp16"
+    dtype = dtype_of(dt)
+    lengths = [ctx] * b
+    case = f"{op} {dt} B{b} ctx{ctx} Hq{hq} Hkv{hkv} D{d} page{page}"
+    params = {"op": op, "B": b, "Hq": hq, "Hkv": hkv, "D": d, "ctx": ctx, "page": page, "dtype": dt, "mixed": False}
+    indptr, indices, last, num_pages = kv_layout(lengths, page)
+    gen = torch.Generator(device="cuda").manual_seed(0x5EED)
+    cache = tessera.PagedKVCache(num_pages, page, hkv, d, dtype)
+    kv = cache.kv_cache()
+    kv.copy_(torch.randn(kv.shape, device="cuda", dtype=torch.float32, generator=gen).to(dtype))
+    i32 = lambda x: torch.tensor(x, dtype=torch.int32, device="cuda")  # noqa: E731
+    kv_bytes = sum(lengths) * hkv * d * 2 * dtype.itemsize
+    out_rows = []
+
+    def emit(r):
+        common.log_row(r)
+        out_rows.append(r)
+
+    if op == "decode":
+        q = torch.randn((b, hq, d), device="cuda", dtype=torch.float32, generator=gen).to(dtype)
+        k, v = gather_kv(kv, indptr, indices, lengths)
+        ref = decode_reference(q, k, v)
+        impls = []
+
+        def tessera_run():
+            w = tessera.BatchDecodeWithPagedKVCacheWrapper()
+            w.plan(indptr, indices, last, hq, hkv, d, page, q_data_type=dtype, kv_data_type=dtype)
+            w.run(q, cache)  # builds the device tables (outside the timing)
+            return lambda _: w.run(q, cache)
+
+        impls.append(("tessera-py", tessera_run))
+        if flashinfer is not None:
+            def fi_run():
+                ws = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+                w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+                w.plan(i32(indptr), i32(indices), i32(last), hq, hkv, d, page, pos_encoding_mode="NONE",
+                       q_data_type=dtype, kv_data_type=dtype)
+                return lambda _: w.run(q, kv)
+
+            impls.append(("flashinfer", fi_run))
+        for be in ("flash", "cudnn"):
+            impls.append((f"torch-{be}-gqa", (lambda be: lambda: lambda _: sdpa(be, q[:, None], k, v, False)[:, 0])(be)))
+        for impl, make in impls:
+            try:
+                fn = make()
+                ms = time_ms(fn, [None])
+                extra = common.peak_extra_mib(lambda: fn(None))
+                r = row(case, params, impl, ms=ms, gbps=kv_bytes / (ms * 1e-3) / 1e9,
+                        tflops=4.0 * sum(lengths) * hq * d / (ms * 1e-3) / 1e12, extra_mib=extra)
+                if impl.startswith("torch-"):
+                    r["note"] = "SDPA over K/V gathered into contiguous [B, ctx, Hkv, D] tensors outside the timing"
+                with_errors(r, fn(None), ref, BUDGET[dt], tally if impl == "tessera-py" else None)
+            except Exception as e:
+                r = row(case, params, impl, error=common.error_text(e))
+                if impl == "tessera-py":
+                    tally["failed"] += 1
+            emit(r)
+        del k, v
+    else:  # append of one token per sequence (the tables include it)
+        pos = [n - 1 for n in lengths]
+        page_ids = torch.tensor([indices[indptr[i] + p // page] for i, p in enumerate(pos)], dtype=torch.long,
+                                device="cuda")
+        offsets = torch.tensor([p % page for p in pos], dtype=torch.long, device="cuda")
+        nk = torch.randn((b, hkv, d), device="cuda", dtype=torch.float32, generator=gen).to(dtype)
+        nv = torch.randn((b, hkv, d), device="cuda", dtype=torch.float32, generator=gen).to(dtype)
+        impls = []
+
+        def tessera_append():
+            w = tessera.BatchDecodeWithPagedKVCacheWrapper()
+            w.plan(indptr, indices, last, hq, hkv, d, page)
+            w.append(nk, nv, cache)  # builds the device tables (outside the timing)
+            return lambda _: w.append(nk, nv, cache)
+
+        def tessera_fi_form():
+            args = (list(range(b)), pos, cache, indices, indptr, last)
+            return lambda _: tessera.append_paged_kv_cache(nk, nv, *args)
+
+        impls += [("tessera-py", tessera_append), ("tessera-py-fi", tessera_fi_form)]
+        if flashinfer is not None:
+            def fi_append():
+                bi, ps, ip, ix, lp = i32(list(range(b))), i32(pos), i32(indptr), i32(indices), i32(last)
+                return lambda _: flashinfer.append_paged_kv_cache(nk, nv, bi, ps, kv, ix, ip, lp, "NHD")
+
+            impls.append(("flashinfer", fi_append))
+
+        def torch_index():
+            def run(_):
+                kv[page_ids, 0, offsets] = nk
+                kv[page_ids, 1, offsets] = nv
+
+            return run
+
+        impls.append(("torch-index", torch_index))
+        nbytes = b * hkv * d * 2 * dtype.itemsize
+        for impl, make in impls:
+            try:
+                fn = make()
+                ms = time_ms(fn, [None])
+                extra = common.peak_extra_mib(lambda: fn(None))
+                kv[page_ids, 0, offsets] = 0
+                kv[page_ids, 1, offsets] = 0
+                fn(None)
+                ok = torch.equal(kv[page_ids, 0, offsets], nk) and torch.equal(kv[page_ids, 1, offsets], nv)
+                r = row(case, params, impl, ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9, extra_mib=extra)
+                r["max_abs_err"], r["rel_l2"] = (0.0, 0.0) if ok else (None, None)
+                if impl.startswith("tessera-py"):
+                    tally["passed" if ok else "failed"] += 1
+                if not ok:
+                    r["note"] = "the slots read back differ from the appended K/V"
+                if impl == "tessera-py-fi":
+                    r["note"] = "FlashInfer's signature; index arguments as CPU lists, checked on the host every call"
+            except Exception as e:
+                r = row(case, params, impl, error=common.error_text(e))
+                if impl.startswith("tessera-py"):
+                    tally["failed"] += 1
+            emit(r)
+    del cache, kv
+    torch.cuda.empty_cache()
+    return out_rows
+
+
 # -- host overhead ---------------------------------------------------------------------------
 
 
@@ -318,7 +512,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", required=True, metavar="OUTDIR", help="folder for python.json")
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
-    ap.add_argument("--ops", default="softmax,attention,host", help="comma list of softmax, attention, host")
+    ap.add_argument("--ops", default="softmax,attention,kvcache,host",
+                    help="comma list of softmax, attention, kvcache, host")
     ap.add_argument("--flashinfer", action="store_true", help="FlashInfer fa2 on single-sequence cases")
     args = ap.parse_args(argv)
     os.makedirs(args.json, exist_ok=True)
@@ -366,6 +561,9 @@ def main(argv=None):
     if "attention" in ops:
         for c in attention_cases(args.quick):
             result["rows"] += bench_attention(*c, tally, flashinfer)
+    if "kvcache" in ops:
+        for c in kvcache_cases(args.quick):
+            result["rows"] += bench_kvcache(*c, tally, flashinfer)
     if "host" in ops:
         result["rows"] += host_overhead_rows()
     result["tessera"] = tessera.__version__

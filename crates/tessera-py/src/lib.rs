@@ -14,6 +14,7 @@
 mod cache;
 mod desc;
 mod errors;
+mod kvcache;
 mod ops;
 
 use pyo3::prelude::*;
@@ -32,5 +33,8 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache::plan_cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(cache::clear_plan_cache, m)?)?;
     m.add("PLAN_CACHE_CAPACITY", cache::CAPACITY)?;
+    m.add_function(wrap_pyfunction!(kvcache::check_kv_cache, m)?)?;
+    m.add_class::<kvcache::KvCache>()?;
+    m.add_class::<kvcache::DecodeWrapper>()?;
     Ok(())
 }

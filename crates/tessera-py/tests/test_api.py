@@ -289,8 +289,192 @@ def readme_example() -> str:
     return section[section.index("```python\n") + len("```python\n") : section.index("\n```", section.index("```python"))]
 
 
+def paged_readme_example() -> str:
+    """The Python example of the README's "Paged KV cache (decode)" subsection."""
+    readme = pathlib.Path(__file__).resolve().parents[3] / "README.md"
+    text = readme.read_text()
+    section = text[text.index("### Paged KV cache (decode)") :]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start : section.index("\n```", start)]
+
+
 def test_readme_example_compiles():
     # it runs on the GPU machine (test_gpu.py); here it must at least be valid Python
     code = readme_example()
     assert "tessera.flash_attn_func" in code
+    compile(code, "README.md", "exec")
+
+
+# -- paged KV cache (no device) ------------------------------------------------------------
+
+DECODE_PLAN = [
+    ("indptr", E, P),
+    ("indices", E, P),
+    ("last_page_len", E, P),
+    ("num_qo_heads", E, P),
+    ("num_kv_heads", E, P),
+    ("head_dim", E, P),
+    ("page_size", E, P),
+    ("pos_encoding_mode", "NONE", P),
+    ("window_left", -1, P),
+    ("logits_soft_cap", None, P),
+    ("q_data_type", "float16", P),
+    ("kv_data_type", None, P),
+    ("o_data_type", None, P),
+    ("data_type", None, P),
+    ("sm_scale", None, P),
+    ("rope_scale", None, P),
+    ("rope_theta", None, P),
+    ("non_blocking", True, P),
+    ("block_tables", None, P),
+    ("seq_lens", None, P),
+    ("fixed_split_size", None, P),
+    ("disable_split_kv", False, P),
+]
+
+
+def test_paged_kv_signatures_match_flashinfer():
+    W = tessera.BatchDecodeWithPagedKVCacheWrapper
+    assert _params(W.plan)[1:] == DECODE_PLAN
+    assert [p[0] for p in _params(W.__init__)[1:3]] == ["float_workspace_buffer", "kv_layout"]
+    run = _params(W.run)[1:]
+    assert run[:2] == [("q", E, P), ("paged_kv_cache", E, P)]
+    assert {(n, d) for n, d, k in run[2:] if k == K} >= {("out", None), ("lse", None), ("return_lse", False), ("layer", 0)}
+    assert _params(tessera.append_paged_kv_cache) == [
+        ("append_key", E, P),
+        ("append_value", E, P),
+        ("batch_indices", E, P),
+        ("positions", E, P),
+        ("paged_kv_cache", E, P),
+        ("kv_indices", E, P),
+        ("kv_indptr", E, P),
+        ("kv_last_page_len", E, P),
+        ("kv_layout", "NHD", P),
+        ("layer", 0, K),
+    ]
+    for obj in (tessera.PagedKVCache, W, W.plan, W.run, W.append, tessera.PagedKVCache.kv_cache,
+                tessera.PagedKVCache.scales, tessera.PagedKVCache.copy_pages, tessera.PagedKVCache.set_scales):
+        assert obj.__doc__ and len(obj.__doc__.strip()) > 40, obj
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, text",
+    [
+        ({"page_size": 12}, ValueError, "`page_size`: must be a power of two from 8 to 256, got 12"),
+        ({"head_dim": 96}, NotImplementedError, "paged KV cache head_dim 96: supported head dims are [64, 128, 256]"),
+        ({"num_pages": 0}, ValueError, "`num_pages`: must be in 1..="),
+        ({"num_kv_heads": 0}, ValueError, "`heads_kv`: must be in 1..=1024, got 0"),
+        ({"num_layers": 0}, ValueError, "`num_layers`: must be at least 1"),
+        ({"dtype": "float32"}, NotImplementedError, "`dtype` = float32: supported are"),
+        ({"fp8_scale": -1.0, "dtype": "fp8_e4m3"}, ValueError, "`fp8_scale`: must be finite and > 0"),
+        ({"num_pages": -1}, ValueError, "`num_pages`: must be a non-negative int"),
+    ],
+)
+def test_paged_kv_cache_config_errors(kwargs, exc, text):
+    args = {"num_pages": 16, "page_size": 16, "num_kv_heads": 2, "head_dim": 64, **kwargs}
+    with pytest.raises(exc) as e:
+        tessera.PagedKVCache(**args)
+    assert text in str(e.value)
+    assert isinstance(e.value, tessera.TesseraError)
+
+
+def test_check_kv_cache_returns_the_layer_bytes():
+    assert _tessera.check_kv_cache((10, 16, 2, 64, "float16", 1, 1.0)) == 10 * 2 * 16 * 2 * 64 * 2
+    assert _tessera.check_kv_cache((10, 16, 2, 64, "fp8e4m3", 3, 1.0)) == 10 * 2 * 16 * 2 * 64
+
+
+def _planned(**kw):
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper()
+    args = dict(indptr=[0, 2, 3], indices=[5, 1, 7], last_page_len=[3, 16], num_qo_heads=8, num_kv_heads=2,
+                head_dim=64, page_size=16)
+    args.update(kw)
+    w.plan(**args)
+    return w
+
+
+def test_decode_plan_validates_on_the_host():
+    w = _planned()  # no device needed: plan() checks and keeps the tables
+    assert w._w.planned_shape() == (2, 8, 64)
+    assert w.describe() is None
+    _planned(kv_data_type="fp8_e4m3")
+    _planned(q_data_type="bfloat16", kv_data_type="bf16", sm_scale=0.1, disable_split_kv=True)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, text",
+    [
+        ({"pos_encoding_mode": "ROPE_LLAMA"}, NotImplementedError, "`pos_encoding_mode`"),
+        ({"window_left": 128}, NotImplementedError, "`window_left`"),
+        ({"logits_soft_cap": 30.0}, NotImplementedError, "`logits_soft_cap`"),
+        ({"block_tables": [[0]]}, NotImplementedError, "`block_tables`"),
+        ({"fixed_split_size": 4}, NotImplementedError, "`fixed_split_size`"),
+        ({"o_data_type": "float32"}, NotImplementedError, "`o_data_type`"),
+        ({"q_data_type": "float32"}, NotImplementedError, "`q_data_type` = float32"),
+        ({"kv_data_type": "float32"}, NotImplementedError, "`kv_data_type` = float32"),
+        ({"num_qo_heads": 6, "num_kv_heads": 4}, ValueError, "`heads_q`: must be a positive multiple of heads_kv = 4"),
+        ({"head_dim": 96}, NotImplementedError, "head_dim 96"),
+        ({"page_size": 24}, ValueError, "`page_size`: must be a power of two"),
+        ({"last_page_len": [17, 16]}, ValueError, "`last_page_len`: last_page_len[0] = 17 must be in 0..=16"),
+        ({"last_page_len": [3]}, ValueError, "must have batch_size = 2 entries"),
+        ({"indptr": [0, 3, 2]}, ValueError, "`indptr`: must be non-decreasing"),
+        ({"indptr": [0]}, ValueError, "`indptr`: must have batch_size + 1 >= 2 entries"),
+        ({"indptr": [0, 2, 4]}, ValueError, "`indptr`: must start at 0 and end within indices (3 entries)"),
+        ({"indices": [5, -1, 7]}, ValueError, "physical page -1 is out of range"),
+        ({"indices": [5, 1.5, 7]}, ValueError, "`indices`: must hold ints"),
+        ({"sm_scale": -1.0}, ValueError, "`sm_scale`: must be finite and > 0"),
+        ({"q_data_type": "bf16", "kv_data_type": "fp16"}, ValueError, "does not match the fp16 cache"),
+    ],
+)
+def test_decode_plan_errors_name_the_argument(kwargs, exc, text):
+    with pytest.raises(exc) as e:
+        _planned(**kwargs)
+    assert text in str(e.value)
+
+
+def test_decode_wrapper_options_and_run_errors():
+    with pytest.raises(NotImplementedError, match="`kv_layout`"):
+        tessera.BatchDecodeWithPagedKVCacheWrapper(None, "HND")
+    with pytest.raises(NotImplementedError, match="`use_cuda_graph`"):
+        tessera.BatchDecodeWithPagedKVCacheWrapper(None, use_cuda_graph=True)
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper()
+    q = Fake((2, 8, 64))
+    with pytest.raises(ValueError, match=r"call plan\(\.\.\.\) first"):
+        w.run(q, None)
+    with pytest.raises(ValueError, match=r"call plan\(\.\.\.\) first"):
+        w.append(Fake((2, 2, 64)), Fake((2, 2, 64)), None)
+    w = _planned()
+    with pytest.raises(TypeError, match="must be a tessera.PagedKVCache"):
+        w.run(q, Fake((8, 2, 16, 2, 64)))
+    with pytest.raises(NotImplementedError, match="`k_scale`"):
+        w.run(q, None, k_scale=0.5)
+    with pytest.raises(TypeError, match="must be a tessera.PagedKVCache"):
+        tessera.append_paged_kv_cache(q, q, [0], [0], object(), [0], [0, 1], [1])
+
+
+def test_append_positions_must_be_each_sequences_last():
+    from tessera._kvcache import _counts, _lengths  # noqa: PLC0415
+
+    assert _lengths([0, 2, 3, 3], [3, 16, 0], 16) == [19, 16, 0]
+    # lengths after the append 19 and 16; 2 rows for sequence 0, 1 for sequence 1
+    assert _counts([0, 0, 1], [17, 18, 15], [19, 16]) == [2, 1]
+    assert _counts([], [], [19, 16]) == [0, 0]
+    with pytest.raises(NotImplementedError, match=r"`positions`: .* positions\[1\] must be 18, got 17"):
+        _counts([0, 0, 1], [17, 17, 15], [19, 16])
+    with pytest.raises(NotImplementedError, match="`batch_indices`: rows must be packed by sequence"):
+        _counts([1, 0], [15, 18], [19, 16])
+    with pytest.raises(ValueError, match=r"`batch_indices`: batch_indices\[0\] = 2 is not a sequence"):
+        _counts([2], [0], [19, 16])
+    with pytest.raises(ValueError, match="sequence 1 has no pages, so last_page_len"):
+        _lengths([0, 1, 1], [4, 2], 16)
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is usable here")
+def test_paged_kv_cache_without_a_gpu_raises_no_gpu_error():
+    with pytest.raises(tessera.NoGpuError, match="not found|no CUDA device"):
+        tessera.PagedKVCache(16, 16, 2, 64)
+
+
+def test_paged_readme_example_compiles():
+    code = paged_readme_example()
+    assert "BatchDecodeWithPagedKVCacheWrapper" in code and "wrapper.run" in code
     compile(code, "README.md", "exec")

@@ -12,6 +12,10 @@ and return torch tensors (or write into ``out=``)::
     o = tessera.flash_attn_func(q, k, v, causal=True)      # as flash_attn.flash_attn_func
     p = tessera.softmax(torch.randn(8, 1000, device="cuda"), dim=-1)
 
+The paged KV cache (:class:`PagedKVCache`, :func:`append_paged_kv_cache`,
+:class:`BatchDecodeWithPagedKVCacheWrapper`) follows FlashInfer's paged API: CSR block tables
+(``indptr``, ``indices``, ``last_page_len``), ``plan()`` once per step, ``run()`` per layer.
+
 Kernels are compiled by NVRTC on first use for the exact GPU (``libnvrtc.so.13``: the
 ``nvidia-cuda-nvrtc`` wheel that torch installs is found automatically) and cached on disk
 (``$TESSERA_CACHE_DIR``, else ``~/.cache/tessera``); plans are cached per shape, so repeated
@@ -45,9 +49,11 @@ from ._tessera import (  # noqa: E402
     UnsupportedError,
 )
 
-# The paged KV cache (crates/tessera/src/kvcache: block tables, GQA decode) is bound here when
-# it lands: a `tessera.kvcache` module with the cache object and its decode/append functions,
-# and `flash_attn_varlen_func(block_table=...)` / `flash_attn_with_kvcache` forwarding to it.
+from ._kvcache import (  # noqa: E402
+    BatchDecodeWithPagedKVCacheWrapper,
+    PagedKVCache,
+    append_paged_kv_cache,
+)
 
 __version__: str = _tessera.__version__
 
@@ -83,15 +89,18 @@ def clear_plan_cache() -> None:
 
 
 __all__ = [
+    "BatchDecodeWithPagedKVCacheWrapper",
     "CompileError",
     "CudaError",
     "InvalidArgumentError",
     "NoGpuError",
     "OutOfPagesError",
+    "PagedKVCache",
     "TesseraError",
     "TesseraIOError",
     "UnsupportedError",
     "__version__",
+    "append_paged_kv_cache",
     "clear_plan_cache",
     "device_info",
     "flash_attn_func",

@@ -134,7 +134,8 @@ def flash_attn_varlen_func(
         max_seqlen_k: the longest key sequence.
         dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
         return_attn_probs: as :func:`flash_attn_func`.
-        block_table: must be None: the paged KV cache is not bound to Python yet.
+        block_table: must be None (for decode over a paged KV cache use
+            :class:`tessera.BatchDecodeWithPagedKVCacheWrapper`).
         out: keyword only, tessera's addition: write the output here.
 
     Returns:
@@ -143,9 +144,11 @@ def flash_attn_varlen_func(
     """
     _unsupported_options(dropout_p, alibi_slopes, deterministic)
     if block_table is not None:
-        # The paged KV cache (crates/tessera/src/kvcache) gets its own Python binding; see
-        # tessera/__init__.py.
-        raise unsupported("`block_table` (a paged KV cache) is not bound in tessera's Python API yet")
+        # The paged KV cache has its own API (FlashInfer's): tessera/_kvcache.py.
+        raise unsupported(
+            "`block_table`: flash_attn_varlen_func does not read a paged KV cache; use tessera.PagedKVCache with "
+            "tessera.BatchDecodeWithPagedKVCacheWrapper (decode) instead"
+        )
     varlen = (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     return _forward(q, k, v, varlen, softmax_scale, causal, window_size, softcap, return_attn_probs, out)
 

@@ -93,3 +93,83 @@ def plan_cache_info() -> Dict[str, int]:
 
 def clear_plan_cache() -> None:
     """Drops every cached plan."""
+
+KvConfig = Tuple[int, int, int, int, str, int, float]
+
+def check_kv_cache(cfg: KvConfig) -> int:
+    """Validates a paged KV cache configuration ``(num_pages, page_size, heads_kv, head_dim, dtype,
+    num_layers, fp8_scale)`` without a device; returns the bytes of one layer."""
+
+class KvCache:
+    """A paged KV cache whose pages tessera allocates and owns (``tessera.PagedKVCache`` wraps it).
+    Work is queued on the stream each call names; a call on another stream than the last one
+    first makes it wait for that one (an event)."""
+
+    def __init__(self, device: int, stream: int, cfg: KvConfig) -> None: ...
+    @property
+    def device(self) -> int:
+        """The CUDA device ordinal."""
+    def config(self) -> KvConfig:
+        """``(num_pages, page_size, heads_kv, head_dim, dtype (torch name), num_layers, fp8_scale)``."""
+    def layer_memory(self, layer: int) -> Tuple[int, int]:
+        """``(address, bytes)`` of the ``[P, 2, T, Hkv, D]`` pages of ``layer``."""
+    def scales_memory(self, layer: int) -> Tuple[int, int]:
+        """``(address, bytes)`` of the ``[P, Hkv, 2]`` float32 scales of ``layer`` (fp8 only)."""
+    def set_scales(self, layer: int, scales: Sequence[float]) -> None:
+        """Sets every scale of ``layer`` (fp8 only); synchronises."""
+    def copy_pages(self, stream: int, src: Sequence[int], dst: Sequence[int]) -> None:
+        """Queues whole-page copies ``src[i] -> dst[i]`` (every layer, K, V and scales)."""
+    def append(
+        self,
+        stream: int,
+        layer: int,
+        k: Desc,
+        v: Desc,
+        indptr: Sequence[int],
+        indices: Sequence[int],
+        seq_lens: Sequence[int],
+        counts: Sequence[int],
+    ) -> None:
+        """Queues the write of ``counts[b]`` rows per sequence (packed in ``k``/``v``, ``[N, Hkv,
+        D]``) at positions ``seq_lens[b] - counts[b] ..`` of ``layer``; the CSR tables and the
+        lengths after the append are validated against the cache."""
+
+class DecodeWrapper:
+    """State of ``tessera.BatchDecodeWithPagedKVCacheWrapper``: the host-validated tables of the last
+    ``plan()`` and, per (device, stream, cache), the device tables and decode plan."""
+
+    def __init__(self) -> None: ...
+    def plan(
+        self,
+        device: int,
+        stream: int,
+        indptr: Sequence[int],
+        indices: Sequence[int],
+        seq_lens: Sequence[int],
+        heads_q: int,
+        heads_kv: int,
+        head_dim: int,
+        page_size: int,
+        kv_dtype: str,
+        q_dtype: str,
+        scale: Optional[float],
+        disable_split_kv: bool,
+    ) -> None:
+        """Validates and keeps a decode batch (CSR tables, lengths, heads, dtypes, scale)."""
+    def planned_shape(self) -> Optional[Tuple[int, int, int]]:
+        """``(batch, heads_q, head_dim)`` of the last plan, or None."""
+    def describe(self) -> Optional[str]:
+        """The device plan in one line, once run() built it."""
+    def run(
+        self,
+        device: int,
+        stream: int,
+        q: Desc,
+        out: Desc,
+        lse: Optional[Desc],
+        cache: KvCache,
+        layer: int,
+    ) -> None:
+        """Queues the decode of ``layer``: ``q``/``out`` ``[B, 1, Hq, D]``, ``lse`` f32 ``[B, 1, Hq]``."""
+    def append(self, device: int, stream: int, k: Desc, v: Desc, cache: KvCache, layer: int) -> None:
+        """Queues the write of one row per sequence (``[B, Hkv, D]``) at position ``len_b - 1``."""

@@ -227,6 +227,20 @@ impl PagedKvCache {
     pub fn context(&self) -> &Context {
         &self.ctx
     }
+    /// Queues this cache's later launches and copies ([`append`](Self::append),
+    /// [`copy_pages`](Self::copy_pages)) on `ctx`'s stream: a context of the same device
+    /// ([`Context::with_stream`] of the one the cache was made with), checked. The pages are
+    /// still freed, and [`set_scales`](Self::set_scales) still copies (synchronously), on the
+    /// stream they were allocated on. Nothing is ordered here: the caller
+    /// orders the new stream after the old one when work on the old one may still touch the cache
+    /// ([`Context::wait_for`]).
+    pub fn set_context(&mut self, ctx: &Context) -> Result<()> {
+        if !self.ctx.same_device(ctx) {
+            return Err(Error::invalid("ctx", "is a context of another device than the cache's"));
+        }
+        self.ctx = ctx.clone();
+        Ok(())
+    }
     fn check_layer(&self, layer: usize) -> Result<()> {
         if layer >= self.cfg.num_layers {
             return Err(Error::invalid(

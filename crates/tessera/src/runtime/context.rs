@@ -249,6 +249,40 @@ impl Context {
         })
     }
 
+    /// Whether `other` is a context of the same device and pool (this one, a clone, or a
+    /// [`with_stream`](Self::with_stream) of either), whatever its stream.
+    pub fn same_device(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Makes this context's stream wait for the work queued so far on `other`'s stream (an
+    /// event recorded there and waited for here; no host synchronisation). A no-op when both
+    /// queue on the same stream. `other` must be a context of the same device.
+    pub fn wait_for(&self, other: &Context) -> Result<()> {
+        if !self.same_device(other) {
+            return Err(Error::invalid("other", "is a context of another device"));
+        }
+        if self.cu_stream() == other.cu_stream() {
+            return Ok(());
+        }
+        self.bind()?;
+        let mut ev = std::ptr::null_mut();
+        // SAFETY: out-parameter; the context is bound.
+        check("cuEventCreate", unsafe {
+            sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32)
+        })?;
+        // SAFETY: a live event and two streams of this context (the callers' guarantee of
+        // `with_stream`); destroying an event with a pending wait is allowed (the driver frees it
+        // once the wait completes).
+        let r = unsafe {
+            check("cuEventRecord", sys::cuEventRecord(ev, other.cu_stream()))
+                .and_then(|_| check("cuStreamWaitEvent", sys::cuStreamWaitEvent(self.cu_stream(), ev, 0)))
+        };
+        // SAFETY: the event was created above and is destroyed once.
+        unsafe { sys::cuEventDestroy_v2(ev) };
+        r
+    }
+
     /// Compiles (or fetches from the cache) and loads a kernel.
     pub fn kernel(&self, spec: &KernelSpec) -> Result<Arc<Kernel>> {
         self.bind()?;
@@ -379,5 +413,31 @@ mod tests {
         assert!(out.passed, "seed {seed} {}: {}", out.case, out.comparison);
         drop(b);
         on.synchronize().unwrap();
+    }
+
+    /// On a GPU: `wait_for` orders a copy on one stream after a write queued on another.
+    #[test]
+    fn wait_for_orders_two_streams_when_a_device_is_present() {
+        let ctx = match Context::new(0) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("wait_for test: skipped, {e}");
+                return;
+            }
+        };
+        let s2 = ctx.inner.cuda.new_stream().unwrap();
+        // SAFETY: `s2` is a stream of the same (primary) context and outlives `other`.
+        let other = unsafe { ctx.with_stream(s2.cu_stream()) };
+        assert!(other.same_device(&ctx));
+        let mut a = ctx.alloc::<f32>(1 << 20).unwrap();
+        ctx.synchronize().unwrap();
+        a.fill_bytes(0).unwrap();
+        let mut b = other.alloc::<f32>(1 << 20).unwrap();
+        other.wait_for(&ctx).unwrap();
+        b.copy_from(&a).unwrap();
+        assert!(b.to_host().unwrap().iter().all(|&x| x == 0.0));
+        ctx.wait_for(&ctx).unwrap(); // same stream: a no-op
+        drop(b);
+        other.synchronize().unwrap();
     }
 }
