@@ -129,20 +129,4 @@ TS_DEVICE T* dynamic_smem() {
   return reinterpret_cast<T*>(ts_dynamic_smem);
 }
 
-// ---- programmatic dependent launch (sm_90+; no-ops before) ------------------------------
-/// Lets the next kernel on the stream, launched with programmatic stream serialization, start
-/// launching now (it must still call grid_dependency_wait before reading this kernel's output).
-TS_DEVICE void grid_dependency_trigger() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-/// Waits until the previous kernel on the stream has completed and its memory is visible (the
-/// first thing a kernel launched with programmatic stream serialization does).
-TS_DEVICE void grid_dependency_wait() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 }  // namespace ts

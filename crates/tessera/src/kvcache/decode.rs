@@ -370,9 +370,6 @@ pub struct DecodePlan {
     scale: f32,
     kernel: Arc<Kernel>,
     combine: Arc<Kernel>,
-    /// Launch the combine with programmatic dependent launch (sm_90+), so its launch overlaps
-    /// the decode kernel; `TESSERA_DECODE_PDL=0` turns it off (measurements).
-    programmatic_combine: bool,
     ctas_per_sm: usize,
     work: WorkList,
     item_seq: DeviceBuffer<i32>,
@@ -457,7 +454,6 @@ impl DecodePlan {
             scale,
             kernel,
             combine,
-            programmatic_combine: std::env::var("TESSERA_DECODE_PDL").map_or(true, |v| v != "0"),
             ctas_per_sm,
             work,
             item_seq,
@@ -708,22 +704,13 @@ impl DecodePlan {
             let per_cta = (DecodeCombineVariant::THREADS / 32) as usize;
             let grid = warps.div_ceil(per_cta);
             // SAFETY: as above; the combine reads the partials the decode kernel just wrote on
-            // the same stream (it waits for that kernel with griddepcontrol.wait before reading
-            // them) and writes out / lse of the validated shapes.
+            // the same stream and writes out / lse of the validated shapes.
             unsafe {
-                if self.programmatic_combine {
-                    self.combine.launch_dependent(
-                        &self.ctx,
-                        LaunchConfig::linear(grid as u32, DecodeCombineVariant::THREADS, 0),
-                        &params,
-                    )
-                } else {
-                    self.combine.launch(
-                        &self.ctx,
-                        LaunchConfig::linear(grid as u32, DecodeCombineVariant::THREADS, 0),
-                        &params,
-                    )
-                }
+                self.combine.launch(
+                    &self.ctx,
+                    LaunchConfig::linear(grid as u32, DecodeCombineVariant::THREADS, 0),
+                    &params,
+                )
             }?;
         }
         Ok(())

@@ -8,9 +8,6 @@
 //   O   = sum_i (2^(x_i - m) / d) o_i       LSE = (m + log2 d) ln 2
 // A row no chunk saw (m = -inf) gets O = 0 and LSE = -inf.
 //
-// Launch: on sm_90+ with programmatic stream serialization, so its CTAs are scheduled while
-// paged_decode finishes (that kernel triggers at its start) and wait here for its results.
-//
 // Work: one warp per (b, kvh, r), item w = (b * Hkv + kvh) * rows + r, kThreads / 32 per CTA.
 // Lanes first fold the LSEs of items lane, lane + 32, ... into one ts::OnlineSoftmax each and
 // merge them across the warp; then lane l accumulates columns [l * kVec, (l + 1) * kVec) over
@@ -32,8 +29,6 @@ static_assert(kThreads % kWarpSize == 0, "whole warps");
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads) decode_combine(const __grid_constant__ ts::DecodeParams p) {
-  // launched while paged_decode may still run (programmatic dependent launch on sm_90+)
-  grid_dependency_wait();
   const long long w = (long long)blockIdx.x * (kThreads / kWarpSize) + warp_id();
   if (w >= (long long)p.batch * p.heads_kv * p.rows) return;  // whole warps exit together
   const int r = (int)(w % p.rows);

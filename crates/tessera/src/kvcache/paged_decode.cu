@@ -254,7 +254,6 @@ TS_DEVICE void store_output(const DecodeParams& p, int b, int kvh, int row, int 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_decode(const __grid_constant__ ts::DecodeParams p) {
-  grid_dependency_trigger();  // the combine kernel (if any) may start launching: it waits for us
   const int kvh = blockIdx.x;
   const int item = blockIdx.y;
   const int row_base = blockIdx.z * kRows;  // first query row of this CTA

@@ -172,29 +172,6 @@ impl Kernel {
     /// `params` must point to live allocations large enough for everything the kernel reads and
     /// writes under `cfg`, and nothing else may access written memory concurrently.
     pub unsafe fn launch<P: KernelParams>(&self, ctx: &Context, cfg: LaunchConfig, params: &P) -> Result<()> {
-        self.launch_with(ctx, cfg, params, false)
-    }
-
-    /// As [`launch`](Self::launch), with programmatic stream serialization (programmatic
-    /// dependent launch, sm_90+): the kernel may begin launching before the previous kernel on
-    /// the stream has finished, once that kernel triggers (`ts::grid_dependency_trigger`), and
-    /// must call `ts::grid_dependency_wait()` before it reads anything that kernel wrote. On
-    /// GPUs before sm_90 this is a plain launch.
-    ///
-    /// # Safety
-    /// As [`launch`](Self::launch); and the kernel waits as described before reading the
-    /// previous kernel's output.
-    pub unsafe fn launch_dependent<P: KernelParams>(&self, ctx: &Context, cfg: LaunchConfig, params: &P) -> Result<()> {
-        self.launch_with(ctx, cfg, params, ctx.arch().major >= 9 && cfg.cluster_x <= 1)
-    }
-
-    unsafe fn launch_with<P: KernelParams>(
-        &self,
-        ctx: &Context,
-        cfg: LaunchConfig,
-        params: &P,
-        programmatic: bool,
-    ) -> Result<()> {
         ctx.bind()?;
         if cfg.grid.0 == 0 || cfg.grid.1 == 0 || cfg.grid.2 == 0 {
             return Ok(()); // nothing to do; a zero grid is a launch error in CUDA
@@ -204,27 +181,6 @@ impl Kernel {
         if cfg.cluster_x > 1 {
             let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
             let config = cfg.extended(ctx.cu_stream(), &mut attr);
-            return check(
-                "cuLaunchKernelEx",
-                sys::cuLaunchKernelEx(&config, self.function, args.as_mut_ptr(), std::ptr::null_mut()),
-            );
-        }
-        if programmatic {
-            let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attr.value.programmaticStreamSerializationAllowed = 1;
-            let config = sys::CUlaunchConfig {
-                gridDimX: cfg.grid.0,
-                gridDimY: cfg.grid.1,
-                gridDimZ: cfg.grid.2,
-                blockDimX: cfg.block.0,
-                blockDimY: cfg.block.1,
-                blockDimZ: cfg.block.2,
-                sharedMemBytes: cfg.shared_bytes,
-                hStream: ctx.cu_stream(),
-                attrs: &mut attr,
-                numAttrs: 1,
-            };
             return check(
                 "cuLaunchKernelEx",
                 sys::cuLaunchKernelEx(&config, self.function, args.as_mut_ptr(), std::ptr::null_mut()),
