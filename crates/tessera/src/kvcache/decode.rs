@@ -39,7 +39,8 @@ pub const MAX_ITEMS: usize = 65535;
 pub struct DecodeTuning {
     /// Warps per CTA: 2, 4 or 8.
     pub warps: u32,
-    /// Keys per warp tile: 16, 32, 48 or 64 (a multiple of the page size when smaller).
+    /// Keys per warp tile: 16, 32 or 64 (powers of two, like page sizes, so a tile always
+    /// covers whole pages or lies inside one).
     pub tile_keys: u32,
     /// cp.async stages per warp: 2..=8.
     pub stages: u32,
@@ -68,12 +69,12 @@ impl DecodeTuning {
     }
     fn validate(&self) -> Result<()> {
         if !matches!(self.warps, 2 | 4 | 8)
-            || !matches!(self.tile_keys, 16 | 32 | 48 | 64)
+            || !matches!(self.tile_keys, 16 | 32 | 64)
             || !(2..=8).contains(&self.stages)
         {
             return Err(Error::invalid(
                 "tuning",
-                format!("{self:?}: warps 2, 4 or 8, tile_keys 16/32/48/64, stages 2..=8"),
+                format!("{self:?}: warps 2, 4 or 8, tile_keys 16/32/64, stages 2..=8"),
             ));
         }
         Ok(())
@@ -371,6 +372,8 @@ pub struct DecodePlan {
     kernel: Arc<Kernel>,
     combine: Arc<Kernel>,
     ctas_per_sm: usize,
+    /// False after a failed `update` (device work list possibly half written).
+    valid: bool,
     work: WorkList,
     item_seq: DeviceBuffer<i32>,
     item_indptr: DeviceBuffer<i32>,
@@ -455,6 +458,7 @@ impl DecodePlan {
             kernel,
             combine,
             ctas_per_sm,
+            valid: true,
             work,
             item_seq,
             item_indptr,
@@ -491,7 +495,9 @@ impl DecodePlan {
     /// Re-plans for new lengths of the same batch (same B): recomputes the work list and
     /// re-uploads it, reallocating the small buffers only when they must grow. Optional: a plan
     /// stays correct when lengths grow after planning (the last chunk of a sequence runs to its
-    /// end), it only drifts from the best balance.
+    /// end), it only drifts from the best balance. A CUDA graph captured around `run` must be
+    /// captured again after `update` (the work list, and possibly its buffers, changed). If an
+    /// upload fails, the plan refuses to run until an `update` succeeds.
     pub fn update(&mut self, seq_lens: &[usize]) -> Result<()> {
         if seq_lens.len() != self.batch() {
             return Err(Error::invalid(
@@ -519,6 +525,7 @@ impl DecodePlan {
             0
         };
         let packed = work.item_seq_and_chunk();
+        self.valid = false;
         if packed.len() <= self.item_seq.len() && need_partial <= self.lse_partial.len() {
             self.item_seq.copy_from_host_at(0, &packed)?;
             self.item_indptr.copy_from_host_at(0, &work.item_indptr)?;
@@ -530,6 +537,7 @@ impl DecodePlan {
             self.lse_partial = d;
         }
         self.work = work;
+        self.valid = true;
         Ok(())
     }
 
@@ -588,7 +596,22 @@ impl DecodePlan {
         out: &mut TensorViewMut,
         lse: Option<&mut TensorViewMut>,
     ) -> Result<()> {
-        if cache.config() != &self.cfg {
+        if !self.valid {
+            return Err(Error::invalid(
+                "plan",
+                "a previous update() failed; update the plan again before running it",
+            ));
+        }
+        let c = cache.config();
+        if (c.num_pages, c.page_size, c.heads_kv, c.head_dim, c.dtype)
+            != (
+                self.cfg.num_pages,
+                self.cfg.page_size,
+                self.cfg.heads_kv,
+                self.cfg.head_dim,
+                self.cfg.dtype,
+            )
+        {
             return Err(Error::invalid(
                 "cache",
                 format!(
@@ -737,6 +760,21 @@ pub fn validate_decode(
     options: &DecodeOptions,
 ) -> Result<(DType, f32)> {
     cfg.validate()?;
+    if seq_lens.len() > MAX_ITEMS {
+        return Err(Error::invalid(
+            "seq_lens",
+            format!(
+                "a decode batch holds at most {MAX_ITEMS} sequences, got {}",
+                seq_lens.len()
+            ),
+        ));
+    }
+    if heads_q > 65536 || heads_q / cfg.heads_kv.max(1) * options.q_len.max(1) > 16 * 65535 {
+        return Err(Error::invalid(
+            "heads_q",
+            format!("{heads_q} query heads exceed the supported 65536 (and 16 * 65535 query rows per KV head)"),
+        ));
+    }
     if heads_q == 0 || heads_q % cfg.heads_kv != 0 {
         return Err(Error::invalid(
             "heads_q",
@@ -843,7 +881,11 @@ fn plan_work(
                 format!("must be a positive multiple of 64 (or usize::MAX for no split), got {c}"),
             ))
         }
-        Some(c) => c.div_ceil(quantum) * quantum,
+        Some(c) => {
+            let max_len = lens.iter().copied().max().unwrap_or(0).max(1);
+            // a chunk at least as long as every sequence is "no split"
+            c.min(max_len).div_ceil(quantum) * quantum
+        }
         None => choose_chunk(lens, quantum, ctas_per_item, slots),
     };
     let work = WorkList::new(lens, chunk);

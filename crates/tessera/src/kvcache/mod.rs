@@ -73,6 +73,10 @@ pub use block_manager::PageCopy;
 pub const PARAMS_HEADER: &str = include_str!("kvcache_params.cuh");
 const APPEND_SOURCE: &str = include_str!("append.cu");
 
+/// Largest fp8 scale (the largest finite fp16: the decode rescales probabilities by ratios of
+/// V scales in fp16/bf16).
+pub const MAX_FP8_SCALE: f32 = 65504.0;
+
 /// Head dimensions the decode kernels are compiled for.
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
 
@@ -147,10 +151,10 @@ impl KvCacheConfig {
         if self.num_layers == 0 {
             return Err(Error::invalid("num_layers", "must be at least 1"));
         }
-        if !(self.fp8_scale.is_finite() && self.fp8_scale > 0.0) {
+        if !(self.fp8_scale > 0.0 && self.fp8_scale <= MAX_FP8_SCALE) {
             return Err(Error::invalid(
                 "fp8_scale",
-                format!("must be finite and > 0, got {}", self.fp8_scale),
+                format!("must be in (0, {MAX_FP8_SCALE}], got {}", self.fp8_scale),
             ));
         }
         // 64-bit offsets inside the kernels; the driver must still be able to allocate a layer
@@ -284,10 +288,10 @@ impl PagedKvCache {
                 format!("must have P * Hkv * 2 = {want} entries, got {}", scales.len()),
             ));
         }
-        if let Some(i) = scales.iter().position(|s| !(s.is_finite() && *s > 0.0)) {
+        if let Some(i) = scales.iter().position(|s| !(*s > 0.0 && *s <= MAX_FP8_SCALE)) {
             return Err(Error::invalid(
                 "scales",
-                format!("scale {i} is {}: scales must be finite and > 0", scales[i]),
+                format!("scale {i} is {}: scales must be in (0, {MAX_FP8_SCALE}]", scales[i]),
             ));
         }
         self.scales[layer].copy_from_host(scales)
@@ -345,7 +349,9 @@ impl PagedKvCache {
     /// `k` and `v` are `[N, Hkv, D]` (fp16 or bf16: the cache dtype, or either for an fp8 cache;
     /// any row and head strides, last dim contiguous), packed by sequence as `appended` says;
     /// `batch` holds the block tables and the lengths *after* the append (so the new rows of
-    /// sequence `b` go to positions `len_b - n_b .. len_b`).
+    /// sequence `b` go to positions `len_b - n_b .. len_b`). The pages written must belong to
+    /// their sequence alone: issue the block manager's copy-on-write copies
+    /// ([`copy_pages`](Self::copy_pages)) first; two sequences writing one page race.
     pub fn append(
         &mut self,
         layer: usize,
@@ -467,6 +473,9 @@ impl PagedKvCache {
 ///
 /// The host mirror is validated on every update (page ids in range, tables long enough for the
 /// lengths), so a kernel never reads a page out of range; a failed update changes nothing.
+/// Updates are queued on the stream of the context the batch was made with: use the same
+/// context for the cache, the plan and the batch (or synchronise), so an update never
+/// overwrites tables a kernel on another stream is still reading.
 pub struct PagedBatch {
     capacity_batch: usize,
     capacity_pages: usize,
@@ -525,6 +534,20 @@ impl PagedBatch {
                 format!(
                     "{total} pages in all exceed the batch capacity of {}",
                     self.capacity_pages
+                ),
+            ));
+        }
+        if let Some((b, i, &p)) = tables.iter().enumerate().find_map(|(b, t)| {
+            t.iter()
+                .enumerate()
+                .find(|(_, &p)| p > i32::MAX as u32)
+                .map(|(i, p)| (b, i, p))
+        }) {
+            return Err(Error::invalid(
+                "tables",
+                format!(
+                    "sequence {b}, page {i}: physical page {p} is out of range (the cache has {} pages)",
+                    cfg.num_pages
                 ),
             ));
         }
@@ -633,14 +656,20 @@ pub fn check_tables(
             format!("must start at 0 and end within indices ({} entries)", indices.len()),
         ));
     }
+    if let Some(s) = (0..b).find(|&s| indptr[s + 1] < indptr[s]) {
+        return Err(Error::invalid(
+            "indptr",
+            format!(
+                "must be non-decreasing: indptr[{}] = {} < indptr[{s}] = {}",
+                s + 1,
+                indptr[s + 1],
+                indptr[s]
+            ),
+        ));
+    }
+    // indptr is now non-decreasing from 0 to at most indices.len(): every slice below is in range
     for s in 0..b {
         let (lo, hi) = (indptr[s], indptr[s + 1]);
-        if hi < lo {
-            return Err(Error::invalid(
-                "indptr",
-                format!("must be non-decreasing: indptr[{}] = {hi} < indptr[{s}] = {lo}", s + 1),
-            ));
-        }
         let len = seq_lens[s];
         if len > i32::MAX as usize - 64 {
             return Err(Error::invalid(

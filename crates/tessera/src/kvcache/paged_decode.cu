@@ -26,8 +26,9 @@
 // lookup never stalls the pipeline. Rows past the warp's last key are zero-filled, never read.
 //
 // fp8 cache (kFp8): tiles land as e4m3 bytes and each warp converts its tile to Elem in a
-// private staging tile before the MMAs; the K scale of a page multiplies its score columns, the
-// V scale its probabilities (after the row sum), both copied per stage with cp.async.
+// private staging tile before the MMAs; the K scale of a page multiplies its score columns; O is
+// accumulated in units of the warp's first V scale, each page's probabilities carrying the ratio
+// of its V scale to that one (after the row sum); both scales are copied per stage with cp.async.
 //
 // Shared memory (decode.rs `DecodeVariant::shared_bytes`): the Q tile (16 kMBlocks rows x D
 // Elem, swizzled), then per warp kStages x (K tile, V tile) of kTileKeys x D cache elements
@@ -68,9 +69,9 @@ constexpr bool kQInRegs = kMBlocks * kHeadDim <= 128;
 constexpr bool kUnrollStages = kMBlocks == 1 && kHeadDim <= 128;
 
 static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
-static_assert(kTileKeys % 16 == 0 && kTileKeys <= 64, "kTileKeys: 16, 32, 48 or 64");
+static_assert(kTileKeys == 16 || kTileKeys == 32 || kTileKeys == 64, "kTileKeys: 16, 32 or 64");
 static_assert(kPageSize >= 8 && (kPageSize & (kPageSize - 1)) == 0, "page size: a power of two >= 8");
-static_assert(kPageSize >= kTileKeys || kTileKeys % kPageSize == 0, "whole pages per tile");
+static_assert(kPageSize % kTileKeys == 0 || kTileKeys % kPageSize == 0, "a tile covers whole pages or lies in one");
 static_assert(kTilePages <= kWarpSize, "page ids of a tile fit in a warp");
 static_assert((kTileKeys * kCacheChunks) % kWarpSize == 0, "whole copies per lane");
 static_assert(kWarpSize % kCacheChunks == 0 || kCacheChunks % kWarpSize == 0, "lane -> chunk map");
@@ -362,6 +363,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
   const LaneAddr q_addr = lane_addr_a(smem_addr(s_q));
   Accum acc;
   OnlineSoftmax state[kMBlocks][2];
+  float v_ref = 0.0f;  // fp8: the V scale O is accumulated in (set by the warp's first tile)
 #pragma unroll
   for (int mb = 0; mb < kMBlocks; ++mb) {
 #pragma unroll
@@ -421,7 +423,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
       for (int nb = 0; nb < kSBlocks; ++nb) {
         const int pg = (nb * 8 / kPageSize) % kTilePages;
         const float k_scale = sc[pg * 4];
-        v_scale[nb] = sc[pg * 4 + 1];
+        // O is accumulated in units of the warp's first V scale: P carries the ratio (near 1
+        // for the pages of one sequence), so P * ratio neither overflows nor underflows fp16
+        if (v_ref == 0.0f) v_ref = sc[pg * 4 + 1];
+        v_scale[nb] = sc[pg * 4 + 1] / v_ref;
 #pragma unroll
         for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
@@ -499,6 +504,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
   }
 
   // ---- merge the warps: (m, l) per row and O through shared memory -----------------------
+  if constexpr (kFp8) {
+    if (v_ref != 0.0f) {
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int nb = 0; nb < kOBlocks; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[mb][nb][e] *= v_ref;
+    }
+  }
   cp_async_wait_all();
   __syncthreads();  // every warp is done with its pipeline area
   constexpr int kPitch = kHeadDim + 4;  // floats per merge row (breaks the 8-row bank pattern)

@@ -50,6 +50,9 @@ pub struct Case {
     /// Append inputs with a row pitch that is not a multiple of 8 (the scalar append path).
     pub unaligned_append: bool,
     pub tuning: Option<DecodeTuning>,
+    /// The plan is made for lengths this much shorter than the run's (lengths grew after
+    /// planning: the last chunk of each sequence must run to its end).
+    pub plan_shorter_by: usize,
 }
 
 impl Case {
@@ -68,6 +71,7 @@ impl Case {
             append: None,
             unaligned_append: false,
             tuning: None,
+            plan_shorter_by: 0,
         }
     }
 
@@ -106,6 +110,9 @@ impl Case {
         }
         if let Some(t) = self.tuning {
             s += &format!(" w{}k{}s{}", t.warps, t.tile_keys, t.stages);
+        }
+        if self.plan_shorter_by > 0 {
+            s += &format!(" planned-{}", self.plan_shorter_by);
         }
         s
     }
@@ -208,6 +215,26 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 v.push(c);
             }
         }
+    }
+    // 64-key tiles at pages of 16 (four pages per tile) and 64 (one)
+    for page_size in [16usize, 64] {
+        for cache in [f16, fp8] {
+            let mut c = Case::base(cache, f16, 16, 4, 128, &[1, 63, 64, 65, 700, 3000]);
+            c.page_size = page_size;
+            c.tuning = Some(DecodeTuning {
+                warps: 2,
+                tile_keys: 64,
+                stages: 2,
+            });
+            v.push(c);
+        }
+    }
+    // lengths grew after the plan was made (a plan per batch composition, runs per step)
+    for (chunk, grow) in [(None, 300usize), (Some(256), 100), (Some(usize::MAX), 40)] {
+        let mut c = Case::base(f16, f16, 32, 8, 128, &[500, 1, 2047, 4500]);
+        c.chunk = chunk;
+        c.plan_shorter_by = grow;
+        v.push(c);
     }
     // append (decode step, chunked prefill, unaligned inputs) followed by decode
     for (cache, query) in [(f16, f16), (bf16, bf16), (fp8, f16), (fp8, bf16)] {
@@ -391,7 +418,12 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
         tuning: case.tuning,
         ..Default::default()
     };
-    let plan = DecodePlan::new(ctx, &cfg, hq, &case.lens, &opts)?;
+    let plan_lens: Vec<usize> = case
+        .lens
+        .iter()
+        .map(|l| l.saturating_sub(case.plan_shorter_by))
+        .collect();
+    let plan = DecodePlan::new(ctx, &cfg, hq, &plan_lens, &opts)?;
     {
         let mut ov = out.view_mut(&shape, &strides)?;
         let mut lv = lse.view_mut(&[b, ql, hq], &[ql * hq, hq, 1])?;
