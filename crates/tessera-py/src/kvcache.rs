@@ -196,7 +196,7 @@ impl KvCache {
         Ok((b.device_ptr(), b.bytes()))
     }
 
-    /// Sets every `[P, Hkv, 2]` scale of `layer` (fp8 only; finite and > 0). Synchronises: the
+    /// Sets every `[P, Hkv, 2]` scale of `layer` (fp8 only; each in (0, 65504]). Synchronises: the
     /// work queued on the cache's last stream first, then the copy.
     fn set_scales(&mut self, py: Python<'_>, layer: usize, scales: Vec<f32>) -> PyResult<()> {
         let (device, last) = (self.device, self.last_stream);

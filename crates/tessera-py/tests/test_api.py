@@ -366,7 +366,7 @@ def test_paged_kv_signatures_match_flashinfer():
         ({"num_kv_heads": 0}, ValueError, "`heads_kv`: must be in 1..=1024, got 0"),
         ({"num_layers": 0}, ValueError, "`num_layers`: must be at least 1"),
         ({"dtype": "float32"}, NotImplementedError, "`dtype` = float32: supported are"),
-        ({"fp8_scale": -1.0, "dtype": "fp8_e4m3"}, ValueError, "`fp8_scale`: must be finite and > 0"),
+        ({"fp8_scale": -1.0, "dtype": "fp8_e4m3"}, ValueError, "`fp8_scale`: must be in (0, 65504]"),
         ({"num_pages": -1}, ValueError, "`num_pages`: must be a non-negative int"),
     ],
 )

@@ -285,7 +285,7 @@ class PagedKVCache:
 
     def set_scales(self, scales: Any, layer: int = 0) -> None:
         """fp8 only: sets all ``[num_pages, num_kv_heads, 2]`` scales of ``layer`` (a tensor or
-        nested list; checked finite and > 0). Synchronises. Pages keep their stored bytes: set a
+        nested list; checked to lie in (0, 65504]). Synchronises. Pages keep their stored bytes: set a
         page's scale before appending into it."""
         torch = _torch()
         if torch is not None and isinstance(scales, torch.Tensor):
