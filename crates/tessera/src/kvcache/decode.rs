@@ -67,7 +67,7 @@ impl DecodeTuning {
             stages: v[2],
         })
     }
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if !matches!(self.warps, 2 | 4 | 8)
             || !matches!(self.tile_keys, 16 | 32 | 64)
             || !(2..=8).contains(&self.stages)

@@ -94,6 +94,9 @@ fn tables_are_checked_against_the_pool_and_the_lengths() {
     assert!(err(check_tables(&c, &ip, &ix, &[1, 1, 1], 2, 10)).contains("capacity"));
     assert!(err(check_tables(&c, &ip, &ix, &[1, 1, 1], 4, 2)).contains("capacity"));
     assert!(err(check_tables(&c, &[0], &[], &[], 4, 10)).contains("batch of 0"));
+    // an indptr that jumps past indices and comes back is an error, not a panic
+    let e = err(check_tables(&c, &[0, 100, 5], &[0; 5], &[0, 0], 4, 10));
+    assert!(e.contains("non-decreasing"), "{e}");
 }
 
 #[test]
@@ -130,10 +133,45 @@ fn decode_requests_are_validated() {
         assert!(err(validate_decode(&c, 32, &[5], &o)).contains("scale"));
     }
     assert!(err(validate_decode(&c, 32, &[], &o)).contains("at least one sequence"));
+    assert!(err(validate_decode(&c, 32, &vec![1; MAX_ITEMS + 1], &o)).contains("at most 65535 sequences"));
+    assert!(err(validate_decode(&c, 8 * 65536 * 2, &[1], &o)).contains("query heads exceed"));
     assert!(err(validate_decode(&c, 32, &[i32::MAX as usize], &o)).contains("32-bit"));
     // default scale 1/sqrt(D)
     let (_, s) = validate_decode(&c, 32, &[5], &o).unwrap();
     assert!((s - 1.0 / (128f32).sqrt()).abs() < 1e-7);
+}
+
+#[test]
+fn fp8_scales_are_bounded_by_the_largest_fp16() {
+    let mut c = cfg();
+    c.dtype = DType::F8E4M3;
+    for bad in [0.0, -1.0, 65505.0, f32::INFINITY, f32::NAN] {
+        c.fp8_scale = bad;
+        assert!(err(c.validate()).contains("(0, 65504]"), "{bad}");
+    }
+    c.fp8_scale = 65504.0;
+    c.validate().unwrap();
+}
+
+#[test]
+fn tunings_are_powers_of_two_tiles() {
+    for tile_keys in [16, 32, 64] {
+        DecodeTuning {
+            warps: 4,
+            tile_keys,
+            stages: 2,
+        }
+        .validate()
+        .unwrap();
+    }
+    // 48-key tiles could straddle pages of 64: refused
+    let e = err(DecodeTuning {
+        warps: 4,
+        tile_keys: 48,
+        stages: 2,
+    }
+    .validate());
+    assert!(e.contains("16/32/64"), "{e}");
 }
 
 #[test]
