@@ -1115,14 +1115,15 @@ mod tests {
         assert!(v.get("error").is_none() && v.get("missing").is_none() && v.get("note").is_some());
     }
 
-    #[test]
-    fn attention_runner_logic_with_fake_torch() {
-        // bench_attention.py against a fake torch and flashinfer (no GPU, no torch needed)
+    /// Runs a baseline runner's own test script (fake torch/flashinfer, no GPU needed).
+    fn run_python_runner_test(script: &str) {
         if Command::new("python3").arg("--version").output().is_err() {
             eprintln!("python3 not found: skipped");
             return;
         }
-        let test = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/baselines/test_bench_attention.py");
+        let test = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../scripts/baselines")
+            .join(script);
         let out = Command::new("python3").arg(&test).output().unwrap();
         assert!(
             out.status.success(),
@@ -1133,20 +1134,13 @@ mod tests {
     }
 
     #[test]
+    fn attention_runner_logic_with_fake_torch() {
+        run_python_runner_test("test_bench_attention.py");
+    }
+
+    #[test]
     fn kvcache_runner_logic_with_fake_torch() {
-        // bench_kvcache.py against a fake torch and flashinfer (no GPU, no torch needed)
-        if Command::new("python3").arg("--version").output().is_err() {
-            eprintln!("python3 not found: skipped");
-            return;
-        }
-        let test = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/baselines/test_bench_kvcache.py");
-        let out = Command::new("python3").arg(&test).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_python_runner_test("test_bench_kvcache.py");
     }
 
     #[test]

@@ -114,7 +114,7 @@ impl<T: Element> DeviceBuffer<T> {
     /// Copies `data` into elements `offset .. offset + data.len()` (a buffer used below its
     /// capacity, such as block tables), ordered on the stream; returns once `data` may be reused.
     pub fn copy_from_host_at(&mut self, offset: usize, data: &[T]) -> Result<()> {
-        let end = offset
+        offset
             .checked_add(data.len())
             .filter(|&e| e <= self.len)
             .ok_or_else(|| {
@@ -130,7 +130,6 @@ impl<T: Element> DeviceBuffer<T> {
         if data.is_empty() {
             return Ok(());
         }
-        let _ = end;
         self.ctx.bind()?;
         let dst = self.ptr + (offset * std::mem::size_of::<T>()) as u64;
         // SAFETY: the destination range lies inside the allocation (checked above) and the
