@@ -284,6 +284,7 @@ impl WorkList {
     /// Items of sequence lengths `lens` cut into chunks of `chunk` tokens (a length-0 sequence
     /// still gets one item, which writes its zeros), ordered longest first.
     pub fn new(lens: &[usize], chunk: usize) -> WorkList {
+        let chunk = chunk.max(1);
         let mut items: Vec<(usize, i32, i32)> = Vec::new(); // (tokens, seq, chunk)
         let mut indptr = Vec::with_capacity(lens.len() + 1);
         indptr.push(0i32);
@@ -340,6 +341,7 @@ pub fn estimate_cost(lens: &[usize], chunk: usize, ctas_per_item: usize, slots: 
 /// ... 64 chunks (multiples of `quantum`, at least MIN_CHUNK_TOKENS), the one with the lowest
 /// [`estimate_cost`]; candidates with more than 16 waves of CTAs are not considered.
 pub fn choose_chunk(lens: &[usize], quantum: usize, ctas_per_item: usize, slots: usize) -> usize {
+    let quantum = quantum.max(1);
     let max_len = lens.iter().copied().max().unwrap_or(0).max(1);
     let whole = max_len.div_ceil(quantum) * quantum;
     let mut best = (estimate_cost(lens, whole, ctas_per_item, slots), whole);

@@ -592,8 +592,9 @@ impl PagedBatch {
         &self.lens_host
     }
     /// The host copy of sequence `b`'s block table.
-    pub fn table(&self, b: usize) -> &[i32] {
-        &self.indices_host[self.indptr_host[b] as usize..self.indptr_host[b + 1] as usize]
+    /// `None` when `b` is not a sequence of the batch.
+    pub fn table(&self, b: usize) -> Option<&[i32]> {
+        (b < self.batch).then(|| &self.indices_host[self.indptr_host[b] as usize..self.indptr_host[b + 1] as usize])
     }
     fn check_config(&self, cfg: &KvCacheConfig) -> Result<()> {
         if self.batch == 0 {
