@@ -99,7 +99,9 @@ pub fn bench_jobs(op: &str, quick: bool) -> Vec<BenchJob> {
         "kvcache" => kvcache::bench::cases(quick)
             .into_iter()
             .map(|c| {
-                let baseline = c.tuning.is_none().then(|| (c.name(), c.params()));
+                // one baseline run per shape: the forced variants share their shape's params
+                let forced = c.tuning.is_some() || c.layout.is_some() || c.chunk.is_some();
+                let baseline = (!forced).then(|| (c.name(), c.params()));
                 BenchJob {
                     name: format!("{} {}", c.name(), c.implementation()),
                     baseline,

@@ -453,7 +453,7 @@ impl DecodeWrapper {
             scale,
             query_dtype: Some(q),
             chunk_tokens: disable_split_kv.then_some(usize::MAX),
-            tuning: None,
+            ..Default::default()
         };
         check_tables(
             &probe,

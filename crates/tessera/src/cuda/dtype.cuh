@@ -7,7 +7,9 @@
 //          value, NaN stays NaN),
 //          pair conversions used by the vector code: ts::pack_f16x2 / unpack_f16x2,
 //          pack_bf16x2 / unpack_bf16x2, pack_e4m3x2 / unpack_e4m3x2, pack_e5m2x2 / unpack_e5m2x2
-//          (element 0 in the low half, as in memory).
+//          (element 0 in the low half, as in memory), and the fp8 -> f16x2 register
+//          conversions of the paged decode kernels: e4m3x2_to_f16x2, e4m3x4_to_f16x4,
+//          e4m3_interleave_to_f16x2.
 //
 // Conversions are PTX `cvt` where the target has it:
 //   f16  <-> f32   cvt.f32.f16 / cvt.rn.f16.f32 / cvt.rn.f16x2.f32          (all targets)
@@ -212,6 +214,13 @@ TS_DEVICE void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
   lo = e4m3x2_to_f16x2((uint16_t)(w & 0xffffu));
   hi = e4m3x2_to_f16x2((uint16_t)(w >> 16));
 #endif
+}
+/// Two rows x, y of four E4M3 bytes each -> four f16x2 registers pairing the rows column by
+/// column: out[j] = (x byte j, y byte j), x in the low half. Exact (two byte permutes, four cvt):
+/// the operand of an MMA whose k dimension runs across rows of a row-major fp8 tile.
+TS_DEVICE void e4m3_interleave_to_f16x2(uint32_t x, uint32_t y, uint32_t (&out)[4]) {
+  e4m3x4_to_f16x4(__byte_perm(x, y, 0x5140), out[0], out[1]);  // (x0, y0, x1, y1)
+  e4m3x4_to_f16x4(__byte_perm(x, y, 0x7362), out[2], out[3]);  // (x2, y2, x3, y3)
 }
 TS_DEVICE Array<float, 2> unpack_e5m2x2(uint16_t v) {
   Array<float, 2> r;

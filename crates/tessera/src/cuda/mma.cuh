@@ -3,7 +3,8 @@
 //
 // Defines: ts::ldmatrix_x4 / ts::ldmatrix_x4_trans (four 8x8 b16 matrices from shared memory),
 //          ts::mma_m16n8k16<Elem> (D += A * B, f16 or bf16 inputs, f32 accumulators),
-//          ts::pack2<Elem>(lo, hi) (two floats -> one f16x2 / bf16x2 register).
+//          ts::pack2<Elem>(lo, hi) (two floats -> one f16x2 / bf16x2 register),
+//          ts::movmatrix_trans (transposes an 8x8 b16 matrix held in registers).
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
 // t = lane % 4:
@@ -38,6 +39,16 @@ TS_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+
+/// Transposes an 8x8 matrix of 16-bit elements held one register per lane (lane l: row l / 4,
+/// elements 2(l % 4) and 2(l % 4) + 1, the layout of ldmatrix and of a packed accumulator pair):
+/// afterwards lane l holds column l / 4, rows 2(l % 4) and 2(l % 4) + 1. An accumulator block
+/// C[m][n] becomes the B fragment of C^T as the next MMA's [k = m][n] operand. sm_75+.
+TS_DEVICE uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+  return r;
 }
 
 /// d += a * b for one m16n8k16 tile, f32 accumulators, Elem = ts::f16 or ts::bf16 inputs.

@@ -9,7 +9,9 @@
 //! permutations of the pool. GB/s = KV bytes read (sum of lengths x Hkv x D x 2 x element bytes)
 //! / time; append GB/s = bytes written / time.
 //!
-//! `TESSERA_DECODE_SWEEP=1` adds rows `tessera-w{warps}k{tile}s{stages}` for kernel tunings.
+//! `TESSERA_DECODE_SWEEP=1` adds rows `tessera-w{warps}k{tile}s{stages}` for kernel tunings and
+//! `tessera-chunk{n}` for fixed key chunks (contexts <= 8K); the rows `tessera-query-rows` run
+//! the query-rows kernel on every decode shape.
 
 use half::{bf16, f16};
 use rand::rngs::StdRng;
@@ -18,7 +20,7 @@ use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use serde_json::json;
 
-use super::decode::{DecodeOptions, DecodePlan, DecodeTuning, DecodeVariant, HOPPER_SHARED_LIMIT};
+use super::decode::{DecodeLayout, DecodeOptions, DecodePlan, DecodeTuning, DecodeVariant, HOPPER_SHARED_LIMIT};
 use super::reference::{decode_reference, encode, gather_sequence};
 use super::{AppendBatch, KvCacheConfig, PagedBatch, PagedKvCache};
 use crate::check::compare;
@@ -51,6 +53,11 @@ pub struct BenchCase {
     pub mixed: bool,
     /// A forced tuning (impl `tessera-w..k..s..`); `None` = default (`tessera`).
     pub tuning: Option<DecodeTuning>,
+    /// A forced kernel layout (impl `tessera-query-rows` / `tessera-key-rows` [+ tuning]);
+    /// `None` = the planner's.
+    pub layout: Option<DecodeLayout>,
+    /// A forced key chunk (impl `tessera-chunk{n}`); `None` = the planner's.
+    pub chunk: Option<usize>,
 }
 
 /// Contexts of the decode table.
@@ -81,6 +88,8 @@ impl BenchCase {
             lengths: vec![ctx; 8],
             mixed: false,
             tuning: None,
+            layout: None,
+            chunk: None,
         }
     }
     pub fn batch(&self) -> usize {
@@ -117,10 +126,21 @@ impl BenchCase {
         p
     }
     pub fn implementation(&self) -> String {
-        match self.tuning {
-            None => "tessera".into(),
-            Some(t) => format!("tessera-w{}k{}s{}", t.warps, t.tile_keys, t.stages),
+        let mut s = String::from("tessera");
+        match self.layout {
+            Some(DecodeLayout::QueryRows) => s += "-query-rows",
+            Some(DecodeLayout::KeyRows) => s += "-key-rows",
+            None => {}
         }
+        if let Some(t) = self.tuning {
+            s += &format!("-w{}k{}s{}", t.warps, t.tile_keys, t.stages);
+        }
+        match self.chunk {
+            Some(usize::MAX) => s += "-no-split",
+            Some(c) => s += &format!("-chunk{c}"),
+            None => {}
+        }
+        s
     }
     /// The decode kernel variant this case runs with its forced tuning (or the default).
     pub fn variant(&self) -> DecodeVariant {
@@ -137,7 +157,15 @@ impl BenchCase {
         } else {
             DType::F16
         };
-        DecodeVariant::for_problem(query, &cfg, self.heads_q, 1, self.tuning, HOPPER_SHARED_LIMIT)
+        DecodeVariant::for_problem(
+            query,
+            &cfg,
+            self.heads_q,
+            1,
+            self.layout,
+            self.tuning,
+            HOPPER_SHARED_LIMIT,
+        )
     }
     /// Bytes of K and V the decode reads.
     pub fn kv_bytes(&self) -> usize {
@@ -170,6 +198,16 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
     mixed.lengths = mixed_lengths();
     mixed.mixed = true;
     v.push(mixed);
+    // the query-rows kernel on every decode shape (the planner takes key rows for 4 rows per KV
+    // head): the layouts side by side
+    let query_rows: Vec<BenchCase> = v
+        .iter()
+        .map(|c| BenchCase {
+            layout: Some(DecodeLayout::QueryRows),
+            ..c.clone()
+        })
+        .collect();
+    v.extend(query_rows);
     let mut append = BenchCase::decode(4096, DType::F16);
     append.op = BenchOp::Append;
     v.push(append);
@@ -177,15 +215,22 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         let sweep = [
             (4u32, 16u32, 2u32),
             (4, 16, 3),
-            (2, 16, 2),
-            (2, 16, 3),
-            (8, 16, 2),
-            (4, 32, 2),
             (4, 16, 4),
+            (8, 16, 2),
+            (8, 16, 3),
+            (8, 16, 4),
+            (4, 32, 2),
+            (4, 32, 3),
+            (8, 32, 2),
+            (8, 32, 3),
+            (4, 64, 2),
+            (2, 32, 4),
         ];
         let mut extra = Vec::new();
         for base in v.iter().filter(|c| {
-            c.op == BenchOp::Decode && (c.mixed || [4096, 16384, 65536].contains(&c.ctx()) || c.dtype == DType::F8E4M3)
+            c.op == BenchOp::Decode
+                && c.layout.is_none()
+                && (c.mixed || [1024, 4096, 16384, 65536].contains(&c.ctx()) || c.dtype == DType::F8E4M3)
         }) {
             for &(warps, tile_keys, stages) in &sweep {
                 let mut c = base.clone();
@@ -197,6 +242,19 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
                 c.tuning = Some(tuning);
                 if c.variant().shared_bytes() <= HOPPER_SHARED_LIMIT {
                     extra.push(c);
+                }
+            }
+        }
+        // the planner's chunk against fixed ones where split-KV decides the time
+        for base in v.iter().filter(|c| {
+            c.op == BenchOp::Decode && c.layout.is_none() && c.tuning.is_none() && !c.mixed && c.ctx() <= 8192
+        }) {
+            for chunk in [256usize, 512, 768, 1024, 2048] {
+                if chunk < base.ctx() {
+                    extra.push(BenchCase {
+                        chunk: Some(chunk),
+                        ..base.clone()
+                    });
                 }
             }
         }
@@ -292,6 +350,8 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
             out.fill_bytes(0xff)?;
             let opts = DecodeOptions {
                 tuning: case.tuning,
+                layout: case.layout,
+                chunk_tokens: case.chunk,
                 ..Default::default()
             };
             let plan = DecodePlan::new(ctx, &cfg, hq, &case.lengths, &opts)?;

@@ -8,9 +8,11 @@
 //! the optional LSE (natural log, f32) is `[B, q_len, Hq]`. A sequence of length 0 gives zeros
 //! (LSE `-inf`).
 //!
-//! Work: one CTA per (KV head, work item = (sequence, key chunk), row group of up to 16 or 32
-//! query rows), serving every query head of that KV head (paged_decode.cu). Sequences cut into
-//! several chunks are merged by decode_combine.cu with the online-softmax rule.
+//! Work: one CTA per (KV head, work item = (sequence, key chunk), row group), serving the query
+//! heads of that KV head. Two kernels ([`DecodeLayout`]): when a KV head serves at most 8 query
+//! rows (group x q_len), paged_decode_narrow.cu puts the keys on the MMA's M and the rows on
+//! its n8; otherwise paged_decode.cu puts 16 or 32 query rows on M. Sequences cut into several
+//! chunks are merged by decode_combine.cu with the online-softmax rule.
 
 use std::sync::Arc;
 
@@ -23,6 +25,7 @@ use crate::runtime::{Context, DeviceBuffer, TensorView, TensorViewMut};
 use super::{KvCacheConfig, PagedBatch, PagedKvCache, PagedTables};
 
 const DECODE_SOURCE: &str = include_str!("paged_decode.cu");
+const DECODE_NARROW_SOURCE: &str = include_str!("paged_decode_narrow.cu");
 const COMBINE_SOURCE: &str = include_str!("decode_combine.cu");
 
 /// Most query tokens per sequence (speculative decoding).
@@ -81,6 +84,37 @@ impl DecodeTuning {
     }
 }
 
+/// How a decode CTA's query rows meet the tensor-core MMA (which kernel runs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecodeLayout {
+    /// Query rows are the MMA's M: 16 (32 for D <= 128 and more than 16 rows) query rows per
+    /// CTA (paged_decode.cu). Any group size reads K/V once.
+    QueryRows,
+    /// Keys are the MMA's M and up to 8 query rows its n8 (paged_decode_narrow.cu): half the
+    /// MMAs and accumulators of `QueryRows`, and an fp8 cache converted from shared memory
+    /// straight into MMA fragments. More than 8 rows take one CTA (and one read of K/V) per 8.
+    KeyRows,
+}
+
+impl DecodeLayout {
+    /// The planner's choice: `KeyRows` when a KV head serves at most 8 query rows.
+    pub fn for_rows(rows: usize) -> DecodeLayout {
+        if rows <= 8 {
+            DecodeLayout::KeyRows
+        } else {
+            DecodeLayout::QueryRows
+        }
+    }
+    /// `TESSERA_DECODE_LAYOUT=query|key` forces a layout (benchmarks).
+    pub fn from_env() -> Option<DecodeLayout> {
+        match std::env::var("TESSERA_DECODE_LAYOUT").ok()?.as_str() {
+            "query" => Some(DecodeLayout::QueryRows),
+            "key" => Some(DecodeLayout::KeyRows),
+            _ => None,
+        }
+    }
+}
+
 /// Options of a decode plan. Defaults: one query token, `scale = 1/sqrt(D)`, fp16 queries for an
 /// fp8 cache, automatic chunking, default tuning.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -97,6 +131,8 @@ pub struct DecodeOptions {
     pub chunk_tokens: Option<usize>,
     /// Kernel shape; `None` = default (or `TESSERA_DECODE_TUNING`).
     pub tuning: Option<DecodeTuning>,
+    /// Kernel layout; `None` = [`DecodeLayout::for_rows`] (or `TESSERA_DECODE_LAYOUT`).
+    pub layout: Option<DecodeLayout>,
 }
 
 impl Default for DecodeOptions {
@@ -107,6 +143,7 @@ impl Default for DecodeOptions {
             query_dtype: None,
             chunk_tokens: None,
             tuning: None,
+            layout: None,
         }
     }
 }
@@ -120,45 +157,66 @@ pub struct DecodeVariant {
     pub cache: DType,
     pub head_dim: u32,
     pub page_size: u32,
-    /// m16 row blocks per CTA (1 or 2).
+    pub layout: DecodeLayout,
+    /// m16 row blocks per CTA (1 or 2; `QueryRows` only, 1 for `KeyRows`).
     pub m_blocks: u32,
     pub tuning: DecodeTuning,
 }
 
 impl DecodeVariant {
     /// The variant a plan runs: query dtype `dtype`, the cache's dtype, head dim and page size;
-    /// 2 row blocks when a KV head serves more than 16 query rows (D <= 128); the `forced`
-    /// tuning, or the default one shortened to fit `shared_limit`.
+    /// the `layout` (or [`DecodeLayout::for_rows`]); for `QueryRows` 2 row blocks when a KV
+    /// head serves more than 16 query rows (D <= 128); the `forced` tuning, or the default one
+    /// shortened to fit `shared_limit`.
     pub fn for_problem(
         dtype: DType,
         cfg: &KvCacheConfig,
         heads_q: usize,
         q_len: usize,
+        layout: Option<DecodeLayout>,
         forced: Option<DecodeTuning>,
         shared_limit: u32,
     ) -> DecodeVariant {
         let rows = heads_q / cfg.heads_kv.max(1) * q_len;
+        let layout = layout.unwrap_or(DecodeLayout::for_rows(rows));
         let mut v = DecodeVariant {
             dtype,
             cache: cfg.dtype,
             head_dim: cfg.head_dim as u32,
             page_size: cfg.page_size as u32,
-            m_blocks: if cfg.head_dim <= 128 && rows > 16 { 2 } else { 1 },
+            layout,
+            m_blocks: if layout == DecodeLayout::QueryRows && cfg.head_dim <= 128 && rows > 16 {
+                2
+            } else {
+                1
+            },
             tuning: DecodeTuning::default(),
         };
         v.tuning = forced.unwrap_or_else(|| default_tuning(&v, shared_limit));
         v
     }
 
+    /// Query rows per CTA.
+    pub fn rows_per_cta(&self) -> u32 {
+        match self.layout {
+            DecodeLayout::QueryRows => 16 * self.m_blocks,
+            DecodeLayout::KeyRows => 8,
+        }
+    }
+
     pub fn spec(&self) -> KernelSpec {
         let t = self.tuning;
+        let (kernel, file, source) = match self.layout {
+            DecodeLayout::QueryRows => ("paged_decode", "paged_decode.cu", DECODE_SOURCE),
+            DecodeLayout::KeyRows => ("paged_decode_narrow", "paged_decode_narrow.cu", DECODE_NARROW_SOURCE),
+        };
         KernelSpec {
             name: format!(
-                "paged_decode_{}_{}_d{}_p{}_m{}_w{}_k{}_s{}",
+                "{kernel}_{}_{}_d{}_p{}_m{}_w{}_k{}_s{}",
                 self.dtype, self.cache, self.head_dim, self.page_size, self.m_blocks, t.warps, t.tile_keys, t.stages
             ),
-            file: "paged_decode.cu",
-            source: DECODE_SOURCE,
+            file,
+            source,
             preamble: format!(
                 "#include \"tessera/dtype.cuh\"\nusing Elem = {};\nusing Cache = {};\n\
                  constexpr int kHeadDim = {};\nconstexpr int kPageSize = {};\nconstexpr int kMBlocks = {};\n\
@@ -175,7 +233,7 @@ impl DecodeVariant {
                 self.cache == DType::F8E4M3,
                 min_ctas_per_sm(self),
             ),
-            entry: "paged_decode",
+            entry: kernel,
         }
     }
 
@@ -184,11 +242,13 @@ impl DecodeVariant {
         self.tuning.warps * 32
     }
 
-    /// Dynamic shared memory (paged_decode.cu): the Q tile, then per warp the pipeline stages
-    /// (K and V tiles, fp8 scales) and fp8 staging tiles; the warp merge reuses that area.
+    /// Dynamic shared memory: per warp the pipeline stages (K and V tiles, fp8 scales), and for
+    /// `QueryRows` the Q tile before them and fp8 staging tiles; the warp merge reuses the
+    /// pipeline area.
     pub fn shared_bytes(&self) -> u32 {
         let t = self.tuning;
-        let rows = 16 * self.m_blocks;
+        let rows = self.rows_per_cta();
+        let narrow = self.layout == DecodeLayout::KeyRows;
         let d = self.head_dim;
         let fp8 = self.cache == DType::F8E4M3;
         let tile_pages = if self.page_size < t.tile_keys {
@@ -199,10 +259,11 @@ impl DecodeVariant {
         let cache_tile = t.tile_keys * d * self.cache.size() as u32;
         let elem_tile = t.tile_keys * d * 2;
         let stage = 2 * cache_tile + if fp8 { 16 * tile_pages } else { 0 };
-        let warp = t.stages * stage + if fp8 { 2 * elem_tile } else { 0 };
+        let warp = t.stages * stage + if fp8 && !narrow { 2 * elem_tile } else { 0 };
         let pipeline = t.warps * warp;
         let merge = t.warps * rows * (d + 4) * 4 + t.warps * rows * 8;
-        rows * d * 2 + pipeline.max(merge)
+        let q_tile = if narrow { 0 } else { rows * d * 2 };
+        q_tile + pipeline.max(merge)
     }
 }
 
@@ -411,12 +472,20 @@ impl DecodePlan {
             cfg,
             heads_q,
             options.q_len,
+            options.layout.or_else(DecodeLayout::from_env),
             forced,
             ctx.info().max_shared_per_block_optin,
         );
         let tuning = variant.tuning;
         let rows = heads_q / cfg.heads_kv * options.q_len;
-        let row_groups = rows.div_ceil(16 * variant.m_blocks as usize);
+        let row_groups = rows.div_ceil(variant.rows_per_cta() as usize);
+        if row_groups > 65_535 {
+            return Err(Error::Unsupported(format!(
+                "{rows} query rows per KV head need {row_groups} row groups of {} ({:?}); at most 65535",
+                variant.rows_per_cta(),
+                variant.layout
+            )));
+        }
         let smem = variant.shared_bytes();
         if smem > ctx.info().max_shared_per_block_optin {
             return Err(Error::Unsupported(format!(
@@ -557,8 +626,9 @@ impl DecodePlan {
     pub fn describe(&self) -> String {
         let t = self.variant.tuning;
         format!(
-            "paged decode {} cache {} D={} page={} Hq={} Hkv={} q_len={}: {} items of <= {} tokens x {} KV heads x {} row groups, \
+            "paged decode ({:?}) {} cache {} D={} page={} Hq={} Hkv={} q_len={}: {} items of <= {} tokens x {} KV heads x {} row groups, \
              {} warps x {} keys x {} stages, {} B smem, {} CTAs/SM{}",
+            self.variant.layout,
             self.variant.dtype,
             self.cfg.dtype,
             self.cfg.head_dim,
@@ -827,13 +897,17 @@ pub fn validate_decode(
 
 /// The default tuning for a variant: the first of these that fits `limit` bytes of shared
 /// memory (H200 measurements, bench/NOTES.md):
-/// - fp8 cache: 4 warps x 16 keys x 2 stages (68 KB: 3 CTAs per SM hide the dequantisation);
-/// - fp16/bf16 cache: 8 warps x 16 keys x 2 stages, else 4 x 16 x 3, else 4 x 16 x 2.
+/// - `KeyRows`, fp8 cache: 8 warps x 32 keys x 2 stages (128 KB), else 4 x 32 x 2, 4 x 16 x 2;
+/// - `KeyRows`, fp16/bf16 cache: 8 x 16 x 3, else 8 x 16 x 2, 4 x 16 x 3, 4 x 16 x 2;
+/// - `QueryRows`, fp8 cache: 4 x 16 x 2 (68 KB: 3 CTAs per SM hide the dequantisation);
+/// - `QueryRows`, fp16/bf16 cache: 8 x 16 x 2, else 4 x 16 x 3, else 4 x 16 x 2.
 pub fn default_tuning(v: &DecodeVariant, limit: u32) -> DecodeTuning {
-    let candidates: &[(u32, u32, u32)] = if v.cache == DType::F8E4M3 {
-        &[(4, 16, 2)]
-    } else {
-        &[(8, 16, 2), (4, 16, 3), (4, 16, 2)]
+    let fp8 = v.cache == DType::F8E4M3;
+    let candidates: &[(u32, u32, u32)] = match v.layout {
+        DecodeLayout::QueryRows if fp8 => &[(4, 16, 2)],
+        DecodeLayout::QueryRows => &[(8, 16, 2), (4, 16, 3), (4, 16, 2)],
+        DecodeLayout::KeyRows if fp8 => &[(8, 32, 2), (4, 32, 2), (4, 16, 2)],
+        DecodeLayout::KeyRows => &[(8, 16, 3), (8, 16, 2), (4, 16, 3), (4, 16, 2)],
     };
     let mut v = *v;
     for &(warps, tile_keys, stages) in candidates {
@@ -850,12 +924,20 @@ pub fn default_tuning(v: &DecodeVariant, limit: u32) -> DecodeTuning {
 }
 
 /// The kernel's `__launch_bounds__` minimum of CTAs per SM, so ptxas keeps the registers within
-/// what they can share: 3 for the fp8 variants with one row block, D <= 128 and one page per
-/// tile (68 KB of shared memory: three fit an SM; the dequantisation needs the extra warps),
-/// else 1 (shared memory limits those to one or two CTAs anyway, and more would spill).
+/// what they can share:
+/// - `KeyRows`: as many CTAs as shared memory admits (at most 4), while each thread keeps at
+///   least 128 registers (D <= 128) or 168 (D = 256);
+/// - `QueryRows`: 3 for the fp8 variants with one row block, D <= 128 and one page per tile
+///   (68 KB of shared memory: three fit an SM; the dequantisation needs the extra warps), else
+///   1 (shared memory limits those to one or two CTAs anyway, and more would spill).
 pub fn min_ctas_per_sm(v: &DecodeVariant) -> u32 {
     let one_page_per_tile = v.page_size >= v.tuning.tile_keys;
-    if v.cache == DType::F8E4M3 && v.m_blocks == 1 && v.head_dim <= 128 && one_page_per_tile {
+    if v.layout == DecodeLayout::KeyRows {
+        let by_smem = 233_472 / (v.shared_bytes() + 1024);
+        let regs = if v.head_dim <= 128 { 128 } else { 168 };
+        let by_regs = 65_536 / (v.threads() * regs);
+        by_smem.min(by_regs).clamp(1, 4)
+    } else if v.cache == DType::F8E4M3 && v.m_blocks == 1 && v.head_dim <= 128 && one_page_per_tile {
         (233_472 / (v.shared_bytes() + 1024)).clamp(1, 3)
     } else {
         1
@@ -902,16 +984,22 @@ fn plan_work(
 pub const HOPPER_SHARED_LIMIT: u32 = 232_448;
 
 /// Decode variants for the CI compile checks (default tuning for Hopper): every dtype pair x head dim x
-/// row blocks at page size 16, and every page size for fp16 and fp8 at D = 128.
+/// layout (and row blocks) at page size 16, and every page size for fp16 and fp8 at D = 128 in both
+/// layouts. `m_blocks` 0 stands for the `KeyRows` layout.
 pub fn ci_variants() -> Vec<DecodeVariant> {
     let mut v = Vec::new();
-    let variant = |dtype, cache, head_dim, page_size, m_blocks| {
+    let variant = |dtype, cache, head_dim, page_size, m_blocks: u32| {
         let mut v = DecodeVariant {
             dtype,
             cache,
             head_dim,
             page_size,
-            m_blocks,
+            layout: if m_blocks == 0 {
+                DecodeLayout::KeyRows
+            } else {
+                DecodeLayout::QueryRows
+            },
+            m_blocks: m_blocks.max(1),
             tuning: DecodeTuning::default(),
         };
         v.tuning = default_tuning(&v, HOPPER_SHARED_LIMIT);
@@ -924,8 +1012,8 @@ pub fn ci_variants() -> Vec<DecodeVariant> {
         (DType::BF16, DType::F8E4M3),
     ] {
         for head_dim in [64u32, 128, 256] {
-            for m_blocks in [1u32, 2] {
-                if m_blocks == 1 || head_dim <= 128 {
+            for m_blocks in [0u32, 1, 2] {
+                if m_blocks <= 1 || head_dim <= 128 {
                     v.push(variant(dtype, cache, head_dim, 16, m_blocks));
                 }
             }
@@ -933,8 +1021,10 @@ pub fn ci_variants() -> Vec<DecodeVariant> {
     }
     // the page size only changes address arithmetic: every size for one dtype / head dim
     for page_size in [8u32, 32, 64, 128, 256] {
-        v.push(variant(DType::F16, DType::F16, 128, page_size, 1));
-        v.push(variant(DType::F16, DType::F8E4M3, 128, page_size, 1));
+        for m_blocks in [0u32, 1] {
+            v.push(variant(DType::F16, DType::F16, 128, page_size, m_blocks));
+            v.push(variant(DType::F16, DType::F8E4M3, 128, page_size, m_blocks));
+        }
     }
     v
 }

@@ -38,93 +38,23 @@
 // Roofline: decode reads each K/V byte once: time >= KV bytes / HBM bandwidth (4.8 TB/s peak on
 // the H200, ~4.3 TB/s sustained by copies); the MMAs waste the unused rows of m16 but run far
 // below the tensor-core limit.
-#include "tessera/async_copy.cuh"
-#include "tessera/kvcache_params.cuh"
-#include "tessera/math.cuh"
 #include "tessera/mma.cuh"
-#include "tessera/online_softmax.cuh"
-#include "tessera/vec.cuh"
+#include "tessera/paged_decode_common.cuh"
 
 namespace {
 
 using namespace ts;
 
-constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kRows = 16 * kMBlocks;                       // query rows of a CTA
-constexpr int kElemRow = kHeadDim * (int)sizeof(Elem);     // bytes of an Elem row
-constexpr int kCacheRow = kHeadDim * (int)sizeof(Cache);   // bytes of a cache row
-constexpr int kCacheChunks = kCacheRow / 16;               // 16-byte chunks of a cache row
 constexpr int kKSteps = kHeadDim / 16;                     // k16 steps of S = Q K^T
 constexpr int kSBlocks = kTileKeys / 8;                    // n8 key blocks of a tile
 constexpr int kOBlocks = kHeadDim / 8;                     // n8 blocks of O
-constexpr int kTilePages = kPageSize < kTileKeys ? kTileKeys / kPageSize : 1;
-constexpr int kCacheTile = kTileKeys * kCacheRow;          // bytes of one K (or V) tile
 constexpr int kElemTile = kTileKeys * kElemRow;            // bytes of one Elem staging tile
-constexpr int kScaleBytes = kFp8 ? 16 * kTilePages : 0;    // per stage: (k, v) per page, padded
-constexpr int kStageBytes = 2 * kCacheTile + kScaleBytes;
 constexpr int kWarpBytes = kStages * kStageBytes + (kFp8 ? 2 * kElemTile : 0);
 constexpr bool kQInRegs = kMBlocks * kHeadDim <= 128;
 /// Unroll the main loop by the stage count where the registers allow (one row block, D <= 128):
 /// ~7% fewer instructions per tile (H200, bench/NOTES.md); larger variants would spill.
 constexpr bool kUnrollStages = kMBlocks == 1 && kHeadDim <= 128;
-
-static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim 64, 128 or 256");
-static_assert(kTileKeys == 16 || kTileKeys == 32 || kTileKeys == 64, "kTileKeys: 16, 32 or 64");
-static_assert(kPageSize >= 8 && (kPageSize & (kPageSize - 1)) == 0, "page size: a power of two >= 8");
-static_assert(kPageSize % kTileKeys == 0 || kTileKeys % kPageSize == 0, "a tile covers whole pages or lies in one");
-static_assert(kTilePages <= kWarpSize, "page ids of a tile fit in a warp");
-static_assert((kTileKeys * kCacheChunks) % kWarpSize == 0, "whole copies per lane");
-static_assert(kWarpSize % kCacheChunks == 0 || kCacheChunks % kWarpSize == 0, "lane -> chunk map");
-static_assert(kStages >= 2, "at least double buffering");
-static_assert(is_same_v<Elem, f16> || is_same_v<Elem, bf16>, "Elem: f16 or bf16");
-static_assert(kFp8 == is_same_v<Cache, fp8e4m3>, "kFp8 iff the cache is e4m3");
-static_assert(kFp8 || is_same_v<Cache, Elem>, "a 2-byte cache has the query dtype");
-
-/// A compile-time flag passed as an argument (selects a code path of a generic lambda).
-template <bool B>
-struct BoolTag {
-  static constexpr bool value = B;
-};
-
-/// A compile-time int passed as an argument (the pipeline stage of an unrolled step).
-template <int N>
-struct IntTag {
-  static constexpr int value = N;
-};
-
-/// Calls f(IntTag<0>{}), ..., f(IntTag<N - 1>{}): a loop whose index is a constant in each copy.
-template <int N, int I = 0, typename F>
-TS_DEVICE void unroll_for(F&& f) {
-  if constexpr (I < N) {
-    f(IntTag<I>{});
-    unroll_for<N, I + 1>(f);
-  }
-}
-
-// ---- swizzled Elem tiles: 16-byte chunk c of row r stored at chunk c ^ (r % 8) -------------
-TS_DEVICE int chunk_offset(int c, int x) { return ((c & ~7) | ((c & 7) ^ x)) << 4; }
-TS_DEVICE int swizzled(int r, int c) { return r * kElemRow + chunk_offset(c, r & 7); }
-
-/// Per-lane ldmatrix addressing into a swizzled Elem tile (lane l supplies row l % 8 of
-/// matrix l / 8; mma.cuh). Every row a lane addresses is = l % 8 (mod 8), so its XOR term is
-/// fixed and compile-time tile coordinates become constant offsets.
-struct LaneAddr {
-  uint32_t row;  // shared address of the lane's row
-  int x;         // the lane's chunk XOR
-  TS_DEVICE uint32_t at(int row_const, int chunk_const) const {
-    return row + row_const * kElemRow + chunk_offset(chunk_const, x);
-  }
-};
-/// A operand (Q rows) and V (.trans): matrix m -> rows +8 * (m & 1), chunk + (m >> 1).
-TS_DEVICE LaneAddr lane_addr_a(uint32_t tile) {
-  const int l = lane_id();
-  return LaneAddr{tile + ((l & 7) + ((l >> 3) & 1) * 8) * kElemRow, (l >> 4) ^ (l & 7)};
-}
-/// K (B operand): matrix m -> keys +8 * (m >> 1), chunk + (m & 1).
-TS_DEVICE LaneAddr lane_addr_k(uint32_t tile) {
-  const int l = lane_id();
-  return LaneAddr{tile + ((l & 7) + (l >> 4) * 8) * kElemRow, ((l >> 3) & 1) ^ (l & 7)};
-}
 
 using QFragments = uint32_t[kQInRegs ? kMBlocks : 1][kQInRegs ? kKSteps : 1][4];
 using Scores = float[kMBlocks][kSBlocks][4];
@@ -132,7 +62,7 @@ using Accum = float[kMBlocks][kOBlocks][4];
 
 /// s = Q K^T for the warp's tile of kTileKeys keys (K as a swizzled Elem tile at `sk`).
 TS_DEVICE void qk_tile(Scores& s, const QFragments& qf, const LaneAddr& q, uint32_t sk) {
-  const LaneAddr k = lane_addr_k(sk);
+  const LaneAddr k = lane_addr_b(sk);
 #pragma unroll
   for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
@@ -220,45 +150,13 @@ TS_DEVICE void dequant_tile(unsigned char* dst, const unsigned char* src) {
   }
 }
 
-/// The key range of one CTA: [begin, end) of sequence b, and whether it is b's only chunk.
-struct Chunk {
-  int b;
-  int slot;   // partial slot: item_indptr[b] + chunk index
-  int count;  // chunks of sequence b
-  int begin;
-  int end;
-  int len;
-  bool only;
-};
-
-TS_DEVICE Chunk chunk_of(const DecodeParams& p, int item) {
-  const int b = p.item_seq[item];
-  const int k = p.item_seq[p.num_items + item];  // chunk index (packed after the sequence ids)
-  const int first = p.item_indptr[b];
-  const int n = p.item_indptr[b + 1] - first;
-  const int len = p.tables.seq_lens[b];
-  const int begin = min(k * p.chunk_tokens, len);
-  const int end = k == n - 1 ? len : min(begin + p.chunk_tokens, len);
-  return Chunk{b, first + k, n, begin, end, len, n == 1};
-}
-
-/// Writes 4 output columns of query row `row` (of KV head kvh) and, from column 0, its LSE.
-TS_DEVICE void store_output(const DecodeParams& p, int b, int kvh, int row, int c, float o0, float o1, float o2,
-                            float o3, float lse) {
-  const int qi = row / p.group;
-  const int h = kvh * p.group + row % p.group;
-  Elem* dst = static_cast<Elem*>(p.o) + b * p.o_stride_b + qi * p.o_stride_n + h * p.o_stride_h + c;
-  st_global_b64(dst, U32x2{pack2<Elem>(o0, o1), pack2<Elem>(o2, o3)});
-  if (p.lse != nullptr && c == 0) p.lse[((long long)b * p.q_len + qi) * p.heads_q + h] = lse;
-}
-
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_decode(const __grid_constant__ ts::DecodeParams p) {
   const int kvh = blockIdx.x;
   const int item = blockIdx.y;
   const int row_base = blockIdx.z * kRows;  // first query row of this CTA
-  const Chunk ch = chunk_of(p, item);
+  const DecodeChunk ch = chunk_of(p, item);
   const int lane = lane_id();
   const int warp = warp_id();
 
@@ -284,72 +182,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
   }
 
   // ---- this warp's tiles ------------------------------------------------------------------
-  const int n_tiles = ceil_div(ch.end - ch.begin, kTileKeys);
-  const int t_begin = n_tiles * warp / kWarps;
-  const int t_end = n_tiles * (warp + 1) / kWarps;
-  const int warp_end = min(ch.begin + t_end * kTileKeys, ch.end);  // keys >= this are masked
-  const int table_pages = ceil_div(ch.len, kPageSize);
-  const int* table = p.tables.page_indices + p.tables.page_indptr[ch.b];
-  const unsigned char* cache = static_cast<const unsigned char*>(p.cache);
-  const long long token_bytes = (long long)p.heads_kv * kCacheRow;  // one token of one page half
-  const long long head_off = (long long)kvh * kCacheRow;
-
-  // lane l < kTilePages: the physical page of the tile's l-th page (0 when past the table)
-  auto tile_pages = [&](int t) -> int {
-    const int lp = (ch.begin + t * kTileKeys) / kPageSize + lane;
-    return (t < t_end && lane < kTilePages && lp < table_pages) ? __ldg(table + lp) : 0;
-  };
-  // Copy layout: copy i of lane l is 16-byte chunk idx = l + 32 i of the tile, row idx / kCacheChunks.
-  constexpr int kCopies = kTileKeys * kCacheChunks / kWarpSize;  // per lane, per K (and V) tile
-  const long long v_offset = (long long)kPageSize * token_bytes;  // V half after the K half
-  // tile t goes to stage (t - t_begin) % kStages, a compile-time value in the unrolled loops
-  auto issue = [&](int t, int pages, int stage_index) {
-    if (t < t_end) {
-      unsigned char* stage = s_warp + stage_index * kStageBytes;
-      const int tok0 = ch.begin + t * kTileKeys;
-      const uint32_t sbase = smem_addr(stage);
-      // with one page per tile (kPageSize >= kTileKeys) the tile's rows are consecutive rows of
-      // that page: one base address per tile, a constant stride per copy
-      const unsigned char* tile_base =
-          cache + ((long long)__shfl_sync(kFullMask, pages, 0) * 2 * kPageSize + tok0 % kPageSize) * token_bytes +
-          head_off;
-      auto copy_tile = [&](auto full) {
-#pragma unroll
-        for (int i = 0; i < kCopies; ++i) {
-          const int idx = lane + i * kWarpSize;
-          const int r = idx / kCacheChunks;
-          const int c = idx % kCacheChunks;
-          const unsigned char* src;
-          if constexpr (kTilePages == 1) {
-            src = tile_base + r * token_bytes + c * 16;
-          } else {
-            const int page = __shfl_sync(kFullMask, pages, r / kPageSize);
-            src = cache + ((long long)page * 2 * kPageSize + r % kPageSize) * token_bytes + head_off + c * 16;
-          }
-          const uint32_t dst = sbase + (kFp8 ? r * kCacheRow + c * 16 : swizzled(r, c));
-          if constexpr (decltype(full)::value) {
-            cp_async_16(dst, src);                          // K
-            cp_async_16(dst + kCacheTile, src + v_offset);  // V
-          } else {
-            const bool valid = tok0 + r < warp_end;
-            cp_async_16_zfill(dst, valid ? src : cache, valid);
-            cp_async_16_zfill(dst + kCacheTile, valid ? src + v_offset : cache, valid);
-          }
-        }
-      };
-      if (tok0 + kTileKeys <= warp_end) {  // no row past the warp's last key
-        copy_tile(BoolTag<true>{});
-      } else {
-        copy_tile(BoolTag<false>{});
-      }
-      if constexpr (kFp8) {
-        // (k, v) scale pair of each page of the tile: 8 bytes at [page][kvh][0..2)
-        const int page = __shfl_sync(kFullMask, pages, lane % kTilePages);
-        if (lane < kTilePages) cp_async_8(sbase + 2 * kCacheTile + lane * 16, p.scales + ((long long)page * p.heads_kv + kvh) * 2);
-      }
-    }
-    cp_async_commit();  // one group per tile (possibly empty): wait<kStages - 2> stays exact
-  };
+  int t_begin;
+  TileLoader<!kFp8> loader = warp_tile_loader<!kFp8>(p, ch, kvh, warp, s_warp, t_begin);
+  const int t_end = loader.t_end;
+  const int warp_end = loader.warp_end;
+  // 2-byte tiles are swizzled (ldmatrix rows); fp8 tiles are plain rows (dequant_tile)
+  auto dst_of = [](int r, int c) { return kFp8 ? r * kCacheRow + c * 16 : swizzled(r, c); };
+  loader.init_lane(dst_of);
+  auto tile_pages = [&](int t) { return loader.pages_of(t); };
+  auto issue = [&](int t, int pages, int stage) { loader.issue(t, pages, stage, dst_of); };
 
   int next_pages = tile_pages(t_begin);
   unroll_for<kStages - 1>([&](auto i) {
@@ -492,33 +333,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
 
     pv_tile(acc, s, sv);
   };
-  if constexpr (kUnrollStages) {
-    // unrolled by kStages: every stage offset (and the addresses derived from it) is a constant
-    for (int t = t_begin; t < t_end; t += kStages) {
-      unroll_for<kStages>([&](auto i) {
-        if (t + decltype(i)::value < t_end) step(t + decltype(i)::value, decltype(i)::value);
-      });
-    }
-  } else {
-    for (int t = t_begin; t < t_end; ++t) step(t, (t - t_begin) % kStages);
-  }
+  for_each_tile<kUnrollStages>(t_begin, t_end, step);
 
   // ---- merge the warps: (m, l) per row and O through shared memory -----------------------
-  if constexpr (kFp8) {
-    if (v_ref != 0.0f) {
-#pragma unroll
-      for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-        for (int nb = 0; nb < kOBlocks; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[mb][nb][e] *= v_ref;
-    }
-  }
+  if constexpr (kFp8) apply_v_ref(acc, v_ref);
   cp_async_wait_all();
   __syncthreads();  // every warp is done with its pipeline area
-  constexpr int kPitch = kHeadDim + 4;  // floats per merge row (breaks the 8-row bank pattern)
-  float* s_o = reinterpret_cast<float*>(smem + kRows * kElemRow);      // [kWarps][kRows][kPitch]
-  float2* s_ml = reinterpret_cast<float2*>(s_o + kWarps * kRows * kPitch);  // [kWarps][kRows]
+  float* s_o = reinterpret_cast<float*>(smem + kRows * kElemRow);            // [kWarps][kRows][kMergePitch]
+  float2* s_ml = reinterpret_cast<float2*>(s_o + kWarps * kRows * kMergePitch);  // [kWarps][kRows]
 #pragma unroll
   for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
@@ -528,46 +350,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
       l += shfl_xor(l, 2);
       const int row = mb * 16 + (lane >> 2) + 8 * r;
       if ((lane & 3) == 0) s_ml[warp * kRows + row] = make_float2(state[mb][r].m, l);
-      float* dst = s_o + (warp * kRows + row) * kPitch + col0;
+      float* dst = s_o + (warp * kRows + row) * kMergePitch + col0;
 #pragma unroll
       for (int nb = 0; nb < kOBlocks; ++nb)
         *reinterpret_cast<float2*>(dst + nb * 8) = make_float2(acc[mb][nb][2 * r], acc[mb][nb][2 * r + 1]);
     }
   __syncthreads();
-
-  // thread -> (row, 4 columns); rows past p.rows are skipped
-  const long long part_row0 = ((long long)ch.slot * p.heads_kv + kvh) * p.rows;
-  for (int idx = thread_id(); idx < kRows * (kHeadDim / 4); idx += kThreads) {
-    const int row = idx / (kHeadDim / 4);
-    const int c = (idx % (kHeadDim / 4)) * 4;
-    const int grow = row_base + row;
-    if (grow >= p.rows) continue;
-    float m = kNegInf;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) m = max_nan(m, s_ml[w * kRows + row].x);
-    const float shift = softmax_shift(m);
-    float l = 0.0f;
-    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float2 ml = s_ml[w * kRows + row];
-      const float f = exp2_shifted(ml.x, shift);  // 0 for a warp that saw no key
-      if (f == 0.0f) continue;
-      l += f * ml.y;
-      const float4 ow = *reinterpret_cast<const float4*>(s_o + (w * kRows + row) * kPitch + c);
-      o[0] += f * ow.x;
-      o[1] += f * ow.y;
-      o[2] += f * ow.z;
-      o[3] += f * ow.w;
-    }
-    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;  // no visible key: O = 0, LSE = -inf
-    if (ch.only) {
-      store_output(p, ch.b, kvh, grow, c, o[0] * inv_l, o[1] * inv_l, o[2] * inv_l, o[3] * inv_l,
-                   OnlineSoftmax{m, l}.lse());
-    } else {
-      float* dst = p.o_partial + (part_row0 + grow) * kHeadDim + c;
-      *reinterpret_cast<float4*>(dst) = make_float4(o[0] * inv_l, o[1] * inv_l, o[2] * inv_l, o[3] * inv_l);
-      if (c == 0) p.lse_partial[part_row0 + grow] = OnlineSoftmax{m, l}.lse();
-    }
-  }
+  merge_warps_and_store<kRows>(p, ch, kvh, row_base, s_o, s_ml);
 }

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 
 use super::decode::{
-    choose_chunk, default_tuning, validate_decode, DecodeOptions, DecodeTuning, DecodeVariant, WorkList,
+    choose_chunk, default_tuning, validate_decode, DecodeLayout, DecodeOptions, DecodeTuning, DecodeVariant, WorkList,
     HOPPER_SHARED_LIMIT, MAX_ITEMS,
 };
 use super::*;
@@ -183,13 +183,17 @@ fn append_counts_are_checked() {
 
 #[test]
 fn default_tunings_fit_hopper_shared_memory() {
-    for cache in [DType::F16, DType::F8E4M3] {
+    for (cache, layout) in [DType::F16, DType::F8E4M3]
+        .into_iter()
+        .flat_map(|c| [(c, DecodeLayout::QueryRows), (c, DecodeLayout::KeyRows)])
+    {
         for head_dim in [64, 128, 256] {
             let mut v = DecodeVariant {
                 dtype: DType::F16,
                 cache,
                 head_dim,
                 page_size: 16,
+                layout,
                 m_blocks: 1,
                 tuning: DecodeTuning::default(),
             };

@@ -3,7 +3,8 @@
 //! needed) with shared prefixes, lengths 0, 1, T-1, T, T+1 up to 64K mixed in one batch, GQA
 //! ratios 1, 4, 8 and MQA, D 64/128/256, fp16/bf16/fp8, page sizes 8..256, speculative decoding
 //! with rows that see no key, forced and automatic split-KV, every tuning the benchmarks sweep,
-//! and append followed by decode.
+//! both kernel layouts (the planner's choice plus forced `QueryRows` for small groups and
+//! forced `KeyRows` for several row groups), and append followed by decode.
 //!
 //! Checks per case: after an append, the whole layer must equal the host's expected bytes (the
 //! new rows exact, every other byte untouched); the decode output (written into a poisoned
@@ -17,7 +18,7 @@ use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use serde_json::json;
 
-use super::decode::{DecodeOptions, DecodePlan, DecodeTuning, DecodeVariant, HOPPER_SHARED_LIMIT};
+use super::decode::{DecodeLayout, DecodeOptions, DecodePlan, DecodeTuning, DecodeVariant, HOPPER_SHARED_LIMIT};
 use super::reference::{append_reference, decode_reference, encode, gather_sequence};
 use super::{AppendBatch, KvCacheConfig, PagedBatch, PagedKvCache};
 use crate::check::{compare, to_f64_vec};
@@ -50,6 +51,8 @@ pub struct Case {
     /// Append inputs with a row pitch that is not a multiple of 8 (the scalar append path).
     pub unaligned_append: bool,
     pub tuning: Option<DecodeTuning>,
+    /// A forced kernel layout; `None` = the planner's.
+    pub layout: Option<DecodeLayout>,
     /// The plan is made for lengths this much shorter than the run's (lengths grew after
     /// planning: the last chunk of each sequence must run to its end).
     pub plan_shorter_by: usize,
@@ -71,6 +74,7 @@ impl Case {
             append: None,
             unaligned_append: false,
             tuning: None,
+            layout: None,
             plan_shorter_by: 0,
         }
     }
@@ -111,6 +115,11 @@ impl Case {
         if let Some(t) = self.tuning {
             s += &format!(" w{}k{}s{}", t.warps, t.tile_keys, t.stages);
         }
+        match self.layout {
+            Some(DecodeLayout::QueryRows) => s += " query-rows",
+            Some(DecodeLayout::KeyRows) => s += " key-rows",
+            None => {}
+        }
         if self.plan_shorter_by > 0 {
             s += &format!(" planned-{}", self.plan_shorter_by);
         }
@@ -149,7 +158,23 @@ pub fn cases(quick: bool) -> Vec<Case> {
     for (cache, query) in [(f16, f16), (bf16, bf16), (fp8, f16), (fp8, bf16)] {
         for d in [64, 128, 256] {
             v.push(Case::base(cache, query, 16, 4, d, &mixed));
+            // the planner takes KeyRows for these 4 rows: QueryRows too
+            let mut c = Case::base(cache, query, 16, 4, d, &mixed);
+            c.layout = Some(DecodeLayout::QueryRows);
+            v.push(c);
         }
+    }
+    // KeyRows forced for more than 8 rows (several row groups): q_len 4 x group 4, MQA
+    for (cache, hq, hkv, q_len, d) in [
+        (f16, 16usize, 4usize, 4usize, 128usize),
+        (fp8, 32, 1, 1, 128),
+        (bf16, 8, 1, 2, 256),
+    ] {
+        let query = if cache == bf16 { bf16 } else { f16 };
+        let mut c = Case::base(cache, query, hq, hkv, d, &[3, 8, 100, 2049]);
+        c.q_len = q_len;
+        c.layout = Some(DecodeLayout::KeyRows);
+        v.push(c);
     }
     // GQA ratios 1, 4 (above), 8 and MQA
     v.push(Case::base(f16, f16, 8, 8, 128, &mixed));
@@ -203,30 +228,44 @@ pub fn cases(quick: bool) -> Vec<Case> {
         (4, 32, 2),
     ] {
         for cache in [f16, fp8] {
-            let mut c = Case::base(cache, f16, 32, 8, 128, &[1, 33, 1000, 4097]);
-            let tuning = DecodeTuning {
-                warps,
-                tile_keys,
-                stages,
-            };
-            c.tuning = Some(tuning);
-            let variant = DecodeVariant::for_problem(f16, &c.config(1), 32, 1, Some(tuning), HOPPER_SHARED_LIMIT);
-            if variant.shared_bytes() <= HOPPER_SHARED_LIMIT {
-                v.push(c);
+            for layout in [DecodeLayout::KeyRows, DecodeLayout::QueryRows] {
+                let mut c = Case::base(cache, f16, 32, 8, 128, &[1, 33, 1000, 4097]);
+                let tuning = DecodeTuning {
+                    warps,
+                    tile_keys,
+                    stages,
+                };
+                c.tuning = Some(tuning);
+                c.layout = Some(layout);
+                let variant = DecodeVariant::for_problem(
+                    f16,
+                    &c.config(1),
+                    32,
+                    1,
+                    Some(layout),
+                    Some(tuning),
+                    HOPPER_SHARED_LIMIT,
+                );
+                if variant.shared_bytes() <= HOPPER_SHARED_LIMIT {
+                    v.push(c);
+                }
             }
         }
     }
     // 64-key tiles at pages of 16 (four pages per tile) and 64 (one)
     for page_size in [16usize, 64] {
         for cache in [f16, fp8] {
-            let mut c = Case::base(cache, f16, 16, 4, 128, &[1, 63, 64, 65, 700, 3000]);
-            c.page_size = page_size;
-            c.tuning = Some(DecodeTuning {
-                warps: 2,
-                tile_keys: 64,
-                stages: 2,
-            });
-            v.push(c);
+            for layout in [DecodeLayout::KeyRows, DecodeLayout::QueryRows] {
+                let mut c = Case::base(cache, f16, 16, 4, 128, &[1, 63, 64, 65, 700, 3000]);
+                c.page_size = page_size;
+                c.tuning = Some(DecodeTuning {
+                    warps: 2,
+                    tile_keys: 64,
+                    stages: 2,
+                });
+                c.layout = Some(layout);
+                v.push(c);
+            }
         }
     }
     // lengths grew after the plan was made (a plan per batch composition, runs per step)
@@ -416,6 +455,7 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
         query_dtype: Some(case.query),
         chunk_tokens: case.chunk,
         tuning: case.tuning,
+        layout: case.layout,
         ..Default::default()
     };
     let plan_lens: Vec<usize> = case

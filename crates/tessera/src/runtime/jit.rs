@@ -46,6 +46,10 @@ pub const DEVICE_HEADERS: &[(&str, &str)] = &[
         "tessera/kvcache_params.cuh",
         include_str!("../kvcache/kvcache_params.cuh"),
     ),
+    (
+        "tessera/paged_decode_common.cuh",
+        include_str!("../kvcache/paged_decode_common.cuh"),
+    ),
 ];
 
 /// A GPU architecture to compile for, e.g. `sm_90a`.
