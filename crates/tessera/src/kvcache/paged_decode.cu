@@ -205,6 +205,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
   Accum acc;
   OnlineSoftmax state[kMBlocks][2];
   float v_ref = 0.0f;  // fp8: the V scale O is accumulated in (set by the warp's first tile)
+  float inv_v_ref = 0.0f;
 #pragma unroll
   for (int mb = 0; mb < kMBlocks; ++mb) {
 #pragma unroll
@@ -260,14 +261,17 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
     float v_scale[kSBlocks];
     if constexpr (kFp8) {
       const float* sc = reinterpret_cast<const float*>(stage + 2 * kCacheTile);
+      // O is accumulated in units of the warp's first V scale: P carries the ratio (near 1 for
+      // the pages of one sequence), so P * ratio neither overflows nor underflows fp16
+      if (v_ref == 0.0f) {
+        v_ref = sc[1];
+        inv_v_ref = fast_rcp(v_ref);
+      }
 #pragma unroll
       for (int nb = 0; nb < kSBlocks; ++nb) {
         const int pg = (nb * 8 / kPageSize) % kTilePages;
         const float k_scale = sc[pg * 4];
-        // O is accumulated in units of the warp's first V scale: P carries the ratio (near 1
-        // for the pages of one sequence), so P * ratio neither overflows nor underflows fp16
-        if (v_ref == 0.0f) v_ref = sc[pg * 4 + 1];
-        v_scale[nb] = sc[pg * 4 + 1] / v_ref;
+        v_scale[nb] = sc[pg * 4 + 1] * inv_v_ref;
 #pragma unroll
         for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll

@@ -104,10 +104,11 @@ TS_DEVICE DecodeChunk chunk_of(const DecodeParams& p, int item) {
 /// kCacheChunks), chunk c fixed per lane. Its source is a per-lane offset plus i times a uniform
 /// stride, and its destination (the kernel's dst_of(r, c)) repeats with period kDstPeriod in i
 /// up to a multiple of 512 bytes (kRowStep rows of kCacheRow bytes), so both are computed once
-/// per warp: a copy costs two 64-bit adds and its cp.async. That fast path is taken for
-/// kSwizzled tiles (dst_of XORs chunks by a function of r % 8) of one page; plain-row tiles
-/// (r * kCacheRow + c * 16) and tiles of several pages take the general path, which keeps no
-/// per-lane state (the wide fp8 kernel has no registers to spare).
+/// per warp; a tile of several pages adds one base address per page (the page of copy i is a
+/// constant). A copy then costs two 64-bit adds and its cp.async. That fast path is taken for
+/// kSwizzled tiles (dst_of XORs chunks by a function of r % 8); plain-row tiles
+/// (r * kCacheRow + c * 16) take the general path, which keeps no per-lane state (the wide fp8
+/// kernel has no registers to spare).
 template <bool kSwizzled>
 struct TileLoader {
   static constexpr int kCopies = kTileKeys * kCacheChunks / kWarpSize;  // per lane, per K (and V) tile
@@ -163,25 +164,32 @@ struct TileLoader {
       const uint32_t sbase = smem_addr(stages + stage * kStageBytes);
       const long long v_offset = (long long)kPageSize * token_bytes;  // V half after the K half
       auto copy_tile = [&](auto full) {
-        if constexpr (kTilePages == 1 && kRowStep > 0 && kSwizzled) {
-          // one page per tile: the tile's rows are consecutive rows of that page
+        if constexpr (kRowStep > 0 && kSwizzled) {
+          // the copies of a page are consecutive (kPageSize / kRowStep of them): one base
+          // address per page of the tile, a constant stride per copy
+          constexpr int kPerPage = kCopies / kTilePages;
+          static_assert(kPageSize % kRowStep == 0 || kTilePages == 1, "a copy's page is a constant");
           const int lane_row = lane / kCacheChunks;
-          const int src_off = lane_src;
-          const unsigned char* src0 =
-              cache + ((long long)__shfl_sync(kFullMask, pages, 0) * 2 * kPageSize + tok0 % kPageSize) * token_bytes +
-              head_off + src_off;
           const long long step = kRowStep * token_bytes;
 #pragma unroll
-          for (int i = 0; i < kCopies; ++i) {
-            const unsigned char* src = src0 + i * step;
-            const uint32_t dst = sbase + dst_base[i % kDstPeriod] + (i / kDstPeriod) * kDstPeriod * kRowStep * kCacheRow;
-            if constexpr (decltype(full)::value) {
-              cp_async_16(dst, src);                          // K
-              cp_async_16(dst + kCacheTile, src + v_offset);  // V
-            } else {
-              const bool valid = tok0 + lane_row + i * kRowStep < warp_end;
-              cp_async_16_zfill(dst, valid ? src : cache, valid);
-              cp_async_16_zfill(dst + kCacheTile, valid ? src + v_offset : cache, valid);
+          for (int pg = 0; pg < kTilePages; ++pg) {
+            const unsigned char* src0 =
+                cache + ((long long)__shfl_sync(kFullMask, pages, pg) * 2 * kPageSize + tok0 % kPageSize) * token_bytes +
+                head_off + lane_src;
+#pragma unroll
+            for (int k = 0; k < kPerPage; ++k) {
+              const int i = pg * kPerPage + k;
+              const unsigned char* src = src0 + k * step;
+              const uint32_t dst =
+                  sbase + dst_base[i % kDstPeriod] + (i / kDstPeriod) * kDstPeriod * kRowStep * kCacheRow;
+              if constexpr (decltype(full)::value) {
+                cp_async_16(dst, src);                          // K
+                cp_async_16(dst + kCacheTile, src + v_offset);  // V
+              } else {
+                const bool valid = tok0 + lane_row + i * kRowStep < warp_end;
+                cp_async_16_zfill(dst, valid ? src : cache, valid);
+                cp_async_16_zfill(dst + kCacheTile, valid ? src + v_offset : cache, valid);
+              }
             }
           }
         } else {

@@ -292,15 +292,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     float v_scale[kKeyTiles][2];
     if constexpr (kFp8) {
       const float* sc = reinterpret_cast<const float*>(v_tile + kCacheTile);
+      if (v_ref == 0.0f) {  // the warp's first tile: the V scale of its first page
+        v_ref = sc[1];
+        inv_v_ref = fast_rcp(v_ref);
+      }
 #pragma unroll
       for (int kt = 0; kt < kKeyTiles; ++kt)
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const int pg = kTilePages == 1 ? 0 : (kt * 16 + g + 8 * u) / kPageSize;
-          if (v_ref == 0.0f) {  // the warp's first tile: its first page
-            v_ref = sc[1];
-            inv_v_ref = 1.0f / v_ref;
-          }
           v_scale[kt][u] = sc[pg * 4 + 1] * inv_v_ref;
           const float k_scale = sc[pg * 4];
           s[kt][2 * u] *= k_scale;
