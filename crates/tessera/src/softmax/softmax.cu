@@ -49,6 +49,15 @@
 //      CTA = kBlockThreads (128) threads; rows per CTA iteration
 //      rows_per_cta = (kBlockThreads / kWarpWidth) * kRowsPerWarp;
 //      grid = min(ceil(rows / rows_per_cta), cap).
+//      Tunings (kWarpTuning, forced as Rust paths for side-by-side measurement; the dispatched
+//      kernel is 0): 0 "warp": evict-first loads (.cs). 1 "warp-nc": loads with L1::no_allocate
+//      and the default L2 policy. 2 "warp-v2": as 1, plus a register double buffer: before
+//      reducing iteration i, each lane group issues the loads of its rows of iteration i + 1
+//      (rows step = gridDim.x * rows_per_cta further; masked past the end), so a lane has its
+//      next rows in flight while it reduces and stores; the grid is one wave of resident CTAs
+//      (cap = resident CTAs), so every CTA runs several iterations. Costs kR * kC / kPack more
+//      words per lane (sm_90a: fp32 cols 128 32 registers as tuning 0; fp16 cols 128 56 vs 48;
+//      cols 1024 114-128 vs 72-83: 4 CTAs per SM instead of 6).
 //   1  CTA per row, row cached in shared memory: kBlockThreads (128..1024) threads,
 //      grid = min(rows, cap). Pass A streams the row from global once (batches of kUnroll = 4
 //      16-byte loads per thread), stores the inputs in shared memory as f32 and keeps a running
@@ -99,6 +108,9 @@
 //   5. grid-stride loop bounded per CTA instead of per warp: ptxas proves convergence at the
 //      shuffles and drops their non-converged fallbacks (and an 8-byte stack frame on sm_80):
 //      +1-4% on short rows (f16 cols 128: 90% -> 92%).
+//   6. tunings 1 and 2 (warp-nc, warp-v2) for the shapes still short (fp32 cols 128 at 0.90x
+//      torch, log_softmax fp32 cols 1024 at 0.98x): not yet measured; `tessera bench softmax`
+//      emits tessera-warp / tessera-warp-nc / tessera-warp-v2 rows on those shapes.
 //
 // Launch contract (the Rust side upholds it; see the static_asserts below):
 //   * kPack > 1 only when in and out are 16-byte aligned and in_stride, out_stride are multiples
@@ -107,7 +119,8 @@
 //     wider than 16 bytes (f16 in, f32 out) are stored as 16-byte pieces.
 //   * Path 0: kWarpWidth in {1, 2, 4, 8, 16, 32}; kColsPerThread a multiple of kPack, at most 32
 //     (any such value, not only powers of two); cols <= kWarpWidth * kColsPerThread;
-//     kRowsPerWarp in {1, 2}; kBlockThreads a multiple of 32 (128 is what was tuned).
+//     kRowsPerWarp in {1, 2}; kBlockThreads a multiple of 32 (128 is what was tuned);
+//     kWarpTuning in {0, 1, 2} (any grid is correct for each; 2 is meant for one wave).
 //   * Paths 1 and 2: kBlockThreads a multiple of 32 in [128, 1024]; path 1 needs the dynamic
 //     shared memory above.
 //   * scale_log2e finite and non-zero (path 0 picks max or min of the inputs by its sign).
@@ -133,6 +146,7 @@ constexpr int kPack = 8;
 constexpr int kColsPerThread = 8;
 constexpr int kRowsPerWarp = 1;
 constexpr int kWarpWidth = 32;
+constexpr int kWarpTuning = 0;
 #endif
 
 static_assert(kPath == 0 || kPath == 1 || kPath == 2, "kPath must be 0, 1 or 2");
@@ -146,6 +160,8 @@ static_assert(kPath != 0 || (ts::is_pow2(kWarpWidth) && kWarpWidth <= 32),
 static_assert(kPath != 0 || (kColsPerThread % kPack == 0 && kColsPerThread >= kPack && kColsPerThread <= 32),
               "kColsPerThread must be a multiple of kPack, at most 32");
 static_assert(kPath != 0 || kRowsPerWarp == 1 || kRowsPerWarp == 2, "kRowsPerWarp must be 1 or 2");
+static_assert(kWarpTuning >= 0 && kWarpTuning <= 2 && (kPath == 0 || kWarpTuning == 0),
+              "kWarpTuning: 0, 1 or 2, warp path only");
 static_assert(ts::is_same_v<InT, float> || ts::is_same_v<InT, ts::f16> || ts::is_same_v<InT, ts::bf16>,
               "InT must be float, ts::f16 or ts::bf16 (path 0 masks with the input type's infinity)");
 static_assert(ts::is_storage_type_v<OutT>, "unsupported OutT");
@@ -175,6 +191,13 @@ constexpr int kUnroll = 4;
 constexpr ts::CacheLoad kLoadOnce = ts::CacheLoad::kStreaming;
 constexpr ts::CacheLoad kLoadKeep = ts::CacheLoad::kNoAllocate;
 constexpr ts::CacheStore kStoreHint = ts::CacheStore::kDefault;
+/// Warp-path tunings (Rust: the "warp", "warp-nc" and "warp-v2" paths), for side-by-side
+/// measurement: 0 loads evict-first (.cs); 1 loads with L1::no_allocate and the default L2
+/// policy; 2 as 1, and each lane group also loads its rows of the next grid-stride iteration
+/// before reducing the current ones (a register double buffer; the Rust side then launches one
+/// wave of resident CTAs, so every CTA runs several iterations).
+constexpr ts::CacheLoad kWarpLoad = kWarpTuning == 0 ? kLoadOnce : ts::CacheLoad::kNoAllocate;
+constexpr bool kWarpPrefetch = kWarpTuning == 2;
 
 using InPack = ts::Pack<InT, kPack>;
 /// An InPack as 32-bit words (itself when smaller than a word): what path 0 keeps in registers.
@@ -264,12 +287,11 @@ TS_DEVICE void softmax_warp_rows(const SoftmaxParams& p) {
   // masked.
   constexpr long long kRowsPerCta = (long long)kWarps * kRowsPerWarpIter;
   const long long step = (long long)gridDim.x * kRowsPerCta;
-  for (long long cta_base = (long long)blockIdx.x * kRowsPerCta; cta_base < rows; cta_base += step) {
-    const long long row0 = cta_base + (long long)ts::warp_id() * kRowsPerWarpIter + (long long)group * kR;
+  const long long lane_row = (long long)ts::warp_id() * kRowsPerWarpIter + (long long)group * kR;
 
-    // ---- load: every access of the iteration first ----
-    // A pack straddling `cols` (only when cols % kPack != 0) is read element by element.
-    RawWords raw[kR][kSlots];
+  // Loads the kR rows from row0 into raw (rows >= rows and columns >= cols get the fill).
+  // A pack straddling `cols` (only when cols % kPack != 0) is read element by element.
+  auto load_rows = [&](long long row0, RawWords (&raw)[kR][kSlots]) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       const bool valid = row0 + r < rows;
@@ -280,18 +302,33 @@ TS_DEVICE void softmax_warp_rows(const SoftmaxParams& p) {
         // raw holds 32-bit words and is only assigned whole packs: element-typed registers
         // merged across these branches would cost one PRMT per 16-bit element.
         if (valid && c + kPack <= cols) {
-          raw[r][j] = ts::bit_cast<RawWords>(ts::load_pack<kPack, kLoadOnce>(src + c));
+          raw[r][j] = ts::bit_cast<RawWords>(ts::load_pack<kPack, kWarpLoad>(src + c));
         } else if (kPack > 1 && valid && c < cols) {
           InPack pk = fill_pack;
 #pragma unroll
           for (int k = 0; k < kPack; ++k) {
-            if (c + k < cols) pk[k] = ts::load_scalar<kLoadOnce>(src + c + k);
+            if (c + k < cols) pk[k] = ts::load_scalar<kWarpLoad>(src + c + k);
           }
           raw[r][j] = ts::bit_cast<RawWords>(pk);
         } else {
           raw[r][j] = fill_words;
         }
       }
+    }
+  };
+
+  RawWords raw[kR][kSlots];
+  if constexpr (kWarpPrefetch) load_rows((long long)blockIdx.x * kRowsPerCta + lane_row, raw);
+  for (long long cta_base = (long long)blockIdx.x * kRowsPerCta; cta_base < rows; cta_base += step) {
+    const long long row0 = cta_base + lane_row;
+
+    // ---- load: every access of the iteration first (with kWarpPrefetch: this iteration's rows
+    // are already in raw; the next iteration's loads are issued before any reduction) ----
+    [[maybe_unused]] RawWords next[kR][kSlots];
+    if constexpr (kWarpPrefetch) {
+      load_rows(row0 + step, next);
+    } else {
+      load_rows(row0, raw);
     }
     float x[kR][kC];
 #pragma unroll
@@ -367,6 +404,13 @@ TS_DEVICE void softmax_warp_rows(const SoftmaxParams& p) {
             if (c + k < cols) ts::store_scalar<kStoreHint>(dst + c + k, ts::from_float<OutT>(o[k]));
           }
         }
+      }
+    }
+    if constexpr (kWarpPrefetch) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+#pragma unroll
+        for (int j = 0; j < kSlots; ++j) raw[r][j] = next[r][j];
       }
     }
   }
