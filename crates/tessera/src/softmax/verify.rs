@@ -424,6 +424,16 @@ mod tests {
                 assert!(c.iter().any(|k| k.path == p && k.in_dtype == d && k.special_rows));
             }
         }
+        // The forced tunings: every dtype, special rows, in place; several iterations per CTA.
+        for p in [SoftmaxPath::WarpNc, SoftmaxPath::WarpV2, SoftmaxPath::ClusterPipe] {
+            for d in [DType::F32, DType::F16, DType::BF16] {
+                assert!(c.iter().any(|k| k.path == p && k.in_dtype == d && k.special_rows));
+            }
+        }
+        for p in [SoftmaxPath::WarpV2, SoftmaxPath::ClusterPipe] {
+            assert!(c.iter().any(|k| k.path == p && k.in_place));
+            assert!(c.iter().any(|k| k.path == p && k.rows > 64 && k.cols % 8 != 0));
+        }
         assert!(c.iter().any(|k| k.rows == 1 && k.cols == 1 << 24));
         assert!(c.iter().any(|k| k.rows == 1 << 20 && k.cols == 8));
         assert!(c.iter().any(|k| k.kind == SoftmaxKind::LogSoftmax));
