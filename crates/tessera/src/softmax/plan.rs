@@ -45,9 +45,11 @@ pub enum SoftmaxPath {
     /// [`SoftmaxPath::WarpPerRow`] with loads that skip L1 but keep the default L2 policy
     /// (`L1::no_allocate`) instead of evict-first (`.cs`). For measuring side by side.
     WarpNc,
-    /// [`SoftmaxPath::WarpNc`] plus a register double buffer: each lane group loads its rows of
-    /// the next grid-stride iteration before reducing the current ones, on a grid of one wave of
-    /// resident CTAs. For measuring side by side.
+    /// [`SoftmaxPath::WarpNc`] plus, for short rows (<= 32 input bytes per lane, e.g. 128
+    /// columns), a register double buffer: each lane group loads its rows of the next
+    /// grid-stride iteration before reducing the current ones; longer fp32 rows get an occupancy
+    /// floor of 7 CTAs per SM on sm_90 instead. One wave of resident CTAs. For measuring side
+    /// by side.
     WarpV2,
     /// [`SoftmaxPath::Cluster`] with the pipelined schedule: each thread refills the packs it
     /// has just stored with the next row's copies, so loads of row i+1 overlap stores of row i

@@ -51,13 +51,15 @@
 //      grid = min(ceil(rows / rows_per_cta), cap).
 //      Tunings (kWarpTuning, forced as Rust paths for side-by-side measurement; the dispatched
 //      kernel is 0): 0 "warp": evict-first loads (.cs). 1 "warp-nc": loads with L1::no_allocate
-//      and the default L2 policy. 2 "warp-v2": as 1, plus a register double buffer: before
-//      reducing iteration i, each lane group issues the loads of its rows of iteration i + 1
-//      (rows step = gridDim.x * rows_per_cta further; masked past the end), so a lane has its
-//      next rows in flight while it reduces and stores; the grid is one wave of resident CTAs
-//      (cap = resident CTAs), so every CTA runs several iterations. Costs kR * kC / kPack more
-//      words per lane (sm_90a: fp32 cols 128 32 registers as tuning 0; fp16 cols 128 56 vs 48;
-//      cols 1024 114-128 vs 72-83: 4 CTAs per SM instead of 6).
+//      and the default L2 policy. 2 "warp-v2": as 1, and for short rows (<= 32 input bytes per
+//      lane per iteration, e.g. 128 columns) a register double buffer: before reducing
+//      iteration i, each lane group issues the loads of its rows of iteration i + 1 (rows
+//      step = gridDim.x * rows_per_cta further; masked past the end), so a lane has its next
+//      rows in flight while it reduces and stores; the grid is one wave of resident CTAs (cap =
+//      resident CTAs), so every CTA runs several iterations (sm_90a registers: fp32 cols 128 32
+//      as tuning 0, fp16 cols 128 56 vs 48). Longer fp32 rows (> 64 bytes per lane) instead get
+//      an occupancy floor of 7 CTAs per SM on sm_90+ (72-register cap; fp32 cols 1024: 71-72
+//      registers vs 75-83, 7 CTAs per SM instead of 5-6).
 //   1  CTA per row, row cached in shared memory: kBlockThreads (128..1024) threads,
 //      grid = min(rows, cap). Pass A streams the row from global once (batches of kUnroll = 4
 //      16-byte loads per thread), stores the inputs in shared memory as f32 and keeps a running
@@ -193,11 +195,31 @@ constexpr ts::CacheLoad kLoadKeep = ts::CacheLoad::kNoAllocate;
 constexpr ts::CacheStore kStoreHint = ts::CacheStore::kDefault;
 /// Warp-path tunings (Rust: the "warp", "warp-nc" and "warp-v2" paths), for side-by-side
 /// measurement: 0 loads evict-first (.cs); 1 loads with L1::no_allocate and the default L2
-/// policy; 2 as 1, and each lane group also loads its rows of the next grid-stride iteration
-/// before reducing the current ones (a register double buffer; the Rust side then launches one
-/// wave of resident CTAs, so every CTA runs several iterations).
+/// policy; 2 as 1, and for rows of at most kMaxPrefetchBytes per lane each lane group also
+/// loads its rows of the next grid-stride iteration before reducing the current ones (a
+/// register double buffer; the Rust side then launches one wave of resident CTAs, so every CTA
+/// runs several iterations); longer rows get an occupancy floor instead (kWarpOccupancyFloor).
 constexpr ts::CacheLoad kWarpLoad = kWarpTuning == 0 ? kLoadOnce : ts::CacheLoad::kNoAllocate;
-constexpr bool kWarpPrefetch = kWarpTuning == 2;
+/// Input bytes per lane per iteration up to which tuning 2 prefetches (two 16-byte packs: short
+/// rows, where the second buffer costs 0-11 registers; the ladder's step 2 found a prefetch of
+/// 1024-column rows slower: 96 -> 128 registers).
+constexpr int kMaxPrefetchBytes = 32;
+constexpr bool kWarpPrefetch =
+    kWarpTuning == 2 && kRowsPerWarp * kColsPerThread * (int)sizeof(InT) <= kMaxPrefetchBytes;
+/// Tuning 2 without the prefetch, for rows of more than kFloorMinBytes input bytes per lane
+/// (fp32 rows of 513..1024 columns): CTAs of 128 threads per SM asked of ptxas, a 72-register
+/// cap (896 threads per SM; the heuristic gives fp32 1024-column rows 75-83 registers: 5-6
+/// CTAs; 16-bit rows stay at their 56-62). Only for 16-byte variants on sm_90+: a 64-register
+/// cap spilled 8-40 bytes on sm_90a (fp32 1024 columns), the 72-register cap 8 bytes on
+/// sm_80..89 (log_softmax fp32) and 8-52 bytes for scalar variants of 30-32 columns per lane.
+/// 0 = no floor (the heuristic).
+constexpr int kFloorMinBytes = 64;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kWarpOccupancyFloor =
+    kPack > 1 && kRowsPerWarp * kColsPerThread * (int)sizeof(InT) > kFloorMinBytes ? 7 : 0;
+#else
+constexpr int kWarpOccupancyFloor = 0;
+#endif
 
 using InPack = ts::Pack<InT, kPack>;
 /// An InPack as 32-bit words (itself when smaller than a word): what path 0 keeps in registers.
@@ -631,7 +653,11 @@ TS_DEVICE void softmax_block_uncached(const SoftmaxParams& p) {
 constexpr bool kWarpNeedsCap = sizeof(OutT) > sizeof(InT) ||
                               (kWarpWidth < 32 && kColsPerThread > kPack) ||
                               kRowsPerWarp * kColsPerThread > 32;
-constexpr int kMinBlocksPerSm = kPath != 0 ? 1024 / kBlockThreads : kWarpNeedsCap ? 1 : 0;
+constexpr bool kWarpFloor = kWarpTuning == 2 && !softmax::kWarpPrefetch && softmax::kWarpOccupancyFloor > 0;
+constexpr int kMinBlocksPerSm = kPath != 0   ? 1024 / kBlockThreads
+                                : kWarpFloor ? softmax::kWarpOccupancyFloor
+                                : kWarpNeedsCap ? 1
+                                                : 0;
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
     softmax_kernel(const __grid_constant__ SoftmaxParams p) {
