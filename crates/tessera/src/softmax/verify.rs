@@ -238,9 +238,15 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 special_rows: true,
             });
         }
-        // The prefetching warp path over many grid-stride iterations per CTA (one wave of CTAs):
-        // tiny rows, and rows of 1000 columns (odd row count: the last iteration is partial).
-        for (rows, cols, d) in [(1usize << 20, 8usize, DType::F16), ((1 << 14) + 1, 1000, DType::F32)] {
+        // warp-v2 over many grid-stride iterations per CTA (one wave of CTAs; odd row counts:
+        // the last iteration is partial): prefetching tiny and 127/128-column rows (vector and
+        // scalar), and 1000-column rows (occupancy floor, no prefetch).
+        for (rows, cols, d) in [
+            (1usize << 20, 8usize, DType::F16),
+            ((1 << 15) + 3, 128, DType::F32),
+            ((1 << 15) + 3, 127, DType::BF16),
+            ((1 << 14) + 1, 1000, DType::F32),
+        ] {
             out.push(Case {
                 rows,
                 cols,
