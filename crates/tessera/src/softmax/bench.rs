@@ -103,6 +103,41 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
                 }
             }
         }
+        for case in tuning_cases() {
+            if !out.contains(&case) {
+                out.push(case);
+            }
+        }
+    }
+    out
+}
+
+/// The shapes short of the targets, each with the dispatched kernel forced and every tuning
+/// measured against it (warp: `warp`, `warp-nc`, `warp-v2`; cluster: `cluster`,
+/// `cluster-pipe`), in both dtypes, so one run compares them side by side.
+pub fn tuning_cases() -> Vec<BenchCase> {
+    let warp = [SoftmaxPath::WarpPerRow, SoftmaxPath::WarpNc, SoftmaxPath::WarpV2];
+    let cluster = [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe];
+    let shapes: [(usize, usize, SoftmaxKind, &[SoftmaxPath]); 5] = [
+        (32768, 128, SoftmaxKind::Softmax, &warp),
+        (32768, 1024, SoftmaxKind::LogSoftmax, &warp),
+        (4096, 32768, SoftmaxKind::Softmax, &cluster),
+        (1024, 131072, SoftmaxKind::Softmax, &cluster),
+        (256, 262144, SoftmaxKind::Softmax, &cluster),
+    ];
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::F32] {
+        for &(rows, cols, kind, paths) in &shapes {
+            for &path in paths {
+                out.push(BenchCase {
+                    rows,
+                    cols,
+                    dtype,
+                    kind,
+                    path,
+                });
+            }
+        }
     }
     out
 }

@@ -5,6 +5,12 @@
 //! | [`SoftmaxPath::WarpPerRow`] | cols <= 1024 | 128 threads; `kWarpWidth` lanes per row, `kRowsPerWarp` rows at a time | registers |
 //! | [`SoftmaxPath::BlockCached`] | cols * 4 B fits the opt-in shared memory and a CTA fits on an SM | 128..1024 threads, one row at a time | shared memory (f32) |
 //! | [`SoftmaxPath::BlockUncached`] | anything longer | 1024 threads, one row at a time | nowhere: read twice |
+//! | [`SoftmaxPath::Cluster`] | rows over 32 KB whose cluster shares fit 64 KB (sm_90) | 512/1024 threads, 1..8 CTAs per row | shared memory (input dtype) |
+//!
+//! Forced only (tunings measured side by side against the dispatched kernel, see the bench):
+//! [`SoftmaxPath::WarpNc`] and [`SoftmaxPath::WarpV2`] (warp path with other load hints and a
+//! register prefetch of the next rows), [`SoftmaxPath::ClusterPipe`] (cluster path whose store
+//! pass refills the share with the next row).
 //!
 //! Every kernel grid-strides over rows, so the grid is capped at a number of waves of resident
 //! CTAs. Vector (16-byte) accesses are used when the row starts, strides and cols allow them;
@@ -36,6 +42,19 @@ pub enum SoftmaxPath {
     /// dtype (loaded with cp.async), exchanging max and sum through distributed shared memory.
     /// Needs 16-byte aligned rows; clusters of more than one CTA need sm_90.
     Cluster,
+    /// [`SoftmaxPath::WarpPerRow`] with loads that skip L1 but keep the default L2 policy
+    /// (`L1::no_allocate`) instead of evict-first (`.cs`). For measuring side by side.
+    WarpNc,
+    /// [`SoftmaxPath::WarpNc`] plus, for short rows (<= 32 input bytes per lane, e.g. 128
+    /// columns), a register double buffer: each lane group loads its rows of the next
+    /// grid-stride iteration before reducing the current ones; longer fp32 rows get an occupancy
+    /// floor of 7 CTAs per SM on sm_90 instead. One wave of resident CTAs. For measuring side
+    /// by side.
+    WarpV2,
+    /// [`SoftmaxPath::Cluster`] with the pipelined schedule: each thread refills the packs it
+    /// has just stored with the next row's copies, so loads of row i+1 overlap stores of row i
+    /// (same shared memory). Falls back to the plain schedule for unaligned calls.
+    ClusterPipe,
 }
 
 impl SoftmaxPath {
@@ -46,19 +65,49 @@ impl SoftmaxPath {
             SoftmaxPath::BlockCached => "block-smem",
             SoftmaxPath::BlockUncached => "block-uncached",
             SoftmaxPath::Cluster => "cluster",
+            SoftmaxPath::WarpNc => "warp-nc",
+            SoftmaxPath::WarpV2 => "warp-v2",
+            SoftmaxPath::ClusterPipe => "cluster-pipe",
         }
     }
+    /// Every path, `Auto` first.
+    pub const ALL: [SoftmaxPath; 8] = [
+        Self::Auto,
+        Self::WarpPerRow,
+        Self::BlockCached,
+        Self::BlockUncached,
+        Self::Cluster,
+        Self::WarpNc,
+        Self::WarpV2,
+        Self::ClusterPipe,
+    ];
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Auto, Self::WarpPerRow, Self::BlockCached, Self::BlockUncached]
-            .into_iter()
-            .find(|p| p.name() == s)
+        Self::ALL.into_iter().find(|p| p.name() == s)
+    }
+    /// A warp-per-row kernel (any tuning).
+    pub fn is_warp(self) -> bool {
+        matches!(self, Self::WarpPerRow | Self::WarpNc | Self::WarpV2)
+    }
+    /// A cluster kernel (`softmax_cluster.cu`, either schedule).
+    pub fn is_cluster(self) -> bool {
+        matches!(self, Self::Cluster | Self::ClusterPipe)
+    }
+    /// `kWarpTuning` of softmax.cu: 0 for every path but the warp tunings.
+    fn warp_tuning(self) -> u32 {
+        match self {
+            Self::WarpNc => 1,
+            Self::WarpV2 => 2,
+            _ => 0,
+        }
     }
     fn index(self) -> u32 {
         match self {
-            SoftmaxPath::WarpPerRow => 0,
+            SoftmaxPath::WarpPerRow | SoftmaxPath::WarpNc | SoftmaxPath::WarpV2 => 0,
             SoftmaxPath::BlockCached => 1,
             SoftmaxPath::BlockUncached => 2,
-            SoftmaxPath::Cluster | SoftmaxPath::Auto => unreachable!("not a softmax.cu path"),
+            SoftmaxPath::Cluster | SoftmaxPath::ClusterPipe | SoftmaxPath::Auto => {
+                unreachable!("not a softmax.cu path")
+            }
         }
     }
 }
@@ -85,6 +134,11 @@ fn cluster_threads(share_bytes: usize) -> u32 {
 }
 /// Waves of resident CTAs launched by a grid-striding kernel (enough for load balance).
 const GRID_WAVES: u32 = 32;
+/// Waves of the plain cluster path's grid.
+const CLUSTER_GRID_WAVES: u32 = 8;
+/// Waves of the prefetching paths ([`SoftmaxPath::WarpV2`], [`SoftmaxPath::ClusterPipe`]): one,
+/// so that every CTA runs several iterations and its prefetch has something to overlap.
+const PREFETCH_GRID_WAVES: u32 = 1;
 
 /// Compile-time specialisation of one kernel variant (the preamble of `softmax.cu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -109,29 +163,46 @@ pub struct Variant {
 }
 
 impl Variant {
+    /// Whether this variant runs the pipelined cluster schedule: it needs 16-byte copies, so
+    /// the scalar variant of [`SoftmaxPath::ClusterPipe`] is the plain one.
+    fn pipelined(&self) -> bool {
+        self.path == SoftmaxPath::ClusterPipe && self.pack > 1
+    }
+
     /// The kernel spec (name, preamble) of this variant.
     pub fn spec(&self) -> KernelSpec {
-        if self.path == SoftmaxPath::Cluster {
+        if self.path.is_cluster() {
             return self.cluster_spec();
         }
+        let path = if self.path.is_warp() {
+            SoftmaxPath::WarpPerRow
+        } else {
+            self.path
+        };
+        let tuning = self.path.warp_tuning();
         let name = format!(
-            "softmax_{}_{}_{}_{}_t{}_p{}_c{}_r{}_w{}",
+            "softmax_{}_{}_{}_{}_t{}_p{}_c{}_r{}_w{}{}",
             self.kind.name(),
             self.in_dtype,
             self.out_dtype,
-            self.path.name(),
+            path.name(),
             self.block_threads,
             self.pack,
             self.cols_per_thread,
             self.rows_per_warp,
-            self.warp_width
+            self.warp_width,
+            if tuning == 0 {
+                String::new()
+            } else {
+                format!("_v{tuning}")
+            }
         );
         let preamble = format!(
             "#include \"tessera/dtype.cuh\"\n\
              using InT = {};\nusing OutT = {};\n\
              constexpr bool kLogSoftmax = {};\nconstexpr int kPath = {};\nconstexpr int kBlockThreads = {};\n\
              constexpr int kPack = {};\nconstexpr int kColsPerThread = {};\nconstexpr int kRowsPerWarp = {};\n\
-             constexpr int kWarpWidth = {};\n#define TS_GENERATED_PREAMBLE 1\n",
+             constexpr int kWarpWidth = {};\nconstexpr int kWarpTuning = {};\n#define TS_GENERATED_PREAMBLE 1\n",
             self.in_dtype.cuda_type(),
             self.out_dtype.cuda_type(),
             self.kind == SoftmaxKind::LogSoftmax,
@@ -140,7 +211,8 @@ impl Variant {
             self.pack,
             self.cols_per_thread,
             self.rows_per_warp,
-            self.warp_width
+            self.warp_width,
+            tuning
         );
         KernelSpec {
             name,
@@ -153,27 +225,29 @@ impl Variant {
 
     fn cluster_spec(&self) -> KernelSpec {
         let name = format!(
-            "softmax_{}_{}_{}_cluster_t{}_p{}_o{}_k{}",
+            "softmax_{}_{}_{}_cluster_t{}_p{}_o{}_k{}{}",
             self.kind.name(),
             self.in_dtype,
             self.out_dtype,
             self.block_threads,
             self.pack,
             self.out_pack,
-            self.cluster
+            self.cluster,
+            if self.pipelined() { "_pipe" } else { "" }
         );
         let preamble = format!(
             "#include \"tessera/dtype.cuh\"\n\
              using InT = {};\nusing OutT = {};\nconstexpr bool kLogSoftmax = {};\n\
              constexpr int kBlockThreads = {};\nconstexpr int kPack = {};\nconstexpr int kOutPack = {};\n\
-             constexpr int kCluster = {};\n#define TS_GENERATED_PREAMBLE 1\n",
+             constexpr int kCluster = {};\nconstexpr bool kPipeline = {};\n#define TS_GENERATED_PREAMBLE 1\n",
             self.in_dtype.cuda_type(),
             self.out_dtype.cuda_type(),
             self.kind == SoftmaxKind::LogSoftmax,
             self.block_threads,
             self.pack,
             self.out_pack,
-            self.cluster
+            self.cluster,
+            self.pipelined()
         );
         KernelSpec {
             name,
@@ -186,9 +260,10 @@ impl Variant {
 
     /// Rows one CTA handles at a time.
     fn rows_per_cta(&self) -> u32 {
-        match self.path {
-            SoftmaxPath::WarpPerRow => (self.block_threads / self.warp_width) * self.rows_per_warp,
-            _ => 1,
+        if self.path.is_warp() {
+            (self.block_threads / self.warp_width) * self.rows_per_warp
+        } else {
+            1
         }
     }
 }
@@ -332,7 +407,7 @@ impl SoftmaxPlan {
             }
             SoftmaxPath::Auto if fits_smem => SoftmaxPath::BlockCached,
             SoftmaxPath::Auto => SoftmaxPath::BlockUncached,
-            SoftmaxPath::WarpPerRow if shape.cols > WARP_MAX_COLS => {
+            p if p.is_warp() && shape.cols > WARP_MAX_COLS => {
                 return Err(Error::Unsupported(format!(
                     "the warp-per-row path holds at most {WARP_MAX_COLS} columns, got {}",
                     shape.cols
@@ -344,7 +419,7 @@ impl SoftmaxPlan {
                     shape.cols, info.max_shared_per_block_optin
                 )))
             }
-            SoftmaxPath::Cluster if !cluster_ok => {
+            p if p.is_cluster() && !cluster_ok => {
                 return Err(Error::Unsupported(format!(
                     "the cluster path needs row strides that are multiples of 16 bytes and a row that {} CTAs \
                      can hold in shared memory; got {} columns with strides {}/{}",
@@ -372,7 +447,7 @@ impl SoftmaxPlan {
                 shape.cols
             ))
         })?;
-        let vector = if pack > 1 || plan_path == SoftmaxPath::Cluster {
+        let vector = if pack > 1 || plan_path.is_cluster() {
             build_variant(ctx, shape, opts.kind, plan_path, pack.max(2))?
         } else {
             None
@@ -479,7 +554,7 @@ impl SoftmaxPlan {
             scale_log2e: self.opts.scale * std::f32::consts::LOG2_E,
             scale: self.opts.scale,
         };
-        if l.variant.path == SoftmaxPath::Cluster {
+        if l.variant.path.is_cluster() {
             let cp = SoftmaxClusterParams {
                 base: params,
                 chunk: l.chunk as i64,
@@ -576,7 +651,14 @@ fn build_cluster(
     if resident == 0 {
         return Ok(None);
     }
-    let clusters = (shape.rows as u64).min(resident as u64 * 8).max(1) as u32;
+    // The pipelined schedule refills a cluster's shares across its rows: one wave of resident
+    // clusters, each running several rows. The plain one lets the hardware schedule waves.
+    let waves = if variant.pipelined() {
+        PREFETCH_GRID_WAVES
+    } else {
+        CLUSTER_GRID_WAVES
+    };
+    let clusters = (shape.rows as u64).min(resident as u64 * waves as u64).max(1) as u32;
     Ok(Some(Launchable {
         variant,
         kernel,
@@ -608,7 +690,7 @@ fn build_variant(
         out_pack: 1,
     };
     let (threads, smem) = match path {
-        SoftmaxPath::WarpPerRow => {
+        p if p.is_warp() => {
             let (cpt, width, rpw) = warp_shape(shape.cols, pack);
             variant.cols_per_thread = cpt;
             variant.warp_width = width;
@@ -623,8 +705,8 @@ fn build_variant(
             }
         }
         SoftmaxPath::BlockUncached => (UNCACHED_THREADS, 0),
-        SoftmaxPath::Cluster => return build_cluster(ctx, shape, variant, pack > 1),
-        SoftmaxPath::Auto => unreachable!("resolved by the plan"),
+        p if p.is_cluster() => return build_cluster(ctx, shape, variant, pack > 1),
+        _ => unreachable!("resolved by the plan"),
     };
     variant.block_threads = threads;
     let kernel = ctx.kernel(&variant.spec())?;
@@ -633,7 +715,12 @@ fn build_variant(
         return Ok(None);
     }
     let needed = (shape.rows as u64).div_ceil(variant.rows_per_cta() as u64);
-    let cap = sm as u64 * per_sm as u64 * GRID_WAVES as u64;
+    let waves = if path == SoftmaxPath::WarpV2 {
+        PREFETCH_GRID_WAVES
+    } else {
+        GRID_WAVES
+    };
+    let cap = sm as u64 * per_sm as u64 * waves as u64;
     let grid = needed.min(cap).max(1) as u32;
     Ok(Some(Launchable {
         variant,
@@ -661,6 +748,9 @@ fn best_cached_block(ctx: &Context, base: &Variant, smem: u32) -> Result<Option<
     }
     Ok(best.map(|(_, t)| t))
 }
+
+/// The warp-per-row kernels: the dispatched one and the tunings measured against it.
+const WARP_PATHS: [SoftmaxPath; 3] = [SoftmaxPath::WarpPerRow, SoftmaxPath::WarpNc, SoftmaxPath::WarpV2];
 
 /// Every variant the dispatcher can produce on `arch` (clusters of several CTAs only on sm_90+)
 /// for same-dtype softmax, plus every dtype pairing and kind on each path: what CI compiles.
@@ -696,18 +786,13 @@ pub fn ci_variants() -> Vec<Variant> {
             shapes.sort();
             shapes.dedup();
             for (cpt, width, rpw) in shapes {
-                let mut v = base(
-                    d,
-                    d,
-                    SoftmaxKind::Softmax,
-                    SoftmaxPath::WarpPerRow,
-                    WARP_PATH_THREADS,
-                    pack,
-                );
-                v.cols_per_thread = cpt;
-                v.warp_width = width;
-                v.rows_per_warp = rpw;
-                out.push(v);
+                for path in WARP_PATHS {
+                    let mut v = base(d, d, SoftmaxKind::Softmax, path, WARP_PATH_THREADS, pack);
+                    v.cols_per_thread = cpt;
+                    v.warp_width = width;
+                    v.rows_per_warp = rpw;
+                    out.push(v);
+                }
             }
         }
         for threads in [128, 256, 512, 1024] {
@@ -738,10 +823,14 @@ pub fn ci_variants() -> Vec<Variant> {
         for &o in &dtypes {
             for kind in [SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax] {
                 let pack = pack_of(i).min(pack_of(o));
-                let mut w = base(i, o, kind, SoftmaxPath::WarpPerRow, WARP_PATH_THREADS, pack);
-                let (cpt, width, rpw) = warp_shape(1000, pack);
-                (w.cols_per_thread, w.warp_width, w.rows_per_warp) = (cpt, width, rpw);
-                out.push(w);
+                for path in WARP_PATHS {
+                    for cols in [128, 1000] {
+                        let mut w = base(i, o, kind, path, WARP_PATH_THREADS, pack);
+                        let (cpt, width, rpw) = warp_shape(cols, pack);
+                        (w.cols_per_thread, w.warp_width, w.rows_per_warp) = (cpt, width, rpw);
+                        out.push(w);
+                    }
+                }
                 for threads in [128, 256, 512, 1024] {
                     // The plan queries the occupancy of every block size of the cached path.
                     out.push(base(i, o, kind, SoftmaxPath::BlockCached, threads, pack));
@@ -755,26 +844,36 @@ pub fn ci_variants() -> Vec<Variant> {
     for &d in &dtypes {
         for cluster in [1, 2, 4, 8] {
             for (pack, threads) in [(pack_of(d), 512), (pack_of(d), 1024), (1, 512)] {
-                let mut v = base(d, d, SoftmaxKind::Softmax, SoftmaxPath::Cluster, threads, pack);
-                v.cluster = cluster;
-                v.out_pack = pack;
-                v.cols_per_thread = 1;
-                out.push(v);
+                for path in [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe] {
+                    let mut v = base(d, d, SoftmaxKind::Softmax, path, threads, pack);
+                    v.cluster = cluster;
+                    v.out_pack = pack;
+                    v.cols_per_thread = 1;
+                    out.push(v);
+                }
             }
+            // Rows whose output stride is not a multiple of the pack: scalar stores.
+            let mut v = base(d, d, SoftmaxKind::Softmax, SoftmaxPath::ClusterPipe, 512, pack_of(d));
+            v.cluster = cluster;
+            v.cols_per_thread = 1;
+            out.push(v);
         }
     }
     for &i in &dtypes {
         for &o in &dtypes {
             for kind in [SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax] {
-                let mut v = base(i, o, kind, SoftmaxPath::Cluster, 512, pack_of(i));
-                v.cluster = 4;
-                v.out_pack = pack_of(o);
-                v.cols_per_thread = 1;
-                out.push(v);
+                for path in [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe] {
+                    let mut v = base(i, o, kind, path, 512, pack_of(i));
+                    v.cluster = 4;
+                    v.out_pack = pack_of(o);
+                    v.cols_per_thread = 1;
+                    out.push(v);
+                }
             }
         }
     }
+    // The scalar variant of the pipelined cluster path is the plain one: one entry per kernel.
     out.sort_by_key(|v| v.spec().name);
-    out.dedup();
+    out.dedup_by_key(|v| v.spec().name);
     out
 }

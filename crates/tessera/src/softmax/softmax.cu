@@ -49,6 +49,17 @@
 //      CTA = kBlockThreads (128) threads; rows per CTA iteration
 //      rows_per_cta = (kBlockThreads / kWarpWidth) * kRowsPerWarp;
 //      grid = min(ceil(rows / rows_per_cta), cap).
+//      Tunings (kWarpTuning, forced as Rust paths for side-by-side measurement; the dispatched
+//      kernel is 0): 0 "warp": evict-first loads (.cs). 1 "warp-nc": loads with L1::no_allocate
+//      and the default L2 policy. 2 "warp-v2": as 1, and for short rows (<= 32 input bytes per
+//      lane per iteration, e.g. 128 columns) a register double buffer: before reducing
+//      iteration i, each lane group issues the loads of its rows of iteration i + 1 (rows
+//      step = gridDim.x * rows_per_cta further; masked past the end), so a lane has its next
+//      rows in flight while it reduces and stores; the grid is one wave of resident CTAs (cap =
+//      resident CTAs), so every CTA runs several iterations (sm_90a registers: fp32 cols 128 32
+//      as tuning 0, fp16 cols 128 56 vs 48). Longer fp32 rows (> 64 bytes per lane) instead get
+//      an occupancy floor of 7 CTAs per SM on sm_90+ (72-register cap; fp32 cols 1024: 71-72
+//      registers vs 75-83, 7 CTAs per SM instead of 5-6).
 //   1  CTA per row, row cached in shared memory: kBlockThreads (128..1024) threads,
 //      grid = min(rows, cap). Pass A streams the row from global once (batches of kUnroll = 4
 //      16-byte loads per thread), stores the inputs in shared memory as f32 and keeps a running
@@ -99,6 +110,9 @@
 //   5. grid-stride loop bounded per CTA instead of per warp: ptxas proves convergence at the
 //      shuffles and drops their non-converged fallbacks (and an 8-byte stack frame on sm_80):
 //      +1-4% on short rows (f16 cols 128: 90% -> 92%).
+//   6. tunings 1 and 2 (warp-nc, warp-v2) for the shapes still short (fp32 cols 128 at 0.90x
+//      torch, log_softmax fp32 cols 1024 at 0.98x): not yet measured; `tessera bench softmax`
+//      emits tessera-warp / tessera-warp-nc / tessera-warp-v2 rows on those shapes.
 //
 // Launch contract (the Rust side upholds it; see the static_asserts below):
 //   * kPack > 1 only when in and out are 16-byte aligned and in_stride, out_stride are multiples
@@ -107,7 +121,8 @@
 //     wider than 16 bytes (f16 in, f32 out) are stored as 16-byte pieces.
 //   * Path 0: kWarpWidth in {1, 2, 4, 8, 16, 32}; kColsPerThread a multiple of kPack, at most 32
 //     (any such value, not only powers of two); cols <= kWarpWidth * kColsPerThread;
-//     kRowsPerWarp in {1, 2}; kBlockThreads a multiple of 32 (128 is what was tuned).
+//     kRowsPerWarp in {1, 2}; kBlockThreads a multiple of 32 (128 is what was tuned);
+//     kWarpTuning in {0, 1, 2} (any grid is correct for each; 2 is meant for one wave).
 //   * Paths 1 and 2: kBlockThreads a multiple of 32 in [128, 1024]; path 1 needs the dynamic
 //     shared memory above.
 //   * scale_log2e finite and non-zero (path 0 picks max or min of the inputs by its sign).
@@ -133,6 +148,7 @@ constexpr int kPack = 8;
 constexpr int kColsPerThread = 8;
 constexpr int kRowsPerWarp = 1;
 constexpr int kWarpWidth = 32;
+constexpr int kWarpTuning = 0;
 #endif
 
 static_assert(kPath == 0 || kPath == 1 || kPath == 2, "kPath must be 0, 1 or 2");
@@ -146,6 +162,8 @@ static_assert(kPath != 0 || (ts::is_pow2(kWarpWidth) && kWarpWidth <= 32),
 static_assert(kPath != 0 || (kColsPerThread % kPack == 0 && kColsPerThread >= kPack && kColsPerThread <= 32),
               "kColsPerThread must be a multiple of kPack, at most 32");
 static_assert(kPath != 0 || kRowsPerWarp == 1 || kRowsPerWarp == 2, "kRowsPerWarp must be 1 or 2");
+static_assert(kWarpTuning >= 0 && kWarpTuning <= 2 && (kPath == 0 || kWarpTuning == 0),
+              "kWarpTuning: 0, 1 or 2, warp path only");
 static_assert(ts::is_same_v<InT, float> || ts::is_same_v<InT, ts::f16> || ts::is_same_v<InT, ts::bf16>,
               "InT must be float, ts::f16 or ts::bf16 (path 0 masks with the input type's infinity)");
 static_assert(ts::is_storage_type_v<OutT>, "unsupported OutT");
@@ -175,6 +193,33 @@ constexpr int kUnroll = 4;
 constexpr ts::CacheLoad kLoadOnce = ts::CacheLoad::kStreaming;
 constexpr ts::CacheLoad kLoadKeep = ts::CacheLoad::kNoAllocate;
 constexpr ts::CacheStore kStoreHint = ts::CacheStore::kDefault;
+/// Warp-path tunings (Rust: the "warp", "warp-nc" and "warp-v2" paths), for side-by-side
+/// measurement: 0 loads evict-first (.cs); 1 loads with L1::no_allocate and the default L2
+/// policy; 2 as 1, and for rows of at most kMaxPrefetchBytes per lane each lane group also
+/// loads its rows of the next grid-stride iteration before reducing the current ones (a
+/// register double buffer; the Rust side then launches one wave of resident CTAs, so every CTA
+/// runs several iterations); longer rows get an occupancy floor instead (kWarpOccupancyFloor).
+constexpr ts::CacheLoad kWarpLoad = kWarpTuning == 0 ? kLoadOnce : ts::CacheLoad::kNoAllocate;
+/// Input bytes per lane per iteration up to which tuning 2 prefetches (two 16-byte packs: short
+/// rows, where the second buffer costs 0-11 registers; the ladder's step 2 found a prefetch of
+/// 1024-column rows slower: 96 -> 128 registers).
+constexpr int kMaxPrefetchBytes = 32;
+constexpr bool kWarpPrefetch =
+    kWarpTuning == 2 && kRowsPerWarp * kColsPerThread * (int)sizeof(InT) <= kMaxPrefetchBytes;
+/// Tuning 2 without the prefetch, for rows of more than kFloorMinBytes input bytes per lane
+/// (fp32 rows of 513..1024 columns): CTAs of 128 threads per SM asked of ptxas, a 72-register
+/// cap (896 threads per SM; the heuristic gives fp32 1024-column rows 75-83 registers: 5-6
+/// CTAs; 16-bit rows stay at their 56-62). Only for 16-byte variants on sm_90+: a 64-register
+/// cap spilled 8-40 bytes on sm_90a (fp32 1024 columns), the 72-register cap 8 bytes on
+/// sm_80..89 (log_softmax fp32) and 8-52 bytes for scalar variants of 30-32 columns per lane.
+/// 0 = no floor (the heuristic).
+constexpr int kFloorMinBytes = 64;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kWarpOccupancyFloor =
+    kPack > 1 && kRowsPerWarp * kColsPerThread * (int)sizeof(InT) > kFloorMinBytes ? 7 : 0;
+#else
+constexpr int kWarpOccupancyFloor = 0;
+#endif
 
 using InPack = ts::Pack<InT, kPack>;
 /// An InPack as 32-bit words (itself when smaller than a word): what path 0 keeps in registers.
@@ -264,12 +309,11 @@ TS_DEVICE void softmax_warp_rows(const SoftmaxParams& p) {
   // masked.
   constexpr long long kRowsPerCta = (long long)kWarps * kRowsPerWarpIter;
   const long long step = (long long)gridDim.x * kRowsPerCta;
-  for (long long cta_base = (long long)blockIdx.x * kRowsPerCta; cta_base < rows; cta_base += step) {
-    const long long row0 = cta_base + (long long)ts::warp_id() * kRowsPerWarpIter + (long long)group * kR;
+  const long long lane_row = (long long)ts::warp_id() * kRowsPerWarpIter + (long long)group * kR;
 
-    // ---- load: every access of the iteration first ----
-    // A pack straddling `cols` (only when cols % kPack != 0) is read element by element.
-    RawWords raw[kR][kSlots];
+  // Loads the kR rows from row0 into raw (rows >= rows and columns >= cols get the fill).
+  // A pack straddling `cols` (only when cols % kPack != 0) is read element by element.
+  auto load_rows = [&](long long row0, RawWords (&raw)[kR][kSlots]) {
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       const bool valid = row0 + r < rows;
@@ -280,18 +324,33 @@ TS_DEVICE void softmax_warp_rows(const SoftmaxParams& p) {
         // raw holds 32-bit words and is only assigned whole packs: element-typed registers
         // merged across these branches would cost one PRMT per 16-bit element.
         if (valid && c + kPack <= cols) {
-          raw[r][j] = ts::bit_cast<RawWords>(ts::load_pack<kPack, kLoadOnce>(src + c));
+          raw[r][j] = ts::bit_cast<RawWords>(ts::load_pack<kPack, kWarpLoad>(src + c));
         } else if (kPack > 1 && valid && c < cols) {
           InPack pk = fill_pack;
 #pragma unroll
           for (int k = 0; k < kPack; ++k) {
-            if (c + k < cols) pk[k] = ts::load_scalar<kLoadOnce>(src + c + k);
+            if (c + k < cols) pk[k] = ts::load_scalar<kWarpLoad>(src + c + k);
           }
           raw[r][j] = ts::bit_cast<RawWords>(pk);
         } else {
           raw[r][j] = fill_words;
         }
       }
+    }
+  };
+
+  RawWords raw[kR][kSlots];
+  if constexpr (kWarpPrefetch) load_rows((long long)blockIdx.x * kRowsPerCta + lane_row, raw);
+  for (long long cta_base = (long long)blockIdx.x * kRowsPerCta; cta_base < rows; cta_base += step) {
+    const long long row0 = cta_base + lane_row;
+
+    // ---- load: every access of the iteration first (with kWarpPrefetch: this iteration's rows
+    // are already in raw; the next iteration's loads are issued before any reduction) ----
+    [[maybe_unused]] RawWords next[kR][kSlots];
+    if constexpr (kWarpPrefetch) {
+      load_rows(row0 + step, next);
+    } else {
+      load_rows(row0, raw);
     }
     float x[kR][kC];
 #pragma unroll
@@ -367,6 +426,13 @@ TS_DEVICE void softmax_warp_rows(const SoftmaxParams& p) {
             if (c + k < cols) ts::store_scalar<kStoreHint>(dst + c + k, ts::from_float<OutT>(o[k]));
           }
         }
+      }
+    }
+    if constexpr (kWarpPrefetch) {
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+#pragma unroll
+        for (int j = 0; j < kSlots; ++j) raw[r][j] = next[r][j];
       }
     }
   }
@@ -587,7 +653,11 @@ TS_DEVICE void softmax_block_uncached(const SoftmaxParams& p) {
 constexpr bool kWarpNeedsCap = sizeof(OutT) > sizeof(InT) ||
                               (kWarpWidth < 32 && kColsPerThread > kPack) ||
                               kRowsPerWarp * kColsPerThread > 32;
-constexpr int kMinBlocksPerSm = kPath != 0 ? 1024 / kBlockThreads : kWarpNeedsCap ? 1 : 0;
+constexpr bool kWarpFloor = kWarpTuning == 2 && !softmax::kWarpPrefetch && softmax::kWarpOccupancyFloor > 0;
+constexpr int kMinBlocksPerSm = kPath != 0   ? 1024 / kBlockThreads
+                                : kWarpFloor ? softmax::kWarpOccupancyFloor
+                                : kWarpNeedsCap ? 1
+                                                : 0;
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
     softmax_kernel(const __grid_constant__ SoftmaxParams p) {

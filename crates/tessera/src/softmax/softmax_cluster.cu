@@ -17,18 +17,21 @@
 //
 // Mapping. grid = kCluster * clusters CTAs of kBlockThreads threads; cluster c handles rows c,
 // c + clusters, ... (every CTA of a cluster runs the same rows, so they reach each cluster_sync
-// together). Thread t of a CTA handles packs t, t + kBlockThreads, ... of the CTA's share, with
-// the same mapping in every pass (each thread reads back only what it copied itself... except
-// after the barrier, where any thread may read any element: the passes over shared memory
-// follow __syncthreads).
+// together). Plain schedule: thread t of a CTA copies packs t, t + kBlockThreads, ... of the
+// CTA's share, and after a __syncthreads the passes over shared memory read elements t,
+// t + kBlockThreads, ... (any thread may read any element). Pipelined schedule: packs t,
+// t + kBlockThreads, ... in every pass (below).
 //
-// Shared memory (dynamic): round_up(chunk * sizeof(InT), 16) bytes for the share, then
-// 2 * kCluster floats of exchange slots are static. Per row: 2 cluster barriers (after
-// publishing the extreme, after publishing the sum) plus one __syncthreads before the next row's
-// copies overwrite the share. One final cluster barrier keeps every CTA's shared memory alive
-// until the others have read it.
+// Shared memory (dynamic): round_up(chunk * sizeof(InT), 16) bytes for the share (both
+// schedules); static: the exchange slots (2 floats) and 2 * kBlockThreads / 32 floats of block
+// reduction. Per row: 2 cluster barriers (after publishing the extreme, after publishing the
+// sum); the plain schedule adds a __syncthreads before the next row's copies overwrite the
+// share. One final cluster barrier keeps every CTA's shared memory alive until the others have
+// read it.
 //
 // Launch contract (Rust: softmax/plan.rs):
+//   * kPipeline: any grid is correct; the Rust side launches one wave of resident clusters for
+//     it (each cluster runs several rows), eight for the plain schedule.
 //   * kPack = 16 / sizeof(InT) requires in 16-byte aligned and in_stride a multiple of kPack
 //     (then every share starts 16-byte aligned); kPack = 1 takes scalar loads. Output stores are
 //     scalar or packed by the same rule on out/out_stride (kOutPack).
@@ -38,6 +41,20 @@
 //
 // Roofline: memory-bound; bytes = rows * cols * (sizeof(InT) + sizeof(OutT)), read and written
 // once. Target: >= 90% of the device copy bandwidth.
+//
+// Pipelined variant (kPipeline, Rust path "cluster-pipe"; needs kPack > 1, else it is the plain
+// variant). The plain variant alternates, per CTA, a load phase (all copies of the share in
+// flight, then wait) and a store phase, and measured 61-80% of copy on 1024 x 131072 and
+// 256 x 262144 (bench/NOTES.md): with 1-3 CTAs per SM and waves of 16-48 clusters, HBM idles
+// in one direction most of the time. Here every thread owns the same packs of the share in every
+// pass (pack q = tid + k * kBlockThreads, the tail element tid): the copy, the extreme and sum
+// passes (16-byte shared-memory reads) and the store pass. Ownership makes the per-row
+// __syncthreads unnecessary (a thread's cp.async.wait_group makes its own copies visible to it),
+// and lets the store pass refill each pack with the next row's copy as soon as the pack has been
+// read and its outputs stored: the next row's loads overlap this row's stores, with no extra
+// shared memory (a ring of one share). Write-after-read on a pack stays inside one thread: the
+// ld.shared is program-ordered before the cp.async (asm volatile with a memory clobber), and
+// the global store that consumes the loaded value is issued before the copy.
 
 #include "tessera/common.cuh"
 #include "tessera/dtype.cuh"
@@ -56,6 +73,7 @@ constexpr int kBlockThreads = 512;
 constexpr int kPack = 8;
 constexpr int kOutPack = 8;
 constexpr int kCluster = 8;
+constexpr bool kPipeline = true;
 #endif
 
 static_assert(kBlockThreads % 32 == 0 && kBlockThreads >= 64 && kBlockThreads <= 1024, "kBlockThreads");
@@ -83,6 +101,9 @@ static_assert(sizeof(SoftmaxClusterParams) == 64, "mirror of the Rust struct");
 namespace softmax_cluster {
 
 constexpr int kWarps = kBlockThreads / ts::kWarpSize;
+/// The pipelined schedule needs 16-byte copies (cp.async); scalar variants use the plain one.
+constexpr bool kPipe = kPipeline && kPack > 1;
+using InPack = ts::Pack<InT, kPack>;
 /// Outputs are 2^(d + 1) * (0.5 / sum): ex2.approx.ftz flushes below 2^-126, the +1 keeps every
 /// output >= 2^-127 (see softmax.cu).
 constexpr float kProbBias = 1.0f;
@@ -115,21 +136,36 @@ struct Extreme {
   TS_DEVICE float operator()(float a, float b) const { return positive ? ts::max_nan(a, b) : ts::min_nan(a, b); }
 };
 
+/// The row's output coefficient once m and the sum are known: softmax 2^-kProbBias / sum,
+/// log_softmax -ln(sum); 0 for an all -inf row (sum 0), NaN for a NaN row.
+TS_DEVICE float row_coef(float m, float sum) {
+  float coef;
+  if constexpr (kLogSoftmax) {
+    coef = sum == 0.0f ? 0.0f : -logf(sum);
+  } else {
+    coef = sum == 0.0f ? 0.0f : 0.5f * ts::fast_rcp(sum);
+  }
+  return ts::is_nan(m) ? m : coef;
+}
+
+/// One output from its input x.
+TS_DEVICE float finish(float x, float s, float neg_shift, float coef) {
+  const float d = ts::shifted_fma(x, s, neg_shift);
+  if constexpr (kLogSoftmax) {
+    return fmaf(d, ts::kLn2, coef);
+  } else {
+    return ts::exp2_approx(d + kProbBias) * coef;
+  }
+}
+
+/// One cluster's rows. Two schedules (see the header): plain (kPipe false) and pipelined.
 TS_DEVICE void rows(const SoftmaxClusterParams& p) {
   __shared__ float red_ext[kWarps];
   __shared__ float red_sum[kWarps];
-  __shared__ float slot_ext;
-  __shared__ float slot_sum;
+  __shared__ float slots[2];                  // cluster exchange: the extreme, the sum
+  float* const slot_ext = &slots[0];
+  float* const slot_sum = &slots[1];
   InT* share = ts::dynamic_smem<InT>();
-
-  const InT* in = static_cast<const InT*>(p.in);
-  OutT* out = static_cast<OutT*>(p.out);
-  const int cols = (int)p.cols;
-  const int chunk = (int)p.chunk;
-  const float s = p.scale_log2e;
-  const Extreme ext_op{s > 0.0f};
-  const int tid = threadIdx.x;
-
 #if defined(TS_HAS_CLUSTERS)
   const int rank = kCluster > 1 ? (int)ts::cluster_rank() : 0;
   const long long cluster = kCluster > 1 ? (long long)ts::cluster_index_x() : (long long)blockIdx.x;
@@ -139,71 +175,134 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
   const long long cluster = blockIdx.x;
   const long long clusters = gridDim.x;
 #endif
+  const InT* in = static_cast<const InT*>(p.in);
+  OutT* out = static_cast<OutT*>(p.out);
+  const int cols = (int)p.cols;
+  const int chunk = (int)p.chunk;
+  const float s = p.scale_log2e;
+  const Extreme ext_op{s > 0.0f};
+  const int tid = threadIdx.x;
   const int c0 = rank * chunk;                               // first column of this CTA's share
   const int n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;  // its length (may be 0)
   const int packs = n / kPack;                                // full packs (n % kPack only at the row end)
 
-  for (long long row = cluster; row < p.rows; row += clusters) {
-    const InT* src = in + row * p.in_stride + c0;
-    OutT* dst = out + row * p.out_stride + c0;
+  if constexpr (kPipe) {
+    // ---- pipelined: every pass over this thread's own packs; the store pass refills them ----
+    const int tail = packs * kPack + tid;   // this thread's tail element (n - packs * kPack < kPack)
+    const bool has_tail = tail < n;
+    const InPack* spk = reinterpret_cast<const InPack*>(share);
 
-    // ---- copy the share to shared memory: every copy in flight before the first wait ----
-    __syncthreads();  // the previous row's reads of the share are done
-    if constexpr (kPack > 1) {
+    // Prologue: the first row's copies.
+    if (cluster < p.rows) {
+      const InT* src = in + cluster * p.in_stride + c0;
       for (int q = tid; q < packs; q += kBlockThreads) ts::cp_async_16(share + q * kPack, src + q * kPack);
       ts::cp_async_commit();
-      for (int i = packs * kPack + tid; i < n; i += kBlockThreads) share[i] = ts::load_scalar(src + i);
-      ts::cp_async_wait_all();
-    } else {
-      for (int i = tid; i < n; i += kBlockThreads) share[i] = ts::load_scalar<ts::CacheLoad::kStreaming>(src + i);
+      if (has_tail) share[tail] = ts::load_scalar(src + tail);
     }
-    __syncthreads();
 
-    // ---- extreme of x over the share, the CTA, the cluster ----
-    float e = ext_op.identity();
-    for (int i = tid; i < n; i += kBlockThreads) e = ext_op(e, ts::to_float(share[i]));
-    e = ts::block_allreduce<kBlockThreads>(e, ext_op, ext_op.identity(), red_ext);
-    e = cluster_combine(e, &slot_ext, ext_op);
-    const float m = __fmul_rn(e, s);                         // = max_j round(x_j * s)
-    const float neg_shift = -ts::softmax_shift(m);
+    for (long long row = cluster; row < p.rows; row += clusters) {
+      OutT* dst = out + row * p.out_stride + c0;
+      ts::cp_async_wait_all();  // this thread's packs of the row have landed (only it reads them)
 
-    // ---- sum of 2^d over the share, the CTA, the cluster ----
-    float sum = 0.0f;
-    for (int i = tid; i < n; i += kBlockThreads) sum += ts::exp2_approx(ts::shifted_fma(ts::to_float(share[i]), s, neg_shift));
-    sum = ts::block_allreduce_sum<kBlockThreads>(sum, red_sum);
-    sum = cluster_combine(sum, &slot_sum, ts::SumOp{});
-
-    float coef;
-    if constexpr (kLogSoftmax) {
-      coef = sum == 0.0f ? 0.0f : -logf(sum);
-    } else {
-      coef = sum == 0.0f ? 0.0f : 0.5f * ts::fast_rcp(sum);
-    }
-    if (ts::is_nan(m)) coef = m;
-
-    // ---- write the share's outputs ----
-    auto finish = [&](float x) {
-      const float d = ts::shifted_fma(x, s, neg_shift);
-      if constexpr (kLogSoftmax) {
-        return fmaf(d, ts::kLn2, coef);
-      } else {
-        return ts::exp2_approx(d + kProbBias) * coef;
-      }
-    };
-    if constexpr (kOutPack > 1) {
-      const int opacks = n / kOutPack;
-      for (int q = tid; q < opacks; q += kBlockThreads) {
-        ts::Array<float, kOutPack> o;
+      // ---- extreme of x over the share, the CTA, the cluster ----
+      float e = ext_op.identity();
+      for (int q = tid; q < packs; q += kBlockThreads) {
+        const ts::Array<float, kPack> f = ts::to_floats(spk[q]);
 #pragma unroll
-        for (int k = 0; k < kOutPack; ++k) o[k] = finish(ts::to_float(share[q * kOutPack + k]));
-        ts::store_floats(dst + q * kOutPack, o);
+        for (int k = 0; k < kPack; ++k) e = ext_op(e, f[k]);
       }
-      for (int i = opacks * kOutPack + tid; i < n; i += kBlockThreads) {
-        ts::store_scalar(dst + i, ts::from_float<OutT>(finish(ts::to_float(share[i]))));
+      if (has_tail) e = ext_op(e, ts::to_float(share[tail]));
+      e = ts::block_allreduce<kBlockThreads>(e, ext_op, ext_op.identity(), red_ext);
+      e = cluster_combine(e, slot_ext, ext_op);
+      const float m = __fmul_rn(e, s);
+      const float neg_shift = -ts::softmax_shift(m);
+
+      // ---- sum of 2^d over the share, the CTA, the cluster ----
+      float sum = 0.0f;
+      for (int q = tid; q < packs; q += kBlockThreads) {
+        const ts::Array<float, kPack> f = ts::to_floats(spk[q]);
+#pragma unroll
+        for (int k = 0; k < kPack; ++k) sum += ts::exp2_approx(ts::shifted_fma(f[k], s, neg_shift));
       }
-    } else {
-      for (int i = tid; i < n; i += kBlockThreads) {
-        ts::store_scalar(dst + i, ts::from_float<OutT>(finish(ts::to_float(share[i]))));
+      if (has_tail) sum += ts::exp2_approx(ts::shifted_fma(ts::to_float(share[tail]), s, neg_shift));
+      sum = ts::block_allreduce_sum<kBlockThreads>(sum, red_sum);
+      sum = cluster_combine(sum, slot_sum, ts::SumOp{});
+      const float coef = row_coef(m, sum);
+
+      // ---- store the outputs; refill each pack with the next row as soon as it is consumed ----
+      const bool more = row + clusters < p.rows;
+      const InT* next = in + (more ? row + clusters : row) * p.in_stride + c0;
+      for (int q = tid; q < packs; q += kBlockThreads) {
+        const ts::Array<float, kPack> f = ts::to_floats(spk[q]);
+        ts::Array<float, kPack> o;
+#pragma unroll
+        for (int k = 0; k < kPack; ++k) o[k] = finish(f[k], s, neg_shift, coef);
+        if constexpr (kOutPack > 1) {
+          ts::store_floats(dst + q * kPack, o);   // dst + q * kPack is aligned: see the launch contract
+        } else {
+#pragma unroll
+          for (int k = 0; k < kPack; ++k) ts::store_scalar(dst + q * kPack + k, ts::from_float<OutT>(o[k]));
+        }
+        if (more) ts::cp_async_16(share + q * kPack, next + q * kPack);
+      }
+      ts::cp_async_commit();
+      if (has_tail) {
+        const float v = ts::to_float(share[tail]);
+        ts::store_scalar(dst + tail, ts::from_float<OutT>(finish(v, s, neg_shift, coef)));
+        if (more) share[tail] = ts::load_scalar(next + tail);
+      }
+    }
+  } else {
+    // ---- plain: copy the share (all copies in flight), barrier, reduce, store ----
+    for (long long row = cluster; row < p.rows; row += clusters) {
+      const InT* src = in + row * p.in_stride + c0;
+      OutT* dst = out + row * p.out_stride + c0;
+
+      // ---- copy the share to shared memory: every copy in flight before the first wait ----
+      __syncthreads();  // the previous row's reads of the share are done
+      if constexpr (kPack > 1) {
+        for (int q = tid; q < packs; q += kBlockThreads) ts::cp_async_16(share + q * kPack, src + q * kPack);
+        ts::cp_async_commit();
+        for (int i = packs * kPack + tid; i < n; i += kBlockThreads) share[i] = ts::load_scalar(src + i);
+        ts::cp_async_wait_all();
+      } else {
+        for (int i = tid; i < n; i += kBlockThreads) share[i] = ts::load_scalar<ts::CacheLoad::kStreaming>(src + i);
+      }
+      __syncthreads();
+
+      // ---- extreme of x over the share, the CTA, the cluster ----
+      float e = ext_op.identity();
+      for (int i = tid; i < n; i += kBlockThreads) e = ext_op(e, ts::to_float(share[i]));
+      e = ts::block_allreduce<kBlockThreads>(e, ext_op, ext_op.identity(), red_ext);
+      e = cluster_combine(e, slot_ext, ext_op);
+      const float m = __fmul_rn(e, s);                         // = max_j round(x_j * s)
+      const float neg_shift = -ts::softmax_shift(m);
+
+      // ---- sum of 2^d over the share, the CTA, the cluster ----
+      float sum = 0.0f;
+      for (int i = tid; i < n; i += kBlockThreads) sum += ts::exp2_approx(ts::shifted_fma(ts::to_float(share[i]), s, neg_shift));
+      sum = ts::block_allreduce_sum<kBlockThreads>(sum, red_sum);
+      sum = cluster_combine(sum, slot_sum, ts::SumOp{});
+
+      const float coef = row_coef(m, sum);
+
+      // ---- write the share's outputs ----
+      auto finish = [&](float x) { return softmax_cluster::finish(x, s, neg_shift, coef); };
+      if constexpr (kOutPack > 1) {
+        const int opacks = n / kOutPack;
+        for (int q = tid; q < opacks; q += kBlockThreads) {
+          ts::Array<float, kOutPack> o;
+#pragma unroll
+          for (int k = 0; k < kOutPack; ++k) o[k] = finish(ts::to_float(share[q * kOutPack + k]));
+          ts::store_floats(dst + q * kOutPack, o);
+        }
+        for (int i = opacks * kOutPack + tid; i < n; i += kBlockThreads) {
+          ts::store_scalar(dst + i, ts::from_float<OutT>(finish(ts::to_float(share[i]))));
+        }
+      } else {
+        for (int i = tid; i < n; i += kBlockThreads) {
+          ts::store_scalar(dst + i, ts::from_float<OutT>(finish(ts::to_float(share[i]))));
+        }
       }
     }
   }
@@ -214,6 +313,23 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
 
 }  // namespace softmax_cluster
 
-extern "C" __global__ void __launch_bounds__(kBlockThreads) softmax_cluster_kernel(const __grid_constant__ SoftmaxClusterParams p) {
+// Occupancy: shares of up to 64 KB (512 threads) allow three CTAs per SM, larger ones (1024
+// threads, up to ~113 KB) two. Without a minimum, ptxas gave the pipelined fp32 variant 48
+// registers at kCluster = 8 (two CTAs of 512 threads per SM instead of three), so the pipelined
+// schedule asks for 1536 (512 threads) or, on sm_90+, 2048 (1024 threads) resident threads:
+// caps of 40 and 32 registers (on sm_80 the 32-register cap spilled 8 bytes: one CTA there).
+// The plain schedule keeps the heuristic (32-40 registers).
+#if defined(TS_HAS_CLUSTERS)
+constexpr int kPipeMinBlocks1024 = 2;
+#else
+constexpr int kPipeMinBlocks1024 = 1;
+#endif
+constexpr int kMinBlocksPerSm = !softmax_cluster::kPipe    ? 0
+                                : kBlockThreads >= 1024    ? kPipeMinBlocks1024
+                                : 1536 / kBlockThreads > 0 ? 1536 / kBlockThreads
+                                                           : 1;
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
+    softmax_cluster_kernel(const __grid_constant__ SoftmaxClusterParams p) {
   softmax_cluster::rows(p);
 }

@@ -84,6 +84,9 @@ pub fn cases(quick: bool) -> Vec<Case> {
         SoftmaxPath::BlockCached,
         SoftmaxPath::BlockUncached,
         SoftmaxPath::Cluster,
+        SoftmaxPath::WarpNc,
+        SoftmaxPath::WarpV2,
+        SoftmaxPath::ClusterPipe,
     ];
     let mut out = Vec::new();
     let budget_elems: usize = if quick { 1 << 16 } else { 1 << 22 };
@@ -92,7 +95,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
     for &d in &same {
         for &cols in cols_list {
             for &path in &paths {
-                if path == SoftmaxPath::WarpPerRow && cols > super::plan::WARP_MAX_COLS {
+                if path.is_warp() && cols > super::plan::WARP_MAX_COLS {
                     continue;
                 }
                 // The forced shared-memory path must fit every supported GPU (A100: 163 KB).
@@ -108,10 +111,10 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 let padded = toggle % 3 == 1;
                 let aligned_pad = toggle % 3 == 2;
                 // The cluster path needs 16-byte row strides (and is for long rows).
-                if path == SoftmaxPath::Cluster && cols <= super::plan::WARP_MAX_COLS {
+                if path.is_cluster() && cols <= super::plan::WARP_MAX_COLS {
                     continue;
                 }
-                let stride = if path == SoftmaxPath::Cluster {
+                let stride = if path.is_cluster() {
                     cols.div_ceil(8) * 8 + if padded { 8 } else { 0 }
                 } else if padded {
                     cols + 5
@@ -124,7 +127,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                     rows,
                     cols,
                     in_stride: stride,
-                    out_stride: if toggle % 4 == 0 && path != SoftmaxPath::Cluster {
+                    out_stride: if toggle % 4 == 0 && !path.is_cluster() {
                         stride + 3
                     } else {
                         stride
@@ -157,6 +160,9 @@ pub fn cases(quick: bool) -> Vec<Case> {
             (4096, SoftmaxPath::BlockCached),
             (4097, SoftmaxPath::BlockUncached),
             (40000, SoftmaxPath::Cluster),
+            (128, SoftmaxPath::WarpV2),
+            (1000, SoftmaxPath::WarpNc),
+            (40000, SoftmaxPath::ClusterPipe),
         ] {
             out.push(Case {
                 rows: if quick { 17 } else { 301 },
@@ -184,6 +190,8 @@ pub fn cases(quick: bool) -> Vec<Case> {
             (3000, SoftmaxPath::BlockCached),
             (70001, SoftmaxPath::BlockUncached),
             (70000, SoftmaxPath::Cluster),
+            (128, SoftmaxPath::WarpV2),
+            (70000, SoftmaxPath::ClusterPipe),
         ] {
             out.push(Case {
                 rows: if quick { 5 } else { 33 },
@@ -230,25 +238,52 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 special_rows: true,
             });
         }
-        // Every cluster size: rows of 2^17 and 2^18 + 3 columns (the last CTA's share is short).
-        for (cols, d) in [
-            (1usize << 17, DType::F16),
-            ((1 << 18) + 3, DType::BF16),
-            ((1 << 18) + 3, DType::F32),
+        // warp-v2 over many grid-stride iterations per CTA (one wave of CTAs; odd row counts:
+        // the last iteration is partial): prefetching tiny and 127/128-column rows (vector and
+        // scalar), and 1000-column rows (occupancy floor, no prefetch).
+        for (rows, cols, d) in [
+            (1usize << 20, 8usize, DType::F16),
+            ((1 << 15) + 3, 128, DType::F32),
+            ((1 << 15) + 3, 127, DType::BF16),
+            ((1 << 14) + 1, 1000, DType::F32),
         ] {
             out.push(Case {
-                rows: 5,
+                rows,
                 cols,
-                in_stride: cols.div_ceil(8) * 8,
-                out_stride: cols.div_ceil(8) * 8,
+                in_stride: cols,
+                out_stride: cols,
                 in_dtype: d,
                 out_dtype: d,
-                kind: SoftmaxKind::Softmax,
+                kind: SoftmaxKind::LogSoftmax,
                 scale: 1.0,
-                path: SoftmaxPath::Auto,
+                path: SoftmaxPath::WarpV2,
                 in_place: false,
                 special_rows: true,
             });
+        }
+        // Every cluster size: rows of 2^17 and 2^18 + 3 columns (the last CTA's share is short),
+        // on both cluster schedules. The pipelined one runs one wave of resident clusters: these
+        // row counts exceed it on an H200, so each cluster refills its shares across rows.
+        for (rows, cols, d) in [
+            (257, 1usize << 17, DType::F16),
+            (67, (1 << 18) + 3, DType::BF16),
+            (67, (1 << 18) + 3, DType::F32),
+        ] {
+            for path in [SoftmaxPath::Auto, SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe] {
+                out.push(Case {
+                    rows: if path == SoftmaxPath::ClusterPipe { rows } else { 5 },
+                    cols,
+                    in_stride: cols.div_ceil(8) * 8,
+                    out_stride: cols.div_ceil(8) * 8,
+                    in_dtype: d,
+                    out_dtype: d,
+                    kind: SoftmaxKind::Softmax,
+                    scale: 1.0,
+                    path,
+                    in_place: false,
+                    special_rows: true,
+                });
+            }
         }
         out.push(Case {
             rows: 1,
@@ -394,6 +429,16 @@ mod tests {
                 assert!(c.iter().any(|k| k.path == p && k.in_dtype == d && k.in_place));
                 assert!(c.iter().any(|k| k.path == p && k.in_dtype == d && k.special_rows));
             }
+        }
+        // The forced tunings: every dtype, special rows, in place; several iterations per CTA.
+        for p in [SoftmaxPath::WarpNc, SoftmaxPath::WarpV2, SoftmaxPath::ClusterPipe] {
+            for d in [DType::F32, DType::F16, DType::BF16] {
+                assert!(c.iter().any(|k| k.path == p && k.in_dtype == d && k.special_rows));
+            }
+        }
+        for p in [SoftmaxPath::WarpV2, SoftmaxPath::ClusterPipe] {
+            assert!(c.iter().any(|k| k.path == p && k.in_place));
+            assert!(c.iter().any(|k| k.path == p && k.rows > 64 && k.cols % 8 != 0));
         }
         assert!(c.iter().any(|k| k.rows == 1 && k.cols == 1 << 24));
         assert!(c.iter().any(|k| k.rows == 1 << 20 && k.cols == 8));
