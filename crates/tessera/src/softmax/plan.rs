@@ -3,14 +3,14 @@
 //! | path | when (Auto) | CTA | row lives in |
 //! |---|---|---|---|
 //! | [`SoftmaxPath::WarpPerRow`] | cols <= 1024 | 128 threads; `kWarpWidth` lanes per row, `kRowsPerWarp` rows at a time | registers |
+//! | [`SoftmaxPath::WarpV2`] | cols <= 1024 with <= 32 input bytes per lane (e.g. 128 columns) | as WarpPerRow, one wave, next rows prefetched into registers | registers |
 //! | [`SoftmaxPath::BlockCached`] | cols * 4 B fits the opt-in shared memory and a CTA fits on an SM | 128..1024 threads, one row at a time | shared memory (f32) |
 //! | [`SoftmaxPath::BlockUncached`] | anything longer | 1024 threads, one row at a time | nowhere: read twice |
 //! | [`SoftmaxPath::Cluster`] | rows over 32 KB whose cluster shares fit 64 KB (sm_90) | 512/1024 threads, 1..8 CTAs per row | shared memory (input dtype) |
+//! | [`SoftmaxPath::ClusterPipe`] | as Cluster, rows of 256 KB and more | as Cluster, one wave; the store pass refills the share with the next row | shared memory (input dtype) |
 //!
-//! Forced only (tunings measured side by side against the dispatched kernel, see the bench):
-//! [`SoftmaxPath::WarpNc`] and [`SoftmaxPath::WarpV2`] (warp path with other load hints and a
-//! register prefetch of the next rows), [`SoftmaxPath::ClusterPipe`] (cluster path whose store
-//! pass refills the share with the next row).
+//! Forced only (measured side by side against the dispatched kernels, see the bench):
+//! [`SoftmaxPath::WarpNc`] (warp path with loads that keep the default L2 policy).
 //!
 //! Every kernel grid-strides over rows, so the grid is capped at a number of waves of resident
 //! CTAs. Vector (16-byte) accesses are used when the row starts, strides and cols allow them;
@@ -48,12 +48,13 @@ pub enum SoftmaxPath {
     /// [`SoftmaxPath::WarpNc`] plus, for short rows (<= 32 input bytes per lane, e.g. 128
     /// columns), a register double buffer: each lane group loads its rows of the next
     /// grid-stride iteration before reducing the current ones; longer fp32 rows get an occupancy
-    /// floor of 7 CTAs per SM on sm_90 instead. One wave of resident CTAs. For measuring side
-    /// by side.
+    /// floor of 7 CTAs per SM on sm_90 instead. One wave of resident CTAs. Auto takes it for
+    /// rows of at most 32 input bytes per lane.
     WarpV2,
     /// [`SoftmaxPath::Cluster`] with the pipelined schedule: each thread refills the packs it
     /// has just stored with the next row's copies, so loads of row i+1 overlap stores of row i
-    /// (same shared memory). Falls back to the plain schedule for unaligned calls.
+    /// (same shared memory). Falls back to the plain schedule for unaligned calls. Auto takes it
+    /// for cluster rows of 256 KB and more.
     ClusterPipe,
 }
 
@@ -123,6 +124,13 @@ const UNCACHED_THREADS: u32 = 1024;
 const CLUSTER_TARGET_SHARE_BYTES: usize = 64 * 1024;
 /// Rows of fewer input bytes stay on the block paths, which reach the copy roofline there.
 const CLUSTER_MIN_ROW_BYTES: usize = 32 * 1024;
+/// Rows of at least this many input bytes take [`SoftmaxPath::ClusterPipe`] (H200, bench/NOTES.md
+/// run 6: +2-5% on 256-512 KB rows, -3-6% on 64-128 KB rows, where a cluster holds one row per
+/// pass and has little to overlap).
+const CLUSTER_PIPE_MIN_ROW_BYTES: usize = 256 * 1024;
+/// Input bytes per lane up to which Auto takes [`SoftmaxPath::WarpV2`] (its register prefetch
+/// applies; softmax.cu kMaxPrefetchBytes): +2-6% on 128-column rows (bench/NOTES.md run 6).
+const WARP_PREFETCH_MAX_BYTES: usize = 32;
 /// Threads of a cluster-path CTA: 512 for shares up to the target, 1024 above it (one CTA per
 /// SM then, so it alone must keep enough copies in flight).
 fn cluster_threads(share_bytes: usize) -> u32 {
@@ -400,10 +408,23 @@ impl SoftmaxPlan {
                 0,
             )
             .is_some();
+        let row_bytes = shape.cols * shape.in_dtype.size();
         let path = match opts.path {
-            SoftmaxPath::Auto if shape.cols <= WARP_MAX_COLS => SoftmaxPath::WarpPerRow,
-            SoftmaxPath::Auto if shape.cols * shape.in_dtype.size() > CLUSTER_MIN_ROW_BYTES && cluster_auto => {
-                SoftmaxPath::Cluster
+            SoftmaxPath::Auto if shape.cols <= WARP_MAX_COLS => {
+                // rows of at most 32 input bytes per lane take the prefetching warp kernel
+                let (cpt, _, rows_per_warp) = warp_shape(shape.cols, vector_pack(shape));
+                if (rows_per_warp * cpt) as usize * shape.in_dtype.size() <= WARP_PREFETCH_MAX_BYTES {
+                    SoftmaxPath::WarpV2
+                } else {
+                    SoftmaxPath::WarpPerRow
+                }
+            }
+            SoftmaxPath::Auto if row_bytes > CLUSTER_MIN_ROW_BYTES && cluster_auto => {
+                if row_bytes >= CLUSTER_PIPE_MIN_ROW_BYTES {
+                    SoftmaxPath::ClusterPipe
+                } else {
+                    SoftmaxPath::Cluster
+                }
             }
             SoftmaxPath::Auto if fits_smem => SoftmaxPath::BlockCached,
             SoftmaxPath::Auto => SoftmaxPath::BlockUncached,
