@@ -43,8 +43,9 @@ TS_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
 
 /// Transposes an 8x8 matrix of 16-bit elements held one register per lane (lane l: row l / 4,
 /// elements 2(l % 4) and 2(l % 4) + 1, the layout of ldmatrix and of a packed accumulator pair):
-/// afterwards lane l holds column l / 4, rows 2(l % 4) and 2(l % 4) + 1. An accumulator block
-/// C[m][n] becomes the B fragment of C^T as the next MMA's [k = m][n] operand. sm_75+.
+/// afterwards lane l holds column l / 4, rows 2(l % 4) and 2(l % 4) + 1. A packed accumulator
+/// block C[m][n] (8 of its rows) thereby becomes a B register of a following MMA whose k runs
+/// over C's m: B[k = m][n] = C[m][n] (paged decode: S^T's keys become the k of V^T P^T). sm_75+.
 TS_DEVICE uint32_t movmatrix_trans(uint32_t x) {
   uint32_t r;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));

@@ -88,7 +88,7 @@ impl DecodeTuning {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DecodeLayout {
     /// Query rows are the MMA's M: 16 (32 for D <= 128 and more than 16 rows) query rows per
-    /// CTA (paged_decode.cu). Any group size reads K/V once.
+    /// CTA (paged_decode.cu); more rows take one CTA (and one read of K/V) per 16 or 32.
     QueryRows,
     /// Keys are the MMA's M and up to 8 query rows its n8 (paged_decode_narrow.cu): half the
     /// MMAs and accumulators of `QueryRows`, and an fp8 cache converted from shared memory
@@ -856,6 +856,15 @@ pub fn validate_decode(
             format!(
                 "query tokens per sequence must be in 1..={MAX_Q_LEN}, got {}",
                 options.q_len
+            ),
+        ));
+    }
+    let rows = heads_q / cfg.heads_kv * options.q_len;
+    if options.layout == Some(DecodeLayout::KeyRows) && rows.div_ceil(8) > 65_535 {
+        return Err(Error::invalid(
+            "layout",
+            format!(
+                "KeyRows takes one CTA per 8 query rows; {rows} rows per KV head exceed the grid's 65535 (use QueryRows)"
             ),
         ));
     }

@@ -74,8 +74,17 @@ pub const PARAMS_HEADER: &str = include_str!("kvcache_params.cuh");
 const APPEND_SOURCE: &str = include_str!("append.cu");
 
 /// Largest fp8 scale (the largest finite fp16: the decode rescales probabilities by ratios of
-/// V scales in fp16/bf16).
+/// V scales in fp16/bf16). Scales must also be normal f32 values (>= `f32::MIN_POSITIVE`): the
+/// decode takes a fast reciprocal of the first V scale a warp sees, which flushes subnormals.
+/// The V scales of one sequence's pages (per KV head) should stay within a factor of 2^15 of
+/// each other: the decode accumulates O in units of the first and multiplies probabilities by
+/// the ratio in fp16/bf16, which overflows beyond.
 pub const MAX_FP8_SCALE: f32 = 65504.0;
+
+/// True for a valid fp8 scale: normal, positive, at most [`MAX_FP8_SCALE`].
+fn valid_fp8_scale(s: f32) -> bool {
+    (f32::MIN_POSITIVE..=MAX_FP8_SCALE).contains(&s)
+}
 
 /// Head dimensions the decode kernels are compiled for.
 pub const HEAD_DIMS: [usize; 3] = [64, 128, 256];
@@ -151,10 +160,14 @@ impl KvCacheConfig {
         if self.num_layers == 0 {
             return Err(Error::invalid("num_layers", "must be at least 1"));
         }
-        if !(self.fp8_scale > 0.0 && self.fp8_scale <= MAX_FP8_SCALE) {
+        if !valid_fp8_scale(self.fp8_scale) {
             return Err(Error::invalid(
                 "fp8_scale",
-                format!("must be in (0, {MAX_FP8_SCALE}], got {}", self.fp8_scale),
+                format!(
+                    "must be in (0, {MAX_FP8_SCALE}] and a normal f32 (>= {:e}), got {}",
+                    f32::MIN_POSITIVE,
+                    self.fp8_scale
+                ),
             ));
         }
         // 64-bit offsets inside the kernels; the driver must still be able to allocate a layer
@@ -271,8 +284,9 @@ impl PagedKvCache {
             .get(layer)
             .ok_or_else(|| Error::invalid("scales", format!("a {} cache has no scales", self.cfg.dtype)))
     }
-    /// fp8 only: sets every `[P][Hkv][2]` scale of `layer` (finite and > 0). Pages written before
-    /// keep their stored bytes: set a page's scale before appending into it.
+    /// fp8 only: sets every `[P][Hkv][2]` scale of `layer` (normal, > 0, at most
+    /// [`MAX_FP8_SCALE`]; see there for the range the V scales of one sequence should keep).
+    /// Pages written before keep their stored bytes: set a page's scale before appending into it.
     pub fn set_scales(&mut self, layer: usize, scales: &[f32]) -> Result<()> {
         self.check_layer(layer)?;
         let want = self.cfg.num_pages * self.cfg.heads_kv * 2;
@@ -288,10 +302,14 @@ impl PagedKvCache {
                 format!("must have P * Hkv * 2 = {want} entries, got {}", scales.len()),
             ));
         }
-        if let Some(i) = scales.iter().position(|s| !(*s > 0.0 && *s <= MAX_FP8_SCALE)) {
+        if let Some(i) = scales.iter().position(|s| !valid_fp8_scale(*s)) {
             return Err(Error::invalid(
                 "scales",
-                format!("scale {i} is {}: scales must be in (0, {MAX_FP8_SCALE}]", scales[i]),
+                format!(
+                    "scale {i} is {}: scales must be in (0, {MAX_FP8_SCALE}] and normal f32 values (>= {:e})",
+                    scales[i],
+                    f32::MIN_POSITIVE
+                ),
             ));
         }
         self.scales[layer].copy_from_host(scales)

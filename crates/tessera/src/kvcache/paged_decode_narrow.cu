@@ -21,7 +21,11 @@
 // permutes pair the keys column by column (dtype.cuh e4m3_interleave_to_f16x2), so O^T row
 // (d tile dt, row g | g + 8) is dim 128 (dt / 8) + 16 g + 2 (dt % 8) + {0 | 1} (D = 64: 8 g + 2 dt).
 // fp8 tiles are stored with chunk c of row r at c ^ ((r & 6) ^ ((r & 1) << 2)) (D = 64:
-// c ^ ((r >> 1) & 3)), so the K and V reads above are free of bank conflicts (D >= 128).
+// c ^ ((r >> 1) & 3)), so the K and V reads above are free of bank conflicts for D >= 128
+// (D = 64: the V reads, 8 bytes per lane, are 2-way conflicted). The O^T rows staged for the
+// warp merge are conflicted for fp8 (dims 16 g apart); that happens once per CTA.
+// Relies on the planner: a chunk starts at a multiple of kTileKeys (tiles of several pages
+// start at a page), and Q rows are 16-byte aligned (the fp8 path loads Q 8 bytes at a time).
 // Scales: the K scale of a page multiplies its scores; O is accumulated in units of the
 // warp's first V scale, probabilities carrying the ratio of their page's scale to it.
 //

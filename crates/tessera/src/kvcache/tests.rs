@@ -133,6 +133,16 @@ fn decode_requests_are_validated() {
         assert!(err(validate_decode(&c, 32, &[5], &o)).contains("scale"));
     }
     assert!(err(validate_decode(&c, 32, &[], &o)).contains("at least one sequence"));
+    // KeyRows takes a CTA per 8 rows: grid.z bounds the rows per KV head
+    let mut c1 = cfg();
+    c1.heads_kv = 1;
+    let key_rows = DecodeOptions {
+        q_len: 8,
+        layout: Some(DecodeLayout::KeyRows),
+        ..o
+    };
+    assert!(err(validate_decode(&c1, 65536, &[5], &key_rows)).contains("use QueryRows"));
+    validate_decode(&c1, 65536, &[5], &DecodeOptions { q_len: 8, ..o }).unwrap();
     assert!(err(validate_decode(&c, 32, &vec![1; MAX_ITEMS + 1], &o)).contains("at most 65535 sequences"));
     assert!(err(validate_decode(&c, 8 * 65536 * 2, &[1], &o)).contains("query heads exceed"));
     assert!(err(validate_decode(&c, 32, &[i32::MAX as usize], &o)).contains("32-bit"));
@@ -145,12 +155,14 @@ fn decode_requests_are_validated() {
 fn fp8_scales_are_bounded_by_the_largest_fp16() {
     let mut c = cfg();
     c.dtype = DType::F8E4M3;
-    for bad in [0.0, -1.0, 65505.0, f32::INFINITY, f32::NAN] {
+    for bad in [0.0, -1.0, 65505.0, f32::INFINITY, f32::NAN, 1e-40] {
         c.fp8_scale = bad;
         assert!(err(c.validate()).contains("(0, 65504]"), "{bad}");
     }
-    c.fp8_scale = 65504.0;
-    c.validate().unwrap();
+    for good in [65504.0, f32::MIN_POSITIVE, 1.0 / 448.0] {
+        c.fp8_scale = good;
+        c.validate().unwrap();
+    }
 }
 
 #[test]

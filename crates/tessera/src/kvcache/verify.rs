@@ -221,11 +221,18 @@ pub fn cases(quick: bool) -> Vec<Case> {
     for (warps, tile_keys, stages) in [
         (4u32, 32u32, 3u32),
         (4, 16, 2),
+        (4, 16, 3),
+        (4, 16, 4),
         (8, 16, 3),
         (8, 16, 2),
+        (8, 16, 4),
         (2, 16, 2),
         (2, 32, 3),
+        (2, 32, 4),
         (4, 32, 2),
+        (8, 32, 2),
+        (8, 32, 3),
+        (4, 64, 2),
     ] {
         for cache in [f16, fp8] {
             for layout in [DecodeLayout::KeyRows, DecodeLayout::QueryRows] {
