@@ -60,15 +60,24 @@ impl Default for DecodeTuning {
 }
 
 impl DecodeTuning {
-    /// `TESSERA_DECODE_TUNING=warps,tile_keys,stages` overrides the default (benchmark sweeps).
-    pub fn from_env() -> Option<DecodeTuning> {
-        let s = std::env::var("TESSERA_DECODE_TUNING").ok()?;
+    /// `TESSERA_DECODE_TUNING=warps,tile_keys,stages` overrides the default (benchmark sweeps);
+    /// a value that is not three integers is an error, not silently ignored.
+    pub fn from_env() -> Result<Option<DecodeTuning>> {
+        let Ok(s) = std::env::var("TESSERA_DECODE_TUNING") else {
+            return Ok(None);
+        };
         let v: Vec<u32> = s.split(',').filter_map(|x| x.trim().parse().ok()).collect();
-        (v.len() == 3).then(|| DecodeTuning {
+        if v.len() != 3 {
+            return Err(Error::invalid(
+                "TESSERA_DECODE_TUNING",
+                format!("must be warps,tile_keys,stages (three integers), got {s:?}"),
+            ));
+        }
+        Ok(Some(DecodeTuning {
             warps: v[0],
             tile_keys: v[1],
             stages: v[2],
-        })
+        }))
     }
     pub(crate) fn validate(&self) -> Result<()> {
         if !matches!(self.warps, 2 | 4 | 8)
@@ -105,12 +114,17 @@ impl DecodeLayout {
             DecodeLayout::QueryRows
         }
     }
-    /// `TESSERA_DECODE_LAYOUT=query|key` forces a layout (benchmarks).
-    pub fn from_env() -> Option<DecodeLayout> {
-        match std::env::var("TESSERA_DECODE_LAYOUT").ok()?.as_str() {
-            "query" => Some(DecodeLayout::QueryRows),
-            "key" => Some(DecodeLayout::KeyRows),
-            _ => None,
+    /// `TESSERA_DECODE_LAYOUT=query|key` forces a layout (benchmarks); any other value is an
+    /// error.
+    pub fn from_env() -> Result<Option<DecodeLayout>> {
+        match std::env::var("TESSERA_DECODE_LAYOUT") {
+            Err(_) => Ok(None),
+            Ok(s) if s == "query" => Ok(Some(DecodeLayout::QueryRows)),
+            Ok(s) if s == "key" => Ok(Some(DecodeLayout::KeyRows)),
+            Ok(s) => Err(Error::invalid(
+                "TESSERA_DECODE_LAYOUT",
+                format!("must be `query` or `key`, got {s:?}"),
+            )),
         }
     }
 }
@@ -463,7 +477,14 @@ impl DecodePlan {
         let (dtype, scale) = validate_decode(cfg, heads_q, seq_lens, options)?;
         // a forced tuning is checked; tile sizes and page sizes are both powers of two, so a
         // tile always covers whole pages or lies inside one
-        let forced = options.tuning.or_else(DecodeTuning::from_env);
+        let forced = match options.tuning {
+            Some(t) => Some(t),
+            None => DecodeTuning::from_env()?,
+        };
+        let layout = match options.layout {
+            Some(l) => Some(l),
+            None => DecodeLayout::from_env()?,
+        };
         if let Some(t) = forced {
             t.validate()?;
         }
@@ -472,7 +493,7 @@ impl DecodePlan {
             cfg,
             heads_q,
             options.q_len,
-            options.layout.or_else(DecodeLayout::from_env),
+            layout,
             forced,
             ctx.info().max_shared_per_block_optin,
         );
@@ -994,21 +1015,18 @@ pub const HOPPER_SHARED_LIMIT: u32 = 232_448;
 
 /// Decode variants for the CI compile checks (default tuning for Hopper): every dtype pair x head dim x
 /// layout (and row blocks) at page size 16, and every page size for fp16 and fp8 at D = 128 in both
-/// layouts. `m_blocks` 0 stands for the `KeyRows` layout.
+/// layouts.
 pub fn ci_variants() -> Vec<DecodeVariant> {
+    use DecodeLayout::{KeyRows, QueryRows};
     let mut v = Vec::new();
-    let variant = |dtype, cache, head_dim, page_size, m_blocks: u32| {
+    let variant = |dtype, cache, head_dim, page_size, layout, m_blocks| {
         let mut v = DecodeVariant {
             dtype,
             cache,
             head_dim,
             page_size,
-            layout: if m_blocks == 0 {
-                DecodeLayout::KeyRows
-            } else {
-                DecodeLayout::QueryRows
-            },
-            m_blocks: m_blocks.max(1),
+            layout,
+            m_blocks,
             tuning: DecodeTuning::default(),
         };
         v.tuning = default_tuning(&v, HOPPER_SHARED_LIMIT);
@@ -1021,18 +1039,18 @@ pub fn ci_variants() -> Vec<DecodeVariant> {
         (DType::BF16, DType::F8E4M3),
     ] {
         for head_dim in [64u32, 128, 256] {
-            for m_blocks in [0u32, 1, 2] {
-                if m_blocks <= 1 || head_dim <= 128 {
-                    v.push(variant(dtype, cache, head_dim, 16, m_blocks));
-                }
+            v.push(variant(dtype, cache, head_dim, 16, KeyRows, 1));
+            v.push(variant(dtype, cache, head_dim, 16, QueryRows, 1));
+            if head_dim <= 128 {
+                v.push(variant(dtype, cache, head_dim, 16, QueryRows, 2));
             }
         }
     }
     // the page size only changes address arithmetic: every size for one dtype / head dim
     for page_size in [8u32, 32, 64, 128, 256] {
-        for m_blocks in [0u32, 1] {
-            v.push(variant(DType::F16, DType::F16, 128, page_size, m_blocks));
-            v.push(variant(DType::F16, DType::F8E4M3, 128, page_size, m_blocks));
+        for layout in [KeyRows, QueryRows] {
+            v.push(variant(DType::F16, DType::F16, 128, page_size, layout, 1));
+            v.push(variant(DType::F16, DType::F8E4M3, 128, page_size, layout, 1));
         }
     }
     v
