@@ -92,15 +92,7 @@ fn attention_reference_demo(seed: u64) -> bool {
     let k: Vec<f64> = random_matrix(seed ^ 1, b * n * hkv, d, d, Dist::Normal { std: 1.0 });
     let v: Vec<f64> = random_matrix(seed ^ 2, b * n * hkv, d, d, Dist::Normal { std: 1.0 });
     let cu = padded_cu_seqlens(b, n);
-    let p = RefParams {
-        heads_q: hq,
-        heads_kv: hkv,
-        head_dim: d,
-        scale: 1.0 / (d as f64).sqrt(),
-        softcap: 0.0,
-        window_left: -1,
-        window_right: 0,
-    };
+    let p = RefParams::causal(hq, hkv, d);
     let t = Instant::now();
     let out = attention_reference(
         &RefInputs {
@@ -224,15 +216,7 @@ fn kvcache_reference_demo(seed: u64) -> bool {
                 cu_q: &cu_q,
                 cu_k: &cu_k,
             },
-            &RefParams {
-                heads_q: hq,
-                heads_kv: hkv,
-                head_dim: d,
-                scale: 1.0 / (d as f64).sqrt(),
-                softcap: 0.0,
-                window_left: -1,
-                window_right: 0,
-            },
+            &RefParams::causal(hq, hkv, d),
         );
         let err = paged
             .o

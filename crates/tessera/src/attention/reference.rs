@@ -39,6 +39,21 @@ pub struct RefParams {
     pub window_right: i64,
 }
 
+impl RefParams {
+    /// Causal attention with the default scale `1/sqrt(D)`, no softcap, no left window.
+    pub fn causal(heads_q: usize, heads_kv: usize, head_dim: usize) -> RefParams {
+        RefParams {
+            heads_q,
+            heads_kv,
+            head_dim,
+            scale: 1.0 / (head_dim as f64).sqrt(),
+            softcap: 0.0,
+            window_left: -1,
+            window_right: 0,
+        }
+    }
+}
+
 /// The inputs in the canonical layout of the module docs (f64, already rounded from the
 /// storage dtype the kernel read).
 #[derive(Clone, Copy, Debug)]
@@ -180,13 +195,8 @@ mod tests {
 
     fn params(hq: usize, hkv: usize, d: usize) -> RefParams {
         RefParams {
-            heads_q: hq,
-            heads_kv: hkv,
-            head_dim: d,
-            scale: 1.0 / (d as f64).sqrt(),
-            softcap: 0.0,
-            window_left: -1,
             window_right: -1,
+            ..RefParams::causal(hq, hkv, d)
         }
     }
 

@@ -474,39 +474,28 @@ impl DecodePlan {
         seq_lens: &[usize],
         options: &DecodeOptions,
     ) -> Result<DecodePlan> {
-        let (dtype, scale) = validate_decode(cfg, heads_q, seq_lens, options)?;
-        // a forced tuning is checked; tile sizes and page sizes are both powers of two, so a
-        // tile always covers whole pages or lies inside one
-        let forced = match options.tuning {
-            Some(t) => Some(t),
-            None => DecodeTuning::from_env()?,
-        };
-        let layout = match options.layout {
-            Some(l) => Some(l),
-            None => DecodeLayout::from_env()?,
-        };
-        if let Some(t) = forced {
-            t.validate()?;
+        // the environment's tuning and layout (benchmarks) count as forced options, so they are
+        // validated like the caller's
+        let mut options = *options;
+        if options.tuning.is_none() {
+            options.tuning = DecodeTuning::from_env()?;
         }
+        if options.layout.is_none() {
+            options.layout = DecodeLayout::from_env()?;
+        }
+        let (dtype, scale) = validate_decode(cfg, heads_q, seq_lens, &options)?;
         let variant = DecodeVariant::for_problem(
             dtype,
             cfg,
             heads_q,
             options.q_len,
-            layout,
-            forced,
+            options.layout,
+            options.tuning,
             ctx.info().max_shared_per_block_optin,
         );
         let tuning = variant.tuning;
         let rows = heads_q / cfg.heads_kv * options.q_len;
-        let row_groups = rows.div_ceil(variant.rows_per_cta() as usize);
-        if row_groups > 65_535 {
-            return Err(Error::Unsupported(format!(
-                "{rows} query rows per KV head need {row_groups} row groups of {} ({:?}); at most 65535",
-                variant.rows_per_cta(),
-                variant.layout
-            )));
-        }
+        let row_groups = rows.div_ceil(variant.rows_per_cta() as usize); // <= 65535: validate_decode
         let smem = variant.shared_bytes();
         if smem > ctx.info().max_shared_per_block_optin {
             return Err(Error::Unsupported(format!(
@@ -537,7 +526,7 @@ impl DecodePlan {
             ctx: ctx.clone(),
             cfg: cfg.clone(),
             heads_q,
-            options: *options,
+            options,
             variant,
             row_groups,
             scale,
@@ -838,7 +827,8 @@ impl WorkList {
 }
 
 /// Checks a decode request without a GPU: the cache config, `Hq % Hkv == 0`, `q_len` in
-/// 1..=8, the query dtype against the cache dtype, the scale and the lengths. Returns the query
+/// 1..=8, a forced tuning and layout, the query dtype against the cache dtype, the scale and
+/// the lengths. Returns the query
 /// dtype and the effective scale.
 pub fn validate_decode(
     cfg: &KvCacheConfig,
@@ -879,6 +869,11 @@ pub fn validate_decode(
                 options.q_len
             ),
         ));
+    }
+    // a forced tuning: tile sizes and page sizes are both powers of two, so a tile always
+    // covers whole pages or lies inside one
+    if let Some(t) = options.tuning {
+        t.validate()?;
     }
     let rows = heads_q / cfg.heads_kv * options.q_len;
     if options.layout == Some(DecodeLayout::KeyRows) && rows.div_ceil(8) > 65_535 {

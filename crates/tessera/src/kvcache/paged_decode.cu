@@ -118,6 +118,13 @@ TS_DEVICE void pv_tile(Accum& acc, const Scores& p, uint32_t sv) {
   }
 }
 
+/// The K/V tile layout (TileLoader): 2-byte tiles swizzled for ldmatrix, fp8 tiles plain rows
+/// (dequant_tile converts them).
+struct WideTile {
+  static constexpr bool kSwizzled = !kFp8;
+  static TS_DEVICE int offset(int r, int c) { return kFp8 ? r * kCacheRow + c * 16 : swizzled(r, c); }
+};
+
 /// Converts an e4m3 tile (plain rows of kHeadDim bytes) into a swizzled Elem tile.
 TS_DEVICE void dequant_tile(unsigned char* dst, const unsigned char* src) {
   constexpr int kChunks = kTileKeys * kCacheChunks;  // 16 fp8 values each
@@ -135,15 +142,8 @@ TS_DEVICE void dequant_tile(unsigned char* dst, const unsigned char* src) {
       uint32_t lo;
       uint32_t hi;
       e4m3x4_to_f16x4(w[j], lo, hi);
-      if constexpr (is_same_v<Elem, f16>) {
-        out[2 * j] = lo;
-        out[2 * j + 1] = hi;
-      } else {
-        const Array<float, 2> a = unpack_f16x2(lo);
-        const Array<float, 2> b = unpack_f16x2(hi);
-        out[2 * j] = pack2<Elem>(a[0], a[1]);
-        out[2 * j + 1] = pack2<Elem>(b[0], b[1]);
-      }
+      out[2 * j] = f16x2_to_elem(lo);
+      out[2 * j + 1] = f16x2_to_elem(hi);
     }
     *reinterpret_cast<U32x4*>(dst + swizzled(r, 2 * c)) = U32x4{out[0], out[1], out[2], out[3]};
     *reinterpret_cast<U32x4*>(dst + swizzled(r, 2 * c + 1)) = U32x4{out[4], out[5], out[6], out[7]};
@@ -183,14 +183,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
 
   // ---- this warp's tiles ------------------------------------------------------------------
   int t_begin;
-  TileLoader<!kFp8> loader = warp_tile_loader<!kFp8>(p, ch, kvh, warp, s_warp, t_begin);
+  const TileLoader<WideTile> loader = warp_tile_loader<WideTile>(p, ch, kvh, warp, s_warp, t_begin);
   const int t_end = loader.t_end;
   const int warp_end = loader.warp_end;
-  // 2-byte tiles are swizzled (ldmatrix rows); fp8 tiles are plain rows (dequant_tile)
-  auto dst_of = [](int r, int c) { return kFp8 ? r * kCacheRow + c * 16 : swizzled(r, c); };
-  loader.init_lane(dst_of);
   auto tile_pages = [&](int t) { return loader.pages_of(t); };
-  auto issue = [&](int t, int pages, int stage) { loader.issue(t, pages, stage, dst_of); };
+  auto issue = [&](int t, int pages, int stage) { loader.issue(t, pages, stage); };
 
   int next_pages = tile_pages(t_begin);
   unroll_for<kStages - 1>([&](auto i) {

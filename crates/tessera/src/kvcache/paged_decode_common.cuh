@@ -6,6 +6,7 @@
 // Defines:
 //   BoolTag / IntTag / unroll_for      compile-time flags and indices for generic lambdas
 //   DecodeChunk, chunk_of(p, item)     the key range [begin, end) of a work item
+//   f16x2_to_elem                      an f16x2 register (decoded fp8) as the query dtype
 //   swizzled / LaneAddr                2-byte tiles with chunk c of row r at c ^ (r % 8), and the
 //                                      per-lane ldmatrix addresses into them
 //   TileLoader, warp_tile_loader       one warp's cp.async stream of K/V tiles (and fp8 scales)
@@ -102,18 +103,22 @@ TS_DEVICE DecodeChunk chunk_of(const DecodeParams& p, int item) {
 /// Copy i of lane l is 16-byte chunk l + 32 i of a tile: row r = l / kCacheChunks + i * kRowStep
 /// (kRowStep = 32 / kCacheChunks, or 1 with kCacheChunks > 32 where r = (l + 32 i) /
 /// kCacheChunks), chunk c fixed per lane. Its source is a per-lane offset plus i times a uniform
-/// stride, and its destination (the kernel's dst_of(r, c)) repeats with period kDstPeriod in i
+/// stride, and its destination (TileMap::offset(r, c)) repeats with period kDstPeriod in i
 /// up to a multiple of 512 bytes (kRowStep rows of kCacheRow bytes), so both are computed once
 /// per warp; a tile of several pages adds one base address per page (the page of copy i is a
 /// constant). A copy then costs two 64-bit adds and its cp.async. That fast path is taken for
-/// kSwizzled tiles (dst_of XORs chunks by a function of r % 8); plain-row tiles
+/// swizzled tiles (TileMap::kSwizzled: chunks XORed by a function of r % 8); plain-row tiles
 /// (r * kCacheRow + c * 16) take the general path, which keeps no per-lane state (the wide fp8
 /// kernel has no registers to spare).
-template <bool kSwizzled>
+///
+/// TileMap, the kernel's tile layout: `static int offset(int r, int c)`, the byte of row r,
+/// 16-byte chunk c within a K (or V) tile, and `static constexpr bool kSwizzled`.
+template <typename TileMap>
 struct TileLoader {
+  static constexpr bool kSwizzled = TileMap::kSwizzled;
   static constexpr int kCopies = kTileKeys * kCacheChunks / kWarpSize;  // per lane, per K (and V) tile
   static constexpr int kRowStep = kCacheChunks <= kWarpSize ? kWarpSize / kCacheChunks : 0;
-  // dst_of(r, c) depends on r through r * kCacheRow and a swizzle of r % 8
+  // TileMap::offset(r, c) depends on r through r * kCacheRow and a swizzle of r % 8
   static constexpr int kDstPeriod = kRowStep == 0 ? 1 : min_c(kCopies, 8 / min_c(kRowStep, 8));
 
   const unsigned char* cache;
@@ -133,15 +138,14 @@ struct TileLoader {
   int lane_src;
   int dst_base[kDstPeriod];
 
-  template <typename DstOf>
-  TS_DEVICE void init_lane(DstOf dst_of) {
+  TS_DEVICE void init_lane() {
     if constexpr (kSwizzled) {
       const int lane = lane_id();
       lane_src = (int)(lane / kCacheChunks * token_bytes) + lane % kCacheChunks * 16;
 #pragma unroll
       for (int i = 0; i < kDstPeriod; ++i) {
         const int idx = lane + i * kWarpSize;
-        dst_base[i] = dst_of(idx / kCacheChunks, idx % kCacheChunks);
+        dst_base[i] = TileMap::offset(idx / kCacheChunks, idx % kCacheChunks);
       }
     }
   }
@@ -154,10 +158,8 @@ struct TileLoader {
 
   /// Starts the copies of tile t (pages from pages_of(t)) into stage `stage`, then commits one
   /// cp.async group (empty past t_end, so cp_async_wait<kStages - 2> stays exact). Row r,
-  /// 16-byte chunk c of a tile lands at byte dst_of(r, c) of its K (V) tile (the map init_lane
-  /// was given).
-  template <typename DstOf>
-  TS_DEVICE void issue(int t, int pages, int stage, DstOf dst_of) const {
+  /// 16-byte chunk c of a tile lands at byte TileMap::offset(r, c) of its K (V) tile.
+  TS_DEVICE void issue(int t, int pages, int stage) const {
     if (t < t_end) {
       const int lane = lane_id();
       const int tok0 = first_token + t * kTileKeys;
@@ -208,7 +210,7 @@ struct TileLoader {
               const int page = __shfl_sync(kFullMask, pages, r / kPageSize);
               src = cache + ((long long)page * 2 * kPageSize + r % kPageSize) * token_bytes + head_off + c * 16;
             }
-            const uint32_t dst = sbase + dst_of(r, c);
+            const uint32_t dst = sbase + TileMap::offset(r, c);
             if constexpr (decltype(full)::value) {
               cp_async_16(dst, src);
               cp_async_16(dst + kCacheTile, src + v_offset);
@@ -238,25 +240,27 @@ struct TileLoader {
 /// The tile loader of warp `warp` of a CTA serving chunk `ch` of KV head kvh: the chunk's
 /// kTileKeys tiles are split into contiguous runs, one per warp ([t_begin, t_end)); keys from
 /// warp_end on belong to the next warp (or lie past the chunk) and are masked.
-template <bool kSwizzled>
-TS_DEVICE TileLoader<kSwizzled> warp_tile_loader(const DecodeParams& p, const DecodeChunk& ch, int kvh, int warp,
-                                                 unsigned char* s_warp, int& t_begin) {
+template <typename TileMap>
+TS_DEVICE TileLoader<TileMap> warp_tile_loader(const DecodeParams& p, const DecodeChunk& ch, int kvh, int warp,
+                                               unsigned char* s_warp, int& t_begin) {
   const int n_tiles = ceil_div(ch.end - ch.begin, kTileKeys);
   t_begin = n_tiles * warp / kWarps;
   const int t_end = n_tiles * (warp + 1) / kWarps;
   const int warp_end = min(ch.begin + t_end * kTileKeys, ch.end);
-  return TileLoader<kSwizzled>{static_cast<const unsigned char*>(p.cache),
-                               p.tables.page_indices + p.tables.page_indptr[ch.b],
-                               p.scales,
-                               s_warp,
-                               (long long)p.heads_kv * kCacheRow,
-                               (long long)kvh * kCacheRow,
-                               ch.begin,
-                               ceil_div(ch.len, kPageSize),
-                               t_end,
-                               warp_end,
-                               p.heads_kv,
-                               kvh};
+  TileLoader<TileMap> loader{static_cast<const unsigned char*>(p.cache),
+                             p.tables.page_indices + p.tables.page_indptr[ch.b],
+                             p.scales,
+                             s_warp,
+                             (long long)p.heads_kv * kCacheRow,
+                             (long long)kvh * kCacheRow,
+                             ch.begin,
+                             ceil_div(ch.len, kPageSize),
+                             t_end,
+                             warp_end,
+                             p.heads_kv,
+                             kvh};
+  loader.init_lane();
+  return loader;
 }
 
 /// Runs step(t, stage) for the warp's tiles t_begin <= t < t_end, stage = (t - t_begin) %
@@ -284,6 +288,16 @@ TS_DEVICE void apply_v_ref(Accum& acc, float v_ref) {
     float* x = reinterpret_cast<float*>(&acc);
 #pragma unroll
     for (int i = 0; i < (int)(sizeof(Accum) / sizeof(float)); ++i) x[i] *= v_ref;
+  }
+}
+
+/// f16x2 -> Elem x2 (exact for the f16 values an e4m3 byte decodes to).
+TS_DEVICE uint32_t f16x2_to_elem(uint32_t x) {
+  if constexpr (is_same_v<Elem, f16>) {
+    return x;
+  } else {
+    const Array<float, 2> f = unpack_f16x2(x);
+    return pack2<Elem>(f[0], f[1]);
   }
 }
 

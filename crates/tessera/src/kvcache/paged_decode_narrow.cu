@@ -62,15 +62,11 @@ static_assert(kTileKeys % 16 == 0, "whole m16 key tiles");
 TS_DEVICE constexpr int fp8_swizzle(int r) { return kCacheChunks >= 8 ? (r & 6) ^ ((r & 1) << 2) : (r >> 1) & 3; }
 TS_DEVICE int fp8_offset(int r, int c) { return r * kCacheRow + (((c & ~7) | ((c & 7) ^ fp8_swizzle(r))) << 4); }
 
-/// f16x2 -> Elem x2 (exact for the f16 values an e4m3 byte decodes to).
-TS_DEVICE uint32_t f16x2_to_elem(uint32_t x) {
-  if constexpr (is_same_v<Elem, f16>) {
-    return x;
-  } else {
-    const Array<float, 2> f = unpack_f16x2(x);
-    return pack2<Elem>(f[0], f[1]);
-  }
-}
+/// The K/V tile layout (TileLoader): fp8 tiles as above, 2-byte tiles swizzled for ldmatrix.
+struct NarrowTile {
+  static constexpr bool kSwizzled = true;
+  static TS_DEVICE int offset(int r, int c) { return kFp8 ? fp8_offset(r, c) : swizzled(r, c); }
+};
 
 /// The O^T row (dimension) of d tile dt, fragment row g (+ 8 when `upper`).
 TS_DEVICE int out_dim(int dt, int g, int upper) {
@@ -246,16 +242,14 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
 
   // ---- this warp's tiles ------------------------------------------------------------------
   int t_begin;
-  TileLoader<true> loader = warp_tile_loader<true>(p, ch, kvh, warp, s_warp, t_begin);
+  const TileLoader<NarrowTile> loader = warp_tile_loader<NarrowTile>(p, ch, kvh, warp, s_warp, t_begin);
   const int t_end = loader.t_end;
   const int warp_end = loader.warp_end;
-  auto dst_of = [](int r, int c) { return kFp8 ? fp8_offset(r, c) : swizzled(r, c); };
-  loader.init_lane(dst_of);
   int next_pages = loader.pages_of(t_begin);
   unroll_for<kStages - 1>([&](auto i) {
     const int pages = next_pages;
     next_pages = loader.pages_of(t_begin + decltype(i)::value + 1);
-    loader.issue(t_begin + decltype(i)::value, pages, decltype(i)::value, dst_of);
+    loader.issue(t_begin + decltype(i)::value, pages, decltype(i)::value);
   });
 
   // ---- per-lane state: query columns 2t, 2t + 1 ----------------------------------------------
@@ -283,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     {
       const int pages = next_pages;
       next_pages = loader.pages_of(tile + kStages);
-      loader.issue(tile + kStages - 1, pages, stage_index == 0 ? kStages - 1 : stage_index - 1, dst_of);
+      loader.issue(tile + kStages - 1, pages, stage_index == 0 ? kStages - 1 : stage_index - 1);
     }
     const unsigned char* k_tile = s_warp + stage_index * kStageBytes;
     const unsigned char* v_tile = k_tile + kCacheTile;

@@ -49,8 +49,8 @@
 //      CTA = kBlockThreads (128) threads; rows per CTA iteration
 //      rows_per_cta = (kBlockThreads / kWarpWidth) * kRowsPerWarp;
 //      grid = min(ceil(rows / rows_per_cta), cap).
-//      Tunings (kWarpTuning, forced as Rust paths for side-by-side measurement; the dispatched
-//      kernel is 0): 0 "warp": evict-first loads (.cs). 1 "warp-nc": loads with L1::no_allocate
+//      Tunings (kWarpTuning, each a Rust path; Auto takes 2 for rows of <= 32 input bytes per
+//      lane and 0 otherwise, plan.rs): 0 "warp": evict-first loads (.cs). 1 "warp-nc": loads with L1::no_allocate
 //      and the default L2 policy. 2 "warp-v2": as 1, and for short rows (<= 32 input bytes per
 //      lane per iteration, e.g. 128 columns) a register double buffer: before reducing
 //      iteration i, each lane group issues the loads of its rows of iteration i + 1 (rows
@@ -111,8 +111,9 @@
 //      shuffles and drops their non-converged fallbacks (and an 8-byte stack frame on sm_80):
 //      +1-4% on short rows (f16 cols 128: 90% -> 92%).
 //   6. tunings 1 and 2 (warp-nc, warp-v2) for the shapes still short (fp32 cols 128 at 0.90x
-//      torch, log_softmax fp32 cols 1024 at 0.98x): not yet measured; `tessera bench softmax`
-//      emits tessera-warp / tessera-warp-nc / tessera-warp-v2 rows on those shapes.
+//      torch, log_softmax fp32 cols 1024 at 0.98x), H200 runs 6-7: the load hint alone changes
+//      nothing; the prefetch of tuning 2 gains 2-6% on 128-column rows (fp32 2845 -> 3011 GB/s)
+//      and nothing on 1024 columns, so Auto takes it for short rows only.
 //
 // Launch contract (the Rust side upholds it; see the static_asserts below):
 //   * kPack > 1 only when in and out are 16-byte aligned and in_stride, out_stride are multiples
@@ -193,11 +194,10 @@ constexpr int kUnroll = 4;
 constexpr ts::CacheLoad kLoadOnce = ts::CacheLoad::kStreaming;
 constexpr ts::CacheLoad kLoadKeep = ts::CacheLoad::kNoAllocate;
 constexpr ts::CacheStore kStoreHint = ts::CacheStore::kDefault;
-/// Warp-path tunings (Rust: the "warp", "warp-nc" and "warp-v2" paths), for side-by-side
-/// measurement: 0 loads evict-first (.cs); 1 loads with L1::no_allocate and the default L2
-/// policy; 2 as 1, and for rows of at most kMaxPrefetchBytes per lane each lane group also
-/// loads its rows of the next grid-stride iteration before reducing the current ones (a
-/// register double buffer; the Rust side then launches one wave of resident CTAs, so every CTA
+/// Warp-path tunings (Rust: the "warp", "warp-nc" and "warp-v2" paths): 0 loads evict-first
+/// (.cs); 1 loads with L1::no_allocate and the default L2 policy; 2 as 1, and for rows of at
+/// most kMaxPrefetchBytes per lane each lane group also loads its rows of the next grid-stride
+/// iteration before reducing the current ones (a register double buffer; the Rust side then launches one wave of resident CTAs, so every CTA
 /// runs several iterations); longer rows get an occupancy floor instead (kWarpOccupancyFloor).
 constexpr ts::CacheLoad kWarpLoad = kWarpTuning == 0 ? kLoadOnce : ts::CacheLoad::kNoAllocate;
 /// Input bytes per lane per iteration up to which tuning 2 prefetches (two 16-byte packs: short
