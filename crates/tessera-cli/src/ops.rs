@@ -125,7 +125,6 @@ pub fn kernel_specs(op: &str, arch: tessera::runtime::Arch) -> Vec<tessera::runt
         "kvcache" => kvcache::decode::ci_variants()
             .iter()
             .map(|v| v.spec())
-            .chain(kvcache::decode::ci_combine_variants().iter().map(|v| v.spec()))
             .chain(kvcache::ci_append_variants().iter().map(|v| v.spec()))
             .collect(),
         _ => Vec::new(),

@@ -25,6 +25,8 @@ enum class CacheLoad {
   kDefault,     // ld.global: cached in L1 and L2
   kStreaming,   // ld.global.cs: evict-first, for data read once (last use)
   kNoAllocate,  // ld.global.L1::no_allocate: skip L1, keep L2 (data read again later)
+  kL2Only,      // ld.global.cg: cached in L2 only, for data other CTAs of this grid wrote
+                // (read after the fence that acquired it; L1 is not coherent across SMs)
 };
 /// Cache hint of a global store.
 enum class CacheStore {
@@ -51,6 +53,9 @@ TS_DEVICE U32x4 ld_global_b128(const void* p) {
   } else if constexpr (H == CacheLoad::kNoAllocate) {
     asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  } else if constexpr (H == CacheLoad::kL2Only) {
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   } else {
     asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
@@ -64,6 +69,8 @@ TS_DEVICE U32x2 ld_global_b64(const void* p) {
     asm volatile("ld.global.cs.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
   } else if constexpr (H == CacheLoad::kNoAllocate) {
     asm volatile("ld.global.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  } else if constexpr (H == CacheLoad::kL2Only) {
+    asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
   } else {
     asm volatile("ld.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
   }
@@ -76,6 +83,8 @@ TS_DEVICE uint32_t ld_global_b32(const void* p) {
     asm volatile("ld.global.cs.u32 %0, [%1];" : "=r"(v) : "l"(p));
   } else if constexpr (H == CacheLoad::kNoAllocate) {
     asm volatile("ld.global.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  } else if constexpr (H == CacheLoad::kL2Only) {
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
   } else {
     asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
   }
@@ -88,6 +97,8 @@ TS_DEVICE uint16_t ld_global_b16(const void* p) {
     asm volatile("ld.global.cs.u16 %0, [%1];" : "=h"(v) : "l"(p));
   } else if constexpr (H == CacheLoad::kNoAllocate) {
     asm volatile("ld.global.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+  } else if constexpr (H == CacheLoad::kL2Only) {
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
   } else {
     asm volatile("ld.global.u16 %0, [%1];" : "=h"(v) : "l"(p));
   }
@@ -100,6 +111,8 @@ TS_DEVICE uint8_t ld_global_b8(const void* p) {
     asm volatile("ld.global.cs.u8 %0, [%1];" : "=r"(v) : "l"(p));
   } else if constexpr (H == CacheLoad::kNoAllocate) {
     asm volatile("ld.global.L1::no_allocate.u8 %0, [%1];" : "=r"(v) : "l"(p));
+  } else if constexpr (H == CacheLoad::kL2Only) {
+    asm volatile("ld.global.cg.u8 %0, [%1];" : "=r"(v) : "l"(p));
   } else {
     asm volatile("ld.global.u8 %0, [%1];" : "=r"(v) : "l"(p));
   }

@@ -12,7 +12,9 @@
 //! heads of that KV head. Two kernels ([`DecodeLayout`]): when a KV head serves at most 8 query
 //! rows (group x q_len), paged_decode_narrow.cu puts the keys on the MMA's M and the rows on
 //! its n8; otherwise paged_decode.cu puts 16 or 32 query rows on M. Sequences cut into several
-//! chunks are merged by decode_combine.cu with the online-softmax rule.
+//! chunks are merged with the online-softmax rule by the CTA that finishes the last of them
+//! (an arrival counter per (sequence, KV head, row group); paged_decode_common.cuh), in the
+//! same launch.
 
 use std::sync::Arc;
 
@@ -26,7 +28,6 @@ use super::{KvCacheConfig, PagedBatch, PagedKvCache, PagedTables};
 
 const DECODE_SOURCE: &str = include_str!("paged_decode.cu");
 const DECODE_NARROW_SOURCE: &str = include_str!("paged_decode_narrow.cu");
-const COMBINE_SOURCE: &str = include_str!("decode_combine.cu");
 
 /// Most query tokens per sequence (speculative decoding).
 pub const MAX_Q_LEN: usize = 8;
@@ -281,32 +282,6 @@ impl DecodeVariant {
     }
 }
 
-/// The combine kernel of a decode plan.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DecodeCombineVariant {
-    pub dtype: DType,
-    pub head_dim: u32,
-}
-
-impl DecodeCombineVariant {
-    pub const THREADS: u32 = 128;
-    pub fn spec(&self) -> KernelSpec {
-        KernelSpec {
-            name: format!("decode_combine_{}_d{}", self.dtype, self.head_dim),
-            file: "decode_combine.cu",
-            source: COMBINE_SOURCE,
-            preamble: format!(
-                "#include \"tessera/dtype.cuh\"\nusing Elem = {};\nconstexpr int kHeadDim = {};\n\
-                 constexpr int kThreads = {};\n#define TS_GENERATED_PREAMBLE 1\n",
-                self.dtype.cuda_type(),
-                self.head_dim,
-                Self::THREADS
-            ),
-            entry: "decode_combine",
-        }
-    }
-}
-
 /// `ts::DecodeParams` (kvcache_params.cuh), field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -321,6 +296,7 @@ pub struct DecodeParams {
     pub item_indptr: u64,
     pub o_partial: u64,
     pub lse_partial: u64,
+    pub chunk_counters: u64,
     pub q_stride_b: i64,
     pub q_stride_n: i64,
     pub q_stride_h: i64,
@@ -381,7 +357,7 @@ impl WorkList {
     pub fn num_items(&self) -> usize {
         self.item_seq.len()
     }
-    /// True when some sequence has more than one chunk (the combine kernel runs).
+    /// True when some sequence has more than one chunk (its partials are merged).
     pub fn splits(&self) -> bool {
         self.item_indptr.windows(2).any(|w| w[1] - w[0] > 1)
     }
@@ -389,10 +365,10 @@ impl WorkList {
 
 /// Estimated run time (in token units) of the work list on `slots` concurrent CTAs: list
 /// scheduling of the items (longest first, `ctas_per_item` CTAs each) where an item costs its
-/// tokens plus a fixed `ITEM_OVERHEAD`, plus `COMBINE_COST` when the combine kernel runs.
+/// tokens plus a fixed `ITEM_OVERHEAD`, plus `MERGE_COST` when partials are merged.
 pub fn estimate_cost(lens: &[usize], chunk: usize, ctas_per_item: usize, slots: usize) -> f64 {
     const ITEM_OVERHEAD: f64 = 128.0;
-    const COMBINE_COST: f64 = 200.0;
+    const MERGE_COST: f64 = 200.0;
     let w = WorkList::new(lens, chunk);
     let mut finish = std::collections::BinaryHeap::new(); // min-heap of slot finish times
     for _ in 0..slots.max(1) {
@@ -409,7 +385,7 @@ pub fn estimate_cost(lens: &[usize], chunk: usize, ctas_per_item: usize, slots: 
         }
     }
     let makespan = finish.into_iter().map(|r| r.0).max().unwrap_or(0) as f64;
-    makespan + if w.splits() { COMBINE_COST } else { 0.0 }
+    makespan + if w.splits() { MERGE_COST } else { 0.0 }
 }
 
 /// Chooses the key chunk for a batch: among cutting the longest sequence into 1, 2, 3, 4, 6, 8,
@@ -447,7 +423,6 @@ pub struct DecodePlan {
     row_groups: usize,
     scale: f32,
     kernel: Arc<Kernel>,
-    combine: Arc<Kernel>,
     ctas_per_sm: usize,
     /// False after a failed `update` (device work list possibly half written).
     valid: bool,
@@ -456,6 +431,9 @@ pub struct DecodePlan {
     item_indptr: DeviceBuffer<i32>,
     o_partial: DeviceBuffer<f32>,
     lse_partial: DeviceBuffer<f32>,
+    /// `[B * Hkv * row groups]` arrival counters of split sequences (`unsigned int` on the
+    /// device): zero between launches (the last chunk of each sequence re-arms its counter).
+    chunk_counters: DeviceBuffer<i32>,
 }
 
 impl std::fmt::Debug for DecodePlan {
@@ -515,13 +493,8 @@ impl DecodePlan {
             slots,
         )?;
         let (item_seq, item_indptr, o_partial, lse_partial) = Self::buffers(ctx, &work, cfg, rows)?;
-        let combine = ctx.kernel(
-            &DecodeCombineVariant {
-                dtype,
-                head_dim: cfg.head_dim as u32,
-            }
-            .spec(),
-        )?;
+        // zeroed once; every launch leaves the counters at zero (B is fixed for the plan's life)
+        let chunk_counters = ctx.upload(&vec![0i32; seq_lens.len() * cfg.heads_kv * row_groups])?;
         Ok(DecodePlan {
             ctx: ctx.clone(),
             cfg: cfg.clone(),
@@ -531,7 +504,6 @@ impl DecodePlan {
             row_groups,
             scale,
             kernel,
-            combine,
             ctas_per_sm,
             valid: true,
             work,
@@ -539,6 +511,7 @@ impl DecodePlan {
             item_indptr,
             o_partial,
             lse_partial,
+            chunk_counters,
         })
     }
 
@@ -628,9 +601,13 @@ impl DecodePlan {
     pub fn variant(&self) -> &DecodeVariant {
         &self.variant
     }
-    /// Workspace bytes (partials and the work list).
+    /// Workspace bytes (partials, arrival counters and the work list).
     pub fn workspace_bytes(&self) -> usize {
-        self.o_partial.bytes() + self.lse_partial.bytes() + self.item_seq.bytes() + self.item_indptr.bytes()
+        self.o_partial.bytes()
+            + self.lse_partial.bytes()
+            + self.chunk_counters.bytes()
+            + self.item_seq.bytes()
+            + self.item_indptr.bytes()
     }
     /// One line: kernel, chunking, CTAs.
     pub fn describe(&self) -> String {
@@ -655,7 +632,7 @@ impl DecodePlan {
             t.stages,
             self.variant.shared_bytes(),
             self.ctas_per_sm,
-            if self.work.splits() { ", split-KV + combine" } else { "" }
+            if self.work.splits() { ", split-KV" } else { "" }
         )
     }
 
@@ -766,6 +743,7 @@ impl DecodePlan {
             item_indptr: self.item_indptr.device_ptr(),
             o_partial: if splits { self.o_partial.device_ptr() } else { 0 },
             lse_partial: if splits { self.lse_partial.device_ptr() } else { 0 },
+            chunk_counters: if splits { self.chunk_counters.device_ptr() } else { 0 },
             q_stride_b: qs[0] as i64,
             q_stride_n: qs[1] as i64,
             q_stride_h: qs[2] as i64,
@@ -796,22 +774,9 @@ impl DecodePlan {
         // SAFETY: params mirror ts::DecodeParams. q/out have the plan's shape and dtype with
         // aligned strides (checked above); the layer, scales and tables belong to a cache and
         // batch validated against the plan's config (page ids < P, tables covering every
-        // length); the work list and partial workspace were sized for this batch's items.
+        // length); the work list and partial workspace were sized for this batch's items, the
+        // arrival counters for its B x Hkv x row groups, all zero (each launch re-arms them).
         unsafe { self.kernel.launch(&self.ctx, cfg, &params) }?;
-        if splits {
-            let warps = b * self.cfg.heads_kv * self.rows();
-            let per_cta = (DecodeCombineVariant::THREADS / 32) as usize;
-            let grid = warps.div_ceil(per_cta);
-            // SAFETY: as above; the combine reads the partials the decode kernel just wrote on
-            // the same stream and writes out / lse of the validated shapes.
-            unsafe {
-                self.combine.launch(
-                    &self.ctx,
-                    LaunchConfig::linear(grid as u32, DecodeCombineVariant::THREADS, 0),
-                    &params,
-                )
-            }?;
-        }
         Ok(())
     }
 }
@@ -1046,17 +1011,6 @@ pub fn ci_variants() -> Vec<DecodeVariant> {
         for layout in [KeyRows, QueryRows] {
             v.push(variant(DType::F16, DType::F16, 128, page_size, layout, 1));
             v.push(variant(DType::F16, DType::F8E4M3, 128, page_size, layout, 1));
-        }
-    }
-    v
-}
-
-/// Combine variants for the CI compile checks.
-pub fn ci_combine_variants() -> Vec<DecodeCombineVariant> {
-    let mut v = Vec::new();
-    for dtype in [DType::F16, DType::BF16] {
-        for head_dim in [64u32, 128, 256] {
-            v.push(DecodeCombineVariant { dtype, head_dim });
         }
     }
     v

@@ -46,7 +46,9 @@ struct AppendParams {
 /// end. A sequence with one item writes o / lse directly; otherwise its items write normalised
 /// partials to slot s = item_indptr[b] + k:
 ///   o_partial[((s * heads_kv + kvh) * rows + r) * D + d], lse_partial[(s * heads_kv + kvh) * rows + r]
-/// that the combine kernel merges.
+/// and count themselves in chunk_counters[(b * heads_kv + kvh) * row_groups + row_group]; the
+/// last to arrive merges the partials and sets the counter back to 0 (so the counters are all 0
+/// between launches, as the plan allocated them).
 struct DecodeParams {
   const void* q;             // [B, q_len, Hq, D] Elem
   void* o;                   // [B, q_len, Hq, D] Elem
@@ -58,6 +60,7 @@ struct DecodeParams {
   const int* item_indptr;    // [B + 1]
   float* o_partial;          // workspace (nullptr when no sequence has two items)
   float* lse_partial;
+  unsigned int* chunk_counters;  // [B * heads_kv * row_groups], all 0 at launch (nullptr without splits)
   long long q_stride_b, q_stride_n, q_stride_h;
   long long o_stride_b, o_stride_n, o_stride_h;
   int batch;

@@ -17,9 +17,9 @@
 //   online softmax per row (ts::OnlineSoftmax, log2 domain, scale folded into exp2)
 //   O += P V       P packed to Elem in registers as the A operand, V by ldmatrix.trans
 // and at the end the warps' (m, l, O) are merged through shared memory by the online-softmax
-// rule; the CTA writes the output (single-chunk sequence) or a normalised f32 partial + LSE that
-// decode_combine.cu merges. (Merging in the last CTA to finish, counted with atomics, saved the
-// second launch but made the whole kernel ~15% slower on the H200: bench/NOTES.md.)
+// rule; the CTA writes the output (single-chunk sequence) or a normalised f32 partial + LSE, and
+// the CTA that finishes a split sequence's last chunk merges its partials (an arrival counter per
+// (sequence, KV head, row group); merge_warps_and_store in paged_decode_common.cuh).
 //
 // Pages: the page id of each tile is loaded one tile ahead (a register per lane, lane l holding
 // the tile's l-th page) and broadcast by shuffles when the copies are issued, so the table

@@ -14,7 +14,9 @@
 //   for_each_tile                      the warp's main loop over its tiles (optionally unrolled
 //                                      by the stage count)
 //   merge_warps_and_store<kRows>       merges the warps' (m, l, O) rows staged in shared memory
-//                                      and writes the output or the split-KV partials
+//                                      and writes the output, or the split-KV partial; the CTA
+//                                      that writes its sequence's last partial then merges them all
+//   merge_chunks_and_store<kRows>      that final merge of the partials of every chunk
 //
 // Stage layout (per warp, kStageBytes each): K tile, V tile (kTileKeys rows x kCacheRow bytes,
 // placed by the kernel's own row/chunk -> offset map, e.g. a swizzle), then for fp8 the (k, v)
@@ -76,7 +78,6 @@ TS_DEVICE void unroll_for(F&& f) {
 struct DecodeChunk {
   int b;
   int slot;   // partial slot: item_indptr[b] + chunk index
-  int count;  // chunks of sequence b
   int begin;
   int end;
   int len;
@@ -91,7 +92,7 @@ TS_DEVICE DecodeChunk chunk_of(const DecodeParams& p, int item) {
   const int len = p.tables.seq_lens[b];
   const int begin = min(k * p.chunk_tokens, len);
   const int end = k == n - 1 ? len : min(begin + p.chunk_tokens, len);
-  return DecodeChunk{b, first + k, n, begin, end, len, n == 1};
+  return DecodeChunk{b, first + k, begin, end, len, n == 1};
 }
 
 /// One warp's stream of K/V tiles: tiles t_begin <= t < t_end of its chunk (kTileKeys keys
@@ -342,13 +343,70 @@ TS_DEVICE void store_output(const DecodeParams& p, int b, int kvh, int row, int 
 /// Floats per row of the warps' staged O rows (breaks the 8-row bank pattern).
 constexpr int kMergePitch = kHeadDim + 4;
 
+/// Partials merged per batch of loads in merge_chunks_and_store (all issued before any is used).
+constexpr int kChunkBatch = 4;
+
+/// Split-KV, run by the one CTA of (sequence ch.b, KV head kvh, row group) that wrote the last
+/// of the sequence's `count` partials (slots first .. first + count - 1): merges the normalised partials o_i with weights
+/// 2^(x_i - m) / d (x_i = lse_i * log2 e, m = max_i x_i, d = sum_i 2^(x_i - m), folded batch by
+/// batch into one ts::OnlineSoftmax) and writes the output and LSE. A chunk that saw no visible
+/// key (lse_i = -inf, o_i = 0) weighs 0; a row no chunk saw gets O = 0 and LSE = -inf. The
+/// partials were written by other CTAs of this grid: read from L2 (kL2Only) after the acquire.
+template <int kRows>
+TS_DEVICE void merge_chunks_and_store(const DecodeParams& p, const DecodeChunk& ch, int kvh, int row_base, int first,
+                                      int count) {
+  for (int idx = thread_id(); idx < kRows * (kHeadDim / 4); idx += kThreads) {
+    const int grow = row_base + idx / (kHeadDim / 4);
+    const int c = (idx % (kHeadDim / 4)) * 4;
+    if (grow >= p.rows) continue;
+    // partial row of slot s: (s * Hkv + kvh) * rows + grow
+    const long long row0 = ((long long)first * p.heads_kv + kvh) * p.rows + grow;
+    const long long slot_stride = (long long)p.heads_kv * p.rows;
+    OnlineSoftmax st = OnlineSoftmax::empty();
+    float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i0 = 0; i0 < count; i0 += kChunkBatch) {
+      Array<float, kChunkBatch> x;
+      U32x4 v[kChunkBatch];
+#pragma unroll
+      for (int j = 0; j < kChunkBatch; ++j) {
+        const long long row = row0 + (long long)min(i0 + j, count - 1) * slot_stride;
+        x[j] = i0 + j < count ? __uint_as_float(ld_global_b32<CacheLoad::kL2Only>(p.lse_partial + row)) * kLog2e
+                                 : kNegInf;
+        v[j] = ld_global_b128<CacheLoad::kL2Only>(p.o_partial + row * kHeadDim + c);
+      }
+      const float factor = st.update_chunk(x);
+      const float shift = softmax_shift(st.m);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[e] *= factor;
+#pragma unroll
+      for (int j = 0; j < kChunkBatch; ++j) {
+        const float w = exp2_shifted(x[j], shift);
+        if (w == 0.0f) continue;  // an empty chunk, a batch's padding, or one negligible against the rest
+        o[0] += w * __uint_as_float(v[j].x);
+        o[1] += w * __uint_as_float(v[j].y);
+        o[2] += w * __uint_as_float(v[j].z);
+        o[3] += w * __uint_as_float(v[j].w);
+      }
+    }
+    const float inv_d = st.d > 0.0f ? 1.0f / st.d : 0.0f;
+    store_output(p, ch.b, kvh, grow, c, o[0] * inv_d, o[1] * inv_d, o[2] * inv_d, o[3] * inv_d, st.lse());
+  }
+}
+
 /// After a __syncthreads: every warp w has staged, for each of the CTA's kRows query rows r,
 /// its unnormalised O row at s_o[(w * kRows + r) * kMergePitch] and its (m, l) at
 /// s_ml[w * kRows + r]. Merges them by the online-softmax rule and writes the output (a
 /// sequence of one chunk) or the normalised f32 partial and LSE; rows >= p.rows are skipped.
+/// s_ml[0] is reused for a flag afterwards.
+///
+/// Split-KV without a second kernel: after writing its partial, the CTA counts itself in
+/// p.chunk_counters[(b * Hkv + kvh) * gridDim.z + blockIdx.z] (release: barrier, then a fence
+/// and the atomic by thread 0). The CTA that brings the count to the sequence's chunk count is
+/// the last of its sequence's chunks: it re-arms the counter to 0 for the next launch, acquires (fence) and
+/// merges every partial (merge_chunks_and_store). No CTA ever waits for another.
 template <int kRows>
 TS_DEVICE void merge_warps_and_store(const DecodeParams& p, const DecodeChunk& ch, int kvh, int row_base,
-                                     const float* s_o, const float2* s_ml) {
+                                     const float* s_o, float2* s_ml) {
   const long long part_row0 = ((long long)ch.slot * p.heads_kv + kvh) * p.rows;
   for (int idx = thread_id(); idx < kRows * (kHeadDim / 4); idx += kThreads) {
     const int row = idx / (kHeadDim / 4);
@@ -383,6 +441,29 @@ TS_DEVICE void merge_warps_and_store(const DecodeParams& p, const DecodeChunk& c
       if (c == 0) p.lse_partial[part_row0 + grow] = OnlineSoftmax{m, l}.lse();
     }
   }
+  if (ch.only) return;
+
+  // ---- split-KV: count this chunk in; the last one merges the sequence's partials -------------
+  // the chunks of b, loaded here rather than kept live through the main loop (registers; the
+  // volatile loads cannot be hoisted above the loop's asm)
+  const int first = (int)ld_global_b32(p.item_indptr + ch.b);
+  const int count = (int)ld_global_b32(p.item_indptr + ch.b + 1) - first;
+  // every thread's partial stores happen before thread 0's fence, and every read of s_ml is done
+  __syncthreads();
+  int* s_last = reinterpret_cast<int*>(s_ml);  // s_ml is free now: the flag goes there
+  if (thread_id() == 0) {
+    // row group row_base / kRows = blockIdx.z (from row_base: nothing more kept live through the loop)
+    unsigned int* counter = p.chunk_counters + ((long long)ch.b * p.heads_kv + kvh) * gridDim.z + row_base / kRows;
+    __threadfence();  // release the CTA's partials (cumulative over the barrier above)
+    const bool last = atomicAdd(counter, 1u) == (unsigned int)(count - 1);
+    if (last) {
+      *counter = 0u;    // every chunk has arrived: re-arm for the next launch
+      __threadfence();  // acquire the other chunks' partials
+    }
+    *s_last = last;
+  }
+  __syncthreads();
+  if (*s_last) merge_chunks_and_store<kRows>(p, ch, kvh, row_base, first, count);
 }
 
 }  // namespace
