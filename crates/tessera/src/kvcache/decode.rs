@@ -888,7 +888,8 @@ pub fn validate_decode(
 /// The default tuning for a variant: the first of these that fits `limit` bytes of shared
 /// memory (H200 measurements, bench/NOTES.md):
 /// - `KeyRows`, fp8 cache: 4 warps x 64 keys x 2 stages (129 KB), else 4 x 32 x 2, 4 x 16 x 2;
-/// - `KeyRows`, fp16/bf16 cache: 8 x 16 x 3, else 8 x 16 x 2, 4 x 16 x 3, 4 x 16 x 2;
+/// - `KeyRows`, fp16/bf16 cache: 8 x 16 x 2 (128 KB at D = 128), else 8 x 16 x 3, 4 x 16 x 3,
+///   4 x 16 x 2;
 /// - `QueryRows`, fp8 cache: 4 x 16 x 2 (68 KB: 3 CTAs per SM hide the dequantisation);
 /// - `QueryRows`, fp16/bf16 cache: 8 x 16 x 2, else 4 x 16 x 3, else 4 x 16 x 2.
 pub fn default_tuning(v: &DecodeVariant, limit: u32) -> DecodeTuning {
@@ -897,7 +898,7 @@ pub fn default_tuning(v: &DecodeVariant, limit: u32) -> DecodeTuning {
         DecodeLayout::QueryRows if fp8 => &[(4, 16, 2)],
         DecodeLayout::QueryRows => &[(8, 16, 2), (4, 16, 3), (4, 16, 2)],
         DecodeLayout::KeyRows if fp8 => &[(4, 64, 2), (4, 32, 2), (4, 16, 2)],
-        DecodeLayout::KeyRows => &[(8, 16, 3), (8, 16, 2), (4, 16, 3), (4, 16, 2)],
+        DecodeLayout::KeyRows => &[(8, 16, 2), (8, 16, 3), (4, 16, 3), (4, 16, 2)],
     };
     let mut v = *v;
     for &(warps, tile_keys, stages) in candidates {
