@@ -658,6 +658,7 @@ impl AttentionPlan {
                 block: (self.variant.threads, 1, 1),
                 shared_bytes: self.variant.shared_bytes(),
                 cluster_x: 1,
+                dependent_launch: false,
             };
             // SAFETY: `params` mirrors ts::AttentionParams; every pointer is a live device
             // allocation of the size the validated views and this plan's problem imply

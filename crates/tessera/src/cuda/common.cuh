@@ -5,7 +5,8 @@
 //          ts::ceil_div, ts::round_up, ts::is_pow2, ts::log2_floor, ts::next_pow2,
 //          ts::thread_id / lane_id / warp_id / num_warps, ts::kWarpSize, ts::kFullMask,
 //          ts::kLog2e, ts::kLn2, ts::kNegInf, ts::kPosInf, ts::kNaN (constexpr floats),
-//          ts::Array<T, N> (register array), ts::bit_cast, ts::dynamic_smem<T>().
+//          ts::Array<T, N> (register array), ts::bit_cast, ts::dynamic_smem<T>(),
+//          ts::wait_prior_grids / ts::allow_dependent_grids (programmatic dependent launch).
 //
 // Every kernel is compiled by NVRTC with `--std=c++17 -default-device`; the headers of
 // src/cuda/ are handed to NVRTC as named headers `tessera/<file>`. Nothing here includes a
@@ -127,6 +128,28 @@ template <typename T>
 TS_DEVICE T* dynamic_smem() {
   alignas(16) extern __shared__ unsigned char ts_dynamic_smem[];
   return reinterpret_cast<T*>(ts_dynamic_smem);
+}
+
+// ---- programmatic dependent launch (sm_90+; no-ops before) -------------------------------
+// A kernel launched with LaunchConfig::dependent_launch may start while the previous kernel on
+// its stream is still running. It must call wait_prior_grids() before its first global memory
+// access (read or write): that waits until the previous grid has completed and its writes are
+// visible (a no-op when the launch had no such dependency). allow_dependent_grids() lets the
+// next dependent kernel be scheduled once every CTA of this grid has called it or exited; the
+// next kernel's own wait still orders its memory accesses after this whole grid.
+
+/// Waits for the grids this one depends on programmatically (griddepcontrol.wait).
+TS_DEVICE void wait_prior_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/// Allows the next programmatically dependent grid to launch (griddepcontrol.launch_dependents).
+TS_DEVICE void allow_dependent_grids() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
 }
 
 }  // namespace ts

@@ -66,6 +66,8 @@ TS_DEVICE float inv_scale_of(const AppendParams& p, int page, int h, int kv) {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads) paged_append(const __grid_constant__ ts::AppendParams p) {
+  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
+  ts::allow_dependent_grids();
   const long long idx = (long long)blockIdx.x * kThreads + threadIdx.x;
   const int per_row = p.vector_ok ? p.head_dim / 8 : p.head_dim;  // work units per (row, kv, head)
   const long long units = (long long)p.tokens * 2 * p.heads_kv * per_row;

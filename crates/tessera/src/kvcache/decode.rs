@@ -770,6 +770,8 @@ impl DecodePlan {
             block: (self.variant.threads(), 1, 1),
             shared_bytes: self.variant.shared_bytes(),
             cluster_x: 1,
+            // the kernel waits for the previous grid before its first global access
+            dependent_launch: true,
         };
         // SAFETY: params mirror ts::DecodeParams. q/out have the plan's shape and dtype with
         // aligned strides (checked above); the layer, scales and tables belong to a cache and

@@ -480,7 +480,7 @@ impl PagedKvCache {
         unsafe {
             kernel.launch(
                 &self.ctx,
-                LaunchConfig::linear(grid as u32, AppendVariant::THREADS, 0),
+                LaunchConfig::linear(grid as u32, AppendVariant::THREADS, 0).with_dependent_launch(),
                 &params,
             )
         }

@@ -153,6 +153,8 @@ TS_DEVICE void dequant_tile(unsigned char* dst, const unsigned char* src) {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_decode(const __grid_constant__ ts::DecodeParams p) {
+  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
+  ts::allow_dependent_grids();
   const int kvh = blockIdx.x;
   const int item = blockIdx.y;
   const int row_base = blockIdx.z * kRows;  // first query row of this CTA

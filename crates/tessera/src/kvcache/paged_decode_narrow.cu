@@ -228,6 +228,8 @@ TS_DEVICE void pv_tile(Accum& acc, const Scores& p, uint32_t sv, const unsigned 
 
 extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     paged_decode_narrow(const __grid_constant__ ts::DecodeParams p) {
+  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
+  ts::allow_dependent_grids();
   const int kvh = blockIdx.x;
   const int item = blockIdx.y;
   const int row_base = blockIdx.z * kRows;  // first query row of this CTA

@@ -25,6 +25,19 @@ pub struct LaunchConfig {
     /// CTAs per thread-block cluster along x (Hopper and newer); 1 = no clusters. `grid.0`
     /// must be a multiple of it.
     pub cluster_x: u32,
+    /// Programmatic dependent launch: the kernel may be scheduled while the previous kernel on
+    /// the stream is still finishing (its CTAs start as the previous grid's CTAs exit, instead
+    /// of after the whole grid and a launch gap). Only for kernels that call
+    /// `ts::wait_prior_grids()` before their first global memory access (common.cuh). Applied
+    /// on sm_90+ unless `TESSERA_PDL=0` ([`pdl_enabled`]); ignored elsewhere.
+    pub dependent_launch: bool,
+}
+
+/// Whether launches that allow it use programmatic dependent launch on a device of compute
+/// capability `cc`: sm_90 and newer, unless the environment sets `TESSERA_PDL=0` (read once).
+pub fn pdl_enabled(cc: (u32, u32)) -> bool {
+    static ENV_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    cc.0 >= 9 && !*ENV_OFF.get_or_init(|| std::env::var("TESSERA_PDL").is_ok_and(|v| v.trim() == "0"))
 }
 
 impl LaunchConfig {
@@ -35,6 +48,15 @@ impl LaunchConfig {
             block: (block, 1, 1),
             shared_bytes,
             cluster_x: 1,
+            dependent_launch: false,
+        }
+    }
+
+    /// The same launch with programmatic dependent launch allowed (see `dependent_launch`).
+    pub fn with_dependent_launch(self) -> Self {
+        LaunchConfig {
+            dependent_launch: true,
+            ..self
         }
     }
 
@@ -45,6 +67,7 @@ impl LaunchConfig {
             block: (block, 1, 1),
             shared_bytes,
             cluster_x,
+            dependent_launch: false,
         }
     }
 
@@ -54,6 +77,11 @@ impl LaunchConfig {
         attr.value.clusterDim.x = self.cluster_x;
         attr.value.clusterDim.y = 1;
         attr.value.clusterDim.z = 1;
+        self.with_attrs(stream, attr, 1)
+    }
+
+    /// The driver's extended launch config over `n` attributes starting at `attrs`.
+    fn with_attrs(&self, stream: sys::CUstream, attrs: *mut sys::CUlaunchAttribute, n: u32) -> sys::CUlaunchConfig {
         sys::CUlaunchConfig {
             gridDimX: self.grid.0,
             gridDimY: self.grid.1,
@@ -63,8 +91,8 @@ impl LaunchConfig {
             blockDimZ: self.block.2,
             sharedMemBytes: self.shared_bytes,
             hStream: stream,
-            attrs: attr,
-            numAttrs: 1,
+            attrs,
+            numAttrs: n,
         }
     }
 }
@@ -178,9 +206,23 @@ impl Kernel {
         }
         self.allow_shared(cfg.shared_bytes)?;
         let mut args = [params as *const P as *mut std::ffi::c_void];
-        if cfg.cluster_x > 1 {
-            let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-            let config = cfg.extended(ctx.cu_stream(), &mut attr);
+        let pdl = cfg.dependent_launch && pdl_enabled(ctx.info().compute_capability);
+        if cfg.cluster_x > 1 || pdl {
+            let mut attrs: [sys::CUlaunchAttribute; 2] = std::mem::zeroed();
+            let mut n = 0;
+            if cfg.cluster_x > 1 {
+                attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+                attrs[n].value.clusterDim.x = cfg.cluster_x;
+                attrs[n].value.clusterDim.y = 1;
+                attrs[n].value.clusterDim.z = 1;
+                n += 1;
+            }
+            if pdl {
+                attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+                attrs[n].value.programmaticStreamSerializationAllowed = 1;
+                n += 1;
+            }
+            let config = cfg.with_attrs(ctx.cu_stream(), attrs.as_mut_ptr(), n as u32);
             return check(
                 "cuLaunchKernelEx",
                 sys::cuLaunchKernelEx(&config, self.function, args.as_mut_ptr(), std::ptr::null_mut()),

@@ -683,7 +683,7 @@ fn build_cluster(
     Ok(Some(Launchable {
         variant,
         kernel,
-        cfg: LaunchConfig::clustered(clusters * cluster, threads, smem as u32, cluster),
+        cfg: LaunchConfig::clustered(clusters * cluster, threads, smem as u32, cluster).with_dependent_launch(),
         chunk,
     }))
 }
@@ -746,7 +746,7 @@ fn build_variant(
     Ok(Some(Launchable {
         variant,
         kernel,
-        cfg: LaunchConfig::linear(grid, threads, smem),
+        cfg: LaunchConfig::linear(grid, threads, smem).with_dependent_launch(),
         chunk: 0,
     }))
 }

@@ -661,6 +661,8 @@ constexpr int kMinBlocksPerSm = kPath != 0   ? 1024 / kBlockThreads
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
     softmax_kernel(const __grid_constant__ SoftmaxParams p) {
+  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
+  ts::allow_dependent_grids();
   if constexpr (kPath == 0) {
     softmax::softmax_warp_rows(p);
   } else if constexpr (kPath == 1) {

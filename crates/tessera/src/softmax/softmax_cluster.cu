@@ -333,5 +333,7 @@ constexpr int kMinBlocksPerSm = !softmax_cluster::kPipe    ? 0
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
     softmax_cluster_kernel(const __grid_constant__ SoftmaxClusterParams p) {
+  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
+  ts::allow_dependent_grids();
   softmax_cluster::rows(p);
 }
