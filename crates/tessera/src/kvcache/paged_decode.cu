@@ -154,7 +154,6 @@ TS_DEVICE void dequant_tile(unsigned char* dst, const unsigned char* src) {
 
 extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_decode(const __grid_constant__ ts::DecodeParams p) {
   ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
-  ts::allow_dependent_grids();
   const int kvh = blockIdx.x;
   const int item = blockIdx.y;
   const int row_base = blockIdx.z * kRows;  // first query row of this CTA
@@ -338,6 +337,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
   };
   for_each_tile<kUnrollStages>(t_begin, t_end, step);
 
+  // the next kernel may launch once every CTA is past its main loop (allowed at the start, the
+  // decode measured ~1% slower at 32K-64K on the H200: bench/NOTES.md run KV17)
+  ts::allow_dependent_grids();
   // ---- merge the warps: (m, l) per row and O through shared memory -----------------------
   if constexpr (kFp8) apply_v_ref(acc, v_ref);
   cp_async_wait_all();
