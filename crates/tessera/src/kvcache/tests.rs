@@ -5,8 +5,8 @@
 use proptest::prelude::*;
 
 use super::decode::{
-    choose_chunk, default_tuning, validate_decode, DecodeLayout, DecodeOptions, DecodeTuning, DecodeVariant, WorkList,
-    HOPPER_SHARED_LIMIT, MAX_ITEMS,
+    choose_chunk, default_tuning, dependent_launch_pays, validate_decode, DecodeLayout, DecodeOptions, DecodeTuning,
+    DecodeVariant, WorkList, HOPPER_SHARED_LIMIT, MAX_ITEMS,
 };
 use super::*;
 
@@ -184,6 +184,22 @@ fn tunings_are_powers_of_two_tiles() {
     }
     .validate());
     assert!(e.contains("16/32/64"), "{e}");
+}
+
+#[test]
+fn dependent_launch_only_for_short_decodes() {
+    // B=8, Hkv=8, D=128: 8K tokens each read 256 MiB (fp16) and use it; 16K does not
+    let c = cfg();
+    assert!(dependent_launch_pays(&[8192; 8], &c));
+    assert!(!dependent_launch_pays(&[16384; 8], &c));
+    assert!(dependent_launch_pays(&[], &c));
+    let fp8 = KvCacheConfig {
+        dtype: DType::F8E4M3,
+        ..cfg()
+    };
+    assert!(dependent_launch_pays(&[16384; 8], &fp8));
+    assert!(!dependent_launch_pays(&[32768; 8], &fp8));
+    assert!(!dependent_launch_pays(&[usize::MAX, 1], &c)); // saturates, no overflow
 }
 
 #[test]
