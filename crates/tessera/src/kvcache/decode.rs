@@ -37,9 +37,11 @@ pub const MIN_CHUNK_TOKENS: usize = 256;
 /// Most work items (grid.y).
 pub const MAX_ITEMS: usize = 65535;
 /// Batches reading at most this many K/V bytes per layer launch with programmatic dependent
-/// launch (sm_90+): the next decode starts as this one's CTAs exit, saving ~1.5 us per launch
-/// (H200: -10% at 1K, -3% at 4K, -1% at 8K, even at 16K), while longer launches measured ~1%
-/// slower with it at 32K-64K (bench/NOTES.md runs KV17-KV18).
+/// launch (sm_90+): such a decode launch may be scheduled while the previous tessera kernel on
+/// the stream finishes (that kernel allows it once its CTAs are past their main loop) and waits
+/// for it before touching memory, saving ~1.5 us per launch (H200: -10% at 1K, -3% at 4K, -1%
+/// at 8K, even at 16K); longer launches measured ~1% slower with it at 32K-64K (bench/NOTES.md
+/// runs KV17-KV18). Decided from the lengths given to `new` / `update`.
 pub const DEPENDENT_LAUNCH_MAX_KV_BYTES: usize = 256 << 20;
 
 /// Whether a decode of sequences `lens` over `cfg`'s cache is short enough for programmatic
@@ -602,6 +604,9 @@ impl DecodePlan {
             self.o_partial = c;
             self.lse_partial = d;
         }
+        // re-arm the arrival counters (stream-ordered): a launch that never completed, e.g. a
+        // graph replayed with a stale work list, must not poison the launches after an update
+        self.chunk_counters.fill_bytes(0)?;
         self.work = work;
         self.dependent_launch = dependent_launch_pays(seq_lens, &self.cfg);
         self.valid = true;
@@ -658,7 +663,9 @@ impl DecodePlan {
     /// Runs the decode of `layer`: `q` and `out` are `[B, q_len, Hq, D]` of the plan's query
     /// dtype (any strides with a contiguous last dim, 16-byte aligned rows); `lse`, when given,
     /// f32 `[B, q_len, Hq]` contiguous. `batch` holds the block tables and lengths (validated
-    /// when it was updated). Allocates nothing; only kernel launches are queued.
+    /// when it was updated). Allocates nothing; only kernel launches are queued. The plan's
+    /// workspace (partials, arrival counters) belongs to one launch at a time: do not run one
+    /// plan on two streams concurrently (one plan per stream instead).
     pub fn run(
         &self,
         q: &TensorView,

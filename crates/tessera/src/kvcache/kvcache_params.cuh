@@ -1,5 +1,5 @@
-// tessera/kvcache_params.cuh: launch parameters of the paged KV cache kernels (append, paged
-// decode, decode combine). Mirrored field for field by `AppendParams` and `DecodeParams` in
+// tessera/kvcache_params.cuh: launch parameters of the paged KV cache kernels (append and the
+// two paged decode kernels). Mirrored field for field by `AppendParams` and `DecodeParams` in
 // kvcache/{append,decode}.rs (sizes checked there); change both together.
 //
 // Cache of one layer: [P][2][T][Hkv][D] elements of the cache dtype (K then V of a page
