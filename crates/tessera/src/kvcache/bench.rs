@@ -127,10 +127,8 @@ impl BenchCase {
     }
     pub fn implementation(&self) -> String {
         let mut s = String::from("tessera");
-        match self.layout {
-            Some(DecodeLayout::QueryRows) => s += "-query-rows",
-            Some(DecodeLayout::KeyRows) => s += "-key-rows",
-            None => {}
+        if let Some(layout) = self.layout {
+            s = s + "-" + layout.name();
         }
         if let Some(t) = self.tuning {
             s += &format!("-w{}k{}s{}", t.warps, t.tile_keys, t.stages);

@@ -124,6 +124,13 @@ pub enum DecodeLayout {
 }
 
 impl DecodeLayout {
+    /// `query-rows` / `key-rows` (bench and verify names).
+    pub fn name(self) -> &'static str {
+        match self {
+            DecodeLayout::QueryRows => "query-rows",
+            DecodeLayout::KeyRows => "key-rows",
+        }
+    }
     /// The planner's choice: `KeyRows` when a KV head serves at most 8 query rows.
     pub fn for_rows(rows: usize) -> DecodeLayout {
         if rows <= 8 {
@@ -821,8 +828,7 @@ impl WorkList {
 
 /// Checks a decode request without a GPU: the cache config, `Hq % Hkv == 0`, `q_len` in
 /// 1..=8, a forced tuning and layout, the query dtype against the cache dtype, the scale and
-/// the lengths. Returns the query
-/// dtype and the effective scale.
+/// the lengths. Returns the query dtype and the effective scale.
 pub fn validate_decode(
     cfg: &KvCacheConfig,
     heads_q: usize,

@@ -202,8 +202,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
   const LaneAddr q_addr = lane_addr_a(smem_addr(s_q));
   Accum acc;
   OnlineSoftmax state[kMBlocks][2];
-  float v_ref = 0.0f;  // fp8: the V scale O is accumulated in (set by the warp's first tile)
-  float inv_v_ref = 0.0f;
+  VScaleRef v_ref;  // fp8
 #pragma unroll
   for (int mb = 0; mb < kMBlocks; ++mb) {
 #pragma unroll
@@ -217,9 +216,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = row_base + mb * 16 + (lane >> 2) + 8 * r;
-      row_limit[mb][r] = ch.len - p.q_len + min(row / p.group, p.q_len - 1) + 1;  // keys < this
+      row_limit[mb][r] = visible_key_limit(p, ch, row);  // keys < this
     }
-  const int causal_from = ch.len - p.q_len + 1;  // tiles reaching here need the causal mask
+  const int causal_from = ch.len - p.q_len + 1;  // row 0's limit: tiles past it need the mask
 
   QFragments qf;
   cp_async_wait<kStages - 1>();  // Q landed for this thread ...
@@ -259,17 +258,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
     float v_scale[kSBlocks];
     if constexpr (kFp8) {
       const float* sc = reinterpret_cast<const float*>(stage + 2 * kCacheTile);
-      // O is accumulated in units of the warp's first V scale: P carries the ratio (near 1 for
-      // the pages of one sequence), so P * ratio neither overflows nor underflows fp16
-      if (v_ref == 0.0f) {
-        v_ref = sc[1];
-        inv_v_ref = fast_rcp(v_ref);
-      }
+      v_ref.take_first(sc);
 #pragma unroll
       for (int nb = 0; nb < kSBlocks; ++nb) {
         const int pg = (nb * 8 / kPageSize) % kTilePages;
         const float k_scale = sc[pg * 4];
-        v_scale[nb] = sc[pg * 4 + 1] * inv_v_ref;
+        v_scale[nb] = v_ref.ratio(sc + pg * 4);  // O in units of the warp's first V scale
 #pragma unroll
         for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
@@ -341,7 +335,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
   // decode measured ~1% slower at 32K-64K on the H200: bench/NOTES.md run KV17)
   ts::allow_dependent_grids();
   // ---- merge the warps: (m, l) per row and O through shared memory -----------------------
-  if constexpr (kFp8) apply_v_ref(acc, v_ref);
+  if constexpr (kFp8) v_ref.apply(acc);
   cp_async_wait_all();
   __syncthreads();  // every warp is done with its pipeline area
   float* s_o = reinterpret_cast<float*>(smem + kRows * kElemRow);            // [kWarps][kRows][kMergePitch]

@@ -13,6 +13,8 @@
 //                                      through a pipeline of kStages stages in its shared memory
 //   for_each_tile                      the warp's main loop over its tiles (optionally unrolled
 //                                      by the stage count)
+//   visible_key_limit                  the causal limit of a query row (speculative decoding)
+//   VScaleRef                          fp8: the V-scale reference O is accumulated in
 //   merge_warps_and_store<kRows>       merges the warps' (m, l, O) rows staged in shared memory
 //                                      and writes the output, or the split-KV partial; the CTA
 //                                      that writes its sequence's last partial then merges them all
@@ -281,16 +283,40 @@ TS_DEVICE void for_each_tile(int t_begin, int t_end, Step&& step) {
   }
 }
 
-/// fp8: O was accumulated in units of the warp's first V scale v_ref (0 when the warp saw no
-/// tile); scales the accumulators (a float array of any shape) back before the merge.
-template <typename Accum>
-TS_DEVICE void apply_v_ref(Accum& acc, float v_ref) {
-  if (v_ref != 0.0f) {
-    float* x = reinterpret_cast<float*>(&acc);
-#pragma unroll
-    for (int i = 0; i < (int)(sizeof(Accum) / sizeof(float)); ++i) x[i] *= v_ref;
-  }
+/// Keys [0, limit) of the sequence are visible to query row `row` (r = qi * group + hh): query
+/// token qi sits at position len - q_len + qi (causal speculative decoding). Row 0 has the
+/// smallest limit, len - q_len + 1: tiles reaching it need the causal mask.
+TS_DEVICE int visible_key_limit(const DecodeParams& p, const DecodeChunk& ch, int row) {
+  return ch.len - p.q_len + min(row / p.group, p.q_len - 1) + 1;
 }
+
+/// fp8: O is accumulated in units of the warp's first V scale (`ref`, taken from its first
+/// tile), so each page's probabilities carry the ratio of its V scale to that one (near 1 for
+/// the pages of one sequence: P * ratio neither overflows nor underflows fp16).
+struct VScaleRef {
+  float ref = 0.0f;  // 0 until the warp's first tile
+  float inv = 0.0f;
+  /// Per tile, before ratio(): on the warp's first tile, takes the V scale of the tile's first
+  /// page (its (K, V) scales at `first`) as the reference.
+  TS_DEVICE void take_first(const float* first) {
+    if (ref == 0.0f) {
+      ref = first[1];
+      inv = fast_rcp(ref);
+    }
+  }
+  /// The ratio for the page whose (K, V) scales are at `page_scales`.
+  TS_DEVICE float ratio(const float* page_scales) const { return page_scales[1] * inv; }
+  /// Scales the accumulators (a float array of any shape) back to V units before the merge
+  /// (nothing when the warp saw no tile).
+  template <typename Accum>
+  TS_DEVICE void apply(Accum& acc) const {
+    if (ref != 0.0f) {
+      float* x = reinterpret_cast<float*>(&acc);
+#pragma unroll
+      for (int i = 0; i < (int)(sizeof(Accum) / sizeof(float)); ++i) x[i] *= ref;
+    }
+  }
+};
 
 /// f16x2 -> Elem x2 (exact for the f16 values an e4m3 byte decodes to).
 TS_DEVICE uint32_t f16x2_to_elem(uint32_t x) {

@@ -260,16 +260,12 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
 #pragma unroll
   for (int dt = 0; dt < kDimTiles; ++dt) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.0f;
   OnlineSoftmax state[2] = {OnlineSoftmax::empty(), OnlineSoftmax::empty()};
-  float v_ref = 0.0f;  // fp8: the V scale O is accumulated in (set by the warp's first tile)
-  float inv_v_ref = 0.0f;
+  VScaleRef v_ref;  // fp8
   // keys < row_limit[e] are visible to query column 2t + e (causal with q_len > 1)
   int row_limit[2];
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const int row = row_base + 2 * t + e;
-    row_limit[e] = ch.len - p.q_len + min(row / p.group, p.q_len - 1) + 1;
-  }
-  const int causal_from = ch.len - p.q_len + 1;  // tiles reaching here need the causal mask
+  for (int e = 0; e < 2; ++e) row_limit[e] = visible_key_limit(p, ch, row_base + 2 * t + e);
+  const int causal_from = ch.len - p.q_len + 1;  // row 0's limit: tiles past it need the mask
 
   // one pipeline step: tile t in stage `stage_index` (= (t - t_begin) % kStages)
   auto step = [&](int tile, int stage_index) {
@@ -291,16 +287,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
     float v_scale[kKeyTiles][2];
     if constexpr (kFp8) {
       const float* sc = reinterpret_cast<const float*>(v_tile + kCacheTile);
-      if (v_ref == 0.0f) {  // the warp's first tile: the V scale of its first page
-        v_ref = sc[1];
-        inv_v_ref = fast_rcp(v_ref);
-      }
+      v_ref.take_first(sc);
 #pragma unroll
       for (int kt = 0; kt < kKeyTiles; ++kt)
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const int pg = kTilePages == 1 ? 0 : (kt * 16 + g + 8 * u) / kPageSize;
-          v_scale[kt][u] = sc[pg * 4 + 1] * inv_v_ref;
+          v_scale[kt][u] = v_ref.ratio(sc + pg * 4);
           const float k_scale = sc[pg * 4];
           s[kt][2 * u] *= k_scale;
           s[kt][2 * u + 1] *= k_scale;
@@ -362,7 +355,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   // decode measured ~1% slower at 32K-64K on the H200: bench/NOTES.md run KV17)
   ts::allow_dependent_grids();
   // ---- merge the warps: (m, l) per query row and O through shared memory ----------------------
-  if constexpr (kFp8) apply_v_ref(acc, v_ref);
+  if constexpr (kFp8) v_ref.apply(acc);
   cp_async_wait_all();
   __syncthreads();  // every warp is done with its pipeline area
   float* s_o = reinterpret_cast<float*>(smem);                                  // [kWarps][kRows][kMergePitch]

@@ -115,10 +115,8 @@ impl Case {
         if let Some(t) = self.tuning {
             s += &format!(" w{}k{}s{}", t.warps, t.tile_keys, t.stages);
         }
-        match self.layout {
-            Some(DecodeLayout::QueryRows) => s += " query-rows",
-            Some(DecodeLayout::KeyRows) => s += " key-rows",
-            None => {}
+        if let Some(layout) = self.layout {
+            s = s + " " + layout.name();
         }
         if self.plan_shorter_by > 0 {
             s += &format!(" planned-{}", self.plan_shorter_by);

@@ -26,8 +26,8 @@ pub struct LaunchConfig {
     /// must be a multiple of it.
     pub cluster_x: u32,
     /// Programmatic dependent launch: the kernel may be scheduled while the previous kernel on
-    /// the stream is still finishing (its CTAs start as the previous grid's CTAs exit, instead
-    /// of after the whole grid and a launch gap). Only for kernels that call
+    /// the stream is still finishing, once that kernel allows it (`ts::allow_dependent_grids`),
+    /// instead of after the whole grid and a launch gap. Only for kernels that call
     /// `ts::wait_prior_grids()` before their first global memory access (common.cuh). Applied
     /// on sm_90+ unless `TESSERA_PDL=0` ([`pdl_enabled`]); ignored elsewhere.
     pub dependent_launch: bool,
@@ -71,13 +71,25 @@ impl LaunchConfig {
         }
     }
 
-    /// The driver's extended launch config with a cluster-dimension attribute in `attr`.
-    fn extended(&self, stream: sys::CUstream, attr: &mut sys::CUlaunchAttribute) -> sys::CUlaunchConfig {
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-        attr.value.clusterDim.x = self.cluster_x;
-        attr.value.clusterDim.y = 1;
-        attr.value.clusterDim.z = 1;
-        self.with_attrs(stream, attr, 1)
+    /// The launch attributes of this config: the cluster dimension when `cluster_x > 1`, and
+    /// programmatic stream serialization when `pdl`; the first `n` entries are set.
+    fn attributes(&self, pdl: bool) -> ([sys::CUlaunchAttribute; 2], u32) {
+        // SAFETY: all-zero is a valid (empty) attribute value.
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut n = 0;
+        if self.cluster_x > 1 {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attrs[n].value.clusterDim.x = self.cluster_x;
+            attrs[n].value.clusterDim.y = 1;
+            attrs[n].value.clusterDim.z = 1;
+            n += 1;
+        }
+        if pdl {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attrs[n].value.programmaticStreamSerializationAllowed = 1;
+            n += 1;
+        }
+        (attrs, n as u32)
     }
 
     /// The driver's extended launch config over `n` attributes starting at `attrs`.
@@ -165,11 +177,10 @@ impl Kernel {
     pub fn max_active_clusters(&self, ctx: &Context, cfg: LaunchConfig) -> Result<u32> {
         ctx.bind()?;
         self.allow_shared(cfg.shared_bytes)?;
-        // SAFETY: all-zero is a valid (empty) attribute value; `extended` fills it.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        let config = cfg.extended(ctx.cu_stream(), &mut attr);
+        let (mut attrs, n_attrs) = cfg.attributes(false);
+        let config = cfg.with_attrs(ctx.cu_stream(), attrs.as_mut_ptr(), n_attrs);
         let mut n = 0;
-        // SAFETY: valid function and config; `attr` outlives the call.
+        // SAFETY: valid function and config; `attrs` outlives the call.
         check("cuOccupancyMaxActiveClusters", unsafe {
             sys::cuOccupancyMaxActiveClusters(&mut n, self.function, &config)
         })?;
@@ -208,21 +219,8 @@ impl Kernel {
         let mut args = [params as *const P as *mut std::ffi::c_void];
         let pdl = cfg.dependent_launch && pdl_enabled(ctx.info().compute_capability);
         if cfg.cluster_x > 1 || pdl {
-            let mut attrs: [sys::CUlaunchAttribute; 2] = std::mem::zeroed();
-            let mut n = 0;
-            if cfg.cluster_x > 1 {
-                attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-                attrs[n].value.clusterDim.x = cfg.cluster_x;
-                attrs[n].value.clusterDim.y = 1;
-                attrs[n].value.clusterDim.z = 1;
-                n += 1;
-            }
-            if pdl {
-                attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-                attrs[n].value.programmaticStreamSerializationAllowed = 1;
-                n += 1;
-            }
-            let config = cfg.with_attrs(ctx.cu_stream(), attrs.as_mut_ptr(), n as u32);
+            let (mut attrs, n) = cfg.attributes(pdl);
+            let config = cfg.with_attrs(ctx.cu_stream(), attrs.as_mut_ptr(), n);
             return check(
                 "cuLaunchKernelEx",
                 sys::cuLaunchKernelEx(&config, self.function, args.as_mut_ptr(), std::ptr::null_mut()),

@@ -50,13 +50,13 @@
 //      rows_per_cta = (kBlockThreads / kWarpWidth) * kRowsPerWarp;
 //      grid = min(ceil(rows / rows_per_cta), cap).
 //      Tunings (kWarpTuning, each a Rust path; Auto takes 2 for rows of <= 32 input bytes per
-//      lane and 0 otherwise, plan.rs): 0 "warp": evict-first loads (.cs). 1 "warp-nc": loads with L1::no_allocate
-//      and the default L2 policy. 2 "warp-v2": as 1, and for short rows (<= 32 input bytes per
-//      lane per iteration, e.g. 128 columns) a register double buffer: before reducing
-//      iteration i, each lane group issues the loads of its rows of iteration i + 1 (rows
-//      step = gridDim.x * rows_per_cta further; masked past the end), so a lane has its next
-//      rows in flight while it reduces and stores; the grid is one wave of resident CTAs (cap =
-//      resident CTAs), so every CTA runs several iterations (sm_90a registers: fp32 cols 128 32
+//      lane and 0 otherwise, plan.rs): 0 "warp": evict-first loads (.cs). 1 "warp-nc": loads
+//      with L1::no_allocate and the default L2 policy. 2 "warp-v2": as 1, and for short rows
+//      (<= 32 input bytes per lane per iteration, e.g. 128 columns) a register double buffer:
+//      before reducing iteration i, each lane group issues the loads of its rows of iteration
+//      i + 1 (rows step = gridDim.x * rows_per_cta further; masked past the end), so a lane
+//      has its next rows in flight while it reduces and stores; the grid is one wave of
+//      resident CTAs, so every CTA runs several iterations (sm_90a registers: fp32 cols 128 32
 //      as tuning 0, fp16 cols 128 56 vs 48). Longer fp32 rows (> 64 bytes per lane) instead get
 //      an occupancy floor of 7 CTAs per SM on sm_90+ (72-register cap; fp32 cols 1024: 71-72
 //      registers vs 75-83, 7 CTAs per SM instead of 5-6).
@@ -197,8 +197,9 @@ constexpr ts::CacheStore kStoreHint = ts::CacheStore::kDefault;
 /// Warp-path tunings (Rust: the "warp", "warp-nc" and "warp-v2" paths): 0 loads evict-first
 /// (.cs); 1 loads with L1::no_allocate and the default L2 policy; 2 as 1, and for rows of at
 /// most kMaxPrefetchBytes per lane each lane group also loads its rows of the next grid-stride
-/// iteration before reducing the current ones (a register double buffer; the Rust side then launches one wave of resident CTAs, so every CTA
-/// runs several iterations); longer rows get an occupancy floor instead (kWarpOccupancyFloor).
+/// iteration before reducing the current ones (a register double buffer; the Rust side then
+/// launches one wave of resident CTAs, so every CTA runs several iterations); longer rows get
+/// an occupancy floor instead (kWarpOccupancyFloor).
 constexpr ts::CacheLoad kWarpLoad = kWarpTuning == 0 ? kLoadOnce : ts::CacheLoad::kNoAllocate;
 /// Input bytes per lane per iteration up to which tuning 2 prefetches (two 16-byte packs: short
 /// rows, where the second buffer costs 0-11 registers; the ladder's step 2 found a prefetch of
