@@ -7,7 +7,8 @@
 # Produces (git-ignored):
 #   .bundle/bin/tessera      release build of the CLI (cargo build --release -p tessera-cli)
 #   .bundle/baselines/*.py   the Python baseline runners (copy of scripts/baselines/)
-#   .bundle/cache/           every kernel variant pre-compiled for sm_90a (the JIT cache)
+#   .bundle/cache.tar.xz     every kernel variant pre-compiled for sm_90a (the JIT cache, packed;
+#                            device-run.sh unpacks it to .bundle/cache)
 #   .bundle/COMMIT           git commit of the build (+ "-dirty" when the tree had changes);
 #                            device-run.sh exports it as TESSERA_COMMIT
 #   .bundle/wheels/tessera-*.whl  the Python package (scripts/build-wheel.sh: abi3, CPython >= 3.9,
@@ -113,6 +114,12 @@ if eval "$(bash scripts/setup-cuda-tools.sh)"; then
         echo "bundle: warning: some kernels failed to compile or spilled (see above)" >&2
 else
     echo "bundle: NVRTC setup failed: kernels will be compiled on the GPU machine" >&2
+fi
+# cubins compress ~10x: the cache travels as cache.tar.xz, unpacked by device-run.sh
+rm -f "$B/cache.tar.xz"
+if [[ -d "$B/cache" ]]; then
+    tar -C "$B" -cJf "$B/cache.tar.xz" cache || die "cannot pack the kernel cache"
+    rm -rf "${B:?}/cache"
 fi
 
 rm -rf "${B:?}/wheels" "${B:?}/pytest-wheels"

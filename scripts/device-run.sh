@@ -141,6 +141,12 @@ if compgen -G ".bundle/wheels/*.whl" >/dev/null; then
         say "device-run: installing .bundle/wheels failed: those baselines will be missing"
     fi
 fi
+if [[ -f .bundle/cache.tar.xz ]]; then
+    # bundle.sh packs the kernel cache (python's tarfile: no xz binary needed)
+    rm -rf .bundle/cache
+    "${PYTHON:-python3}" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+        .bundle/cache.tar.xz .bundle || echo "device-run: cannot unpack .bundle/cache.tar.xz" >&2
+fi
 if [[ -d .bundle/cache ]]; then
     export TESSERA_CACHE_DIR="$PWD/.bundle/cache" # kernels pre-compiled by bundle.sh
 fi

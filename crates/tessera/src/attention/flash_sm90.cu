@@ -6,11 +6,16 @@
 // kBlockM (128: 64 query rows per consumer warpgroup), kBlockN (keys per tile), kThreads (384),
 // kStages (K/V ring depth), kMasked, kSoftcap, kSplit.
 //
-// Work: item w of hp.work_items (grid = min(work_items, SMs), CTA c takes w = c, c + grid, ...).
-// The batch-heads are cut into sections of hp.l2_heads whose K and V fit in L2 together; inside a
+// Work: item w of hp.work_items (grid = min(work_items, SMs)). CTA c starts with item c and then
+// takes items grid, grid + 1, ... in the order its producer draws them from a global counter
+// (hp.tile_counter; dynamic scheduling: a CTA that finished short items takes the next long one,
+// and the CTAs running together stay on neighbouring items, which a fixed stride loses after the
+// first round). The last draw of a launch resets the counter to 0 for the next launch. The
+// batch-heads are cut into sections of hp.l2_heads whose K and V fit in L2 together; inside a
 // section items run query tile descending (longest causal tiles first), then split, then head, so
 // the CTAs running at one time share a few heads' K/V instead of streaming one head each from
-// HBM. Items whose query tile starts past the sequence do nothing.
+// HBM. Items whose query tile starts past the sequence do nothing. The producer hands each item
+// to the consumers through a shared-memory slot published with the Q tile (full_q); -1 ends.
 //
 // Roles (warpgroup = 128 threads):
 //   WG0 (producer, 40 registers): one thread loads the Q tile of each item once (after the
@@ -57,7 +62,8 @@ struct HopperParams {
   ts::TensorMap v_map;
   int work_items;       // q_tiles * num_splits * batch * heads_q
   int l2_heads;         // batch-heads per L2 section (>= 1)
-  int pad_[14];
+  unsigned* tile_counter;  // dynamic scheduler: 0 before every launch, left at 0 after it
+  int pad_[12];
 };
 
 #if defined(TS_HAS_WGMMA) && defined(TS_HAS_TMA)
@@ -86,7 +92,8 @@ struct Smem {
   static constexpr uint32_t v = k + kStages * kKVBytes;
   static constexpr uint32_t bars = v + kStages * kKVBytes;
   // barriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S]
-  static constexpr uint32_t end = bars + 8 * (2 + 4 * kStages);
+  static constexpr uint32_t work = bars + 8 * (2 + 4 * kStages);  // the published work item
+  static constexpr uint32_t end = work + 8;
 };
 static_assert(Smem::end + 1024 <= 227 * 1024, "shared memory of one CTA (hopper::shared_bytes)");
 
@@ -158,6 +165,15 @@ struct Ring {
 
 // ---- producer ------------------------------------------------------------------------------
 
+/// The next work item of this CTA after its first (blockIdx.x): one draw from the global counter.
+/// A launch makes exactly work_items draws (the successful ones plus one failing draw per CTA),
+/// so the draw that returns work_items - 1 is the last one and resets the counter.
+TS_DEVICE int next_work(const HopperParams& hp) {
+  const unsigned draw = atomicAdd(hp.tile_counter, 1u);
+  if (draw == unsigned(hp.work_items - 1)) atomicExch(hp.tile_counter, 0u);
+  return int(gridDim.x + draw);
+}
+
 TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   const ts::AttentionParams& p = hp.p;
   uint64_t* full_q = bars;
@@ -166,30 +182,49 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   uint64_t* empty_k = full_k + kStages;
   uint64_t* full_v = empty_k + kStages;
   uint64_t* empty_v = full_v + kStages;
+  volatile int* work_slot = reinterpret_cast<volatile int*>(smem + Smem::work);
   ts::tma_prefetch_map(&hp.q_map);
   ts::tma_prefetch_map(&hp.k_map);
   ts::tma_prefetch_map(&hp.v_map);
   Ring ring;
   uint32_t q_phase = 0;
-  for (int w = blockIdx.x; w < hp.work_items; w += gridDim.x) {
+  int w = blockIdx.x;
+  for (;;) {
+    if (w >= hp.work_items) {
+      // Tell the consumers there is no more work (they wait on full_q like for a tile).
+      ts::mbar_wait(empty_q, q_phase ^ 1);
+      *work_slot = -1;
+      ts::mbar_arrive(full_q);
+      return;
+    }
     const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
     const int m0 = wk.q_tile * kBlockM;
-    if (m0 >= seq.len_q) continue;
+    if (m0 >= seq.len_q) {
+      w = next_work(hp);
+      continue;
+    }
     int t0, t1;
     key_tiles(p, ts::AttnMask::of(p, seq), m0, seq.len_q, wk.split, t0, t1);
-    if (t0 >= t1) continue;
     int q_row0, q_b, k_row0, k_b;
     map_rows(p.cu_seqlens_q, wk.b, q_row0, q_b);
     map_rows(p.cu_seqlens_k, wk.b, k_row0, k_b);
     const int hk = wk.h / (p.heads_q / p.heads_kv);
 
     ts::mbar_wait(empty_q, q_phase ^ 1);
+    *work_slot = w;
+    q_phase ^= 1;
+    if (t0 >= t1) {
+      // No visible key: the consumers only store zeros and LSE = -inf.
+      ts::mbar_arrive(full_q);
+      w = next_work(hp);
+      continue;
+    }
     ts::mbar_arrive_expect_tx(full_q, kQBytes);
 #pragma unroll
     for (int c = 0; c < kColBlocks; ++c)
       ts::tma_load_4d(smem + Smem::q + c * kBlockM * 128, &hp.q_map, full_q, c * 64, q_row0 + m0, wk.h, q_b);
-    q_phase ^= 1;
+    const int next = next_work(hp);  // drawn now, used after the K/V loads: hides the atomic's latency
 
     for (int t = t1 - 1; t >= t0; --t) {
       const int row = k_row0 + t * kBlockN;
@@ -207,6 +242,7 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
         ts::tma_load_4d(v_tile + c * kBlockN * 128, &hp.v_map, &full_v[ring.slot], c * 64, row, hk, k_b);
       ring.advance();
     }
+    w = next;
   }
 }
 
@@ -452,13 +488,19 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
   // Consumer 1 lets consumer 0 issue first.
   if (wg == 1) ts::named_barrier_arrive(kTurnBarrier0, 256);
 
+  const volatile int* work_slot = reinterpret_cast<const volatile int*>(smem + Smem::work);
   Ring ring;
   uint32_t q_phase = 0;
-  for (int w = blockIdx.x; w < hp.work_items; w += gridDim.x) {
+  for (;;) {
+    // The producer publishes every item with rows to compute (with its Q tile when a key is
+    // visible), then -1.
+    ts::mbar_wait(full_q, q_phase);
+    q_phase ^= 1;
+    const int w = *work_slot;
+    if (w < 0) return;
     const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
     const int m0 = wk.q_tile * kBlockM;
-    if (m0 >= seq.len_q) continue;
     const ts::AttnMask mask = ts::AttnMask::of(p, seq);
     int t0, t1;
     key_tiles(p, mask, m0, seq.len_q, wk.split, t0, t1);
@@ -484,9 +526,9 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
     st.l[0] = st.l[1] = 0.0f;
     const TileMask tm{first[0], first[1], end[0], end[1], seq.len_k, full_lo, full_hi};
 
-    if (t0 < t1) {
-      ts::mbar_wait(full_q, q_phase);
-      q_phase ^= 1;
+    if (t0 >= t1) {
+      ts::mbar_arrive_if(empty_q, warp_leader);  // the slot is read; no Q tile to release
+    } else {
       const Barriers bs{full_k, empty_k, full_v, empty_v, empty_q};
       if (kIntraOverlap)
         mainloop_overlapped(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, other_turn, warp_leader);

@@ -3,11 +3,17 @@
 //!
 //! Grid convention of this path (differs from the `(B * Hq, q_tiles, splits)` grid of the
 //! others): a persistent 1-D grid of `min(work_items, SMs)` CTAs, `work_items = q_tiles *
-//! splits * B * Hq`. CTA `c` walks items `c, c + grid, ...`. The batch-heads are cut into L2
-//! sections of `S` ([`l2_section_heads`]: as many as fit their K and V in half the L2); item `w`
+//! splits * B * Hq`. The batch-heads are cut into L2 sections of `S` ([`l2_section_heads`]: as
+//! many as fit their K and V in half the L2); item `w`
 //! is in section `w / (S * q_tiles * splits)`, and inside a section the order is query tile
 //! descending (longest causal tiles first), then split, then batch-head. Without sections the
 //! CTAs running together would each stream a different head's K/V from HBM.
+//!
+//! Scheduling: CTA `c` starts with item `c`; every later item comes from one `atomicAdd` on the
+//! plan's tile counter (items `grid, grid + 1, ...` in draw order), so CTAs that drew short
+//! causal tiles take more of them, and the CTAs running together stay on neighbouring items
+//! (which share K/V in L2). A launch makes exactly `work_items` draws; the last one resets the
+//! counter to 0.
 //!
 //! Tensor maps: 4-D `(D, rows, heads, batch)` with byte strides, which covers `[B, N, H, D]`,
 //! `[B, H, N, D]` and varlen `[total, H, D]` (as `(D, total, H, 1)`); boxes of 64 columns
@@ -49,10 +55,11 @@ pub fn simple_mainloop() -> bool {
     std::env::var_os("TESSERA_ATTN_HOPPER_SIMPLE").is_some_and(|v| v == "1")
 }
 
-/// Dynamic shared memory: Q, `stages` K and V tiles, the mbarriers, and 1024 bytes of slack
-/// for aligning the base to the 128-byte swizzle's 1024-byte period.
+/// Dynamic shared memory: Q, `stages` K and V tiles, the mbarriers, the published work item
+/// (8 bytes), and 1024 bytes of slack for aligning the base to the 128-byte swizzle's 1024-byte
+/// period.
 pub fn shared_bytes(block_m: u32, block_n: u32, stages: u32, head_dim: u32) -> u32 {
-    (block_m + 2 * stages * block_n) * head_dim * 2 + 8 * (2 + 4 * stages) + 1024
+    (block_m + 2 * stages * block_n) * head_dim * 2 + 8 * (2 + 4 * stages) + 8 + 1024
 }
 
 /// A `CUtensorMap` (128 opaque bytes, 64-byte aligned), as `ts::TensorMap`.
@@ -73,7 +80,10 @@ pub struct HopperParams {
     pub work_items: i32,
     /// Batch-heads per L2 section of the work order ([`l2_section_heads`]).
     pub l2_heads: i32,
-    pub pad_: [i32; 14],
+    /// Device address of the dynamic scheduler's `u32` counter: 0 before a launch, and the
+    /// kernel leaves it at 0 (the plan owns it; launches of one plan must be stream-ordered).
+    pub tile_counter: u64,
+    pub pad_: [i32; 12],
 }
 
 // SAFETY: plain data with the C layout of `HopperParams` in flash_sm90.cu (the kernel
@@ -200,6 +210,7 @@ mod tests {
         assert_eq!(std::mem::offset_of!(HopperParams, q_map), 256);
         assert_eq!(std::mem::offset_of!(HopperParams, work_items), 640);
         assert_eq!(std::mem::offset_of!(HopperParams, l2_heads), 644);
+        assert_eq!(std::mem::offset_of!(HopperParams, tile_counter), 648);
     }
 
     #[test]

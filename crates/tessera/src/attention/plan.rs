@@ -266,6 +266,9 @@ pub struct AttentionPlan {
     q_tiles: usize,
     /// Split-KV workspace: partial outputs then partial LSEs (f32).
     workspace: Option<DeviceBuffer<f32>>,
+    /// Hopper path: the persistent kernel's tile counter (one `u32`, zeroed here; every launch
+    /// leaves it at zero). Launches of one plan are ordered on its context's stream.
+    tile_counter: Option<DeviceBuffer<i32>>,
     /// Under `Auto` on Hopper: the Ampere plan used for views that TMA cannot describe
     /// (misaligned base or strides), built on first need.
     fallback: std::sync::OnceLock<Box<AttentionPlan>>,
@@ -421,6 +424,10 @@ impl AttentionPlan {
         } else {
             (None, None)
         };
+        let tile_counter = match path {
+            AttentionPath::Hopper => Some(ctx.upload(&[0i32])?),
+            _ => None,
+        };
         Ok(AttentionPlan {
             ctx: ctx.clone(),
             problem: *problem,
@@ -431,6 +438,7 @@ impl AttentionPlan {
             splits,
             q_tiles,
             workspace,
+            tile_counter,
             fallback: std::sync::OnceLock::new(),
         })
     }
@@ -446,7 +454,7 @@ impl AttentionPlan {
     }
     /// Bytes of device memory the plan holds besides the caller's tensors.
     pub fn workspace_bytes(&self) -> usize {
-        self.workspace.as_ref().map_or(0, |w| w.bytes())
+        self.workspace.as_ref().map_or(0, |w| w.bytes()) + self.tile_counter.as_ref().map_or(0, |c| c.bytes())
     }
     /// A readable description (`sm80 d128 m128 n64 splits 1`).
     pub fn describe(&self) -> String {
@@ -623,6 +631,11 @@ impl AttentionPlan {
             return Ok(());
         }
         if let Some((q_map, k_map, v_map)) = maps {
+            let tile_counter = self
+                .tile_counter
+                .as_ref()
+                .ok_or_else(|| Error::Unsupported("internal: a Hopper plan without its tile counter".into()))?
+                .device_ptr();
             let work = self.q_tiles * self.splits * self.problem.batch * self.problem.heads_q;
             let hp = HopperParams {
                 p: params,
@@ -637,7 +650,8 @@ impl AttentionPlan {
                     self.problem.group(),
                     self.problem.batch * self.problem.heads_q,
                 ),
-                pad_: [0; 14],
+                tile_counter,
+                pad_: [0; 12],
             };
             let cfg = LaunchConfig::linear(
                 hopper::grid(work, self.ctx.info().sm_count),
