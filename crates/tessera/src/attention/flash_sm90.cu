@@ -11,15 +11,18 @@
 // (hp.tile_counter; dynamic scheduling: a CTA that finished short items takes the next long one,
 // and the CTAs running together stay on neighbouring items, which a fixed stride loses after the
 // first round). The last draw of a launch resets the counter to 0 for the next launch. The
-// batch-heads are cut into sections of hp.l2_heads whose K and V fit in L2 together; inside a
-// section items run query tile descending (longest causal tiles first), then split, then head, so
-// the CTAs running at one time share a few heads' K/V instead of streaming one head each from
-// HBM. Items whose query tile starts past the sequence do nothing. The producer hands each item
-// to the consumers through a shared-memory slot published with the Q tile (full_q); -1 ends.
+// batch-heads are cut into sections of hp.l2_heads whose K and V fit in L2 together (the first
+// section takes the remainder, so that the launch ends on a full section whose short tiles fill
+// the tail); inside a section items run query tile descending (longest causal tiles first), then
+// split, then head, so the CTAs running at one time share a few heads' K/V instead of streaming
+// one head each from HBM. Items whose query tile starts past the sequence do nothing. The
+// producer warp hands each item to the consumers through a shared-memory slot guarded by two
+// named barriers (slot full / slot empty); -1 ends.
 //
 // Roles (warpgroup = 128 threads):
-//   WG0 (producer, 40 registers): one thread loads the Q tile of each item once (after the
-//     consumers released the previous one) and the K and V tiles of its key range, newest first,
+//   WG0 (producer, 40 registers): its first warp draws the work items and publishes them; its
+//     lane 0 loads the Q tile of each item once (after the consumers released the previous one)
+//     and the K and V tiles of its key range, newest first,
 //     into a kStages-deep ring; every load completes on a "full" mbarrier, every slot is handed
 //     back on an "empty" mbarrier (one arrival per consumer warp).
 //   WG1, WG2 (consumers, 232 registers): rows 0..63 and 64..127 of the query tile. Per key tile:
@@ -105,10 +108,21 @@ struct Work {
 TS_DEVICE Work decode_work(const HopperParams& hp, int w) {
   const ts::AttentionParams& p = hp.p;
   const int bh = p.batch * p.heads_q;
-  const int section_items = hp.l2_heads * p.q_tiles * p.num_splits;
-  const int first_head = w / section_items * hp.l2_heads;
-  const int heads = min(hp.l2_heads, bh - first_head);  // the last section may be smaller
-  const int r = w % section_items;
+  const int head_items = p.q_tiles * p.num_splits;
+  // Sections: first bh % l2_heads heads (when not 0), then full sections of l2_heads.
+  const int rem = bh % hp.l2_heads;
+  int first_head, heads, r;
+  if (w < rem * head_items) {
+    first_head = 0;
+    heads = rem;
+    r = w;
+  } else {
+    const int section_items = hp.l2_heads * head_items;
+    const int w2 = w - rem * head_items;
+    first_head = rem + w2 / section_items * hp.l2_heads;
+    heads = hp.l2_heads;
+    r = w2 % section_items;
+  }
   const int per_tile = heads * p.num_splits;
   Work wk;
   wk.q_tile = p.q_tiles - 1 - r / per_tile;
@@ -165,15 +179,29 @@ struct Ring {
 
 // ---- producer ------------------------------------------------------------------------------
 
-/// The next work item of this CTA after its first (blockIdx.x): one draw from the global counter.
-/// A launch makes exactly work_items draws (the successful ones plus one failing draw per CTA),
-/// so the draw that returns work_items - 1 is the last one and resets the counter.
-TS_DEVICE int next_work(const HopperParams& hp) {
+/// Named barriers of the work-slot handshake between the producer warp and the consumers.
+constexpr uint32_t kSlotFull = 3;
+constexpr uint32_t kSlotEmpty = 4;
+constexpr uint32_t kSlotThreads = 32 + 256;
+
+/// One draw from the global counter (lane 0 of the producer warp): the CTA's next item is
+/// gridDim.x + draw. A launch makes exactly work_items draws (the successful ones plus one failing
+/// draw per CTA), so the draw that returns work_items - 1 is the last one and resets the counter.
+TS_DEVICE unsigned draw_work(const HopperParams& hp) {
   const unsigned draw = atomicAdd(hp.tile_counter, 1u);
   if (draw == unsigned(hp.work_items - 1)) atomicExch(hp.tile_counter, 0u);
-  return int(gridDim.x + draw);
+  return draw;
 }
 
+/// Publishes item w (or -1: no more work) to the consumers.
+TS_DEVICE void publish_work(volatile int* slot, int w, bool leader) {
+  ts::named_barrier_sync(kSlotEmpty, kSlotThreads);  // the consumers have read the previous item
+  if (leader) *slot = w;
+  ts::named_barrier_arrive(kSlotFull, kSlotThreads);
+}
+
+/// The producer warp: every lane runs the loop (the named barriers count whole warps), lane 0
+/// draws the items and issues the loads.
 TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   const ts::AttentionParams& p = hp.p;
   uint64_t* full_q = bars;
@@ -183,67 +211,66 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   uint64_t* full_v = empty_k + kStages;
   uint64_t* empty_v = full_v + kStages;
   volatile int* work_slot = reinterpret_cast<volatile int*>(smem + Smem::work);
-  ts::tma_prefetch_map(&hp.q_map);
-  ts::tma_prefetch_map(&hp.k_map);
-  ts::tma_prefetch_map(&hp.v_map);
+  const bool leader = threadIdx.x % 32 == 0;
+  if (leader) {
+    ts::tma_prefetch_map(&hp.q_map);
+    ts::tma_prefetch_map(&hp.k_map);
+    ts::tma_prefetch_map(&hp.v_map);
+  }
   Ring ring;
   uint32_t q_phase = 0;
   int w = blockIdx.x;
-  for (;;) {
-    if (w >= hp.work_items) {
-      // Tell the consumers there is no more work (they wait on full_q like for a tile).
-      ts::mbar_wait(empty_q, q_phase ^ 1);
-      *work_slot = -1;
-      ts::mbar_arrive(full_q);
-      return;
-    }
+  while (w < hp.work_items) {
+    // Drawn now, used after this item's loads are issued: hides the atomic's latency.
+    const unsigned draw = leader ? draw_work(hp) : 0u;
     const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
     const int m0 = wk.q_tile * kBlockM;
-    if (m0 >= seq.len_q) {
-      w = next_work(hp);
-      continue;
-    }
-    int t0, t1;
-    key_tiles(p, ts::AttnMask::of(p, seq), m0, seq.len_q, wk.split, t0, t1);
-    int q_row0, q_b, k_row0, k_b;
-    map_rows(p.cu_seqlens_q, wk.b, q_row0, q_b);
-    map_rows(p.cu_seqlens_k, wk.b, k_row0, k_b);
-    const int hk = wk.h / (p.heads_q / p.heads_kv);
-
-    ts::mbar_wait(empty_q, q_phase ^ 1);
-    *work_slot = w;
-    q_phase ^= 1;
-    if (t0 >= t1) {
-      // No visible key: the consumers only store zeros and LSE = -inf.
-      ts::mbar_arrive(full_q);
-      w = next_work(hp);
-      continue;
-    }
-    ts::mbar_arrive_expect_tx(full_q, kQBytes);
+    if (m0 < seq.len_q) {
+      int t0, t1;
+      key_tiles(p, ts::AttnMask::of(p, seq), m0, seq.len_q, wk.split, t0, t1);
+      publish_work(work_slot, w, leader);
+      ts::mbar_wait(empty_q, q_phase ^ 1);
+      q_phase ^= 1;
+      if (t0 >= t1) {
+        // No visible key: the consumers only store zeros and LSE = -inf.
+        if (leader) ts::mbar_arrive(full_q);
+      } else {
+        int q_row0, q_b, k_row0, k_b;
+        map_rows(p.cu_seqlens_q, wk.b, q_row0, q_b);
+        map_rows(p.cu_seqlens_k, wk.b, k_row0, k_b);
+        const int hk = wk.h / (p.heads_q / p.heads_kv);
+        if (leader) {
+          ts::mbar_arrive_expect_tx(full_q, kQBytes);
 #pragma unroll
-    for (int c = 0; c < kColBlocks; ++c)
-      ts::tma_load_4d(smem + Smem::q + c * kBlockM * 128, &hp.q_map, full_q, c * 64, q_row0 + m0, wk.h, q_b);
-    const int next = next_work(hp);  // drawn now, used after the K/V loads: hides the atomic's latency
-
-    for (int t = t1 - 1; t >= t0; --t) {
-      const int row = k_row0 + t * kBlockN;
-      ts::mbar_wait(&empty_k[ring.slot], ring.phase ^ 1);
-      ts::mbar_arrive_expect_tx(&full_k[ring.slot], kKVBytes);
-      uint8_t* k_tile = smem + Smem::k + ring.slot * kKVBytes;
+          for (int c = 0; c < kColBlocks; ++c)
+            ts::tma_load_4d(smem + Smem::q + c * kBlockM * 128, &hp.q_map, full_q, c * 64, q_row0 + m0, wk.h, q_b);
+        }
+        for (int t = t1 - 1; t >= t0; --t) {
+          const int row = k_row0 + t * kBlockN;
+          ts::mbar_wait(&empty_k[ring.slot], ring.phase ^ 1);
+          if (leader) {
+            ts::mbar_arrive_expect_tx(&full_k[ring.slot], kKVBytes);
+            uint8_t* k_tile = smem + Smem::k + ring.slot * kKVBytes;
 #pragma unroll
-      for (int c = 0; c < kColBlocks; ++c)
-        ts::tma_load_4d(k_tile + c * kBlockN * 128, &hp.k_map, &full_k[ring.slot], c * 64, row, hk, k_b);
-      ts::mbar_wait(&empty_v[ring.slot], ring.phase ^ 1);
-      ts::mbar_arrive_expect_tx(&full_v[ring.slot], kKVBytes);
-      uint8_t* v_tile = smem + Smem::v + ring.slot * kKVBytes;
+            for (int c = 0; c < kColBlocks; ++c)
+              ts::tma_load_4d(k_tile + c * kBlockN * 128, &hp.k_map, &full_k[ring.slot], c * 64, row, hk, k_b);
+          }
+          ts::mbar_wait(&empty_v[ring.slot], ring.phase ^ 1);
+          if (leader) {
+            ts::mbar_arrive_expect_tx(&full_v[ring.slot], kKVBytes);
+            uint8_t* v_tile = smem + Smem::v + ring.slot * kKVBytes;
 #pragma unroll
-      for (int c = 0; c < kColBlocks; ++c)
-        ts::tma_load_4d(v_tile + c * kBlockN * 128, &hp.v_map, &full_v[ring.slot], c * 64, row, hk, k_b);
-      ring.advance();
+            for (int c = 0; c < kColBlocks; ++c)
+              ts::tma_load_4d(v_tile + c * kBlockN * 128, &hp.v_map, &full_v[ring.slot], c * 64, row, hk, k_b);
+          }
+          ring.advance();
+        }
+      }
     }
-    w = next;
+    w = int(gridDim.x + __shfl_sync(0xffffffffu, draw, 0));
   }
+  publish_work(work_slot, -1, leader);
 }
 
 // ---- consumers -----------------------------------------------------------------------------
@@ -489,15 +516,19 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
   if (wg == 1) ts::named_barrier_arrive(kTurnBarrier0, 256);
 
   const volatile int* work_slot = reinterpret_cast<const volatile int*>(smem + Smem::work);
+  ts::named_barrier_arrive(kSlotEmpty, kSlotThreads);  // the slot starts free
   Ring ring;
   uint32_t q_phase = 0;
   for (;;) {
-    // The producer publishes every item with rows to compute (with its Q tile when a key is
-    // visible), then -1.
-    ts::mbar_wait(full_q, q_phase);
-    q_phase ^= 1;
+    // The producer publishes every item with rows to compute, then -1.
+    ts::named_barrier_sync(kSlotFull, kSlotThreads);
     const int w = *work_slot;
     if (w < 0) return;
+    ts::named_barrier_arrive(kSlotEmpty, kSlotThreads);
+    // Every published item completes a phase of full_q: with the Q tile, or (no visible key)
+    // by a plain arrival.
+    ts::mbar_wait(full_q, q_phase);
+    q_phase ^= 1;
     const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
     const int m0 = wk.q_tile * kBlockM;
@@ -527,7 +558,7 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
     const TileMask tm{first[0], first[1], end[0], end[1], seq.len_k, full_lo, full_hi};
 
     if (t0 >= t1) {
-      ts::mbar_arrive_if(empty_q, warp_leader);  // the slot is read; no Q tile to release
+      ts::mbar_arrive_if(empty_q, warp_leader);  // no Q tile to release
     } else {
       const Barriers bs{full_k, empty_k, full_v, empty_v, empty_q};
       if (kIntraOverlap)
@@ -600,7 +631,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) flash_fwd_sm90(const _
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     ts::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) producer(hp, smem, bars);
+    if (threadIdx.x < 32) producer(hp, smem, bars);
   } else {
     ts::setmaxnreg_inc<kConsumerRegs>();
     consumer(hp, smem, bars, wg - 1);

@@ -4,9 +4,11 @@
 //! Grid convention of this path (differs from the `(B * Hq, q_tiles, splits)` grid of the
 //! others): a persistent 1-D grid of `min(work_items, SMs)` CTAs, `work_items = q_tiles *
 //! splits * B * Hq`. The batch-heads are cut into L2 sections of `S` ([`l2_section_heads`]: as
-//! many as fit their K and V in half the L2); item `w`
-//! is in section `w / (S * q_tiles * splits)`, and inside a section the order is query tile
-//! descending (longest causal tiles first), then split, then batch-head. Without sections the
+//! many as fit their K and V in half the L2). The first section holds the `B * Hq % S`
+//! remainder heads (when not 0), every later one `S`: the launch then ends on a full section,
+//! whose short causal tiles fill the tail (a small last section would start its longest tiles
+//! when the other CTAs run out of work). Inside a section the order is query tile descending
+//! (longest causal tiles first), then split, then batch-head. Without sections the
 //! CTAs running together would each stream a different head's K/V from HBM.
 //!
 //! Scheduling: CTA `c` starts with item `c`; every later item comes from one `atomicAdd` on the

@@ -290,6 +290,20 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 ..Case::default()
             });
         }
+        // Hopper's work order in several L2 sections with a remainder section first: 4 MiB of
+        // K/V per head, so 9 heads make 2 + 7 on a 60 MiB L2 (3 + 6 on 50 MiB).
+        out.push(Case {
+            path: AttentionPath::Auto,
+            dtype: DType::F16,
+            batch: 1,
+            heads_q: 9,
+            heads_kv: 9,
+            seqlen_q: 4096,
+            seqlen_k: 4096,
+            head_dim: 256,
+            causal: true,
+            ..Case::default()
+        });
     }
     out
 }
