@@ -16,13 +16,15 @@
 // the tail); inside a section items run query tile descending (longest causal tiles first), then
 // split, then head, so the CTAs running at one time share a few heads' K/V instead of streaming
 // one head each from HBM. Items whose query tile starts past the sequence do nothing. The
-// producer warp hands each item to the consumers through a shared-memory slot guarded by two
-// named barriers (slot full / slot empty); -1 ends.
+// producer hands each item to the consumers through the CTA's slot hp.work_slots[blockIdx.x],
+// written before the arrival on full_q that its Q tile completes (release / acquire through the
+// mbarrier); -1 ends. The slot is in global memory, not shared: compute-sanitizer racecheck does
+// not model mbarrier or bar.arrive ordering of ordinary shared-memory data and would report it.
 //
 // Roles (warpgroup = 128 threads):
-//   WG0 (producer, 40 registers): its first warp draws the work items and publishes them; its
-//     lane 0 loads the Q tile of each item once (after the consumers released the previous one)
-//     and the K and V tiles of its key range, newest first,
+//   WG0 (producer, 40 registers): one thread draws the work items, publishes them, loads the Q
+//     tile of each item once (after the consumers released the previous one) and the K and V
+//     tiles of its key range, newest first,
 //     into a kStages-deep ring; every load completes on a "full" mbarrier, every slot is handed
 //     back on an "empty" mbarrier (one arrival per consumer warp).
 //   WG1, WG2 (consumers, 232 registers): rows 0..63 and 64..127 of the query tile. Per key tile:
@@ -66,7 +68,8 @@ struct HopperParams {
   int work_items;       // q_tiles * num_splits * batch * heads_q
   int l2_heads;         // batch-heads per L2 section (>= 1)
   unsigned* tile_counter;  // dynamic scheduler: 0 before every launch, left at 0 after it
-  int pad_[12];
+  int* work_slots;         // [gridDim.x]: the item each CTA's producer published last
+  int pad_[10];
 };
 
 #if defined(TS_HAS_WGMMA) && defined(TS_HAS_TMA)
@@ -95,8 +98,7 @@ struct Smem {
   static constexpr uint32_t v = k + kStages * kKVBytes;
   static constexpr uint32_t bars = v + kStages * kKVBytes;
   // barriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S]
-  static constexpr uint32_t work = bars + 8 * (2 + 4 * kStages);  // the published work item
-  static constexpr uint32_t end = work + 8;
+  static constexpr uint32_t end = bars + 8 * (2 + 4 * kStages);
 };
 static_assert(Smem::end + 1024 <= 227 * 1024, "shared memory of one CTA (hopper::shared_bytes)");
 
@@ -179,29 +181,24 @@ struct Ring {
 
 // ---- producer ------------------------------------------------------------------------------
 
-/// Named barriers of the work-slot handshake between the producer warp and the consumers.
-constexpr uint32_t kSlotFull = 3;
-constexpr uint32_t kSlotEmpty = 4;
-constexpr uint32_t kSlotThreads = 32 + 256;
-
-/// One draw from the global counter (lane 0 of the producer warp): the CTA's next item is
-/// gridDim.x + draw. A launch makes exactly work_items draws (the successful ones plus one failing
-/// draw per CTA), so the draw that returns work_items - 1 is the last one and resets the counter.
+/// One draw from the global counter: the CTA's next item is gridDim.x + draw. A launch makes
+/// exactly work_items draws (the successful ones plus one failing draw per CTA), so the draw that
+/// returns work_items - 1 is the last one and resets the counter.
 TS_DEVICE unsigned draw_work(const HopperParams& hp) {
   const unsigned draw = atomicAdd(hp.tile_counter, 1u);
   if (draw == unsigned(hp.work_items - 1)) atomicExch(hp.tile_counter, 0u);
   return draw;
 }
 
-/// Publishes item w (or -1: no more work) to the consumers.
-TS_DEVICE void publish_work(volatile int* slot, int w, bool leader) {
-  ts::named_barrier_sync(kSlotEmpty, kSlotThreads);  // the consumers have read the previous item
-  if (leader) *slot = w;
-  ts::named_barrier_arrive(kSlotFull, kSlotThreads);
+/// Publishes item w (-1: no more work) once the consumers released the previous Q tile; the
+/// caller's arrival on full_q (with or without the Q tile) completes the publication.
+TS_DEVICE void publish_work(const HopperParams& hp, uint64_t* empty_q, uint32_t& q_phase, int w) {
+  ts::mbar_wait(empty_q, q_phase ^ 1);
+  q_phase ^= 1;
+  *reinterpret_cast<volatile int*>(hp.work_slots + blockIdx.x) = w;
 }
 
-/// The producer warp: every lane runs the loop (the named barriers count whole warps), lane 0
-/// draws the items and issues the loads.
+/// The producer (one thread).
 TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   const ts::AttentionParams& p = hp.p;
   uint64_t* full_q = bars;
@@ -210,67 +207,55 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   uint64_t* empty_k = full_k + kStages;
   uint64_t* full_v = empty_k + kStages;
   uint64_t* empty_v = full_v + kStages;
-  volatile int* work_slot = reinterpret_cast<volatile int*>(smem + Smem::work);
-  const bool leader = threadIdx.x % 32 == 0;
-  if (leader) {
-    ts::tma_prefetch_map(&hp.q_map);
-    ts::tma_prefetch_map(&hp.k_map);
-    ts::tma_prefetch_map(&hp.v_map);
-  }
+  ts::tma_prefetch_map(&hp.q_map);
+  ts::tma_prefetch_map(&hp.k_map);
+  ts::tma_prefetch_map(&hp.v_map);
   Ring ring;
   uint32_t q_phase = 0;
   int w = blockIdx.x;
   while (w < hp.work_items) {
     // Drawn now, used after this item's loads are issued: hides the atomic's latency.
-    const unsigned draw = leader ? draw_work(hp) : 0u;
+    const unsigned draw = draw_work(hp);
     const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
     const int m0 = wk.q_tile * kBlockM;
     if (m0 < seq.len_q) {
       int t0, t1;
       key_tiles(p, ts::AttnMask::of(p, seq), m0, seq.len_q, wk.split, t0, t1);
-      publish_work(work_slot, w, leader);
-      ts::mbar_wait(empty_q, q_phase ^ 1);
-      q_phase ^= 1;
+      publish_work(hp, empty_q, q_phase, w);
       if (t0 >= t1) {
-        // No visible key: the consumers only store zeros and LSE = -inf.
-        if (leader) ts::mbar_arrive(full_q);
+        ts::mbar_arrive(full_q);  // no visible key: the consumers store zeros and LSE = -inf
       } else {
         int q_row0, q_b, k_row0, k_b;
         map_rows(p.cu_seqlens_q, wk.b, q_row0, q_b);
         map_rows(p.cu_seqlens_k, wk.b, k_row0, k_b);
         const int hk = wk.h / (p.heads_q / p.heads_kv);
-        if (leader) {
-          ts::mbar_arrive_expect_tx(full_q, kQBytes);
+        ts::mbar_arrive_expect_tx(full_q, kQBytes);
 #pragma unroll
-          for (int c = 0; c < kColBlocks; ++c)
-            ts::tma_load_4d(smem + Smem::q + c * kBlockM * 128, &hp.q_map, full_q, c * 64, q_row0 + m0, wk.h, q_b);
-        }
+        for (int c = 0; c < kColBlocks; ++c)
+          ts::tma_load_4d(smem + Smem::q + c * kBlockM * 128, &hp.q_map, full_q, c * 64, q_row0 + m0, wk.h, q_b);
         for (int t = t1 - 1; t >= t0; --t) {
           const int row = k_row0 + t * kBlockN;
           ts::mbar_wait(&empty_k[ring.slot], ring.phase ^ 1);
-          if (leader) {
-            ts::mbar_arrive_expect_tx(&full_k[ring.slot], kKVBytes);
-            uint8_t* k_tile = smem + Smem::k + ring.slot * kKVBytes;
+          ts::mbar_arrive_expect_tx(&full_k[ring.slot], kKVBytes);
+          uint8_t* k_tile = smem + Smem::k + ring.slot * kKVBytes;
 #pragma unroll
-            for (int c = 0; c < kColBlocks; ++c)
-              ts::tma_load_4d(k_tile + c * kBlockN * 128, &hp.k_map, &full_k[ring.slot], c * 64, row, hk, k_b);
-          }
+          for (int c = 0; c < kColBlocks; ++c)
+            ts::tma_load_4d(k_tile + c * kBlockN * 128, &hp.k_map, &full_k[ring.slot], c * 64, row, hk, k_b);
           ts::mbar_wait(&empty_v[ring.slot], ring.phase ^ 1);
-          if (leader) {
-            ts::mbar_arrive_expect_tx(&full_v[ring.slot], kKVBytes);
-            uint8_t* v_tile = smem + Smem::v + ring.slot * kKVBytes;
+          ts::mbar_arrive_expect_tx(&full_v[ring.slot], kKVBytes);
+          uint8_t* v_tile = smem + Smem::v + ring.slot * kKVBytes;
 #pragma unroll
-            for (int c = 0; c < kColBlocks; ++c)
-              ts::tma_load_4d(v_tile + c * kBlockN * 128, &hp.v_map, &full_v[ring.slot], c * 64, row, hk, k_b);
-          }
+          for (int c = 0; c < kColBlocks; ++c)
+            ts::tma_load_4d(v_tile + c * kBlockN * 128, &hp.v_map, &full_v[ring.slot], c * 64, row, hk, k_b);
           ring.advance();
         }
       }
     }
-    w = int(gridDim.x + __shfl_sync(0xffffffffu, draw, 0));
+    w = int(gridDim.x + draw);
   }
-  publish_work(work_slot, -1, leader);
+  publish_work(hp, empty_q, q_phase, -1);
+  ts::mbar_arrive(full_q);
 }
 
 // ---- consumers -----------------------------------------------------------------------------
@@ -515,20 +500,16 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
   // Consumer 1 lets consumer 0 issue first.
   if (wg == 1) ts::named_barrier_arrive(kTurnBarrier0, 256);
 
-  const volatile int* work_slot = reinterpret_cast<const volatile int*>(smem + Smem::work);
-  ts::named_barrier_arrive(kSlotEmpty, kSlotThreads);  // the slot starts free
+  const volatile int* work_slot = hp.work_slots + blockIdx.x;
   Ring ring;
   uint32_t q_phase = 0;
   for (;;) {
-    // The producer publishes every item with rows to compute, then -1.
-    ts::named_barrier_sync(kSlotFull, kSlotThreads);
-    const int w = *work_slot;
-    if (w < 0) return;
-    ts::named_barrier_arrive(kSlotEmpty, kSlotThreads);
-    // Every published item completes a phase of full_q: with the Q tile, or (no visible key)
-    // by a plain arrival.
+    // The producer publishes every item with rows to compute, then -1; each completes a phase of
+    // full_q (with the Q tile, or by a plain arrival when no key is visible or the work is done).
     ts::mbar_wait(full_q, q_phase);
     q_phase ^= 1;
+    const int w = *work_slot;
+    if (w < 0) return;
     const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
     const int m0 = wk.q_tile * kBlockM;
@@ -631,7 +612,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) flash_fwd_sm90(const _
   const int wg = threadIdx.x / 128;
   if (wg == 0) {
     ts::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x < 32) producer(hp, smem, bars);
+    if (threadIdx.x == 0) producer(hp, smem, bars);
   } else {
     ts::setmaxnreg_inc<kConsumerRegs>();
     consumer(hp, smem, bars, wg - 1);

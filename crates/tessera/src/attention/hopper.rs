@@ -15,7 +15,9 @@
 //! plan's tile counter (items `grid, grid + 1, ...` in draw order), so CTAs that drew short
 //! causal tiles take more of them, and the CTAs running together stay on neighbouring items
 //! (which share K/V in L2). A launch makes exactly `work_items` draws; the last one resets the
-//! counter to 0.
+//! counter to 0. The producer hands each item to its consumers through a per-CTA slot in global
+//! memory ([`SCHEDULER_SLOTS_OFFSET`]), ordered by the Q tile's mbarrier.
+
 //!
 //! Tensor maps: 4-D `(D, rows, heads, batch)` with byte strides, which covers `[B, N, H, D]`,
 //! `[B, H, N, D]` and varlen `[total, H, D]` (as `(D, total, H, 1)`); boxes of 64 columns
@@ -57,11 +59,10 @@ pub fn simple_mainloop() -> bool {
     std::env::var_os("TESSERA_ATTN_HOPPER_SIMPLE").is_some_and(|v| v == "1")
 }
 
-/// Dynamic shared memory: Q, `stages` K and V tiles, the mbarriers, the published work item
-/// (8 bytes), and 1024 bytes of slack for aligning the base to the 128-byte swizzle's 1024-byte
-/// period.
+/// Dynamic shared memory: Q, `stages` K and V tiles, the mbarriers, and 1024 bytes of slack
+/// for aligning the base to the 128-byte swizzle's 1024-byte period.
 pub fn shared_bytes(block_m: u32, block_n: u32, stages: u32, head_dim: u32) -> u32 {
-    (block_m + 2 * stages * block_n) * head_dim * 2 + 8 * (2 + 4 * stages) + 8 + 1024
+    (block_m + 2 * stages * block_n) * head_dim * 2 + 8 * (2 + 4 * stages) + 1024
 }
 
 /// A `CUtensorMap` (128 opaque bytes, 64-byte aligned), as `ts::TensorMap`.
@@ -85,7 +86,9 @@ pub struct HopperParams {
     /// Device address of the dynamic scheduler's `u32` counter: 0 before a launch, and the
     /// kernel leaves it at 0 (the plan owns it; launches of one plan must be stream-ordered).
     pub tile_counter: u64,
-    pub pad_: [i32; 12],
+    /// Device address of `grid` `i32` slots: the item each CTA's producer hands its consumers.
+    pub work_slots: u64,
+    pub pad_: [i32; 10],
 }
 
 // SAFETY: plain data with the C layout of `HopperParams` in flash_sm90.cu (the kernel
@@ -195,6 +198,15 @@ pub fn l2_section_heads(l2_bytes: u32, seqlen_k: usize, head_dim: usize, group: 
     fit.clamp(1, batch_heads.max(1)) as i32
 }
 
+/// The scheduler buffer of a Hopper plan (`i32`s): the tile counter at 0, the CTAs' work slots
+/// from this offset on (128 bytes later, off the counter's cache line).
+pub const SCHEDULER_SLOTS_OFFSET: usize = 32;
+
+/// `i32`s of the scheduler buffer for a grid of at most `sm_count` CTAs.
+pub fn scheduler_len(sm_count: u32) -> usize {
+    SCHEDULER_SLOTS_OFFSET + sm_count.max(1) as usize
+}
+
 /// Persistent grid size: one CTA per SM, never more than the work items.
 pub fn grid(work_items: usize, sm_count: u32) -> u32 {
     work_items.min(sm_count.max(1) as usize).max(1) as u32
@@ -213,6 +225,7 @@ mod tests {
         assert_eq!(std::mem::offset_of!(HopperParams, work_items), 640);
         assert_eq!(std::mem::offset_of!(HopperParams, l2_heads), 644);
         assert_eq!(std::mem::offset_of!(HopperParams, tile_counter), 648);
+        assert_eq!(std::mem::offset_of!(HopperParams, work_slots), 656);
     }
 
     #[test]

@@ -266,9 +266,10 @@ pub struct AttentionPlan {
     q_tiles: usize,
     /// Split-KV workspace: partial outputs then partial LSEs (f32).
     workspace: Option<DeviceBuffer<f32>>,
-    /// Hopper path: the persistent kernel's tile counter (one `u32`, zeroed here; every launch
-    /// leaves it at zero). Launches of one plan are ordered on its context's stream.
-    tile_counter: Option<DeviceBuffer<i32>>,
+    /// Hopper path: the persistent kernel's scheduler state ([`hopper::scheduler_len`]): the
+    /// tile counter (zeroed here; every launch leaves it at zero) and the CTAs' work slots.
+    /// Launches of one plan are ordered on its context's stream.
+    scheduler: Option<DeviceBuffer<i32>>,
     /// Under `Auto` on Hopper: the Ampere plan used for views that TMA cannot describe
     /// (misaligned base or strides), built on first need.
     fallback: std::sync::OnceLock<Box<AttentionPlan>>,
@@ -424,8 +425,8 @@ impl AttentionPlan {
         } else {
             (None, None)
         };
-        let tile_counter = match path {
-            AttentionPath::Hopper => Some(ctx.upload(&[0i32])?),
+        let scheduler = match path {
+            AttentionPath::Hopper => Some(ctx.upload(&vec![0i32; hopper::scheduler_len(ctx.info().sm_count)])?),
             _ => None,
         };
         Ok(AttentionPlan {
@@ -438,7 +439,7 @@ impl AttentionPlan {
             splits,
             q_tiles,
             workspace,
-            tile_counter,
+            scheduler,
             fallback: std::sync::OnceLock::new(),
         })
     }
@@ -454,7 +455,7 @@ impl AttentionPlan {
     }
     /// Bytes of device memory the plan holds besides the caller's tensors.
     pub fn workspace_bytes(&self) -> usize {
-        self.workspace.as_ref().map_or(0, |w| w.bytes()) + self.tile_counter.as_ref().map_or(0, |c| c.bytes())
+        self.workspace.as_ref().map_or(0, |w| w.bytes()) + self.scheduler.as_ref().map_or(0, |c| c.bytes())
     }
     /// A readable description (`sm80 d128 m128 n64 splits 1`).
     pub fn describe(&self) -> String {
@@ -631,10 +632,10 @@ impl AttentionPlan {
             return Ok(());
         }
         if let Some((q_map, k_map, v_map)) = maps {
-            let tile_counter = self
-                .tile_counter
+            let scheduler = self
+                .scheduler
                 .as_ref()
-                .ok_or_else(|| Error::Unsupported("internal: a Hopper plan without its tile counter".into()))?
+                .ok_or_else(|| Error::Unsupported("internal: a Hopper plan without its scheduler buffer".into()))?
                 .device_ptr();
             let work = self.q_tiles * self.splits * self.problem.batch * self.problem.heads_q;
             let hp = HopperParams {
@@ -650,8 +651,9 @@ impl AttentionPlan {
                     self.problem.group(),
                     self.problem.batch * self.problem.heads_q,
                 ),
-                tile_counter,
-                pad_: [0; 12],
+                tile_counter: scheduler,
+                work_slots: scheduler + (hopper::SCHEDULER_SLOTS_OFFSET * 4) as u64,
+                pad_: [0; 10],
             };
             let cfg = LaunchConfig::linear(
                 hopper::grid(work, self.ctx.info().sm_count),
