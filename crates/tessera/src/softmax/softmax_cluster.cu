@@ -24,9 +24,11 @@
 //
 // Shared memory (dynamic): round_up(chunk * sizeof(InT), 16) bytes for the share (both
 // schedules); static: the exchange slots (2 floats) and 2 * kBlockThreads / 32 floats of block
-// reduction. Per row: 2 cluster barriers (after publishing the extreme, after publishing the
-// sum); the plain schedule adds a __syncthreads before the next row's copies overwrite the
-// share. One final cluster barrier keeps every CTA's shared memory alive until the others have
+// reduction. Per row, plain schedule: 2 cluster barriers (after publishing the extreme, after
+// publishing the sum) and a __syncthreads before the next row's copies overwrite the share;
+// pipelined schedule: one pass over the share folds (max, sum) into a ts::OnlineSoftmax per
+// thread, then one block reduction and one cluster barrier (the states exchanged; static
+// buffers of 2 x kWarps + 2 states, used by row parity). One final cluster barrier keeps every CTA's shared memory alive until the others have
 // read it.
 //
 // Launch contract (Rust: softmax/plan.rs):
@@ -131,6 +133,33 @@ TS_DEVICE float cluster_combine(float mine, float* slot, Op op) {
   }
 }
 
+/// Merges a per-CTA online-softmax state over the cluster through `slot` (after publishing it),
+/// in rank order, so every CTA gets the same bits. Two slots used alternately (by row) keep a
+/// CTA from overwriting a slot another CTA still reads: no CTA passes the next exchange's
+/// cluster barrier before every CTA has finished reading this one.
+TS_DEVICE ts::OnlineSoftmax cluster_combine_state(ts::OnlineSoftmax mine, ts::OnlineSoftmax* slot) {
+  if constexpr (kCluster == 1) {
+    return mine;
+  } else {
+#if defined(TS_HAS_CLUSTERS)
+    if (threadIdx.x == 0) *slot = mine;
+    ts::cluster_sync();  // every CTA's slot is written
+    const uint32_t local_m = ts::shared_address(&slot->m);
+    const uint32_t local_d = ts::shared_address(&slot->d);
+    ts::OnlineSoftmax v{ts::ld_shared_cluster(ts::map_shared_rank(local_m, 0)),
+                        ts::ld_shared_cluster(ts::map_shared_rank(local_d, 0))};
+#pragma unroll
+    for (int r = 1; r < kCluster; ++r) {
+      v.merge(ts::OnlineSoftmax{ts::ld_shared_cluster(ts::map_shared_rank(local_m, r)),
+                                ts::ld_shared_cluster(ts::map_shared_rank(local_d, r))});
+    }
+    return v;
+#else
+    return mine;  // not reached: kCluster > 1 is compiled for sm_90+ only
+#endif
+  }
+}
+
 /// The extreme of x that gives the row max of x * s: max for s > 0, min for s < 0.
 struct Extreme {
   bool positive;
@@ -190,6 +219,8 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
 
   if constexpr (kPipe) {
     // ---- pipelined: every pass over this thread's own packs; the store pass refills them ----
+    __shared__ ts::OnlineSoftmax red_state[2][kWarps];  // block reduction, by row parity
+    __shared__ ts::OnlineSoftmax slot_state[2];         // cluster exchange, by row parity
     const int tail = packs * kPack + tid;   // this thread's tail element (n - packs * kPack < kPack)
     const bool has_tail = tail < n;
     const InPack* spk = reinterpret_cast<const InPack*>(share);
@@ -206,30 +237,27 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
       OutT* dst = out + row * p.out_stride + c0;
       ts::cp_async_wait_all();  // this thread's packs of the row have landed (only it reads them)
 
-      // ---- extreme of x over the share, the CTA, the cluster ----
-      float e = ext_op.identity();
+      // ---- one pass: (max, sum) of the share as an online-softmax state, then the CTA's and the
+      // cluster's (one block reduction and one cluster exchange per row; buffers by row parity) ----
+      ts::OnlineSoftmax st = ts::OnlineSoftmax::empty();
       for (int q = tid; q < packs; q += kBlockThreads) {
         const ts::Array<float, kPack> f = ts::to_floats(spk[q]);
+        float e = ext_op.identity();
 #pragma unroll
         for (int k = 0; k < kPack; ++k) e = ext_op(e, f[k]);
+        st.update_chunk_fma(f, s, __fmul_rn(e, s));
       }
-      if (has_tail) e = ext_op(e, ts::to_float(share[tail]));
-      e = ts::block_allreduce<kBlockThreads>(e, ext_op, ext_op.identity(), red_ext);
-      e = cluster_combine(e, slot_ext, ext_op);
-      const float m = __fmul_rn(e, s);
+      if (has_tail) {
+        ts::Array<float, 1> t;
+        t[0] = ts::to_float(share[tail]);
+        st.update_chunk_fma(t, s, __fmul_rn(t[0], s));
+      }
+      const int parity = (int)(((row - cluster) / clusters) & 1);
+      st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
+      st = cluster_combine_state(st, &slot_state[parity]);
+      const float m = st.m;
       const float neg_shift = -ts::softmax_shift(m);
-
-      // ---- sum of 2^d over the share, the CTA, the cluster ----
-      float sum = 0.0f;
-      for (int q = tid; q < packs; q += kBlockThreads) {
-        const ts::Array<float, kPack> f = ts::to_floats(spk[q]);
-#pragma unroll
-        for (int k = 0; k < kPack; ++k) sum += ts::exp2_approx(ts::shifted_fma(f[k], s, neg_shift));
-      }
-      if (has_tail) sum += ts::exp2_approx(ts::shifted_fma(ts::to_float(share[tail]), s, neg_shift));
-      sum = ts::block_allreduce_sum<kBlockThreads>(sum, red_sum);
-      sum = cluster_combine(sum, slot_sum, ts::SumOp{});
-      const float coef = row_coef(m, sum);
+      const float coef = row_coef(m, st.d);
 
       // ---- store the outputs; refill each pack with the next row as soon as it is consumed ----
       const bool more = row + clusters < p.rows;
