@@ -9,7 +9,8 @@
 //                      ts::attn_score_log2 applied element-wise; masked keys -> -inf
 //   online softmax     per row: tile max over the 4 lanes of a quad (shuffles), rescale of the
 //                      running state (ts::OnlineSoftmax::rescale) and of the O accumulator,
-//                      P = 2^(s * scale - m) (ts::exp2_fma), per-lane partial row sums
+//                      P = 2^(s * scale - m) (ts::exp2_fma_unclamped: a +inf score gives a NaN
+//                      row), per-lane partial row sums
 //   O += P V           P packed to Elem in registers is directly the A operand (mma.cuh);
 //                      V fragments through ldmatrix.trans
 // Epilogue: the row sums are reduced over the quad; O / l to Elem, staged through the warp's
@@ -346,7 +347,9 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
         for (int nb = 0; nb < kSBlocks; ++nb)
 #pragma unroll
           for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            s[mb][nb][e] = exp2_fma(s[mb][nb][e], score_scale, neg_shift);
+            // softcapped scores are bounded: the clamp never acts, it only keeps ptxas from spilling
+            s[mb][nb][e] = kSoftcap ? exp2_fma(s[mb][nb][e], score_scale, neg_shift)
+                                    : exp2_fma_unclamped(s[mb][nb][e], score_scale, neg_shift);
             sum += s[mb][nb][e];
           }
         st.d += sum;

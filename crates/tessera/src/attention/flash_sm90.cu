@@ -29,7 +29,8 @@
 //     back on an "empty" mbarrier (one arrival per consumer warp).
 //   WG1, WG2 (consumers, 232 registers): rows 0..63 and 64..127 of the query tile. Per key tile:
 //     S = Q K^T (wgmma, both from shared memory), mask, online softmax in registers (log2 domain,
-//     ts::OnlineSoftmax rules: a row that has seen no key keeps m = -inf, its P and output are 0),
+//     ts::OnlineSoftmax rules: a row that has seen no key keeps m = -inf, its P and output are 0;
+//     P = 2^(S * scale - m) unclamped, ts::exp2_fma_unclamped: a +inf score gives a NaN row),
 //     P packed to Elem as the register A operand of O += P V (V read N-major from shared memory).
 //     The two consumers take turns issuing their S GEMMs (named barriers 1 and 2), so one
 //     warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
@@ -359,7 +360,9 @@ TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], Ro
 #pragma unroll
   for (int i = 0; i < kSRegs; ++i) {
     const int r = (i % 4) / 2;
-    s[i] = ts::exp2_fma(s[i], scale, neg_shift[r]);
+    // Softcapped scores are bounded, so the clamp of exp2_fma never acts there; those variants
+    // keep it only because ptxas then allocates them without spills.
+    s[i] = kSoftcap ? ts::exp2_fma(s[i], scale, neg_shift[r]) : ts::exp2_fma_unclamped(s[i], scale, neg_shift[r]);
     st.l[r] += s[i];
   }
 }

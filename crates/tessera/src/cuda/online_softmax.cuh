@@ -3,7 +3,8 @@
 //
 // Defines: ts::OnlineSoftmax {m, d} with empty / update / update_chunk / update_chunk_fma /
 //          rescale / merge / lse,
-//          ts::softmax_shift(m), ts::exp2_shifted(x, shift), ts::shifted_fma / ts::exp2_fma,
+//          ts::softmax_shift(m), ts::exp2_shifted(x, shift), ts::shifted_fma / ts::exp2_fma /
+//          ts::exp2_fma_unclamped,
 //          ts::shfl_xor(OnlineSoftmax, int), ts::warp_allreduce_softmax<kWidth>,
 //          ts::block_allreduce_softmax<kThreads>.
 //
@@ -58,6 +59,11 @@ TS_DEVICE float exp2_shifted(float x, float shift) { return exp2_approx(fminf(x 
 TS_DEVICE float shifted_fma(float x, float s, float neg_shift) { return fminf(fmaf(x, s, neg_shift), 1.0f); }
 /// 2^shifted_fma(x, s, neg_shift), flushing subnormal results (a term of a sum >= 1).
 TS_DEVICE float exp2_fma(float x, float s, float neg_shift) { return exp2_approx(shifted_fma(x, s, neg_shift)); }
+/// 2^(x * s - m) without the clamp of shifted_fma, for the attention kernels, whose scores are
+/// finite for finite inputs (the softmax issue rate bounds them: one instruction less per score).
+/// A +inf score (only from inf inputs) makes +inf - +inf = NaN, so its row's output is NaN, as
+/// in torch's softmax; -inf (masked) scores still give 0.
+TS_DEVICE float exp2_fma_unclamped(float x, float s, float neg_shift) { return exp2_approx(fmaf(x, s, neg_shift)); }
 
 struct OnlineSoftmax {
   float m;  // running max, log2 domain (-inf: empty)
