@@ -184,11 +184,11 @@ struct Ring {
 
 /// One draw from the global counter: the CTA's next item is gridDim.x + draw. A launch makes
 /// exactly work_items draws (the successful ones plus one failing draw per CTA), so the draw that
-/// returns work_items - 1 is the last one and resets the counter.
-TS_DEVICE unsigned draw_work(const HopperParams& hp) {
-  const unsigned draw = atomicAdd(hp.tile_counter, 1u);
+/// returns work_items - 1 is the last one: finish_draw resets the counter there.
+TS_DEVICE unsigned start_draw(const HopperParams& hp) { return atomicAdd(hp.tile_counter, 1u); }
+TS_DEVICE int finish_draw(const HopperParams& hp, unsigned draw) {
   if (draw == unsigned(hp.work_items - 1)) atomicExch(hp.tile_counter, 0u);
-  return draw;
+  return int(gridDim.x + draw);
 }
 
 /// Publishes item w (-1: no more work) once the consumers released the previous Q tile; the
@@ -215,45 +215,46 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   uint32_t q_phase = 0;
   int w = blockIdx.x;
   while (w < hp.work_items) {
-    // Drawn now, used after this item's loads are issued: hides the atomic's latency.
-    const unsigned draw = draw_work(hp);
     const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
     const int m0 = wk.q_tile * kBlockM;
+    int t0 = 0, t1 = 0, k_row0 = 0, k_b = 0, hk = 0;
     if (m0 < seq.len_q) {
-      int t0, t1;
       key_tiles(p, ts::AttnMask::of(p, seq), m0, seq.len_q, wk.split, t0, t1);
       publish_work(hp, empty_q, q_phase, w);
       if (t0 >= t1) {
         ts::mbar_arrive(full_q);  // no visible key: the consumers store zeros and LSE = -inf
       } else {
-        int q_row0, q_b, k_row0, k_b;
+        int q_row0, q_b;
         map_rows(p.cu_seqlens_q, wk.b, q_row0, q_b);
         map_rows(p.cu_seqlens_k, wk.b, k_row0, k_b);
-        const int hk = wk.h / (p.heads_q / p.heads_kv);
+        hk = wk.h / (p.heads_q / p.heads_kv);
         ts::mbar_arrive_expect_tx(full_q, kQBytes);
 #pragma unroll
         for (int c = 0; c < kColBlocks; ++c)
           ts::tma_load_4d(smem + Smem::q + c * kBlockM * 128, &hp.q_map, full_q, c * 64, q_row0 + m0, wk.h, q_b);
-        for (int t = t1 - 1; t >= t0; --t) {
-          const int row = k_row0 + t * kBlockN;
-          ts::mbar_wait(&empty_k[ring.slot], ring.phase ^ 1);
-          ts::mbar_arrive_expect_tx(&full_k[ring.slot], kKVBytes);
-          uint8_t* k_tile = smem + Smem::k + ring.slot * kKVBytes;
-#pragma unroll
-          for (int c = 0; c < kColBlocks; ++c)
-            ts::tma_load_4d(k_tile + c * kBlockN * 128, &hp.k_map, &full_k[ring.slot], c * 64, row, hk, k_b);
-          ts::mbar_wait(&empty_v[ring.slot], ring.phase ^ 1);
-          ts::mbar_arrive_expect_tx(&full_v[ring.slot], kKVBytes);
-          uint8_t* v_tile = smem + Smem::v + ring.slot * kKVBytes;
-#pragma unroll
-          for (int c = 0; c < kColBlocks; ++c)
-            ts::tma_load_4d(v_tile + c * kBlockN * 128, &hp.v_map, &full_v[ring.slot], c * 64, row, hk, k_b);
-          ring.advance();
-        }
       }
     }
-    w = int(gridDim.x + draw);
+    // Drawn after the Q load is issued and used after the K/V loads: the atomic's latency hides
+    // behind them.
+    const unsigned draw = start_draw(hp);
+    for (int t = t1 - 1; t >= t0; --t) {
+      const int row = k_row0 + t * kBlockN;
+      ts::mbar_wait(&empty_k[ring.slot], ring.phase ^ 1);
+      ts::mbar_arrive_expect_tx(&full_k[ring.slot], kKVBytes);
+      uint8_t* k_tile = smem + Smem::k + ring.slot * kKVBytes;
+#pragma unroll
+      for (int c = 0; c < kColBlocks; ++c)
+        ts::tma_load_4d(k_tile + c * kBlockN * 128, &hp.k_map, &full_k[ring.slot], c * 64, row, hk, k_b);
+      ts::mbar_wait(&empty_v[ring.slot], ring.phase ^ 1);
+      ts::mbar_arrive_expect_tx(&full_v[ring.slot], kKVBytes);
+      uint8_t* v_tile = smem + Smem::v + ring.slot * kKVBytes;
+#pragma unroll
+      for (int c = 0; c < kColBlocks; ++c)
+        ts::tma_load_4d(v_tile + c * kBlockN * 128, &hp.v_map, &full_v[ring.slot], c * 64, row, hk, k_b);
+      ring.advance();
+    }
+    w = finish_draw(hp, draw);
   }
   publish_work(hp, empty_q, q_phase, -1);
   ts::mbar_arrive(full_q);
