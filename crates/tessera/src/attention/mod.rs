@@ -3,6 +3,8 @@
 //! `O = softmax(Q K^T * scale + M) V` for fp16 or bf16 Q/K/V/O, accumulated in f32, tiled so the
 //! `N x N` score matrix never reaches device memory. Optionally writes the f32 log-sum-exp
 //! (natural log) of every query row, `-inf` for a row that sees no key (its output is zeros).
+//! Non-finite inputs propagate: a NaN score or a `+inf` score (inf in Q or K) makes its row's
+//! output NaN, as `torch.softmax` would.
 //!
 //! - Layouts ([`QkvLayout`]): `[B, N, H, D]` (FlashAttention's) or `[B, H, N, D]`, any strides
 //!   with a contiguous last dimension; or packed variable-length batches `[total, H, D]` with
