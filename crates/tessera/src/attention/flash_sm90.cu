@@ -277,20 +277,23 @@ TS_DEVICE uint32_t pack_pair(float lo, float hi) {
 
 /// S = Q K^T for this warpgroup's 64 rows: kHeadDim/16 wgmma k-steps.
 TS_DEVICE void issue_qk(float (&s)[kSRegs], uint32_t q_base, uint32_t k_base) {
+  const uint64_t da0 = ts::wgmma_desc_sw128(q_base, 16);
+  const uint64_t db0 = ts::wgmma_desc_sw128(k_base, 16);
 #pragma unroll
   for (int kk = 0; kk < kHeadDim / 16; ++kk) {
     const uint32_t off = (kk % 4) * 32;
-    const uint64_t da = ts::wgmma_desc_sw128(q_base + (kk / 4) * (kBlockM * 128) + off, 16);
-    const uint64_t db = ts::wgmma_desc_sw128(k_base + (kk / 4) * (kBlockN * 128) + off, 16);
+    const uint64_t da = ts::wgmma_desc_advance(da0, (kk / 4) * (kBlockM * 128) + off);
+    const uint64_t db = ts::wgmma_desc_advance(db0, (kk / 4) * (kBlockN * 128) + off);
     ts::wgmma_ss<Elem, kBlockN, 0>(s, da, db, kk > 0 ? 1 : 0);
   }
 }
 
 /// O += P V: kBlockN/16 k-steps of 16 keys; V N-major, 64-column blocks kBlockN*128 bytes apart.
 TS_DEVICE void issue_pv(float (&o)[kORegs], const uint32_t (&pa)[kPSteps][4], uint32_t v_base) {
+  const uint64_t db0 = ts::wgmma_desc_sw128(v_base, kBlockN * 128);
 #pragma unroll
   for (int kk = 0; kk < kPSteps; ++kk) {
-    const uint64_t db = ts::wgmma_desc_sw128(v_base + kk * 16 * 128, kBlockN * 128);
+    const uint64_t db = ts::wgmma_desc_advance(db0, kk * 16 * 128);
     ts::wgmma_rs<Elem, kHeadDim, 1>(o, pa[kk], db, 1);
   }
 }
@@ -613,7 +616,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) flash_fwd_sm90(const _
     ts::mbar_init_fence();
   }
   __syncthreads();
-  const int wg = threadIdx.x / 128;
+  // Broadcast from lane 0: the compiler then knows it is warp-uniform and keeps the wgmma
+  // descriptor arithmetic that depends on it in uniform registers (no R2UR per wgmma).
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   if (wg == 0) {
     ts::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) producer(hp, smem, bars);

@@ -1,6 +1,7 @@
 // wgmma.cuh: warpgroup matrix multiply-accumulate (wgmma, sm_90a) and register reallocation.
 //
 // Defines: ts::wgmma_desc_sw128 (shared-memory matrix descriptor, 128-byte swizzle),
+//          ts::wgmma_desc_advance,
 //          ts::wgmma_fence, ts::wgmma_commit, ts::wgmma_wait<N>, ts::wgmma_fence_acc,
 //          ts::wgmma_ss<Elem, N, kTransB>, ts::wgmma_rs<Elem, N, kTransB> (m64nNk16, f32 +=
 //          Elem x Elem), ts::setmaxnreg_inc<R> / setmaxnreg_dec<R>.
@@ -52,6 +53,14 @@ TS_DEVICE uint64_t wgmma_desc_sw128(uint32_t addr, uint32_t leading) {
   d |= (uint64_t)(1024 >> 4) << 32;                  // bits 32-45: stride byte offset / 16
   d |= (uint64_t)1 << 62;                            // bits 62-63: 1 = 128-byte swizzle
   return d;
+}
+
+/// `desc` moved `bytes` (a multiple of 16) further along its start address: k-steps and column
+/// blocks of one tile from one descriptor, with a single 32-bit add (the 14-bit start field
+/// cannot carry: every shared address is below 256 KiB).
+TS_DEVICE uint64_t wgmma_desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = uint32_t(desc) + (bytes >> 4);
+  return (desc & 0xffffffff00000000ull) | lo;
 }
 
 /// Orders earlier register writes before the following wgmma instructions.
