@@ -112,47 +112,31 @@ using InPack = ts::Pack<InT, kPack>;
 /// output >= 2^-127 (see softmax.cu).
 constexpr float kProbBias = 1.0f;
 
-/// Sums a per-CTA value over the cluster through the exchange slots (after publishing it).
-/// Every CTA adds the slots in rank order, so all get the same bits.
-template <typename Op>
-TS_DEVICE float cluster_combine(float mine, float* slot, Op op) {
-  if constexpr (kCluster == 1) {
-    return mine;
-  } else {
 #if defined(TS_HAS_CLUSTERS)
-    if (threadIdx.x == 0) *slot = mine;
-    ts::cluster_sync();  // every CTA's slot is written
-    const uint32_t local = ts::shared_address(slot);
-    float v = ts::ld_shared_cluster(ts::map_shared_rank(local, 0));
-#pragma unroll
-    for (int r = 1; r < kCluster; ++r) v = op(v, ts::ld_shared_cluster(ts::map_shared_rank(local, r)));
-    return v;
-#else
-    return mine;  // not reached: kCluster > 1 is compiled for sm_90+ only
-#endif
-  }
+/// *p in the shared memory of cluster CTA `rank`.
+TS_DEVICE float ld_rank(const float* p, uint32_t rank) {
+  return ts::ld_shared_cluster(ts::map_shared_rank(ts::shared_address(p), rank));
 }
+TS_DEVICE ts::OnlineSoftmax ld_rank(const ts::OnlineSoftmax* p, uint32_t rank) {
+  return ts::OnlineSoftmax{ld_rank(&p->m, rank), ld_rank(&p->d, rank)};
+}
+#endif
 
-/// Merges a per-CTA online-softmax state over the cluster through `slot` (after publishing it),
-/// in rank order, so every CTA gets the same bits. Two slots used alternately (by row) keep a
-/// CTA from overwriting a slot another CTA still reads: no CTA passes the next exchange's
+/// Combines a per-CTA value (a float, or an online-softmax state) over the cluster through the
+/// exchange slots (after publishing it), in rank order, so every CTA gets the same bits. The
+/// pipelined schedule uses two slots alternately (by row): no CTA passes the next exchange's
 /// cluster barrier before every CTA has finished reading this one.
-TS_DEVICE ts::OnlineSoftmax cluster_combine_state(ts::OnlineSoftmax mine, ts::OnlineSoftmax* slot) {
+template <typename T, typename Op>
+TS_DEVICE T cluster_combine(T mine, T* slot, Op op) {
   if constexpr (kCluster == 1) {
     return mine;
   } else {
 #if defined(TS_HAS_CLUSTERS)
     if (threadIdx.x == 0) *slot = mine;
     ts::cluster_sync();  // every CTA's slot is written
-    const uint32_t local_m = ts::shared_address(&slot->m);
-    const uint32_t local_d = ts::shared_address(&slot->d);
-    ts::OnlineSoftmax v{ts::ld_shared_cluster(ts::map_shared_rank(local_m, 0)),
-                        ts::ld_shared_cluster(ts::map_shared_rank(local_d, 0))};
+    T v = ld_rank(slot, 0);
 #pragma unroll
-    for (int r = 1; r < kCluster; ++r) {
-      v.merge(ts::OnlineSoftmax{ts::ld_shared_cluster(ts::map_shared_rank(local_m, r)),
-                                ts::ld_shared_cluster(ts::map_shared_rank(local_d, r))});
-    }
+    for (int r = 1; r < kCluster; ++r) v = op(v, ld_rank(slot, r));
     return v;
 #else
     return mine;  // not reached: kCluster > 1 is compiled for sm_90+ only
@@ -254,7 +238,7 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
       }
       const int parity = (int)(((row - cluster) / clusters) & 1);
       st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
-      st = cluster_combine_state(st, &slot_state[parity]);
+      st = cluster_combine(st, &slot_state[parity], ts::OnlineSoftmaxMergeOp{});
       const float m = st.m;
       const float neg_shift = -ts::softmax_shift(m);
       const float coef = row_coef(m, st.d);
