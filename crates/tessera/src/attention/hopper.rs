@@ -17,7 +17,6 @@
 //! (which share K/V in L2). A launch makes exactly `work_items` draws; the last one resets the
 //! counter to 0. The producer hands each item to its consumers through a per-CTA slot in global
 //! memory ([`SCHEDULER_SLOTS_OFFSET`]), ordered by the Q tile's mbarrier.
-
 //!
 //! Tensor maps: 4-D `(D, rows, heads, batch)` with byte strides, which covers `[B, N, H, D]`,
 //! `[B, H, N, D]` and varlen `[total, H, D]` (as `(D, total, H, 1)`); boxes of 64 columns

@@ -426,7 +426,11 @@ impl AttentionPlan {
             (None, None)
         };
         let scheduler = match path {
-            AttentionPath::Hopper => Some(ctx.upload(&vec![0i32; hopper::scheduler_len(ctx.info().sm_count)])?),
+            AttentionPath::Hopper => {
+                let mut s = ctx.alloc::<i32>(hopper::scheduler_len(ctx.info().sm_count))?;
+                s.fill_bytes(0)?; // stream-ordered, before any launch of this plan
+                Some(s)
+            }
             _ => None,
         };
         Ok(AttentionPlan {
