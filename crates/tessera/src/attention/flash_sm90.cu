@@ -1,9 +1,10 @@
 // flash_sm90.cu: FlashAttention forward for Hopper (sm_90a): TMA loads completed on mbarriers,
-// wgmma for both GEMMs, one producer and two consumer warpgroups, persistent CTAs.
+// wgmma for both GEMMs, one producer and two or three consumer warpgroups, persistent CTAs.
 //
 // Preamble (attention/plan.rs, Variant::spec): Elem, kHeadDim (64, 128, 192 or 256; the real D is
 // p.head_dim, the tensor maps zero-fill columns past it and the epilogue never stores them),
-// kBlockM (128: 64 query rows per consumer warpgroup), kBlockN (keys per tile), kThreads (384),
+// kBlockM (64 query rows per consumer warpgroup: 128 or 192), kBlockN (keys per tile), kThreads
+// (128 per warpgroup: 384 or 512),
 // kStages (K/V ring depth), kMasked, kSoftcap, kSplit.
 //
 // Work: item w of hp.work_items (grid = min(work_items, SMs)). CTA c starts with item c and then
@@ -27,13 +28,15 @@
 //     tiles of its key range, newest first,
 //     into a kStages-deep ring; every load completes on a "full" mbarrier, every slot is handed
 //     back on an "empty" mbarrier (one arrival per consumer warp).
-//   WG1, WG2 (consumers, 232 registers): rows 0..63 and 64..127 of the query tile. Per key tile:
+//   WG1 .. WGc (c = kBlockM / 64 consumers, 232 registers each for two, 160 for three; the
+//     producer then keeps 40 or 32): rows 64 (i - 1) .. 64 i - 1 of the query tile. Per key tile:
 //     S = Q K^T (wgmma, both from shared memory), mask, online softmax in registers (log2 domain,
 //     ts::OnlineSoftmax rules: a row that has seen no key keeps m = -inf, its P and output are 0;
 //     P = 2^(S * scale - m) unclamped, ts::exp2_fma_unclamped: a +inf score gives a NaN row),
 //     P packed to Elem as the register A operand of O += P V (V read N-major from shared memory).
-//     The two consumers take turns issuing their S GEMMs (named barriers 1 and 2), so one
-//     warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+//     The consumers take turns issuing their GEMMs in a fixed ring order (named barrier 1 + i
+//     gates consumer i, which then opens the next one's), so one warpgroup's softmax runs while
+//     another's GEMMs occupy the tensor cores.
 //   Epilogue: O / l stored from registers (rows < len_q, columns < head_dim), LSE; with kSplit the
 //   normalised partial and its LSE go to the split-KV workspace instead (combine.cu merges).
 //
@@ -81,11 +84,15 @@ constexpr int kColBlocks = kHeadDim / 64;        // 64-column (128-byte) blocks 
 constexpr int kConsumerRows = 64;                // query rows per consumer warpgroup
 constexpr uint32_t kQBytes = kBlockM * kHeadDim * 2;
 constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
-constexpr uint32_t kConsumerWarps = 8;           // arrivals that release a slot
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;
-static_assert(kThreads == 384, "one producer and two consumer warpgroups");
-static_assert(kBlockM == 2 * kConsumerRows, "two consumer warpgroups of 64 rows");
+constexpr int kConsumers = kBlockM / kConsumerRows;  // consumer warpgroups
+constexpr uint32_t kConsumerWarps = 4 * kConsumers;  // arrivals that release a slot
+// setmaxnreg budgets: 128 * (producer + kConsumers * consumer) <= 65536.
+constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32;
+constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
+static_assert(kBlockM % kConsumerRows == 0 && (kConsumers == 2 || kConsumers == 3),
+              "two or three consumer warpgroups of 64 rows");
+static_assert(kThreads == 128 * (1 + kConsumers), "one producer warpgroup and the consumers");
+static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register file");
 static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "compiled head dim: multiple of 64, <= 256");
 static_assert(kBlockN == 64 || kBlockN == 128, "key tile: 64 or 128");
 static_assert(sizeof(Elem) == 2, "f16 or bf16");
@@ -266,8 +273,10 @@ constexpr int kSRegs = kBlockN / 2;    // S accumulator registers per thread
 constexpr int kORegs = kHeadDim / 2;   // O accumulator registers per thread
 constexpr int kPSteps = kBlockN / 16;  // k-steps of O += P V
 
-/// Named barriers of the consumer turn-taking (0 is __syncthreads).
+/// Named barriers of the consumer turn-taking (0 is __syncthreads): consumer i waits on
+/// kTurnBarrier0 + i (its 128 threads plus the 128 arrivals of the consumer before it).
 constexpr uint32_t kTurnBarrier0 = 1;
+constexpr uint32_t kTurnThreads = 256;
 
 /// Packs two floats into an Elem pair (lo in the low half).
 TS_DEVICE uint32_t pack_pair(float lo, float hi) {
@@ -390,15 +399,15 @@ TS_DEVICE void pack_p(const float (&s)[kSRegs], uint32_t (&pa)[kPSteps][4]) {
 /// the Q tile) is released and the online softmax turns S into P, with `factor` the rescale of O.
 TS_DEVICE void score_tile(const ts::AttentionParams& p, const Barriers& bs, const Ring& ring, RowState& st,
                           const TileMask& tm, int t, int t0, float (&s)[kSRegs], float (&factor)[2],
-                          uint32_t q_base, uint32_t smem_base, uint32_t my_turn, uint32_t other_turn,
+                          uint32_t q_base, uint32_t smem_base, uint32_t my_turn, uint32_t next_turn,
                           bool warp_leader) {
   ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
-  ts::named_barrier_sync(my_turn, 256);
+  ts::named_barrier_sync(my_turn, kTurnThreads);
   ts::wgmma_fence_acc(s);
   ts::wgmma_fence();
   issue_qk(s, q_base, smem_base + Smem::k + ring.slot * kKVBytes);
   ts::wgmma_commit();
-  ts::named_barrier_arrive(other_turn, 256);
+  ts::named_barrier_arrive(next_turn, kTurnThreads);
   ts::wgmma_wait<0>();
   ts::wgmma_fence_acc(s);
   if (warp_leader) {
@@ -425,11 +434,11 @@ TS_DEVICE void accumulate_pv(const Barriers& bs, int slot, uint32_t phase, float
 /// step. The consumers take turns issuing S.
 TS_DEVICE void mainloop_simple(const ts::AttentionParams& p, const Barriers& bs, Ring& ring, RowState& st,
                                float (&o)[kORegs], const TileMask& tm, int t0, int t1, uint32_t q_base,
-                               uint32_t smem_base, uint32_t my_turn, uint32_t other_turn, bool warp_leader) {
+                               uint32_t smem_base, uint32_t my_turn, uint32_t next_turn, bool warp_leader) {
   for (int t = t1 - 1; t >= t0; --t) {
     float s[kSRegs];
     float factor[2];
-    score_tile(p, bs, ring, st, tm, t, t0, s, factor, q_base, smem_base, my_turn, other_turn, warp_leader);
+    score_tile(p, bs, ring, st, tm, t, t0, s, factor, q_base, smem_base, my_turn, next_turn, warp_leader);
     rescale_o(o, factor);
     uint32_t pa[kPSteps][4];
     pack_p(s, pa);
@@ -443,13 +452,13 @@ TS_DEVICE void mainloop_simple(const ts::AttentionParams& p, const Barriers& bs,
 /// rescaling O. The consumers take turns issuing each pair of GEMMs.
 TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers& bs, Ring& ring, RowState& st,
                                    float (&o)[kORegs], const TileMask& tm, int t0, int t1, uint32_t q_base,
-                                   uint32_t smem_base, uint32_t my_turn, uint32_t other_turn, bool warp_leader) {
+                                   uint32_t smem_base, uint32_t my_turn, uint32_t next_turn, bool warp_leader) {
   uint32_t pa[kPSteps][4];
   {
     // First tile: S only (o is still 0: no rescale).
     float s[kSRegs];
     float factor[2];
-    score_tile(p, bs, ring, st, tm, t1 - 1, t0, s, factor, q_base, smem_base, my_turn, other_turn, warp_leader);
+    score_tile(p, bs, ring, st, tm, t1 - 1, t0, s, factor, q_base, smem_base, my_turn, next_turn, warp_leader);
     pack_p(s, pa);
   }
   int prev_slot = ring.slot;
@@ -461,7 +470,7 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
     // spin loop or a branch inside it makes ptxas serialise the wgmmas (C7520).
     ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
     ts::mbar_wait(&bs.full_v[prev_slot], prev_phase);
-    ts::named_barrier_sync(my_turn, 256);
+    ts::named_barrier_sync(my_turn, kTurnThreads);
     ts::wgmma_fence_acc(s);
     ts::wgmma_fence_acc(o);
     ts::wgmma_fence();
@@ -469,7 +478,7 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
     ts::wgmma_commit();
     issue_pv(o, pa, smem_base + Smem::v + prev_slot * kKVBytes);
     ts::wgmma_commit();
-    ts::named_barrier_arrive(other_turn, 256);
+    ts::named_barrier_arrive(next_turn, kTurnThreads);
     ts::wgmma_wait<1>();  // S(t) done; P V of the previous tile may still run
     ts::wgmma_fence_acc(s);
     float factor[2];
@@ -503,9 +512,9 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
   const uint32_t smem_base = ts::smem_addr(smem);
   const uint32_t q_base = smem_base + Smem::q + wg * kConsumerRows * 128;
   const uint32_t my_turn = kTurnBarrier0 + wg;
-  const uint32_t other_turn = kTurnBarrier0 + (1 - wg);
-  // Consumer 1 lets consumer 0 issue first.
-  if (wg == 1) ts::named_barrier_arrive(kTurnBarrier0, 256);
+  const uint32_t next_turn = kTurnBarrier0 + (wg + 1) % kConsumers;
+  // The last consumer lets consumer 0 issue first.
+  if (wg == kConsumers - 1) ts::named_barrier_arrive(kTurnBarrier0, kTurnThreads);
 
   const volatile int* work_slot = hp.work_slots + blockIdx.x;
   Ring ring;
@@ -550,9 +559,9 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
     } else {
       const Barriers bs{full_k, empty_k, full_v, empty_v, empty_q};
       if (kIntraOverlap)
-        mainloop_overlapped(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, other_turn, warp_leader);
+        mainloop_overlapped(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, next_turn, warp_leader);
       else
-        mainloop_simple(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, other_turn, warp_leader);
+        mainloop_simple(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, next_turn, warp_leader);
     }
     float (&m)[2] = st.m;
     float (&l)[2] = st.l;

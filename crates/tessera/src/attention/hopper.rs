@@ -31,10 +31,14 @@ use crate::dtype::DType;
 use crate::error::Error;
 use crate::runtime::KernelParams;
 
-/// Threads per CTA: one producer and two consumer warpgroups.
-pub const THREADS: u32 = 384;
-/// Query rows per CTA tile (64 per consumer warpgroup).
-pub const BLOCK_M: u32 = 128;
+/// Query rows per consumer warpgroup.
+pub const ROWS_PER_CONSUMER: u32 = 64;
+
+/// Threads per CTA for a query tile of `block_m` rows: one producer warpgroup and one consumer
+/// warpgroup per 64 rows.
+pub const fn threads(block_m: u32) -> u32 {
+    128 * (1 + block_m / ROWS_PER_CONSUMER)
+}
 
 /// Head dim the Hopper kernel is compiled for: the real D rounded up to a multiple of 64
 /// (the tensor maps zero-fill the padding columns).
@@ -43,11 +47,15 @@ pub fn head_dim(d: usize) -> u32 {
 }
 
 /// Tiles for a compiled head dim: `(block_m, block_n, threads, stages)`.
+///
+/// D = 64 runs three consumer warpgroups (192-row query tiles, 160 registers each): with half
+/// the GEMM work of D = 128 per key tile, the exponentials dominate and a third warpgroup's
+/// softmax fills the tensor cores' idle time. Larger D need the registers of two.
 pub fn tiles(head_dim: u32) -> (u32, u32, u32, u32) {
     match head_dim {
-        0..=64 => (BLOCK_M, 128, THREADS, 3),
-        65..=128 => (BLOCK_M, 128, THREADS, 2),
-        _ => (BLOCK_M, 64, THREADS, 2),
+        0..=64 => (192, 128, threads(192), 3),
+        65..=128 => (128, 128, threads(128), 2),
+        _ => (128, 64, threads(128), 2),
     }
 }
 

@@ -118,8 +118,9 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
 pub fn tuning_cases() -> Vec<BenchCase> {
     let warp = [SoftmaxPath::WarpPerRow, SoftmaxPath::WarpNc, SoftmaxPath::WarpV2];
     let cluster = [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe];
-    let shapes: [(usize, usize, SoftmaxKind, &[SoftmaxPath]); 5] = [
+    let shapes: [(usize, usize, SoftmaxKind, &[SoftmaxPath]); 6] = [
         (32768, 128, SoftmaxKind::Softmax, &warp),
+        (32768, 1024, SoftmaxKind::Softmax, &warp),
         (32768, 1024, SoftmaxKind::LogSoftmax, &warp),
         (4096, 32768, SoftmaxKind::Softmax, &cluster),
         (1024, 131072, SoftmaxKind::Softmax, &cluster),
