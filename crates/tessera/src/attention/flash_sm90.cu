@@ -41,7 +41,8 @@
 //   normalised partial and its LSE go to the split-KV workspace instead (combine.cu merges).
 //
 // Shared memory (1024-byte aligned, every tile in 64-column blocks of 128-byte swizzled rows):
-//   Q [kHeadDim/64][kBlockM][64], K[kStages] and V[kStages] [kHeadDim/64][kBlockN][64], mbarriers.
+//   Q [kHeadDim/64][kBlockM][64], K[kStages] and V[kStages] [kHeadDim/64][kBlockN][64], mbarriers,
+//   one f32 per consumer thread (Smem::sink, see order_softmax_before_wait).
 #include "tessera/attention_params.cuh"
 #include "tessera/mbarrier.cuh"
 #include "tessera/online_softmax.cuh"
@@ -106,7 +107,9 @@ struct Smem {
   static constexpr uint32_t v = k + kStages * kKVBytes;
   static constexpr uint32_t bars = v + kStages * kKVBytes;
   // barriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S]
-  static constexpr uint32_t end = bars + 8 * (2 + 4 * kStages);
+  static constexpr uint32_t sink = bars + 8 * (2 + 4 * kStages);
+  // one f32 per consumer thread, written and never read (order_softmax_before_wait)
+  static constexpr uint32_t end = sink + 4 * 128 * kConsumers;
 };
 static_assert(Smem::end + 1024 <= 227 * 1024, "shared memory of one CTA (hopper::shared_bytes)");
 
@@ -333,9 +336,16 @@ constexpr bool kIntraOverlap = true;
 constexpr bool kIntraOverlap = false;
 #endif
 
+/// Lazy rescaling (ts::lazy_max): a row's reference max moves only when a key tile raises it by
+/// more than 8 (log2 units), so after a row's first tiles O and l are almost never rescaled (64
+/// multiplies per tile and thread less at D = 128). P <= 2^8 then, exact in f16/bf16 as any P.
+/// Off with a softcap: its exp2 keeps the clamp at 2^1 (see softmax_tile).
+constexpr bool kLazyRescale = !kSoftcap;
+constexpr float kRescaleSlackLog2 = 8.0f;
+
 /// Masks S of key tile t (softcap first), updates the row state, and turns S into
 /// P = 2^(S * scale - m) in place. Returns the factors 2^(m_old - m_new) of both rows that the
-/// output accumulator must be multiplied by.
+/// output accumulator must be multiplied by (exactly 1 where the reference max stayed).
 TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], RowState& st, const TileMask& tm, int t,
                             float (&factor)[2]) {
   const int lane = threadIdx.x % 32;
@@ -364,7 +374,8 @@ TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], Ro
     for (int i = 0; i < kSRegs; ++i)
       if ((i % 4) / 2 == r) mx = ts::max_nan(mx, s[i]);  // NaN scores propagate
     mx = ts::warp_allreduce_max<4>(mx);
-    const float m_new = ts::max_nan(st.m[r], mx * scale);
+    const float m_cand = ts::max_nan(st.m[r], mx * scale);
+    const float m_new = kLazyRescale ? ts::lazy_max(st.m[r], m_cand, kRescaleSlackLog2) : m_cand;
     factor[r] = ts::exp2_shifted(st.m[r], ts::softmax_shift(m_new));
     st.m[r] = m_new;
     st.l[r] *= factor[r];
@@ -380,8 +391,10 @@ TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], Ro
   }
 }
 
-/// o *= factor of its row.
+/// o *= factor of its row; skipped when neither of the thread's rows moved its max (the
+/// common case with kLazyRescale: a branch, taken by a warp only when one of its rows moved).
 TS_DEVICE void rescale_o(float (&o)[kORegs], const float (&factor)[2]) {
+  if (kLazyRescale && factor[0] == 1.0f && factor[1] == 1.0f) return;
 #pragma unroll
   for (int i = 0; i < kORegs; ++i) o[i] *= factor[(i % 4) / 2];
 }
@@ -447,12 +460,24 @@ TS_DEVICE void mainloop_simple(const ts::AttentionParams& p, const Barriers& bs,
   }
 }
 
+/// Keeps the softmax of a tile ahead of the wgmma_wait<0> that follows it. To ptxas the wait is
+/// a scoreboard wait it may schedule anywhere after the commit, and it hoists it above the
+/// softmax arithmetic (the register fences of wgmma_fence_acc emit no PTX), which serialises
+/// the softmax behind the P V GEMM it was meant to overlap. A shared-memory store cannot cross
+/// the wait, so storing a value that depends on every P of the tile (the two row sums) keeps
+/// all of the tile's exponentials before it: one FADD and one STS per tile, into this thread's
+/// own word of Smem::sink (never read).
+TS_DEVICE void order_softmax_before_wait(float* sink, const RowState& st) {
+  *reinterpret_cast<volatile float*>(sink) = st.l[0] + st.l[1];
+}
+
 /// Software-pipelined: while the tensor cores run S(t) = Q K(t)^T and O += P(t+1) V(t+1), the
 /// warpgroup waits only for S(t), computes softmax(t), then waits for the P V GEMM before
 /// rescaling O. The consumers take turns issuing each pair of GEMMs.
 TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers& bs, Ring& ring, RowState& st,
                                    float (&o)[kORegs], const TileMask& tm, int t0, int t1, uint32_t q_base,
-                                   uint32_t smem_base, uint32_t my_turn, uint32_t next_turn, bool warp_leader) {
+                                   uint32_t smem_base, uint32_t my_turn, uint32_t next_turn, bool warp_leader,
+                                   float* sink) {
   uint32_t pa[kPSteps][4];
   {
     // First tile: S only (o is still 0: no rescale).
@@ -483,6 +508,7 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
     ts::wgmma_fence_acc(s);
     float factor[2];
     softmax_tile(p, s, st, tm, t, factor);
+    order_softmax_before_wait(sink, st);
     ts::wgmma_wait<0>();
     ts::wgmma_fence_acc(o);
     ts::mbar_arrive_if(&bs.empty_k[ring.slot], warp_leader);
@@ -511,6 +537,7 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
   const bool warp_leader = lane == 0;
   const uint32_t smem_base = ts::smem_addr(smem);
   const uint32_t q_base = smem_base + Smem::q + wg * kConsumerRows * 128;
+  float* sink = reinterpret_cast<float*>(smem + Smem::sink) + wg * 128 + tid;
   const uint32_t my_turn = kTurnBarrier0 + wg;
   const uint32_t next_turn = kTurnBarrier0 + (wg + 1) % kConsumers;
   // The last consumer lets consumer 0 issue first.
@@ -559,7 +586,8 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
     } else {
       const Barriers bs{full_k, empty_k, full_v, empty_v, empty_q};
       if (kIntraOverlap)
-        mainloop_overlapped(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, next_turn, warp_leader);
+        mainloop_overlapped(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, next_turn, warp_leader,
+                            sink);
       else
         mainloop_simple(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, next_turn, warp_leader);
     }

@@ -4,7 +4,7 @@
 // Defines: ts::OnlineSoftmax {m, d} with empty / update / update_chunk / update_chunk_fma /
 //          rescale / merge / lse,
 //          ts::softmax_shift(m), ts::exp2_shifted(x, shift), ts::shifted_fma / ts::exp2_fma /
-//          ts::exp2_fma_unclamped,
+//          ts::exp2_fma_unclamped, ts::lazy_max,
 //          ts::shfl_xor(OnlineSoftmax, int), ts::warp_allreduce_softmax<kWidth>,
 //          ts::block_allreduce_softmax<kThreads>.
 //
@@ -64,6 +64,16 @@ TS_DEVICE float exp2_fma(float x, float s, float neg_shift) { return exp2_approx
 /// A +inf score (only from inf inputs) makes +inf - +inf = NaN, so its row's output is NaN, as
 /// in torch's softmax; -inf (masked) scores still give 0.
 TS_DEVICE float exp2_fma_unclamped(float x, float s, float neg_shift) { return exp2_approx(fmaf(x, s, neg_shift)); }
+
+/// Lazy rescaling, for kernels that keep an accumulator beside the state (attention): the
+/// running max m moves to a chunk's candidate max m_cand (>= m) only when m_cand exceeds m by
+/// more than `slack` (log2 units). Otherwise m stays, nothing needs rescaling (the factor
+/// exp2_shifted(m, m) is exactly 1), and the chunk's terms 2^(x - m) may reach 2^slack, which
+/// f32 sums and f16/bf16 P operands hold exactly as well as terms <= 1 (same relative
+/// precision). An empty state (m = -inf) or a NaN candidate always moves (NaN <= slack is
+/// false), so the special-value rules above are unchanged. The normalised output and the LSE
+/// (m + log2 d) do not depend on which reference max was used.
+TS_DEVICE float lazy_max(float m, float m_cand, float slack) { return m_cand - m <= slack ? m : m_cand; }
 
 struct OnlineSoftmax {
   float m;  // running max, log2 domain (-inf: empty)
