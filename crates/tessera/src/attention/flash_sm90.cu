@@ -341,7 +341,6 @@ constexpr bool kIntraOverlap = false;
 /// multiplies per tile and thread less at D = 128). P <= 2^8 then, exact in f16/bf16 as any P.
 /// Off with a softcap: its exp2 keeps the clamp at 2^1 (see softmax_tile).
 constexpr bool kLazyRescale = !kSoftcap;
-constexpr float kRescaleSlackLog2 = 8.0f;
 
 /// Masks S of key tile t (softcap first), updates the row state, and turns S into
 /// P = 2^(S * scale - m) in place. Returns the factors 2^(m_old - m_new) of both rows that the
@@ -375,7 +374,7 @@ TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], Ro
       if ((i % 4) / 2 == r) mx = ts::max_nan(mx, s[i]);  // NaN scores propagate
     mx = ts::warp_allreduce_max<4>(mx);
     const float m_cand = ts::max_nan(st.m[r], mx * scale);
-    const float m_new = kLazyRescale ? ts::lazy_max(st.m[r], m_cand, kRescaleSlackLog2) : m_cand;
+    const float m_new = kLazyRescale ? ts::lazy_max(st.m[r], m_cand, ts::kLazyRescaleSlack) : m_cand;
     factor[r] = ts::exp2_shifted(st.m[r], ts::softmax_shift(m_new));
     st.m[r] = m_new;
     st.l[r] *= factor[r];
@@ -471,6 +470,12 @@ TS_DEVICE void order_softmax_before_wait(float* sink, const RowState& st) {
   *reinterpret_cast<volatile float*>(sink) = st.l[0] + st.l[1];
 }
 
+/// Whether the overlapped loop uses order_softmax_before_wait: with two consumers it gains 2-4%
+/// (H200, run 9 in bench/NOTES.md); with three (D = 64), where a third warpgroup already fills
+/// the tensor cores' gaps, D = 64 lost 5% in the same run (run 10 separates this from the lazy
+/// rescale).
+constexpr bool kOrderSoftmaxBeforeWait = kConsumers == 2;
+
 /// Software-pipelined: while the tensor cores run S(t) = Q K(t)^T and O += P(t+1) V(t+1), the
 /// warpgroup waits only for S(t), computes softmax(t), then waits for the P V GEMM before
 /// rescaling O. The consumers take turns issuing each pair of GEMMs.
@@ -508,7 +513,7 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
     ts::wgmma_fence_acc(s);
     float factor[2];
     softmax_tile(p, s, st, tm, t, factor);
-    order_softmax_before_wait(sink, st);
+    if (kOrderSoftmaxBeforeWait) order_softmax_before_wait(sink, st);
     ts::wgmma_wait<0>();
     ts::wgmma_fence_acc(o);
     ts::mbar_arrive_if(&bs.empty_k[ring.slot], warp_leader);

@@ -4,7 +4,7 @@
 // Defines: ts::OnlineSoftmax {m, d} with empty / update / update_chunk / update_chunk_fma /
 //          rescale / merge / lse,
 //          ts::softmax_shift(m), ts::exp2_shifted(x, shift), ts::shifted_fma / ts::exp2_fma /
-//          ts::exp2_fma_unclamped, ts::lazy_max,
+//          ts::exp2_fma_unclamped, ts::lazy_max / ts::kLazyRescaleSlack,
 //          ts::shfl_xor(OnlineSoftmax, int), ts::warp_allreduce_softmax<kWidth>,
 //          ts::block_allreduce_softmax<kThreads>.
 //
@@ -74,6 +74,8 @@ TS_DEVICE float exp2_fma_unclamped(float x, float s, float neg_shift) { return e
 /// false), so the special-value rules above are unchanged. The normalised output and the LSE
 /// (m + log2 d) do not depend on which reference max was used.
 TS_DEVICE float lazy_max(float m, float m_cand, float slack) { return m_cand - m <= slack ? m : m_cand; }
+/// The slack the attention kernels use: terms up to 2^8.
+constexpr float kLazyRescaleSlack = 8.0f;
 
 struct OnlineSoftmax {
   float m;  // running max, log2 domain (-inf: empty)
