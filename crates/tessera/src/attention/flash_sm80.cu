@@ -8,8 +8,7 @@
 //   scores             raw dot products (scale folded into the exp2 below) or, with kSoftcap,
 //                      ts::attn_score_log2 applied element-wise; masked keys -> -inf
 //   online softmax     per row: tile max over the 4 lanes of a quad (shuffles), rescale of the
-//                      running state (ts::OnlineSoftmax::rescale, lazily: ts::lazy_max) and of
-//                      the O accumulator (skipped while the row's max stays),
+//                      running state (ts::OnlineSoftmax::rescale) and of the O accumulator,
 //                      P = 2^(s * scale - m) (ts::exp2_fma_unclamped: a +inf score gives a NaN
 //                      row), per-lane partial row sums
 //   O += P V           P packed to Elem in registers is directly the A operand (mma.cuh);
@@ -341,10 +340,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
         mx = max_nan(mx, shfl_xor(mx, 2));
         // round(scale * max dot) = max round(scale * dot) as scale > 0 (see shifted_fma)
         OnlineSoftmax& st = state[mb][r];
-        // lazy rescaling as in flash_sm90.cu (ts::lazy_max): O is rescaled only when the row's
-        // max grows by more than 2^8; off with a softcap, whose exp2 keeps the clamp
-        const float m_cand = max_nan(st.m, mx * score_scale);
-        const float factor = st.rescale(kSoftcap ? m_cand : lazy_max(st.m, m_cand, kLazyRescaleSlack));
+        const float factor = st.rescale(max_nan(st.m, mx * score_scale));
         const float neg_shift = -softmax_shift(st.m);
         float sum = 0.0f;
 #pragma unroll
@@ -357,12 +353,10 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
             sum += s[mb][nb][e];
           }
         st.d += sum;
-        if (kSoftcap || factor != 1.0f) {
 #pragma unroll
-          for (int nb = 0; nb < kOBlocks; ++nb) {
-            acc[mb][nb][2 * r] *= factor;
-            acc[mb][nb][2 * r + 1] *= factor;
-          }
+        for (int nb = 0; nb < kOBlocks; ++nb) {
+          acc[mb][nb][2 * r] *= factor;
+          acc[mb][nb][2 * r + 1] *= factor;
         }
       }
 
