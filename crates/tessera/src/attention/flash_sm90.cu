@@ -339,8 +339,10 @@ constexpr bool kIntraOverlap = false;
 /// Lazy rescaling (ts::lazy_max): a row's reference max moves only when a key tile raises it by
 /// more than 8 (log2 units), so after a row's first tiles O and l are almost never rescaled (64
 /// multiplies per tile and thread less at D = 128). P <= 2^8 then, exact in f16/bf16 as any P.
-/// Off with a softcap: its exp2 keeps the clamp at 2^1 (see softmax_tile).
-constexpr bool kLazyRescale = false;  // run 11 A/B: D128 with and without
+/// Two consumers only: it gains 2-3.5% there and costs three consumers (D = 64) 4% (H200, runs
+/// 10 and 11 in bench/NOTES.md). Off with a softcap: its exp2 keeps the clamp at 2^1 (see
+/// softmax_tile).
+constexpr bool kLazyRescale = kConsumers == 2 && !kSoftcap;
 
 /// Masks S of key tile t (softcap first), updates the row state, and turns S into
 /// P = 2^(S * scale - m) in place. Returns the factors 2^(m_old - m_new) of both rows that the
@@ -470,10 +472,9 @@ TS_DEVICE void order_softmax_before_wait(float* sink, const RowState& st) {
   *reinterpret_cast<volatile float*>(sink) = st.l[0] + st.l[1];
 }
 
-/// Whether the overlapped loop uses order_softmax_before_wait: with two consumers it gains 2-4%
-/// (H200, run 9 in bench/NOTES.md); with three (D = 64), where a third warpgroup already fills
-/// the tensor cores' gaps, D = 64 lost 5% in the same run (run 10 separates this from the lazy
-/// rescale).
+/// Whether the overlapped loop uses order_softmax_before_wait: two consumers only. With three
+/// (D = 64), where a third warpgroup already fills the tensor cores' gaps, it cost ~2% (H200,
+/// runs 9-11 in bench/NOTES.md).
 constexpr bool kOrderSoftmaxBeforeWait = kConsumers == 2;
 
 /// Software-pipelined: while the tensor cores run S(t) = Q K(t)^T and O += P(t+1) V(t+1), the
