@@ -7,7 +7,7 @@
 //! | [`SoftmaxPath::BlockCached`] | cols * 4 B fits the opt-in shared memory and a CTA fits on an SM | 128..1024 threads, one row at a time | shared memory (f32) |
 //! | [`SoftmaxPath::BlockUncached`] | anything longer | 1024 threads, one row at a time | nowhere: read twice |
 //! | [`SoftmaxPath::Cluster`] | rows over 32 KB whose cluster shares fit 64 KB (sm_90) | 512/1024 threads, 1..8 CTAs per row | shared memory (input dtype) |
-//! | [`SoftmaxPath::ClusterPipe`] | as Cluster, rows of 256 KB and more | as Cluster, one wave; the store pass refills the share with the next row | shared memory (input dtype) |
+//! | [`SoftmaxPath::ClusterPipe`] | rows of 256 KB and more whose cluster shares fit in shared memory (sm_90) | as Cluster, one wave; the store pass refills the share with the next row | shared memory (input dtype) |
 //!
 //! Forced only (measured side by side against the dispatched kernels, see the bench):
 //! [`SoftmaxPath::WarpNc`] (warp path with loads that keep the default L2 policy).
@@ -396,9 +396,9 @@ impl SoftmaxPlan {
                 info.max_shared_per_block_optin as usize,
             )
             .is_some();
-        // Auto takes the cluster path only where every CTA's share stays small enough for
+        // Auto takes the plain cluster path only where every CTA's share stays small enough for
         // several CTAs per SM (measured: fp32 256x262144 with 128 KB shares ran at 51% of copy
-        // bandwidth, the uncached path at 62%).
+        // bandwidth, the uncached path at 62%); larger shares only with the pipelined schedule.
         let cluster_auto = (pi > 1 || po > 1)
             && cluster_shape(
                 shape.cols,
@@ -426,6 +426,10 @@ impl SoftmaxPlan {
                     SoftmaxPath::Cluster
                 }
             }
+            // Shares above the target (one 1024-thread CTA per SM) still beat re-reading the row,
+            // but only with the pipelined schedule: fp32 256x262144 (128 KB shares) 2797 GB/s
+            // against 2621 uncached and 2185 plain cluster (H200, bench/NOTES.md run 12).
+            SoftmaxPath::Auto if row_bytes >= CLUSTER_PIPE_MIN_ROW_BYTES && cluster_ok => SoftmaxPath::ClusterPipe,
             SoftmaxPath::Auto if fits_smem => SoftmaxPath::BlockCached,
             SoftmaxPath::Auto => SoftmaxPath::BlockUncached,
             p if p.is_warp() && shape.cols > WARP_MAX_COLS => {
