@@ -55,47 +55,8 @@ struct AttentionParams {
   float softcap_log2;        // softcap * log2(e), when softcap > 0
   int num_splits;            // 1 = no split-KV
   int q_tiles;               // query tiles per (batch, head) = ceil(seqlen_q / kernel BLOCK_M)
-  int l2_heads;              // batch-heads per L2 section of the work order (>= 1; attn_work_item)
+  int pad_;
 };
-
-/// One work item of a forward kernel: a query tile of one (batch, head), and its split.
-struct AttnWork {
-  int b, h, q_tile, split;
-};
-
-/// The work order both forward kernels follow: item w of batch * heads_q * q_tiles * splits.
-/// The batch-heads are cut into L2 sections of p.l2_heads (as many as keep their K and V in
-/// half the L2); the first section takes the batch * heads_q % l2_heads remainder (when not 0)
-/// so that the order ends on a full section, whose short causal tiles fill the tail. Inside a
-/// section: query tile descending (longest causal tiles first), then split, then head, so the
-/// CTAs running at one time share a few heads' K and V in L2 instead of streaming one head each
-/// from HBM. `splits` is p.num_splits where the split is part of the item (Hopper), 1 where the
-/// grid carries it (Ampere: blockIdx.z).
-TS_DEVICE AttnWork attn_work_item(const AttentionParams& p, int splits, int w) {
-  const int bh = p.batch * p.heads_q;
-  const int head_items = p.q_tiles * splits;
-  const int rem = bh % p.l2_heads;
-  int first_head, heads, r;
-  if (w < rem * head_items) {
-    first_head = 0;
-    heads = rem;
-    r = w;
-  } else {
-    const int section_items = p.l2_heads * head_items;
-    const int w2 = w - rem * head_items;
-    first_head = rem + w2 / section_items * p.l2_heads;
-    heads = p.l2_heads;
-    r = w2 % section_items;
-  }
-  const int per_tile = heads * splits;
-  AttnWork wk;
-  wk.q_tile = p.q_tiles - 1 - r / per_tile;
-  wk.split = r % per_tile / heads;
-  const int bhi = first_head + r % heads;
-  wk.b = bhi / p.heads_q;
-  wk.h = bhi % p.heads_q;
-  return wk;
-}
 
 /// One (batch, head) problem after resolving the batch layout.
 struct AttnSeq {

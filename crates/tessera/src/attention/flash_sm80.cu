@@ -24,9 +24,8 @@
 // kStages >= 2, kMasked (window / causal compiled in), kSoftcap, kSplit (write normalised f32
 // partials instead).
 //
-// Grid (B * Hq, q_tiles, splits): blockIdx.x + B * Hq * blockIdx.y is the item of
-// ts::attn_work_item (L2 sections of heads whose K/V stay in L2 while their CTAs run, longest
-// causal tiles first in each section), blockIdx.z = split.
+// Grid (B * Hq, q_tiles, splits): blockIdx.x = b * Hq + h, query tile = q_tiles - 1 -
+// blockIdx.y (the longest causal tiles start first), blockIdx.z = split.
 //
 // Key tiles: a CTA visits only the tiles intersecting the visible key range of its rows,
 // [first_key(first row), end_key(last row)) (ts::AttnMask); with kSplit, split z takes a
@@ -204,12 +203,9 @@ TS_DEVICE void pv_tile(float (&acc)[kMBlocks][kOBlocks][4], const float (&s)[kMB
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __grid_constant__ ts::AttentionParams p) {
-  // Blocks start in linear order (x fastest): item blockIdx.x + gridDim.x * blockIdx.y of the
-  // shared work order (L2 sections of heads, longest causal tiles first in each).
-  const AttnWork wk = attn_work_item(p, 1, blockIdx.x + gridDim.x * blockIdx.y);
-  const int b = wk.b;
-  const int h = wk.h;
-  const int m0 = wk.q_tile * kBlockM;
+  const int b = blockIdx.x / p.heads_q;
+  const int h = blockIdx.x % p.heads_q;
+  const int m0 = (p.q_tiles - 1 - (int)blockIdx.y) * kBlockM;
   const AttnSeq seq = attn_seq(p, b, h);
   if (m0 >= seq.len_q) return;  // varlen: a shorter sequence than the longest (uniform exit)
   const int rows = min(kBlockM, seq.len_q - m0);

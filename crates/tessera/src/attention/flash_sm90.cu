@@ -11,9 +11,12 @@
 // takes items grid, grid + 1, ... in the order its producer draws them from a global counter
 // (hp.tile_counter; dynamic scheduling: a CTA that finished short items takes the next long one,
 // and the CTAs running together stay on neighbouring items, which a fixed stride loses after the
-// first round). The last draw of a launch resets the counter to 0 for the next launch. Items
-// are numbered by ts::attn_work_item (L2 sections of p.l2_heads batch-heads, longest causal
-// tiles first inside each). Items whose query tile starts past the sequence do nothing. The
+// first round). The last draw of a launch resets the counter to 0 for the next launch. The
+// batch-heads are cut into sections of hp.l2_heads whose K and V fit in L2 together (the first
+// section takes the remainder, so that the launch ends on a full section whose short tiles fill
+// the tail); inside a section items run query tile descending (longest causal tiles first), then
+// split, then head, so the CTAs running at one time share a few heads' K/V instead of streaming
+// one head each from HBM. Items whose query tile starts past the sequence do nothing. The
 // producer hands each item to the consumers through the CTA's slot hp.work_slots[blockIdx.x],
 // written before the arrival on full_q that its Q tile completes (release / acquire through the
 // mbarrier); -1 ends. The slot is in global memory, not shared: compute-sanitizer racecheck does
@@ -68,7 +71,7 @@ struct HopperParams {
   ts::TensorMap k_map;  // (D, rows, heads_kv, batch), box (64, kBlockN, 1, 1)
   ts::TensorMap v_map;
   int work_items;       // q_tiles * num_splits * batch * heads_q
-  int pad0_;
+  int l2_heads;         // batch-heads per L2 section (>= 1)
   unsigned* tile_counter;  // dynamic scheduler: 0 before every launch, left at 0 after it
   int* work_slots;         // [gridDim.x]: the item each CTA's producer published last
   int pad_[10];
@@ -109,6 +112,39 @@ struct Smem {
   static constexpr uint32_t end = sink + 4 * 128 * kConsumers;
 };
 static_assert(Smem::end + 1024 <= 227 * 1024, "shared memory of one CTA (hopper::shared_bytes)");
+
+/// One work item.
+struct Work {
+  int b, h, q_tile, split;
+};
+
+TS_DEVICE Work decode_work(const HopperParams& hp, int w) {
+  const ts::AttentionParams& p = hp.p;
+  const int bh = p.batch * p.heads_q;
+  const int head_items = p.q_tiles * p.num_splits;
+  // Sections: first bh % l2_heads heads (when not 0), then full sections of l2_heads.
+  const int rem = bh % hp.l2_heads;
+  int first_head, heads, r;
+  if (w < rem * head_items) {
+    first_head = 0;
+    heads = rem;
+    r = w;
+  } else {
+    const int section_items = hp.l2_heads * head_items;
+    const int w2 = w - rem * head_items;
+    first_head = rem + w2 / section_items * hp.l2_heads;
+    heads = hp.l2_heads;
+    r = w2 % section_items;
+  }
+  const int per_tile = heads * p.num_splits;
+  Work wk;
+  wk.q_tile = p.q_tiles - 1 - r / per_tile;
+  wk.split = r % per_tile / heads;
+  const int bhi = first_head + r % heads;
+  wk.b = bhi / p.heads_q;
+  wk.h = bhi % p.heads_q;
+  return wk;
+}
 
 /// Key tiles [t0, t1) the rows m0 .. min(m0 + kBlockM, len_q) - 1 of a sequence see in split
 /// `split` (empty when t0 >= t1). Producer and consumers call it with the same arguments.
@@ -189,7 +225,7 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   uint32_t q_phase = 0;
   int w = blockIdx.x;
   while (w < hp.work_items) {
-    const ts::AttnWork wk = ts::attn_work_item(p, p.num_splits, w);
+    const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
     const int m0 = wk.q_tile * kBlockM;
     int t0 = 0, t1 = 0, k_row0 = 0, k_b = 0, hk = 0;
@@ -523,7 +559,7 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
     q_phase ^= 1;
     const int w = *work_slot;
     if (w < 0) return;
-    const ts::AttnWork wk = ts::attn_work_item(p, p.num_splits, w);
+    const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
     const int m0 = wk.q_tile * kBlockM;
     const ts::AttnMask mask = ts::AttnMask::of(p, seq);

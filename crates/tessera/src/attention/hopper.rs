@@ -3,9 +3,8 @@
 //!
 //! Grid convention of this path (differs from the `(B * Hq, q_tiles, splits)` grid of the
 //! others): a persistent 1-D grid of `min(work_items, SMs)` CTAs, `work_items = q_tiles *
-//! splits * B * Hq`, numbered by the work order both paths share (`ts::attn_work_item` in
-//! attention_params.cuh): the batch-heads are cut into L2 sections of `S` ([`l2_section_heads`]:
-//! as many as fit their K and V in half the L2). The first section holds the `B * Hq % S`
+//! splits * B * Hq`. The batch-heads are cut into L2 sections of `S` ([`l2_section_heads`]: as
+//! many as fit their K and V in half the L2). The first section holds the `B * Hq % S`
 //! remainder heads (when not 0), every later one `S`: the launch then ends on a full section,
 //! whose short causal tiles fill the tail (a small last section would start its longest tiles
 //! when the other CTAs run out of work). Inside a section the order is query tile descending
@@ -90,7 +89,8 @@ pub struct HopperParams {
     pub k_map: TensorMap,
     pub v_map: TensorMap,
     pub work_items: i32,
-    pub pad0_: i32,
+    /// Batch-heads per L2 section of the work order ([`l2_section_heads`]).
+    pub l2_heads: i32,
     /// Device address of the dynamic scheduler's `u32` counter: 0 before a launch, and the
     /// kernel leaves it at 0 (the plan owns it; launches of one plan must be stream-ordered).
     pub tile_counter: u64,
@@ -231,7 +231,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<HopperParams>(), 704);
         assert_eq!(std::mem::offset_of!(HopperParams, q_map), 256);
         assert_eq!(std::mem::offset_of!(HopperParams, work_items), 640);
-        assert_eq!(std::mem::offset_of!(HopperParams, pad0_), 644);
+        assert_eq!(std::mem::offset_of!(HopperParams, l2_heads), 644);
         assert_eq!(std::mem::offset_of!(HopperParams, tile_counter), 648);
         assert_eq!(std::mem::offset_of!(HopperParams, work_slots), 656);
     }

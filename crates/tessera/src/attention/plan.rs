@@ -96,8 +96,7 @@ pub struct AttentionParams {
     pub softcap_log2: f32,
     pub num_splits: i32,
     pub q_tiles: i32,
-    /// Batch-heads per L2 section of the work order (`ts::attn_work_item`, both paths).
-    pub l2_heads: i32,
+    pub pad_: i32,
 }
 
 // SAFETY: plain data matching the C layout of ts::AttentionParams (checked by a test that
@@ -631,13 +630,7 @@ impl AttentionPlan {
             softcap_log2: softcap * std::f32::consts::LOG2_E,
             num_splits: self.splits as i32,
             q_tiles: self.q_tiles as i32,
-            l2_heads: hopper::l2_section_heads(
-                self.ctx.info().l2_bytes,
-                self.problem.seqlen_k,
-                self.problem.head_dim,
-                self.problem.group(),
-                self.problem.batch * self.problem.heads_q,
-            ),
+            pad_: 0,
         };
         if self.problem.batch == 0 || rows == 0 {
             return Ok(());
@@ -655,7 +648,13 @@ impl AttentionPlan {
                 k_map,
                 v_map,
                 work_items: work as i32,
-                pad0_: 0,
+                l2_heads: hopper::l2_section_heads(
+                    self.ctx.info().l2_bytes,
+                    self.problem.seqlen_k,
+                    self.problem.head_dim,
+                    self.problem.group(),
+                    self.problem.batch * self.problem.heads_q,
+                ),
                 tile_counter: scheduler,
                 work_slots: scheduler + (hopper::SCHEDULER_SLOTS_OFFSET * 4) as u64,
                 pad_: [0; 10],
