@@ -108,7 +108,8 @@ struct Smem {
   static constexpr uint32_t bars = v + kStages * kKVBytes;
   // barriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S]
   static constexpr uint32_t sink = bars + 8 * (2 + 4 * kStages);
-  // one f32 per consumer thread, written and never read (order_softmax_before_wait)
+  // one f32 per consumer thread, written and never read (order_softmax_before_wait; reserved
+  // but unused with three consumers, as hopper::shared_bytes reserves it for every tile)
   static constexpr uint32_t end = sink + 4 * 128 * kConsumers;
 };
 static_assert(Smem::end + 1024 <= 227 * 1024, "shared memory of one CTA (hopper::shared_bytes)");

@@ -28,8 +28,8 @@
 // publishing the sum) and a __syncthreads before the next row's copies overwrite the share;
 // pipelined schedule: one pass over the share folds (max, sum) into a ts::OnlineSoftmax per
 // thread, then one block reduction and one cluster barrier (the states exchanged; static
-// buffers of 2 x kWarps + 2 states, used by row parity). One final cluster barrier keeps every CTA's shared memory alive until the others have
-// read it.
+// buffers of 2 x kWarps + 2 states, used by row parity). One final cluster barrier keeps every
+// CTA's shared memory alive until the others have read it.
 //
 // Launch contract (Rust: softmax/plan.rs):
 //   * kPipeline: any grid is correct; the Rust side launches one wave of resident clusters for
