@@ -83,6 +83,12 @@ pub fn bench_jobs(op: &str, quick: bool) -> Vec<BenchJob> {
                     run: Box::new(move |ctx: &Context, seed, t| softmax::bench::bench_case(ctx, &c, seed, t)),
                 }
             })
+            .chain(softmax::bench::copy_cases(quick).into_iter().map(|c| BenchJob {
+                // `--filter copy` selects them
+                name: format!("{} copy", c.name()),
+                baseline: None,
+                run: Box::new(move |ctx: &Context, seed, t| softmax::bench::bench_copy(ctx, &c, seed, t)),
+            }))
             .collect(),
         "attention" => attention::bench::cases(quick)
             .into_iter()
@@ -134,7 +140,8 @@ pub fn kernel_specs(op: &str, arch: tessera::runtime::Arch) -> Vec<tessera::runt
 /// The baseline implementations each operator is compared against (Python runners).
 pub fn baseline_impls(op: &str) -> &'static [&'static str] {
     match op {
-        "softmax" => &["torch"],
+        // `copy`: a same-size device copy (softmax::bench::bench_copy), ours the same bytes
+        "softmax" => &["torch", "copy"],
         "attention" => &[
             "torch-flash",
             "torch-cudnn",

@@ -58,6 +58,10 @@
 //      0.434 ms (317 TFLOP/s) / 1.648 ms (334 TFLOP/s). Shipped for 64 < D <= 128.
 //   A 128 x 64 tile with two row blocks per warp spills (~90 bytes), as does 128 x 128 with
 //   one; a 128-register cap for two 8-warp CTAs per SM spills too.
+// D = 64 (non-causal bf16 B=4 H=16 N=8192, bench/NOTES.md run 15): 8 warps x 16 rows over
+//   128 x 128 tiles, Q in registers (174 registers, one CTA per SM): 4.54 ms; 4 warps x 32 rows
+//   over 128 x 64 tiles, 3 stages, Q from shared memory (237 registers, two CTAs per SM):
+//   3.45 ms. Shipped for D <= 64.
 #include "tessera/attention_params.cuh"
 #include "tessera/async_copy.cuh"
 #include "tessera/math.cuh"
@@ -77,10 +81,11 @@ constexpr int kChunks = kHeadDim / 8;                 // 16-byte chunks of a row
 constexpr int kKSteps = kHeadDim / 16;                // k16 steps of S = Q K^T
 constexpr int kSBlocks = kBlockN / 8;                 // n8 blocks of S (keys)
 constexpr int kOBlocks = kHeadDim / 8;                // n8 blocks of O (head dim)
-/// Q fragments stay in registers while they take at most 32 (kMBlocks * kKSteps * 4); beyond
+/// Q fragments stay in registers while they take at most 16 (kMBlocks * kKSteps * 4); beyond
 /// that they are re-read from shared memory per k step to keep the O accumulator
-/// (kMBlocks * D / 2 registers) spill-free.
-constexpr bool kQInRegs = kMBlocks * kHeadDim <= 128;
+/// (kMBlocks * D / 2 registers) and the scores spill-free (two row blocks of D = 64 with Q in
+/// registers take 255 registers and spill).
+constexpr bool kQInRegs = kMBlocks * kHeadDim <= 64;
 
 static_assert(kBlockM == kWarpRows * kWarps, "kBlockM: whole m16 row blocks per warp");
 static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "compiled head dim: a multiple of 32, <= 256");

@@ -238,9 +238,11 @@ pub fn compiled_head_dim(d: usize) -> u32 {
 
 /// Tiles of the Ampere kernel for a compiled head dim: `(block_m, block_n, threads, stages)`.
 /// Each warp owns `block_m / (threads / 32)` query rows (whole m16 blocks; flash_sm80.cu).
-/// - D <= 64: 128 x 128 over 8 warps, 16 rows each (O accumulator D / 2 registers per lane).
-/// - D <= 128: FlashAttention-2's 4 warps of 32 rows, so every K/V fragment feeds two row blocks
-///   (half the ldmatrix traffic per MMA); 32 keys per tile keeps the 2 x (D / 2) accumulator
+/// - D <= 64: FlashAttention-2's 4 warps of 32 rows (every K/V fragment feeds two row blocks:
+///   half the ldmatrix traffic per MMA), 64 keys per tile, 3 stages (64 KiB), Q re-read from
+///   shared memory: 236-242 registers, two CTAs per SM. (8 warps of 16 rows over 128 x 128
+///   tiles took 174 registers, so one CTA per SM.)
+/// - D <= 128: the same 4 warps of 32 rows; 32 keys per tile keeps the 2 x (D / 2) accumulator
 ///   plus the scores within 255 registers, and 3 stages (80 KiB) hide the load latency while
 ///   two CTAs share an SM.
 /// - larger D: 64 x 32 over 4 warps, 16 rows each, Q re-read from shared memory.
@@ -248,7 +250,7 @@ pub fn compiled_head_dim(d: usize) -> u32 {
 /// Every choice keeps the shared memory within 96 KiB, so it also fits sm_86 / sm_89 (99 KiB).
 pub fn sm80_tiles(head_dim: u32) -> (u32, u32, u32, u32) {
     match head_dim {
-        0..=64 => (128, 128, 256, 2),
+        0..=64 => (128, 64, 128, 3),
         65..=128 => (128, 32, 128, 3),
         _ => (64, 32, 128, 2),
     }

@@ -143,6 +143,100 @@ pub fn tuning_cases() -> Vec<BenchCase> {
     out
 }
 
+/// A same-size device copy for a softmax case: `cuMemcpyDtoDAsync` of the case's input into
+/// an output of the same size, over the same rotating sets, timed the same way. It moves the
+/// same bytes as the softmax (read once, written once), so it is the bandwidth a memory-bound
+/// kernel of that size can hope for; at a few MB, launch and ramp-up keep it well below the
+/// 1 GiB copy of the roofline. Its row carries impl `copy` under the softmax case's name.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CopyCase {
+    pub rows: usize,
+    pub cols: usize,
+    pub dtype: DType,
+    pub kind: SoftmaxKind,
+}
+
+impl CopyCase {
+    /// The (default-dispatch) softmax case this copy stands beside.
+    fn softmax(&self) -> BenchCase {
+        BenchCase {
+            rows: self.rows,
+            cols: self.cols,
+            dtype: self.dtype,
+            kind: self.kind,
+            path: SoftmaxPath::Auto,
+        }
+    }
+    /// The softmax case's name (`softmax fp16 32768x128`), so the rows line up in the table.
+    pub fn name(&self) -> String {
+        self.softmax().name()
+    }
+}
+
+/// A same-size copy beside every default-dispatch case of [`cases`].
+pub fn copy_cases(quick: bool) -> Vec<CopyCase> {
+    cases(quick)
+        .into_iter()
+        .filter(|c| c.path == SoftmaxPath::Auto)
+        .map(|c| CopyCase {
+            rows: c.rows,
+            cols: c.cols,
+            dtype: c.dtype,
+            kind: c.kind,
+        })
+        .collect()
+}
+
+/// Times one same-size copy (the data are random, not zeros, though a copy does not care).
+pub fn bench_copy(ctx: &Context, case: &CopyCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    let softmax = case.softmax();
+    let bytes = softmax.bytes() / 2;
+    let sets = (2 * ctx.info().l2_bytes as usize).div_ceil(2 * bytes).clamp(1, 64);
+    let host: Vec<u8> = random_matrix::<f32>(
+        seed,
+        1,
+        bytes.div_ceil(4),
+        bytes.div_ceil(4),
+        Dist::Uniform { lo: -1.0, hi: 1.0 },
+    )
+    .iter()
+    .flat_map(|v| v.to_le_bytes())
+    .take(bytes)
+    .collect();
+    let first = ctx.upload(&host)?;
+    let mut inputs = vec![first];
+    let mut outputs = Vec::with_capacity(sets);
+    for _ in 1..sets {
+        let mut b = ctx.alloc::<u8>(bytes)?;
+        b.copy_from(&inputs[0])?;
+        inputs.push(b);
+    }
+    for _ in 0..sets {
+        outputs.push(ctx.alloc::<u8>(bytes)?);
+    }
+    let t = time_median(ctx, timing, |call| {
+        let k = call % sets;
+        outputs[k].copy_from(&inputs[k])
+    })?;
+    if outputs[0].to_host()? != host {
+        return Err(Error::Unsupported(format!(
+            "{}: the same-size copy differs from its input",
+            case.name()
+        )));
+    }
+    Ok(BenchOutcome {
+        case: case.name(),
+        params: softmax.params(),
+        implementation: "copy".into(),
+        ms: t.median_ms,
+        gbps: Some(softmax.bytes() as f64 / (t.median_ms * 1e-3) / 1e9),
+        tflops: None,
+        extra_mib: Some(0.0),
+        max_abs_err: None,
+        rel_l2: None,
+    })
+}
+
 /// Rows verified against the CPU reference before timing (the reference is f64 on the host).
 const VERIFIED_ROWS: usize = 64;
 
@@ -229,4 +323,27 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         max_abs_err: Some(cmp.max_abs_err),
         rel_l2: Some(cmp.rel_l2),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every default-dispatch case has exactly one same-size copy under its own name, moving the
+    /// same bytes, so the table's `copy` column is filled on every row.
+    #[test]
+    fn copy_cases_line_up_with_the_default_cases() {
+        for quick in [true, false] {
+            let auto: Vec<BenchCase> = cases(quick)
+                .into_iter()
+                .filter(|c| c.path == SoftmaxPath::Auto)
+                .collect();
+            let copies = copy_cases(quick);
+            assert_eq!(auto.len(), copies.len());
+            for (a, c) in auto.iter().zip(&copies) {
+                assert_eq!(a.name(), c.name());
+                assert_eq!(a.bytes(), c.softmax().bytes());
+            }
+        }
+    }
 }
