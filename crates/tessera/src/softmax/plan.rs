@@ -10,8 +10,7 @@
 //! | [`SoftmaxPath::ClusterPipe`] | rows of 256 KB and more whose cluster shares fit in shared memory (sm_90) | as Cluster, one wave; the store pass refills the share with the next row | shared memory (input dtype) |
 //!
 //! Forced only (measured side by side against the dispatched kernels, see the bench):
-//! [`SoftmaxPath::WarpNc`] (warp path with loads that keep the default L2 policy),
-//! [`SoftmaxPath::ClusterReread`] (cluster rows read twice, the second time from L2).
+//! [`SoftmaxPath::WarpNc`] (warp path with loads that keep the default L2 policy).
 //!
 //! Every kernel grid-strides over rows, so the grid is capped at a number of waves of resident
 //! CTAs. Vector (16-byte) accesses are used when the row starts, strides and cols allow them;
@@ -57,11 +56,6 @@ pub enum SoftmaxPath {
     /// (same shared memory). Falls back to the plain schedule for unaligned calls. Auto takes it
     /// for cluster rows of 256 KB and more.
     ClusterPipe,
-    /// [`SoftmaxPath::Cluster`]'s row split without shared memory: each CTA reads its share
-    /// twice, (max, sum) in the first pass and the outputs in the second, with only as many rows
-    /// in flight as a third of L2 holds, so the second read is an L2 hit. Falls back to the
-    /// plain cluster schedule for unaligned calls.
-    ClusterReread,
 }
 
 impl SoftmaxPath {
@@ -75,11 +69,10 @@ impl SoftmaxPath {
             SoftmaxPath::WarpNc => "warp-nc",
             SoftmaxPath::WarpV2 => "warp-v2",
             SoftmaxPath::ClusterPipe => "cluster-pipe",
-            SoftmaxPath::ClusterReread => "cluster-reread",
         }
     }
     /// Every path, `Auto` first.
-    pub const ALL: [SoftmaxPath; 9] = [
+    pub const ALL: [SoftmaxPath; 8] = [
         Self::Auto,
         Self::WarpPerRow,
         Self::BlockCached,
@@ -88,7 +81,6 @@ impl SoftmaxPath {
         Self::WarpNc,
         Self::WarpV2,
         Self::ClusterPipe,
-        Self::ClusterReread,
     ];
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|p| p.name() == s)
@@ -99,7 +91,7 @@ impl SoftmaxPath {
     }
     /// A cluster kernel (`softmax_cluster.cu`, either schedule).
     pub fn is_cluster(self) -> bool {
-        matches!(self, Self::Cluster | Self::ClusterPipe | Self::ClusterReread)
+        matches!(self, Self::Cluster | Self::ClusterPipe)
     }
     /// `kWarpTuning` of softmax.cu: 0 for every path but the warp tunings.
     fn warp_tuning(self) -> u32 {
@@ -114,7 +106,7 @@ impl SoftmaxPath {
             SoftmaxPath::WarpPerRow | SoftmaxPath::WarpNc | SoftmaxPath::WarpV2 => 0,
             SoftmaxPath::BlockCached => 1,
             SoftmaxPath::BlockUncached => 2,
-            SoftmaxPath::Cluster | SoftmaxPath::ClusterPipe | SoftmaxPath::ClusterReread | SoftmaxPath::Auto => {
+            SoftmaxPath::Cluster | SoftmaxPath::ClusterPipe | SoftmaxPath::Auto => {
                 unreachable!("not a softmax.cu path")
             }
         }
@@ -148,8 +140,6 @@ fn cluster_threads(share_bytes: usize) -> u32 {
         1024
     }
 }
-/// Threads of a re-read cluster CTA (softmax_cluster.cu: two per SM, 64 registers).
-const REREAD_THREADS: u32 = 512;
 /// Waves of resident CTAs launched by a grid-striding kernel (enough for load balance).
 const GRID_WAVES: u32 = 32;
 /// Waves of the plain cluster path's grid.
@@ -185,12 +175,6 @@ impl Variant {
     /// the scalar variant of [`SoftmaxPath::ClusterPipe`] is the plain one.
     fn pipelined(&self) -> bool {
         self.path == SoftmaxPath::ClusterPipe && self.pack > 1
-    }
-
-    /// Whether this variant runs the re-read cluster schedule (16-byte loads; the scalar variant
-    /// of [`SoftmaxPath::ClusterReread`] is the plain one).
-    fn rereading(&self) -> bool {
-        self.path == SoftmaxPath::ClusterReread && self.pack > 1
     }
 
     /// The kernel spec (name, preamble) of this variant.
@@ -257,20 +241,13 @@ impl Variant {
             self.pack,
             self.out_pack,
             self.cluster,
-            if self.pipelined() {
-                "_pipe"
-            } else if self.rereading() {
-                "_reread"
-            } else {
-                ""
-            }
+            if self.pipelined() { "_pipe" } else { "" }
         );
         let preamble = format!(
             "#include \"tessera/dtype.cuh\"\n\
              using InT = {};\nusing OutT = {};\nconstexpr bool kLogSoftmax = {};\n\
              constexpr int kBlockThreads = {};\nconstexpr int kPack = {};\nconstexpr int kOutPack = {};\n\
-             constexpr int kCluster = {};\nconstexpr bool kPipeline = {};\nconstexpr bool kReread = {};\n\
-             #define TS_GENERATED_PREAMBLE 1\n",
+             constexpr int kCluster = {};\nconstexpr bool kPipeline = {};\n#define TS_GENERATED_PREAMBLE 1\n",
             self.in_dtype.cuda_type(),
             self.out_dtype.cuda_type(),
             self.kind == SoftmaxKind::LogSoftmax,
@@ -278,8 +255,7 @@ impl Variant {
             self.pack,
             self.out_pack,
             self.cluster,
-            self.pipelined(),
-            self.rereading()
+            self.pipelined()
         );
         KernelSpec {
             name,
@@ -679,23 +655,17 @@ fn build_cluster(
         return Ok(None);
     }
     let in_size = shape.in_dtype.size();
-    variant.pack = pi;
-    variant.out_pack = po;
-    variant.cols_per_thread = 1;
-    let reread = variant.rereading();
-    // The re-read schedule keeps nothing in shared memory: any share size will do.
-    let max_share = if reread {
-        usize::MAX
-    } else {
-        ctx.info().max_shared_per_block_optin as usize
-    };
-    let Some((cluster, chunk)) = cluster_shape(shape.cols, in_size, pi.max(po) as usize, max_cluster(ctx), max_share)
+    let optin = ctx.info().max_shared_per_block_optin as usize;
+    let Some((cluster, chunk)) = cluster_shape(shape.cols, in_size, pi.max(po) as usize, max_cluster(ctx), optin)
     else {
         return Ok(None);
     };
-    let smem = if reread { 0 } else { (chunk * in_size).div_ceil(16) * 16 };
+    let smem = (chunk * in_size).div_ceil(16) * 16;
+    variant.pack = pi;
+    variant.out_pack = po;
     variant.cluster = cluster;
-    variant.block_threads = if reread { REREAD_THREADS } else { cluster_threads(smem) };
+    variant.cols_per_thread = 1;
+    variant.block_threads = cluster_threads(smem);
     let threads = variant.block_threads;
     let kernel = ctx.kernel(&variant.spec())?;
     let resident = if cluster > 1 {
@@ -713,17 +683,7 @@ fn build_cluster(
     } else {
         CLUSTER_GRID_WAVES
     };
-    let rows = shape.rows as u64;
-    let clusters = if reread {
-        // Rows in flight: what a third of L2 holds (so pass 2 finds pass 1's lines there), at
-        // most one wave; then as few clusters as give every cluster the same number of rows.
-        let row_bytes = (shape.cols * in_size) as u64;
-        let in_flight = (ctx.info().l2_bytes as u64 / 3 / row_bytes).clamp(1, resident as u64);
-        let per_cluster = rows.div_ceil(in_flight);
-        rows.div_ceil(per_cluster).max(1) as u32
-    } else {
-        rows.min(resident as u64 * waves as u64).max(1) as u32
-    };
+    let clusters = (shape.rows as u64).min(resident as u64 * waves as u64).max(1) as u32;
     Ok(Some(Launchable {
         variant,
         kernel,
@@ -909,14 +869,7 @@ pub fn ci_variants() -> Vec<Variant> {
     for &d in &dtypes {
         for cluster in [1, 2, 4, 8] {
             for (pack, threads) in [(pack_of(d), 512), (pack_of(d), 1024), (1, 512)] {
-                for path in [
-                    SoftmaxPath::Cluster,
-                    SoftmaxPath::ClusterPipe,
-                    SoftmaxPath::ClusterReread,
-                ] {
-                    if path == SoftmaxPath::ClusterReread && threads != REREAD_THREADS {
-                        continue;
-                    }
+                for path in [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe] {
                     let mut v = base(d, d, SoftmaxKind::Softmax, path, threads, pack);
                     v.cluster = cluster;
                     v.out_pack = pack;
@@ -925,22 +878,16 @@ pub fn ci_variants() -> Vec<Variant> {
                 }
             }
             // Rows whose output stride is not a multiple of the pack: scalar stores.
-            for path in [SoftmaxPath::ClusterPipe, SoftmaxPath::ClusterReread] {
-                let mut v = base(d, d, SoftmaxKind::Softmax, path, 512, pack_of(d));
-                v.cluster = cluster;
-                v.cols_per_thread = 1;
-                out.push(v);
-            }
+            let mut v = base(d, d, SoftmaxKind::Softmax, SoftmaxPath::ClusterPipe, 512, pack_of(d));
+            v.cluster = cluster;
+            v.cols_per_thread = 1;
+            out.push(v);
         }
     }
     for &i in &dtypes {
         for &o in &dtypes {
             for kind in [SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax] {
-                for path in [
-                    SoftmaxPath::Cluster,
-                    SoftmaxPath::ClusterPipe,
-                    SoftmaxPath::ClusterReread,
-                ] {
+                for path in [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe] {
                     let mut v = base(i, o, kind, path, 512, pack_of(i));
                     v.cluster = 4;
                     v.out_pack = pack_of(o);

@@ -78,14 +78,12 @@ constexpr int kPack = 8;
 constexpr int kOutPack = 8;
 constexpr int kCluster = 8;
 constexpr bool kPipeline = true;
-constexpr bool kReread = false;
 #endif
 
 static_assert(kBlockThreads % 32 == 0 && kBlockThreads >= 64 && kBlockThreads <= 1024, "kBlockThreads");
 static_assert(kPack == 1 || kPack * (int)sizeof(InT) == 16, "kPack: 1 or a 16-byte pack");
 static_assert(kOutPack == 1 || kOutPack * (int)sizeof(OutT) <= 16, "kOutPack");
 static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4 || kCluster == 8, "kCluster: 1, 2, 4 or 8");
-static_assert(!(kPipeline && kReread), "one schedule: plain, pipelined or re-read");
 #if defined(__CUDA_ARCH__) && !defined(TS_HAS_CLUSTERS)
 static_assert(kCluster == 1, "clusters of CTAs need sm_90 or newer");
 #endif
@@ -109,11 +107,6 @@ namespace softmax_cluster {
 constexpr int kWarps = kBlockThreads / ts::kWarpSize;
 /// The pipelined schedule needs 16-byte copies (cp.async); scalar variants use the plain one.
 constexpr bool kPipe = kPipeline && kPack > 1;
-/// The re-read schedule needs 16-byte loads too; scalar variants use the plain one.
-constexpr bool kRereadRows = kReread && kPack > 1;
-/// Re-read schedule: 16-byte loads in flight per thread before the first is consumed (16-bit
-/// inputs unpack each to 8 floats: 8 of them spill under the 64-register cap, 4 do not).
-constexpr int kRereadUnroll = sizeof(InT) == 4 ? 8 : 4;
 using InPack = ts::Pack<InT, kPack>;
 /// Outputs are 2^(d + 1) * (0.5 / sum): ex2.approx.ftz flushes below 2^-126, the +1 keeps every
 /// output >= 2^-127 (see softmax.cu).
@@ -208,78 +201,7 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
   const int n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;  // its length (may be 0)
   const int packs = n / kPack;                                // full packs (n % kPack only at the row end)
 
-  if constexpr (kRereadRows) {
-    // ---- re-read: two passes over global memory per row, the second served by L2 ----------
-    __shared__ ts::OnlineSoftmax red_state[2][kWarps];  // block reduction, by row parity
-    __shared__ ts::OnlineSoftmax slot_state[2];         // cluster exchange, by row parity
-    const int tail = packs * kPack + tid;  // this thread's tail element (n - packs * kPack < kPack)
-    const bool has_tail = tail < n;
-    for (long long row = cluster, it = 0; row < p.rows; row += clusters, ++it) {
-      const InT* src = in + row * p.in_stride + c0;
-      OutT* dst = out + row * p.out_stride + c0;
-
-      // ---- pass 1: (max, sum) of the share, kRereadUnroll loads in flight; default L2 policy
-      // (skipping L1) so the lines are still in L2 for pass 2 ----
-      ts::OnlineSoftmax st = ts::OnlineSoftmax::empty();
-      auto fold = [&](const InPack& v) {
-        const ts::Array<float, kPack> f = ts::to_floats(v);
-        float e = ext_op.identity();
-#pragma unroll
-        for (int k = 0; k < kPack; ++k) e = ext_op(e, f[k]);
-        st.update_chunk_fma(f, s, __fmul_rn(e, s));
-      };
-      int q = tid;
-      for (; q + (kRereadUnroll - 1) * kBlockThreads < packs; q += kRereadUnroll * kBlockThreads) {
-        InPack v[kRereadUnroll];
-#pragma unroll
-        for (int u = 0; u < kRereadUnroll; ++u)
-          v[u] = ts::load_pack<kPack, ts::CacheLoad::kNoAllocate>(src + (q + u * kBlockThreads) * kPack);
-#pragma unroll
-        for (int u = 0; u < kRereadUnroll; ++u) fold(v[u]);
-      }
-      for (; q < packs; q += kBlockThreads) fold(ts::load_pack<kPack, ts::CacheLoad::kNoAllocate>(src + q * kPack));
-      if (has_tail) {
-        ts::Array<float, 1> t;
-        t[0] = ts::to_float(ts::load_scalar(src + tail));
-        st.update_chunk_fma(t, s, __fmul_rn(t[0], s));
-      }
-      const int parity = (int)(it & 1);
-      st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
-      st = cluster_combine(st, &slot_state[parity], ts::OnlineSoftmaxMergeOp{});
-      const float m = st.m;
-      const float neg_shift = -ts::softmax_shift(m);
-      const float coef = row_coef(m, st.d);
-
-      // ---- pass 2: re-read (last use: evict-first), finish, streaming stores. In place is
-      // safe: a thread loads each of its packs before it stores over it ----
-      auto emit = [&](int qq, const InPack& v) {
-        const ts::Array<float, kPack> f = ts::to_floats(v);
-        ts::Array<float, kPack> o;
-#pragma unroll
-        for (int k = 0; k < kPack; ++k) o[k] = finish(f[k], s, neg_shift, coef);
-        if constexpr (kOutPack > 1) {
-          ts::store_floats<ts::CacheStore::kStreaming>(dst + qq * kPack, o);
-        } else {
-#pragma unroll
-          for (int k = 0; k < kPack; ++k) ts::store_scalar(dst + qq * kPack + k, ts::from_float<OutT>(o[k]));
-        }
-      };
-      q = tid;
-      for (; q + (kRereadUnroll - 1) * kBlockThreads < packs; q += kRereadUnroll * kBlockThreads) {
-        InPack v[kRereadUnroll];
-#pragma unroll
-        for (int u = 0; u < kRereadUnroll; ++u)
-          v[u] = ts::load_pack<kPack, ts::CacheLoad::kStreaming>(src + (q + u * kBlockThreads) * kPack);
-#pragma unroll
-        for (int u = 0; u < kRereadUnroll; ++u) emit(q + u * kBlockThreads, v[u]);
-      }
-      for (; q < packs; q += kBlockThreads) emit(q, ts::load_pack<kPack, ts::CacheLoad::kStreaming>(src + q * kPack));
-      if (has_tail) {
-        const float v = ts::to_float(ts::load_scalar(src + tail));
-        ts::store_scalar(dst + tail, ts::from_float<OutT>(finish(v, s, neg_shift, coef)));
-      }
-    }
-  } else if constexpr (kPipe) {
+  if constexpr (kPipe) {
     // ---- pipelined: every pass over this thread's own packs; the store pass refills them ----
     __shared__ ts::OnlineSoftmax red_state[2][kWarps];  // block reduction, by row parity
     __shared__ ts::OnlineSoftmax slot_state[2];         // cluster exchange, by row parity
@@ -410,19 +332,16 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
 // registers at kCluster = 8 (two CTAs of 512 threads per SM instead of three), so the pipelined
 // schedule asks for 1536 (512 threads) or, on sm_90+, 2048 (1024 threads) resident threads:
 // caps of 40 and 32 registers (on sm_80 the 32-register cap spilled 8 bytes: one CTA there).
-// The plain schedule keeps the heuristic (32-40 registers). The re-read schedule holds
-// kRereadUnroll 16-byte loads per thread (32 registers) and runs about two 512-thread CTAs per
-// SM: 1024 resident threads, a cap of 64 registers.
+// The plain schedule keeps the heuristic (32-40 registers).
 #if defined(TS_HAS_CLUSTERS)
 constexpr int kPipeMinBlocks1024 = 2;
 #else
 constexpr int kPipeMinBlocks1024 = 1;
 #endif
-constexpr int kMinBlocksPerSm = softmax_cluster::kRereadRows ? (kBlockThreads >= 1024 ? 1 : 1024 / kBlockThreads)
-                                : !softmax_cluster::kPipe    ? 0
-                                : kBlockThreads >= 1024      ? kPipeMinBlocks1024
-                                : 1536 / kBlockThreads > 0   ? 1536 / kBlockThreads
-                                                             : 1;
+constexpr int kMinBlocksPerSm = !softmax_cluster::kPipe    ? 0
+                                : kBlockThreads >= 1024    ? kPipeMinBlocks1024
+                                : 1536 / kBlockThreads > 0 ? 1536 / kBlockThreads
+                                                           : 1;
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
     softmax_cluster_kernel(const __grid_constant__ SoftmaxClusterParams p) {
