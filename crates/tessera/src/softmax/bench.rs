@@ -114,10 +114,10 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
 
 /// The shapes short of the targets, each with the dispatched kernel forced and every tuning
 /// measured against it (warp: `warp`, `warp-nc`, `warp-v2`; cluster: `cluster`,
-/// `cluster-pipe`, `cluster-ring`), in both dtypes, so one run compares them side by side.
+/// `cluster-pipe`), in both dtypes, so one run compares them side by side.
 pub fn tuning_cases() -> Vec<BenchCase> {
     let warp = [SoftmaxPath::WarpPerRow, SoftmaxPath::WarpNc, SoftmaxPath::WarpV2];
-    let cluster = [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe, SoftmaxPath::ClusterRing];
+    let cluster = [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe];
     let shapes: [(usize, usize, SoftmaxKind, &[SoftmaxPath]); 6] = [
         (32768, 128, SoftmaxKind::Softmax, &warp),
         (32768, 1024, SoftmaxKind::Softmax, &warp),

@@ -10,9 +10,7 @@
 //! | [`SoftmaxPath::ClusterPipe`] | rows of 256 KB and more whose cluster shares fit in shared memory (sm_90) | as Cluster, one wave; the store pass refills the share with the next row | shared memory (input dtype) |
 //!
 //! Forced only (measured side by side against the dispatched kernels, see the bench):
-//! [`SoftmaxPath::WarpNc`] (warp path with loads that keep the default L2 policy),
-//! [`SoftmaxPath::ClusterRing`] (cluster path whose rows pass through registers, the next row's
-//! copies in flight meanwhile).
+//! [`SoftmaxPath::WarpNc`] (warp path with loads that keep the default L2 policy).
 //!
 //! Every kernel grid-strides over rows, so the grid is capped at a number of waves of resident
 //! CTAs. Vector (16-byte) accesses are used when the row starts, strides and cols allow them;
@@ -58,12 +56,6 @@ pub enum SoftmaxPath {
     /// (same shared memory). Falls back to the plain schedule for unaligned calls. Auto takes it
     /// for cluster rows of 256 KB and more.
     ClusterPipe,
-    /// [`SoftmaxPath::Cluster`] with a two-row ring: each thread moves its packs of the share
-    /// from shared memory into registers and at once refills them with the next row's copies,
-    /// so those are in flight while this row is reduced, exchanged over the cluster and stored
-    /// from the registers. CTAs of 128-1024 threads (8 packs each). Falls back to the plain
-    /// schedule for unaligned calls.
-    ClusterRing,
 }
 
 impl SoftmaxPath {
@@ -77,11 +69,10 @@ impl SoftmaxPath {
             SoftmaxPath::WarpNc => "warp-nc",
             SoftmaxPath::WarpV2 => "warp-v2",
             SoftmaxPath::ClusterPipe => "cluster-pipe",
-            SoftmaxPath::ClusterRing => "cluster-ring",
         }
     }
     /// Every path, `Auto` first.
-    pub const ALL: [SoftmaxPath; 9] = [
+    pub const ALL: [SoftmaxPath; 8] = [
         Self::Auto,
         Self::WarpPerRow,
         Self::BlockCached,
@@ -90,7 +81,6 @@ impl SoftmaxPath {
         Self::WarpNc,
         Self::WarpV2,
         Self::ClusterPipe,
-        Self::ClusterRing,
     ];
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|p| p.name() == s)
@@ -101,7 +91,7 @@ impl SoftmaxPath {
     }
     /// A cluster kernel (`softmax_cluster.cu`, either schedule).
     pub fn is_cluster(self) -> bool {
-        matches!(self, Self::Cluster | Self::ClusterPipe | Self::ClusterRing)
+        matches!(self, Self::Cluster | Self::ClusterPipe)
     }
     /// `kWarpTuning` of softmax.cu: 0 for every path but the warp tunings.
     fn warp_tuning(self) -> u32 {
@@ -116,7 +106,7 @@ impl SoftmaxPath {
             SoftmaxPath::WarpPerRow | SoftmaxPath::WarpNc | SoftmaxPath::WarpV2 => 0,
             SoftmaxPath::BlockCached => 1,
             SoftmaxPath::BlockUncached => 2,
-            SoftmaxPath::Cluster | SoftmaxPath::ClusterPipe | SoftmaxPath::ClusterRing | SoftmaxPath::Auto => {
+            SoftmaxPath::Cluster | SoftmaxPath::ClusterPipe | SoftmaxPath::Auto => {
                 unreachable!("not a softmax.cu path")
             }
         }
@@ -149,15 +139,6 @@ fn cluster_threads(share_bytes: usize) -> u32 {
     } else {
         1024
     }
-}
-/// Packs of a share each thread of a ring cluster CTA holds in registers (softmax_cluster.cu
-/// `kRingPacks`).
-const RING_PACKS: usize = 8;
-/// Threads of a ring cluster CTA for a share of `packs` 16-byte packs: a power of two from 128
-/// to 1024 that gives every thread at most [`RING_PACKS`]; `None` for a larger share.
-fn ring_threads(packs: usize) -> Option<u32> {
-    let t = packs.div_ceil(RING_PACKS).next_power_of_two().max(128);
-    (t <= 1024).then_some(t as u32)
 }
 /// Waves of resident CTAs launched by a grid-striding kernel (enough for load balance).
 const GRID_WAVES: u32 = 32;
@@ -194,12 +175,6 @@ impl Variant {
     /// the scalar variant of [`SoftmaxPath::ClusterPipe`] is the plain one.
     fn pipelined(&self) -> bool {
         self.path == SoftmaxPath::ClusterPipe && self.pack > 1
-    }
-
-    /// Whether this variant runs the ring cluster schedule (16-byte copies; the scalar variant
-    /// of [`SoftmaxPath::ClusterRing`] is the plain one).
-    fn ringed(&self) -> bool {
-        self.path == SoftmaxPath::ClusterRing && self.pack > 1
     }
 
     /// The kernel spec (name, preamble) of this variant.
@@ -266,20 +241,13 @@ impl Variant {
             self.pack,
             self.out_pack,
             self.cluster,
-            if self.pipelined() {
-                "_pipe"
-            } else if self.ringed() {
-                "_ring"
-            } else {
-                ""
-            }
+            if self.pipelined() { "_pipe" } else { "" }
         );
         let preamble = format!(
             "#include \"tessera/dtype.cuh\"\n\
              using InT = {};\nusing OutT = {};\nconstexpr bool kLogSoftmax = {};\n\
              constexpr int kBlockThreads = {};\nconstexpr int kPack = {};\nconstexpr int kOutPack = {};\n\
-             constexpr int kCluster = {};\nconstexpr bool kPipeline = {};\nconstexpr bool kRing = {};\n\
-             #define TS_GENERATED_PREAMBLE 1\n",
+             constexpr int kCluster = {};\nconstexpr bool kPipeline = {};\n#define TS_GENERATED_PREAMBLE 1\n",
             self.in_dtype.cuda_type(),
             self.out_dtype.cuda_type(),
             self.kind == SoftmaxKind::LogSoftmax,
@@ -287,8 +255,7 @@ impl Variant {
             self.pack,
             self.out_pack,
             self.cluster,
-            self.pipelined(),
-            self.ringed()
+            self.pipelined()
         );
         KernelSpec {
             name,
@@ -688,24 +655,17 @@ fn build_cluster(
         return Ok(None);
     }
     let in_size = shape.in_dtype.size();
-    variant.pack = pi;
-    variant.out_pack = po;
-    variant.cols_per_thread = 1;
     let optin = ctx.info().max_shared_per_block_optin as usize;
     let Some((cluster, chunk)) = cluster_shape(shape.cols, in_size, pi.max(po) as usize, max_cluster(ctx), optin)
     else {
         return Ok(None);
     };
     let smem = (chunk * in_size).div_ceil(16) * 16;
+    variant.pack = pi;
+    variant.out_pack = po;
     variant.cluster = cluster;
-    variant.block_threads = if variant.ringed() {
-        match ring_threads(chunk / pi as usize) {
-            Some(t) => t,
-            None => return Ok(None),
-        }
-    } else {
-        cluster_threads(smem)
-    };
+    variant.cols_per_thread = 1;
+    variant.block_threads = cluster_threads(smem);
     let threads = variant.block_threads;
     let kernel = ctx.kernel(&variant.spec())?;
     let resident = if cluster > 1 {
@@ -716,9 +676,9 @@ fn build_cluster(
     if resident == 0 {
         return Ok(None);
     }
-    // The pipelined and ring schedules refill a cluster's shares across its rows: one wave of
-    // resident clusters, each running several rows. The plain one lets the hardware schedule waves.
-    let waves = if variant.pipelined() || variant.ringed() {
+    // The pipelined schedule refills a cluster's shares across its rows: one wave of resident
+    // clusters, each running several rows. The plain one lets the hardware schedule waves.
+    let waves = if variant.pipelined() {
         PREFETCH_GRID_WAVES
     } else {
         CLUSTER_GRID_WAVES
@@ -917,23 +877,6 @@ pub fn ci_variants() -> Vec<Variant> {
                     out.push(v);
                 }
             }
-            // The ring schedule sizes its CTA by the share (ring_threads).
-            for threads in [128, 256, 512, 1024] {
-                for out_pack in [1, pack_of(d)] {
-                    let mut v = base(
-                        d,
-                        d,
-                        SoftmaxKind::Softmax,
-                        SoftmaxPath::ClusterRing,
-                        threads,
-                        pack_of(d),
-                    );
-                    v.cluster = cluster;
-                    v.out_pack = out_pack;
-                    v.cols_per_thread = 1;
-                    out.push(v);
-                }
-            }
             // Rows whose output stride is not a multiple of the pack: scalar stores.
             let mut v = base(d, d, SoftmaxKind::Softmax, SoftmaxPath::ClusterPipe, 512, pack_of(d));
             v.cluster = cluster;
@@ -944,7 +887,7 @@ pub fn ci_variants() -> Vec<Variant> {
     for &i in &dtypes {
         for &o in &dtypes {
             for kind in [SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax] {
-                for path in [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe, SoftmaxPath::ClusterRing] {
+                for path in [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe] {
                     let mut v = base(i, o, kind, path, 512, pack_of(i));
                     v.cluster = 4;
                     v.out_pack = pack_of(o);

@@ -78,14 +78,12 @@ constexpr int kPack = 8;
 constexpr int kOutPack = 8;
 constexpr int kCluster = 8;
 constexpr bool kPipeline = true;
-constexpr bool kRing = false;
 #endif
 
 static_assert(kBlockThreads % 32 == 0 && kBlockThreads >= 64 && kBlockThreads <= 1024, "kBlockThreads");
 static_assert(kPack == 1 || kPack * (int)sizeof(InT) == 16, "kPack: 1 or a 16-byte pack");
 static_assert(kOutPack == 1 || kOutPack * (int)sizeof(OutT) <= 16, "kOutPack");
 static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4 || kCluster == 8, "kCluster: 1, 2, 4 or 8");
-static_assert(!(kPipeline && kRing), "one schedule: plain, pipelined or ring");
 #if defined(__CUDA_ARCH__) && !defined(TS_HAS_CLUSTERS)
 static_assert(kCluster == 1, "clusters of CTAs need sm_90 or newer");
 #endif
@@ -109,11 +107,6 @@ namespace softmax_cluster {
 constexpr int kWarps = kBlockThreads / ts::kWarpSize;
 /// The pipelined schedule needs 16-byte copies (cp.async); scalar variants use the plain one.
 constexpr bool kPipe = kPipeline && kPack > 1;
-/// The ring schedule needs 16-byte copies too; scalar variants use the plain one.
-constexpr bool kRingRows = kRing && kPack > 1;
-/// Ring schedule: packs of the share a thread holds in registers (the plan sizes the CTA so
-/// that kBlockThreads * kRingPacks packs cover the share).
-constexpr int kRingPacks = 8;
 using InPack = ts::Pack<InT, kPack>;
 /// Outputs are 2^(d + 1) * (0.5 / sum): ex2.approx.ftz flushes below 2^-126, the +1 keeps every
 /// output >= 2^-127 (see softmax.cu).
@@ -208,85 +201,7 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
   const int n = c0 < cols ? (cols - c0 < chunk ? cols - c0 : chunk) : 0;  // its length (may be 0)
   const int packs = n / kPack;                                // full packs (n % kPack only at the row end)
 
-  if constexpr (kRingRows) {
-    // ---- ring: each row's share moves from shared memory into registers, and the next row's
-    // copies refill the shared memory while this row is reduced, exchanged and stored ----
-    __shared__ ts::OnlineSoftmax red_state[2][kWarps];  // block reduction, by row parity
-    __shared__ ts::OnlineSoftmax slot_state[2];         // cluster exchange, by row parity
-    const int tail = packs * kPack + tid;  // this thread's tail element (n - packs * kPack < kPack)
-    const bool has_tail = tail < n;
-    const InPack* spk = reinterpret_cast<const InPack*>(share);
-    // Thread t owns packs t + k * kBlockThreads (k < kRingPacks; the plan keeps every pack owned).
-    auto copy_row = [&](const InT* src) {
-#pragma unroll
-      for (int k = 0; k < kRingPacks; ++k) {
-        const int q = tid + k * kBlockThreads;
-        if (q < packs) ts::cp_async_16(share + q * kPack, src + q * kPack);
-      }
-      ts::cp_async_commit();
-    };
-    if (cluster < p.rows) copy_row(in + cluster * p.in_stride + c0);
-
-    for (long long row = cluster, it = 0; row < p.rows; row += clusters, ++it) {
-      const InT* src = in + row * p.in_stride + c0;
-      OutT* dst = out + row * p.out_stride + c0;
-      ts::cp_async_wait_all();  // this thread's copies of the row have landed (only it reads them)
-      InPack v[kRingPacks];
-#pragma unroll
-      for (int k = 0; k < kRingPacks; ++k) {
-        const int q = tid + k * kBlockThreads;
-        if (q < packs) v[k] = spk[q];
-      }
-      const float xt = has_tail ? ts::to_float(ts::load_scalar(src + tail)) : 0.0f;
-
-      // ---- (max, sum) of the thread's packs. It consumes every v[k], so the shared-memory reads
-      // have completed before the next row's copies below overwrite the same packs ----
-      ts::OnlineSoftmax st = ts::OnlineSoftmax::empty();
-#pragma unroll
-      for (int k = 0; k < kRingPacks; ++k) {
-        if (tid + k * kBlockThreads < packs) {
-          const ts::Array<float, kPack> f = ts::to_floats(v[k]);
-          float e = ext_op.identity();
-#pragma unroll
-          for (int c = 0; c < kPack; ++c) e = ext_op(e, f[c]);
-          st.update_chunk_fma(f, s, __fmul_rn(e, s));
-        }
-      }
-      if (has_tail) {
-        ts::Array<float, 1> t;
-        t[0] = xt;
-        st.update_chunk_fma(t, s, __fmul_rn(xt, s));
-      }
-      if (row + clusters < p.rows) copy_row(in + (row + clusters) * p.in_stride + c0);
-
-      // ---- the CTA's and the cluster's state (buffers by row parity), while the copies fly ----
-      const int parity = (int)(it & 1);
-      st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
-      st = cluster_combine(st, &slot_state[parity], ts::OnlineSoftmaxMergeOp{});
-      const float m = st.m;
-      const float neg_shift = -ts::softmax_shift(m);
-      const float coef = row_coef(m, st.d);
-
-      // ---- outputs from the registers (in place is safe: the row was read before any store) ----
-#pragma unroll
-      for (int k = 0; k < kRingPacks; ++k) {
-        const int q = tid + k * kBlockThreads;
-        if (q < packs) {
-          const ts::Array<float, kPack> f = ts::to_floats(v[k]);
-          ts::Array<float, kPack> o;
-#pragma unroll
-          for (int c = 0; c < kPack; ++c) o[c] = finish(f[c], s, neg_shift, coef);
-          if constexpr (kOutPack > 1) {
-            ts::store_floats<ts::CacheStore::kStreaming>(dst + q * kPack, o);
-          } else {
-#pragma unroll
-            for (int c = 0; c < kPack; ++c) ts::store_scalar(dst + q * kPack + c, ts::from_float<OutT>(o[c]));
-          }
-        }
-      }
-      if (has_tail) ts::store_scalar(dst + tail, ts::from_float<OutT>(finish(xt, s, neg_shift, coef)));
-    }
-  } else if constexpr (kPipe) {
+  if constexpr (kPipe) {
     // ---- pipelined: every pass over this thread's own packs; the store pass refills them ----
     __shared__ ts::OnlineSoftmax red_state[2][kWarps];  // block reduction, by row parity
     __shared__ ts::OnlineSoftmax slot_state[2];         // cluster exchange, by row parity
@@ -417,18 +332,16 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
 // registers at kCluster = 8 (two CTAs of 512 threads per SM instead of three), so the pipelined
 // schedule asks for 1536 (512 threads) or, on sm_90+, 2048 (1024 threads) resident threads:
 // caps of 40 and 32 registers (on sm_80 the 32-register cap spilled 8 bytes: one CTA there).
-// The plain schedule keeps the heuristic (32-40 registers). The ring schedule holds kRingPacks
-// 16-byte packs per thread (32 registers): 1024 resident threads, a cap of 64 registers.
+// The plain schedule keeps the heuristic (32-40 registers).
 #if defined(TS_HAS_CLUSTERS)
 constexpr int kPipeMinBlocks1024 = 2;
 #else
 constexpr int kPipeMinBlocks1024 = 1;
 #endif
-constexpr int kMinBlocksPerSm = softmax_cluster::kRingRows ? (kBlockThreads >= 1024 ? 1 : 1024 / kBlockThreads)
-                                : !softmax_cluster::kPipe    ? 0
-                                : kBlockThreads >= 1024      ? kPipeMinBlocks1024
-                                : 1536 / kBlockThreads > 0   ? 1536 / kBlockThreads
-                                                             : 1;
+constexpr int kMinBlocksPerSm = !softmax_cluster::kPipe    ? 0
+                                : kBlockThreads >= 1024    ? kPipeMinBlocks1024
+                                : 1536 / kBlockThreads > 0 ? 1536 / kBlockThreads
+                                                           : 1;
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kMinBlocksPerSm)
     softmax_cluster_kernel(const __grid_constant__ SoftmaxClusterParams p) {
