@@ -464,7 +464,12 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
         if baselines {
             let cases: Vec<(String, serde_json::Value)> = jobs.iter().filter_map(|j| j.baseline.clone()).collect();
             let script = report::baseline_script(ops::baseline_script(op));
-            println!("bench: running baselines {impls:?} for {op} with {}", script.display());
+            let python: Vec<&str> = impls
+                .iter()
+                .copied()
+                .filter(|i| !ops::IN_PROCESS_IMPLS.contains(i))
+                .collect();
+            println!("bench: running baselines {python:?} for {op} with {}", script.display());
             match report::run_python_baseline(&script, op, &cases) {
                 report::BaselineOutcome::Rows(rows) => report.rows.extend(rows),
                 report::BaselineOutcome::Missing(why) => println!("bench: baselines for {op} missing: {why}"),

@@ -137,7 +137,12 @@ pub fn kernel_specs(op: &str, arch: tessera::runtime::Arch) -> Vec<tessera::runt
     }
 }
 
-/// The baseline implementations each operator is compared against (Python runners).
+/// Comparison rows that tessera measures itself (not the Python runners): softmax's same-size
+/// device copy.
+pub const IN_PROCESS_IMPLS: [&str; 1] = ["copy"];
+
+/// The baseline implementations each operator is compared against (Python runners, plus
+/// [`IN_PROCESS_IMPLS`]).
 pub fn baseline_impls(op: &str) -> &'static [&'static str] {
     match op {
         // `copy`: a same-size device copy (softmax::bench::bench_copy), ours the same bytes

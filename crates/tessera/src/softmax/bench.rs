@@ -1,6 +1,7 @@
 //! `tessera bench softmax`: the shapes of ANCHORS.md's softmax table, fp16 and fp32, timed with
 //! CUDA events over rotating input sets (so L2 never serves them), after verifying the output of
-//! the timed inputs against the f64 reference.
+//! the timed inputs against the f64 reference. Beside every default case, a device copy of the
+//! same bytes timed the same way (impl `copy`, [`bench_copy`]): the bound for that size.
 
 use half::f16;
 use serde_json::json;
