@@ -2,7 +2,7 @@
 //!
 //! A kernel is a [`KernelSpec`]: one `.cu` file embedded with `include_str!`, a generated
 //! preamble of `constexpr` specialisation constants, and the name of its `extern "C"` entry.
-//! [`compile`] turns it into CUBIN for one exact architecture ([`Arch`]), handing NVRTC the
+//! [`compile_uncached`] turns it into CUBIN for one exact architecture ([`Arch`]), handing NVRTC the
 //! header-free device library of `src/cuda/` as named headers (`#include "tessera/vec.cuh"`).
 //!
 //! The cache key is the SHA-256 of the preamble, the source, every device header, the options,
