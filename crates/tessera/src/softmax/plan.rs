@@ -6,7 +6,7 @@
 //! | [`SoftmaxPath::WarpV2`] | cols <= 1024 with <= 32 input bytes per lane (e.g. 128 columns) | as WarpPerRow, one wave, next rows prefetched into registers | registers |
 //! | [`SoftmaxPath::BlockCached`] | cols * 4 B fits the opt-in shared memory and a CTA fits on an SM | 128..1024 threads, one row at a time | shared memory (f32) |
 //! | [`SoftmaxPath::BlockUncached`] | anything longer | 1024 threads, one row at a time | nowhere: read twice |
-//! | [`SoftmaxPath::Cluster`] | rows over 32 KB whose cluster shares fit 64 KB (sm_90) | 512/1024 threads, 1..8 CTAs per row | shared memory (input dtype) |
+//! | [`SoftmaxPath::Cluster`] | rows over 32 KB: on one CTA up to 128 KB, else on a cluster whose shares fit 64 KB (sm_90) | 512/1024 threads, 1..8 CTAs per row | shared memory (input dtype) |
 //! | [`SoftmaxPath::ClusterPipe`] | rows of 256 KB and more whose cluster shares fit in shared memory (sm_90) | as Cluster, one wave; the store pass refills the share with the next row | shared memory (input dtype) |
 //!
 //! Forced only (measured side by side against the dispatched kernels, see the bench):
@@ -122,6 +122,11 @@ const UNCACHED_THREADS: u32 = 1024;
 /// Shared memory a cluster-path CTA aims for: small enough that several CTAs share an SM, so
 /// one CTA's loads overlap another's stores.
 const CLUSTER_TARGET_SHARE_BYTES: usize = 64 * 1024;
+/// Except that on GPUs with clusters a row of up to this many input bytes stays on one CTA (1024
+/// threads, one per SM): no cluster exchange. H200, bench/NOTES.md run 22: fp32 4096 x 32768
+/// (128 KB rows) 3914 GB/s on one CTA against 3670 on two of 64 KB; but 128 KB shares lost where
+/// they still need a cluster (fp16 1024 x 131072: 2843 on two CTAs against 3161 on four).
+const CLUSTER_SINGLE_CTA_MAX_BYTES: usize = 128 * 1024;
 /// Rows of fewer input bytes stay on the block paths, which reach the copy roofline there.
 const CLUSTER_MIN_ROW_BYTES: usize = 32 * 1024;
 /// Rows of at least this many input bytes take [`SoftmaxPath::ClusterPipe`] (H200, bench/NOTES.md
@@ -601,9 +606,10 @@ fn cached_smem_bytes(cols: usize) -> usize {
     (cols * 4).div_ceil(16) * 16
 }
 
-/// (CTAs per cluster, columns per CTA) for a row of `cols` elements of `in_size` bytes: the
-/// smallest cluster (up to `max_cluster`) whose per-CTA share fits the target, else the largest
-/// whose share fits `max_share` bytes. `None` when no cluster can hold the row.
+/// (CTAs per cluster, columns per CTA) for a row of `cols` elements of `in_size` bytes: one CTA
+/// for rows of up to [`CLUSTER_SINGLE_CTA_MAX_BYTES`] where clusters exist, else the smallest
+/// cluster (up to `max_cluster`) whose per-CTA share fits the target, else the largest whose share
+/// fits `max_share` bytes. `None` when no cluster can hold the row.
 pub fn cluster_shape(
     cols: usize,
     in_size: usize,
@@ -612,6 +618,9 @@ pub fn cluster_shape(
     max_share: usize,
 ) -> Option<(u32, usize)> {
     let share = |c: u32| cols.div_ceil(c as usize).div_ceil(align) * align;
+    if max_cluster > 1 && share(1) * in_size <= CLUSTER_SINGLE_CTA_MAX_BYTES {
+        return Some((1, share(1)));
+    }
     let sizes: Vec<u32> = [1u32, 2, 4, 8].into_iter().filter(|&c| c <= max_cluster).collect();
     if let Some(&c) = sizes
         .iter()

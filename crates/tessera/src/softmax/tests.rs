@@ -105,6 +105,10 @@ fn cluster_shapes_fit_and_cover_the_row() {
     let optin = 232_448;
     // fp16 rows of the bench: one CTA up to 64 KB of share, then 2, 4, 8.
     assert_eq!(cluster_shape(32768, 2, 8, 8, optin), Some((1, 32768)));
+    // One CTA holds rows of up to 128 KB (fp32 32768); past that, shares of at most 64 KB.
+    assert_eq!(cluster_shape(32768, 4, 4, 8, optin), Some((1, 32768)));
+    assert_eq!(cluster_shape(32772, 4, 4, 8, optin), Some((4, 8196)));
+    assert_eq!(cluster_shape(65536, 2, 8, 8, optin), Some((1, 65536)));
     assert_eq!(cluster_shape(131072, 2, 8, 8, optin), Some((4, 32768)));
     assert_eq!(cluster_shape(262144, 2, 8, 8, optin), Some((8, 32768)));
     assert_eq!(cluster_shape(262144, 4, 4, 8, optin), Some((8, 32768)));
