@@ -12,7 +12,7 @@ use crate::check::compare;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::harness::BenchOutcome;
-use crate::runtime::{time_median, Context, TimingOptions};
+use crate::runtime::{time_median, Context, DeviceBuffer, TimingOptions};
 use crate::testdata::{random_matrix, Dist};
 
 /// One benchmark case.
@@ -144,33 +144,18 @@ pub fn tuning_cases() -> Vec<BenchCase> {
     out
 }
 
-/// A same-size device copy for a softmax case: `cuMemcpyDtoDAsync` of the case's input into
-/// an output of the same size, over the same rotating sets, timed the same way. It moves the
-/// same bytes as the softmax (read once, written once), so it is the bandwidth a memory-bound
-/// kernel of that size can hope for; at a few MB, launch and ramp-up keep it well below the
-/// 1 GiB copy of the roofline. Its row carries impl `copy` under the softmax case's name.
+/// A same-size device copy beside a default-dispatch softmax case: `cuMemcpyDtoDAsync` of the
+/// case's input into an output of the same size, over the same rotating sets, timed the same way.
+/// It moves the same bytes as the softmax (read once, written once), so it is the bandwidth a
+/// memory-bound kernel of that size can hope for; at a few MB, launch and ramp-up keep it well
+/// below the 1 GiB copy of the roofline. Its row carries impl `copy` under the case's name.
 #[derive(Clone, Debug, PartialEq)]
-pub struct CopyCase {
-    pub rows: usize,
-    pub cols: usize,
-    pub dtype: DType,
-    pub kind: SoftmaxKind,
-}
+pub struct CopyCase(pub BenchCase);
 
 impl CopyCase {
-    /// The (default-dispatch) softmax case this copy stands beside.
-    fn softmax(&self) -> BenchCase {
-        BenchCase {
-            rows: self.rows,
-            cols: self.cols,
-            dtype: self.dtype,
-            kind: self.kind,
-            path: SoftmaxPath::Auto,
-        }
-    }
     /// The softmax case's name (`softmax fp16 32768x128`), so the rows line up in the table.
     pub fn name(&self) -> String {
-        self.softmax().name()
+        self.0.name()
     }
 }
 
@@ -179,47 +164,33 @@ pub fn copy_cases(quick: bool) -> Vec<CopyCase> {
     cases(quick)
         .into_iter()
         .filter(|c| c.path == SoftmaxPath::Auto)
-        .map(|c| CopyCase {
-            rows: c.rows,
-            cols: c.cols,
-            dtype: c.dtype,
-            kind: c.kind,
-        })
+        .map(CopyCase)
         .collect()
 }
 
-/// Times one same-size copy (the data are random, not zeros, though a copy does not care).
+/// Times one same-size copy of the case's input data.
 pub fn bench_copy(ctx: &Context, case: &CopyCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    let softmax = case.softmax();
-    let bytes = softmax.bytes() / 2;
-    let sets = (2 * ctx.info().l2_bytes as usize).div_ceil(2 * bytes).clamp(1, 64);
-    let host: Vec<u8> = random_matrix::<f32>(
-        seed,
-        1,
-        bytes.div_ceil(4),
-        bytes.div_ceil(4),
-        Dist::Uniform { lo: -1.0, hi: 1.0 },
-    )
-    .iter()
-    .flat_map(|v| v.to_le_bytes())
-    .take(bytes)
-    .collect();
-    let first = ctx.upload(&host)?;
-    let mut inputs = vec![first];
-    let mut outputs = Vec::with_capacity(sets);
-    for _ in 1..sets {
-        let mut b = ctx.alloc::<u8>(bytes)?;
-        b.copy_from(&inputs[0])?;
-        inputs.push(b);
+    match case.0.dtype {
+        DType::F16 => copy_run::<f16>(ctx, &case.0, seed, timing),
+        DType::F32 => copy_run::<f32>(ctx, &case.0, seed, timing),
+        DType::BF16 => copy_run::<half::bf16>(ctx, &case.0, seed, timing),
+        d => Err(Error::Unsupported(format!("softmax bench dtype {d}"))),
     }
-    for _ in 0..sets {
-        outputs.push(ctx.alloc::<u8>(bytes)?);
-    }
+}
+
+fn copy_run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    let host: Vec<T> = random_matrix(seed, case.rows, case.cols, case.cols, Dist::Normal { std: 2.0 });
+    let (inputs, mut outputs) = rotating_sets(ctx, case, &host)?;
     let t = time_median(ctx, timing, |call| {
-        let k = call % sets;
+        let k = call % inputs.len();
         outputs[k].copy_from(&inputs[k])
     })?;
-    if outputs[0].to_host()? != host {
+    let same = |a: &[T], b: &[T]| {
+        a.iter()
+            .zip(b)
+            .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits())
+    };
+    if !same(&outputs[0].to_host()?, &host) {
         return Err(Error::Unsupported(format!(
             "{}: the same-size copy differs from its input",
             case.name()
@@ -227,15 +198,46 @@ pub fn bench_copy(ctx: &Context, case: &CopyCase, seed: u64, timing: TimingOptio
     }
     Ok(BenchOutcome {
         case: case.name(),
-        params: softmax.params(),
+        params: case.params(),
         implementation: "copy".into(),
         ms: t.median_ms,
-        gbps: Some(softmax.bytes() as f64 / (t.median_ms * 1e-3) / 1e9),
+        gbps: Some(case.bytes() as f64 / (t.median_ms * 1e-3) / 1e9),
         tflops: None,
         extra_mib: Some(0.0),
         max_abs_err: None,
         rel_l2: None,
     })
+}
+
+/// One device buffer per rotating set.
+type Buffers<T> = Vec<DeviceBuffer<T>>;
+
+/// The timed buffers of a case: enough input/output sets (each input a copy of `host`, each
+/// output poisoned with 0xff bytes) that their total is over twice the L2, so L2 never serves a
+/// timed call.
+fn rotating_sets<T: Element>(ctx: &Context, case: &BenchCase, host: &[T]) -> Result<(Buffers<T>, Buffers<T>)> {
+    if host.is_empty() {
+        return Err(Error::invalid(
+            "case",
+            format!("{}: the bench needs at least one element", case.name()),
+        ));
+    }
+    let sets = (2 * ctx.info().l2_bytes as usize).div_ceil(case.bytes()).clamp(1, 64);
+    let first = ctx.upload(host)?;
+    let mut inputs = Vec::with_capacity(sets);
+    for _ in 1..sets {
+        let mut b = ctx.alloc::<T>(host.len())?;
+        b.copy_from(&first)?;
+        inputs.push(b);
+    }
+    inputs.insert(0, first);
+    let mut outputs = Vec::with_capacity(sets);
+    for _ in 0..sets {
+        let mut o = ctx.alloc::<T>(host.len())?;
+        o.fill_bytes(0xff)?;
+        outputs.push(o);
+    }
+    Ok((inputs, outputs))
 }
 
 /// Rows verified against the CPU reference before timing (the reference is f64 on the host).
@@ -252,7 +254,6 @@ pub fn bench_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpti
 }
 
 fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    let n = case.rows * case.cols;
     let shape = SoftmaxShape::contiguous::<T, T>(case.rows, case.cols);
     let opts = SoftmaxOptions {
         kind: case.kind,
@@ -260,24 +261,8 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         path: case.path,
     };
     let plan = SoftmaxPlan::new(ctx, &shape, &opts)?;
-    // Enough distinct input/output sets that their total is over twice the L2.
-    let set_bytes = case.bytes();
-    let sets = (2 * ctx.info().l2_bytes as usize).div_ceil(set_bytes).clamp(1, 64);
     let host: Vec<T> = random_matrix(seed, case.rows, case.cols, case.cols, Dist::Normal { std: 2.0 });
-    let mut inputs = Vec::with_capacity(sets);
-    let mut outputs = Vec::with_capacity(sets);
-    let first = ctx.upload(&host)?;
-    for _ in 1..sets {
-        let mut b = ctx.alloc::<T>(n)?;
-        b.copy_from(&first)?;
-        inputs.push(b);
-    }
-    inputs.insert(0, first);
-    for _ in 0..sets {
-        let mut o = ctx.alloc::<T>(n)?;
-        o.fill_bytes(0xff)?;
-        outputs.push(o);
-    }
+    let (inputs, mut outputs) = rotating_sets(ctx, case, &host)?;
     // Verify the timed kernel on the timed data first.
     plan.run(
         &inputs[0].matrix(case.rows, case.cols, case.cols)?,
@@ -343,7 +328,7 @@ mod tests {
             assert_eq!(auto.len(), copies.len());
             for (a, c) in auto.iter().zip(&copies) {
                 assert_eq!(a.name(), c.name());
-                assert_eq!(a.bytes(), c.softmax().bytes());
+                assert_eq!(a.bytes(), c.0.bytes());
             }
         }
     }

@@ -402,8 +402,9 @@ impl SoftmaxPlan {
             )
             .is_some();
         // Auto takes the plain cluster path only where every CTA's share stays small enough for
-        // several CTAs per SM (measured: fp32 256x262144 with 128 KB shares ran at 51% of copy
-        // bandwidth, the uncached path at 62%); larger shares only with the pipelined schedule.
+        // several CTAs per SM, or the row fits one CTA (measured: fp32 256x262144 with 128 KB
+        // shares ran at 51% of copy bandwidth, the uncached path at 62%); larger shares only with
+        // the pipelined schedule.
         let cluster_auto = (pi > 1 || po > 1)
             && cluster_shape(
                 shape.cols,
@@ -607,9 +608,10 @@ fn cached_smem_bytes(cols: usize) -> usize {
 }
 
 /// (CTAs per cluster, columns per CTA) for a row of `cols` elements of `in_size` bytes: one CTA
-/// for rows of up to [`CLUSTER_SINGLE_CTA_MAX_BYTES`] where clusters exist, else the smallest
-/// cluster (up to `max_cluster`) whose per-CTA share fits the target, else the largest whose share
-/// fits `max_share` bytes. `None` when no cluster can hold the row.
+/// for rows of up to [`CLUSTER_SINGLE_CTA_MAX_BYTES`] where clusters exist (and `max_share`
+/// holds it), else the smallest cluster (up to `max_cluster`) whose per-CTA share fits the
+/// target, else the largest whose share fits `max_share` bytes. `None` when no cluster can hold
+/// the row. `max_share` 0 asks whether the row fits the targets alone.
 pub fn cluster_shape(
     cols: usize,
     in_size: usize,
@@ -618,7 +620,9 @@ pub fn cluster_shape(
     max_share: usize,
 ) -> Option<(u32, usize)> {
     let share = |c: u32| cols.div_ceil(c as usize).div_ceil(align) * align;
-    if max_cluster > 1 && share(1) * in_size <= CLUSTER_SINGLE_CTA_MAX_BYTES {
+    // (max_share 0: the target question only, which any device with clusters can then serve)
+    let single = share(1) * in_size;
+    if max_cluster > 1 && single <= CLUSTER_SINGLE_CTA_MAX_BYTES && (max_share == 0 || single + 1024 <= max_share) {
         return Some((1, share(1)));
     }
     let sizes: Vec<u32> = [1u32, 2, 4, 8].into_iter().filter(|&c| c <= max_cluster).collect();
