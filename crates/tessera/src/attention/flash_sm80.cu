@@ -3,14 +3,18 @@
 // Algorithm (Dao, "FlashAttention-2", 2023): a CTA owns one (batch, head, query tile of
 // kBlockM rows, KV split). Its kThreads / 32 warps each own kMBlocks consecutive m16 row
 // blocks (kBlockM / warps rows); every K/V fragment a warp loads feeds all of its row blocks.
-// Per KV tile of kBlockN keys:
+// Per KV tile of kBlockN keys, scored in kSubTiles sub-tiles of kSubN keys (the f32 scores of
+// one sub-tile in registers at a time):
 //   S = Q K^T          mma.m16n8k16, f32 accumulators (Q fragments from registers or smem)
 //   scores             raw dot products (scale folded into the exp2 below) or, with kSoftcap,
 //                      ts::attn_score_log2 applied element-wise; masked keys -> -inf
-//   online softmax     per row: tile max over the 4 lanes of a quad (shuffles), rescale of the
-//                      running state (ts::OnlineSoftmax::rescale) and of the O accumulator,
-//                      P = 2^(s * scale - m) (ts::exp2_fma_unclamped: a +inf score gives a NaN
-//                      row), per-lane partial row sums
+//   online softmax     per row: sub-tile max over the 4 lanes of a quad (shuffles), rescale of
+//                      the running state (ts::OnlineSoftmax::rescale), P = 2^(s * scale - m)
+//                      (ts::exp2_fma_unclamped: a +inf score gives a NaN row), per-lane partial
+//                      row sums. Sub-tile 0 moves the max eagerly; later ones only by more than
+//                      2^8 (ts::lazy_max), rescaling the packed P of the earlier sub-tiles by the
+//                      factor (exactly 1 almost always; ts::mul2). O is rescaled once per tile
+//                      by the product of the factors.
 //   O += P V           P packed to Elem in registers is directly the A operand (mma.cuh);
 //                      V fragments through ldmatrix.trans
 // Epilogue: the row sums are reduced over the quad; O / l to Elem, staged through the warp's
@@ -58,6 +62,17 @@
 //      0.434 ms (317 TFLOP/s) / 1.648 ms (334 TFLOP/s). Shipped for 64 < D <= 128.
 //   A 128 x 64 tile with two row blocks per warp spills (~90 bytes), as does 128 x 128 with
 //   one; a 128-register cap for two 8-warp CTAs per SM spills too.
+//   3. 128 x 64 tiles, 2 stages (96 KiB, still two CTAs per SM), scored in two 32-key sub-tiles
+//      with the first sub-tile's P packed (16 registers instead of 32) and the K/V copy
+//      addresses as one register plus constants: 255 registers, no spills; ~1230 instead of
+//      ~1370 SASS instructions per 64 keys (O rescaled, CTA synchronised once per 64 keys).
+//      H200 runs 25-26 (bench/NOTES.md): non-causal bf16 B=4 H=16 N=8192 6.63-6.86 -> 6.06-6.43
+//      ms, causal N = 8192 1.60 -> 1.56 ms, GQA 1.65 -> 1.60 ms, longer causal N within noise.
+//      Shipped for 64 < D <= 128 without softcap (the softcap variants spill at 64 keys and keep
+//      128 x 32 x 3 stages). Row sums as an MMA of P with ones (FlashInfer's way, 8 HMMA instead
+//      of 64 FADD per 64 keys) gained another 2-3% but failed 18 of the 105 sm80 verify cases
+//      (LSE off by up to 1.7e-3 against the 1e-3 budget): those sums add the 16-bit-rounded P in
+//      the tensor cores' f32 accumulators instead of exact f32 terms.
 // D = 64 (non-causal bf16 B=4 H=16 N=8192, bench/NOTES.md run 15): 8 warps x 16 rows over
 //   128 x 128 tiles, Q in registers (174 registers, one CTA per SM): 4.54 ms; 4 warps x 32 rows
 //   over 128 x 64 tiles, 3 stages, Q from shared memory (237 registers, two CTAs per SM):
@@ -79,7 +94,13 @@ constexpr int kWarpRows = 16 * kMBlocks;
 constexpr int kRowElems = (kHeadDim + 63) / 64 * 64;  // shared row pitch, a multiple of 128 B
 constexpr int kChunks = kHeadDim / 8;                 // 16-byte chunks of a row that hold data
 constexpr int kKSteps = kHeadDim / 16;                // k16 steps of S = Q K^T
-constexpr int kSBlocks = kBlockN / 8;                 // n8 blocks of S (keys)
+/// Keys of S held in f32 registers at a time: a key tile of kBlockN keys is scored in
+/// kSubTiles sub-tiles of kSubN keys (kMBlocks * kSubN / 2 registers each); the probabilities
+/// of earlier sub-tiles wait packed to Elem (half the registers) for the tile's one O += P V.
+constexpr int kSubN = kBlockN < (kHeadDim > 64 ? 32 : 64) ? kBlockN : (kHeadDim > 64 ? 32 : 64);
+constexpr int kSubTiles = kBlockN / kSubN;
+constexpr int kSBlocks = kSubN / 8;                   // n8 blocks of a sub-tile of S (keys)
+constexpr int kPSteps = kBlockN / 16;                 // k16 steps of O += P V
 constexpr int kOBlocks = kHeadDim / 8;                // n8 blocks of O (head dim)
 /// Q fragments stay in registers while they take at most 16 (kMBlocks * kKSteps * 4); beyond
 /// that they are re-read from shared memory per k step to keep the O accumulator
@@ -90,6 +111,7 @@ constexpr bool kQInRegs = kMBlocks * kHeadDim <= 64;
 static_assert(kBlockM == kWarpRows * kWarps, "kBlockM: whole m16 row blocks per warp");
 static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "compiled head dim: a multiple of 32, <= 256");
 static_assert(kBlockN % 16 == 0, "kBlockN: a multiple of 16");
+static_assert(kBlockN % kSubN == 0 && kSubN % 16 == 0, "kBlockN: whole sub-tiles of k16 steps");
 static_assert(kStages >= 2, "at least double buffering");
 static_assert(is_same_v<Elem, f16> || is_same_v<Elem, bf16>, "Elem: f16 or bf16");
 
@@ -113,13 +135,17 @@ TS_DEVICE void load_tile(Elem* dst, const Elem* src, long long stride, int n_val
   const int c = thread_id() % kLoadChunks;
   const int r0 = thread_id() / kLoadChunks;
   if (kChunks != kLoadChunks && c >= kChunks) return;  // padding lanes of a generic head dim
-  const uint32_t base = smem_addr(dst);
+  // With kRowsPerPass a multiple of 8 every row of this thread has the swizzle term of r0, so
+  // its shared addresses are one register plus compile-time offsets.
+  constexpr bool kSameSwizzle = kRowsPerPass % 8 == 0;
+  const uint32_t base = smem_addr(dst) + (kSameSwizzle ? swizzle(r0, c) * (int)sizeof(Elem) : 0);
   const Elem* g = src + r0 * stride + c * 8;
 #pragma unroll
   for (int i = 0; i < kRows / kRowsPerPass; ++i) {
     const int r = r0 + i * kRowsPerPass;
     const bool valid = r < n_valid && c < d_chunks;
-    cp_async_16_zfill(base + swizzle(r, c) * (int)sizeof(Elem), valid ? g : src, valid);
+    const uint32_t offset = kSameSwizzle ? i * kRowsPerPass * kRowElems : swizzle(r, c);
+    cp_async_16_zfill(base + offset * (int)sizeof(Elem), valid ? g : src, valid);
     g += kRowsPerPass * stride;
   }
 }
@@ -150,8 +176,9 @@ TS_DEVICE LaneAddr lane_addr_k(uint32_t tile) {
 /// Q fragments of a warp: all k steps of all its row blocks in registers, or none (kQInRegs).
 using QFragments = uint32_t[kQInRegs ? kMBlocks : 1][kQInRegs ? kKSteps : 1][4];
 
-/// s += Q K^T for this warp's row blocks and the kBlockN keys of the K stage at `sk`.
-TS_DEVICE void qk_tile(float (&s)[kMBlocks][kSBlocks][4], const QFragments& qf, const LaneAddr& q, uint32_t sk) {
+/// s += Q K^T for this warp's row blocks and keys key0 .. key0 + kSubN - 1 of the K stage at `sk`.
+TS_DEVICE void qk_tile(float (&s)[kMBlocks][kSBlocks][4], const QFragments& qf, const LaneAddr& q, uint32_t sk,
+                       int key0) {
   const LaneAddr k = lane_addr_k(sk);
 #pragma unroll
   for (int kk = 0; kk < kKSteps; ++kk) {
@@ -168,7 +195,7 @@ TS_DEVICE void qk_tile(float (&s)[kMBlocks][kSBlocks][4], const QFragments& qf, 
 #pragma unroll
     for (int nb = 0; nb < kSBlocks; nb += 2) {
       uint32_t b[4];  // keys nb*8.. (chunks 2kk, 2kk+1), then keys nb*8+8.. (the same chunks)
-      ldmatrix_x4(b, k.at(nb * 8, 2 * kk));
+      ldmatrix_x4(b, k.at(key0 + nb * 8, 2 * kk));
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb) {
         mma_m16n8k16<Elem>(s[mb][nb], a[mb], b[0], b[1]);
@@ -178,19 +205,37 @@ TS_DEVICE void qk_tile(float (&s)[kMBlocks][kSBlocks][4], const QFragments& qf, 
   }
 }
 
-/// acc += P V with P (this warp's probabilities, accumulator layout) packed to Elem as A
-/// fragments and V from the stage at `sv` through ldmatrix.trans.
-TS_DEVICE void pv_tile(float (&acc)[kMBlocks][kOBlocks][4], const float (&s)[kMBlocks][kSBlocks][4], uint32_t sv) {
+/// The A fragment of k16 step kk of O += P V from one row block's probabilities (n8 blocks
+/// 2 kk and 2 kk + 1 of an accumulator-layout tile), packed to Elem.
+template <int kBlocks>
+TS_DEVICE void pack_a(uint32_t (&a)[4], const float (&s)[kBlocks][4], int kk) {
+  a[0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = pack2<Elem>(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+/// Row r of one row block's accumulator (r = 0: elements 0, 1; r = 1: elements 2, 3 of every
+/// n8 block) times factor.
+TS_DEVICE void rescale_row(float (&acc)[kOBlocks][4], int r, float factor) {
+#pragma unroll
+  for (int nb = 0; nb < kOBlocks; ++nb) {
+    acc[nb][2 * r] *= factor;
+    acc[nb][2 * r + 1] *= factor;
+  }
+}
+
+/// acc += P V over the key tile's kPSteps k16 steps: p_frag(mb, kk, a) gives the A fragment
+/// (P packed to Elem) of row block mb, step kk; V from the stage at `sv` through ldmatrix.trans.
+template <typename PFrag>
+TS_DEVICE void pv_tile(float (&acc)[kMBlocks][kOBlocks][4], uint32_t sv, PFrag p_frag) {
   const LaneAddr v = lane_addr_a(sv, 0);
 #pragma unroll
-  for (int kk = 0; kk < kBlockN / 16; ++kk) {
+  for (int kk = 0; kk < kPSteps; ++kk) {
     uint32_t a[kMBlocks][4];
 #pragma unroll
     for (int mb = 0; mb < kMBlocks; ++mb) {
-      a[mb][0] = pack2<Elem>(s[mb][2 * kk][0], s[mb][2 * kk][1]);
-      a[mb][1] = pack2<Elem>(s[mb][2 * kk][2], s[mb][2 * kk][3]);
-      a[mb][2] = pack2<Elem>(s[mb][2 * kk + 1][0], s[mb][2 * kk + 1][1]);
-      a[mb][3] = pack2<Elem>(s[mb][2 * kk + 1][2], s[mb][2 * kk + 1][3]);
+      p_frag(mb, kk, a[mb]);
     }
 #pragma unroll
     for (int nb = 0; nb < kOBlocks; nb += 2) {
@@ -294,78 +339,119 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
     const uint32_t sk = smem_addr(s_k + stage * kStageElems);
     const uint32_t sv = smem_addr(s_v + stage * kStageElems);
 
-    float s[kMBlocks][kSBlocks][4];
-#pragma unroll
-    for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-      for (int nb = 0; nb < kSBlocks; ++nb) s[mb][nb][0] = s[mb][nb][1] = s[mb][nb][2] = s[mb][nb][3] = 0.0f;
-    qk_tile(s, qf, q_addr, sk);
-
-    if constexpr (kSoftcap) {
+    // Sub-tile j (keys n0 + j * kSubN ..): scores, mask, and the online softmax, which turns
+    // them into probabilities in place and gives each row's rescale factor of the state (and of
+    // everything accumulated before). Sub-tile 0 moves a row's max eagerly; later sub-tiles of
+    // the same key tile only by more than kLazyRescaleSlack (ts::lazy_max: their P <= 2^8), so
+    // the probabilities of the earlier sub-tiles, already packed, are rescaled by exactly 1
+    // almost always (no branch, and no extra rounding then).
+    const int n0 = t * kBlockN;
+    auto score_subtile = [&](int j, float (&s)[kMBlocks][kSBlocks][4], auto&& on_factor) {
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-        for (int nb = 0; nb < kSBlocks; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mb][nb][e] = attn_score_log2(p, s[mb][nb][e]);
-    }
+        for (int nb = 0; nb < kSBlocks; ++nb) s[mb][nb][0] = s[mb][nb][1] = s[mb][nb][2] = s[mb][nb][3] = 0.0f;
+      qk_tile(s, qf, q_addr, sk, j * kSubN);
 
-    // per-element mask only where the tile crosses a window edge or the end of the keys
-    const int n0 = t * kBlockN;
-    bool edge = n0 + kBlockN > seq.len_k;
-    if constexpr (kMasked) edge = edge || n0 < mask.first_key(m0 + rows - 1) || n0 + kBlockN > mask.end_key(m0);
-    if (edge) {
+      if constexpr (kSoftcap) {
+#pragma unroll
+        for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+          for (int nb = 0; nb < kSBlocks; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mb][nb][e] = attn_score_log2(p, s[mb][nb][e]);
+      }
+
+      // per-element mask only where the sub-tile crosses a window edge or the end of the keys
+      const int j0 = n0 + j * kSubN;
+      bool edge = j0 + kSubN > seq.len_k;
+      if constexpr (kMasked) edge = edge || j0 < mask.first_key(m0 + rows - 1) || j0 + kSubN > mask.end_key(m0);
+      if (edge) {
+#pragma unroll
+        for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            // the row's visible keys [lo, hi), relative to this lane's first column of the sub-tile
+            const int i = row0 + mb * 16 + r * 8;
+            const int lo = (kMasked ? mask.first_key(i) : 0) - (j0 + col0);
+            const int hi = (kMasked ? mask.end_key(i) : seq.len_k) - (j0 + col0);
+#pragma unroll
+            for (int nb = 0; nb < kSBlocks; ++nb)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int c = nb * 8 + e;
+                if (c < lo || c >= hi) s[mb][nb][2 * r + e] = kNegInf;
+              }
+          }
+      }
+
+      // online softmax of the lane's rows (r = 0: elements 0, 1; r = 1: elements 2, 3)
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          // the row's visible keys [lo, hi), relative to this lane's first column of the tile
-          const int i = row0 + mb * 16 + r * 8;
-          const int lo = (kMasked ? mask.first_key(i) : 0) - (n0 + col0);
-          const int hi = (kMasked ? mask.end_key(i) : seq.len_k) - (n0 + col0);
+          float mx = kNegInf;
+#pragma unroll
+          for (int nb = 0; nb < kSBlocks; ++nb) mx = max_nan(mx, max_nan(s[mb][nb][2 * r], s[mb][nb][2 * r + 1]));
+          mx = max_nan(mx, shfl_xor(mx, 1));
+          mx = max_nan(mx, shfl_xor(mx, 2));
+          // round(scale * max dot) = max round(scale * dot) as scale > 0 (see shifted_fma)
+          OnlineSoftmax& st = state[mb][r];
+          const float m_cand = max_nan(st.m, mx * score_scale);
+          on_factor(mb, r, st.rescale(j == 0 ? m_cand : lazy_max(st.m, m_cand, kLazyRescaleSlack)));
+          const float neg_shift = -softmax_shift(st.m);
+          float sum = 0.0f;
 #pragma unroll
           for (int nb = 0; nb < kSBlocks; ++nb)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int j = nb * 8 + e;
-              if (j < lo || j >= hi) s[mb][nb][2 * r + e] = kNegInf;
+            for (int e = 2 * r; e < 2 * r + 2; ++e) {
+              // softcapped scores are bounded: the clamp never acts, it only keeps ptxas from spilling
+              s[mb][nb][e] = kSoftcap ? exp2_fma(s[mb][nb][e], score_scale, neg_shift)
+                                      : exp2_fma_unclamped(s[mb][nb][e], score_scale, neg_shift);
+              sum += s[mb][nb][e];
             }
+          st.d += sum;
         }
-    }
+    };
 
-    // online softmax of the lane's rows (r = 0: elements 0, 1; r = 1: elements 2, 3)
+    if constexpr (kSubTiles == 1) {
+      float s[kMBlocks][kSBlocks][4];
+      score_subtile(0, s, [&](int mb, int r, float factor) { rescale_row(acc[mb], r, factor); });
+      pv_tile(acc, sv, [&](int mb, int kk, uint32_t (&a)[4]) { pack_a(a, s[mb], kk); });
+    } else {
+      uint32_t pa[kMBlocks][kPSteps][4];  // P of the whole key tile, as A fragments
+      float o_factor[kMBlocks][2];        // the rescale of O for the whole key tile
 #pragma unroll
-    for (int mb = 0; mb < kMBlocks; ++mb)
+      for (int j = 0; j < kSubTiles; ++j) {
+        float s[kMBlocks][kSBlocks][4];
+        score_subtile(j, s, [&](int mb, int r, float factor) {
+          if (j == 0) {
+            o_factor[mb][r] = factor;
+          } else {
+            o_factor[mb][r] *= factor;
+            // registers r and r + 2 of an A fragment hold row r
+            const uint32_t f2 = pack2<Elem>(factor, factor);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = kNegInf;
-#pragma unroll
-        for (int nb = 0; nb < kSBlocks; ++nb) mx = max_nan(mx, max_nan(s[mb][nb][2 * r], s[mb][nb][2 * r + 1]));
-        mx = max_nan(mx, shfl_xor(mx, 1));
-        mx = max_nan(mx, shfl_xor(mx, 2));
-        // round(scale * max dot) = max round(scale * dot) as scale > 0 (see shifted_fma)
-        OnlineSoftmax& st = state[mb][r];
-        const float factor = st.rescale(max_nan(st.m, mx * score_scale));
-        const float neg_shift = -softmax_shift(st.m);
-        float sum = 0.0f;
-#pragma unroll
-        for (int nb = 0; nb < kSBlocks; ++nb)
-#pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            // softcapped scores are bounded: the clamp never acts, it only keeps ptxas from spilling
-            s[mb][nb][e] = kSoftcap ? exp2_fma(s[mb][nb][e], score_scale, neg_shift)
-                                    : exp2_fma_unclamped(s[mb][nb][e], score_scale, neg_shift);
-            sum += s[mb][nb][e];
+            for (int kk = 0; kk < j * kSubN / 16; ++kk) {
+              pa[mb][kk][r] = mul2<Elem>(pa[mb][kk][r], f2);
+              pa[mb][kk][r + 2] = mul2<Elem>(pa[mb][kk][r + 2], f2);
+            }
           }
-        st.d += sum;
+        });
 #pragma unroll
-        for (int nb = 0; nb < kOBlocks; ++nb) {
-          acc[mb][nb][2 * r] *= factor;
-          acc[mb][nb][2 * r + 1] *= factor;
-        }
+        for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+          for (int kk = 0; kk < kSubN / 16; ++kk) pack_a(pa[mb][j * kSubN / 16 + kk], s[mb], kk);
       }
-
-    pv_tile(acc, s, sv);
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) rescale_row(acc[mb], r, o_factor[mb][r]);
+      pv_tile(acc, sv, [&](int mb, int kk, uint32_t (&a)[4]) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) a[q] = pa[mb][kk][q];
+      });
+    }
   }
 
   // ---- epilogue ---------------------------------------------------------------------------

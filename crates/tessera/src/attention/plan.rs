@@ -242,16 +242,19 @@ pub fn compiled_head_dim(d: usize) -> u32 {
 ///   half the ldmatrix traffic per MMA), 64 keys per tile, 3 stages (64 KiB), Q re-read from
 ///   shared memory: 236-242 registers, two CTAs per SM. (8 warps of 16 rows over 128 x 128
 ///   tiles took 174 registers, so one CTA per SM.)
-/// - D <= 128: the same 4 warps of 32 rows; 32 keys per tile keeps the 2 x (D / 2) accumulator
-///   plus the scores within 255 registers, and 3 stages (80 KiB) hide the load latency while
-///   two CTAs share an SM.
+/// - D <= 128: the same 4 warps of 32 rows over 64 keys per tile, 2 stages (96 KiB): the scores
+///   are computed in two sub-tiles of 32 keys (the first one's probabilities wait packed to
+///   16 bits), so the 2 x (D / 2) accumulator, one sub-tile of scores and the packed half fit
+///   in 255 registers; O is rescaled and the CTA synchronises once per 64 keys. With a softcap
+///   (its tanh needs more registers) 32 keys per tile and 3 stages (80 KiB) instead.
 /// - larger D: 64 x 32 over 4 warps, 16 rows each, Q re-read from shared memory.
 ///
 /// Every choice keeps the shared memory within 96 KiB, so it also fits sm_86 / sm_89 (99 KiB).
-pub fn sm80_tiles(head_dim: u32) -> (u32, u32, u32, u32) {
+pub fn sm80_tiles(head_dim: u32, softcap: bool) -> (u32, u32, u32, u32) {
     match head_dim {
         0..=64 => (128, 64, 128, 3),
-        65..=128 => (128, 32, 128, 3),
+        65..=128 if softcap => (128, 32, 128, 3),
+        65..=128 => (128, 64, 128, 2),
         _ => (64, 32, 128, 2),
     }
 }
@@ -351,7 +354,7 @@ impl AttentionPlan {
             }
             _ => {
                 let d = compiled_head_dim(problem.head_dim);
-                (d, sm80_tiles(d))
+                (d, sm80_tiles(d, options.softcap > 0.0))
             }
         };
         let q_tiles = problem.seqlen_q.div_ceil(block_m as usize).max(1);
@@ -812,8 +815,9 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
         (false, true, true),
         (true, true, true),
     ];
-    let mut push = |path, dtype, head_dim, (block_m, block_n, threads, stages)| {
+    let mut push = |path, dtype, head_dim, tiles: &dyn Fn(bool) -> (u32, u32, u32, u32)| {
         for (masked, softcap, split) in flags {
+            let (block_m, block_n, threads, stages) = tiles(softcap);
             out.push(Variant {
                 path,
                 dtype,
@@ -830,11 +834,13 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
     };
     for dtype in [DType::F16, DType::BF16] {
         for head_dim in (32..=256).step_by(32) {
-            push(AttentionPath::Sm80, dtype, head_dim, sm80_tiles(head_dim));
+            push(AttentionPath::Sm80, dtype, head_dim, &|softcap| {
+                sm80_tiles(head_dim, softcap)
+            });
         }
         if arch.major == 9 && arch.minor == 0 {
             for head_dim in (64..=256).step_by(64) {
-                push(AttentionPath::Hopper, dtype, head_dim, hopper::tiles(head_dim));
+                push(AttentionPath::Hopper, dtype, head_dim, &|_| hopper::tiles(head_dim));
             }
         }
     }

@@ -4,6 +4,7 @@
 // Defines: ts::ldmatrix_x4 / ts::ldmatrix_x4_trans (four 8x8 b16 matrices from shared memory),
 //          ts::mma_m16n8k16<Elem> (D += A * B, f16 or bf16 inputs, f32 accumulators),
 //          ts::pack2<Elem>(lo, hi) (two floats -> one f16x2 / bf16x2 register),
+//          ts::mul2<Elem>(x, f) (both halves of a packed register times those of f),
 //          ts::movmatrix_trans (transposes an 8x8 b16 matrix held in registers).
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
@@ -80,6 +81,21 @@ TS_DEVICE uint32_t pack2(float lo, float hi) {
   } else {
     return pack_bf16x2(lo, hi);
   }
+}
+
+/// x * f per 16-bit half (f16x2 or bf16x2), rounded to nearest: an FMA with -0 as addend, so
+/// the product is exact where it is representable (multiplying by 1 changes nothing) and the
+/// bf16 form needs only sm_80 (mul.bf16x2 needs sm_90).
+template <typename Elem>
+TS_DEVICE uint32_t mul2(uint32_t x, uint32_t f) {
+  static_assert(is_same_v<Elem, f16> || is_same_v<Elem, bf16>, "mul2: f16 or bf16");
+  uint32_t r;
+  if constexpr (is_same_v<Elem, f16>) {
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(f), "r"(0x80008000u));
+  } else {
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(f), "r"(0x80008000u));
+  }
+  return r;
 }
 
 }  // namespace ts
