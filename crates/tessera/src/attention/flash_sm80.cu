@@ -34,7 +34,7 @@
 // Key tiles: a CTA visits only the tiles intersecting the visible key range of its rows,
 // [first_key(first row), end_key(last row)) (ts::AttnMask); with kSplit, split z takes a
 // contiguous, balanced share of those. Per-element masking runs only on tiles that cross a
-// window edge or the end of the sequence (a uniform branch per tile).
+// window edge or the end of the sequence (a uniform branch per sub-tile).
 //
 // Shared memory (dynamic, Variant::shared_bytes): the Q tile (kBlockM rows), then kStages K
 // tiles and kStages V tiles (kBlockN rows), each row kRowElems = round_up(kHeadDim, 64)
@@ -59,16 +59,18 @@
 //      CTA per SM): 0.472 ms / 1.767 ms.
 //   2. 4 warps x 32 rows (two row blocks share every K/V fragment), 128 x 32 tiles, 3 stages,
 //      Q re-read from shared memory (252-255 registers, 80 KiB, two CTAs per SM):
-//      0.434 ms (317 TFLOP/s) / 1.648 ms (334 TFLOP/s). Shipped for 64 < D <= 128.
+//      0.434 ms (317 TFLOP/s) / 1.648 ms (334 TFLOP/s). Shipped for 64 < D <= 128 with a softcap,
+//      and without one where two CTAs of step 3 do not fit an SM (A100, sm_86 / sm_89).
 //   A 128 x 64 tile with two row blocks per warp spills (~90 bytes), as does 128 x 128 with
 //   one; a 128-register cap for two 8-warp CTAs per SM spills too.
-//   3. 128 x 64 tiles, 2 stages (96 KiB, still two CTAs per SM), scored in two 32-key sub-tiles
+//   3. 128 x 64 tiles, 2 stages (96 KiB: two CTAs per SM on Hopper's 228 KiB, one on an A100), scored in two 32-key sub-tiles
 //      with the first sub-tile's P packed (16 registers instead of 32) and the K/V copy
 //      addresses as one register plus constants: 255 registers, no spills; ~1230 instead of
 //      ~1370 SASS instructions per 64 keys (O rescaled, CTA synchronised once per 64 keys).
-//      H200 runs 25-26 (bench/NOTES.md): non-causal bf16 B=4 H=16 N=8192 6.63-6.86 -> 6.06-6.43
+//      H200 runs 25-26 (bench/NOTES.md): non-causal bf16 B=4 H=16 N=8192 6.58-6.86 -> 6.06-6.43
 //      ms, causal N = 8192 1.60 -> 1.56 ms, GQA 1.65 -> 1.60 ms, longer causal N within noise.
-//      Shipped for 64 < D <= 128 without softcap (the softcap variants spill at 64 keys and keep
+//      Shipped for 64 < D <= 128 without softcap on GPUs with >= 194 KiB of shared memory per SM
+//      (plan.rs sm80_tiles; the softcap variants spill at 64 keys and keep
 //      128 x 32 x 3 stages). Row sums as an MMA of P with ones (FlashInfer's way, 8 HMMA instead
 //      of 64 FADD per 64 keys) gained another 2-3% but failed 18 of the 105 sm80 verify cases
 //      (LSE off by up to 1.7e-3 against the 1e-3 budget): those sums add the 16-bit-rounded P in

@@ -242,22 +242,29 @@ pub fn compiled_head_dim(d: usize) -> u32 {
 ///   half the ldmatrix traffic per MMA), 64 keys per tile, 3 stages (64 KiB), Q re-read from
 ///   shared memory: 236-242 registers, two CTAs per SM. (8 warps of 16 rows over 128 x 128
 ///   tiles took 174 registers, so one CTA per SM.)
-/// - D <= 128: the same 4 warps of 32 rows over 64 keys per tile, 2 stages (96 KiB): the scores
-///   are computed in two sub-tiles of 32 keys (the first one's probabilities wait packed to
-///   16 bits), so the 2 x (D / 2) accumulator, one sub-tile of scores and the packed half fit
-///   in 255 registers; O is rescaled and the CTA synchronises once per 64 keys. With a softcap
-///   (its tanh needs more registers) 32 keys per tile and 3 stages (80 KiB) instead.
+/// - D <= 128: the same 4 warps of 32 rows. Where two such CTAs of 96 KiB fit an SM
+///   (`shared_per_sm`, the device's shared memory per multiprocessor: Hopper's 228 KiB), 64 keys
+///   per tile and 2 stages: the scores are computed in two sub-tiles of 32 keys (the first
+///   one's probabilities wait packed to 16 bits), so the 2 x (D / 2) accumulator, one sub-tile
+///   of scores and the packed half fit in 255 registers; O is rescaled and the CTA
+///   synchronises once per 64 keys (H200: up to 8% faster, bench/NOTES.md runs 25-26).
+///   Otherwise (A100's 164 KiB would hold one such CTA, sm_86 / sm_89 hold one of either), and
+///   with a softcap (its tanh needs more registers), 32 keys per tile and 3 stages (80 KiB).
 /// - larger D: 64 x 32 over 4 warps, 16 rows each, Q re-read from shared memory.
 ///
 /// Every choice keeps the shared memory within 96 KiB, so it also fits sm_86 / sm_89 (99 KiB).
-pub fn sm80_tiles(head_dim: u32, softcap: bool) -> (u32, u32, u32, u32) {
+pub fn sm80_tiles(head_dim: u32, softcap: bool, shared_per_sm: u32) -> (u32, u32, u32, u32) {
     match head_dim {
         0..=64 => (128, 64, 128, 3),
-        65..=128 if softcap => (128, 32, 128, 3),
-        65..=128 => (128, 64, 128, 2),
+        65..=128 if !softcap && shared_per_sm >= SM80_WIDE_TILE_MIN_SHARED_PER_SM => (128, 64, 128, 2),
+        65..=128 => (128, 32, 128, 3),
         _ => (64, 32, 128, 2),
     }
 }
+
+/// Shared memory per SM that holds two CTAs of the Ampere kernel's 64-key D <= 128 tile (96 KiB
+/// each plus the 1 KiB the driver reserves per CTA).
+pub const SM80_WIDE_TILE_MIN_SHARED_PER_SM: u32 = 2 * (96 * 1024 + 1024);
 
 /// A plan: the kernels, the split count and the workspace for one problem.
 pub struct AttentionPlan {
@@ -354,7 +361,7 @@ impl AttentionPlan {
             }
             _ => {
                 let d = compiled_head_dim(problem.head_dim);
-                (d, sm80_tiles(d, options.softcap > 0.0))
+                (d, sm80_tiles(d, options.softcap > 0.0, ctx.info().max_shared_per_sm))
             }
         };
         let q_tiles = problem.seqlen_q.div_ceil(block_m as usize).max(1);
@@ -815,32 +822,43 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
         (false, true, true),
         (true, true, true),
     ];
-    let mut push = |path, dtype, head_dim, tiles: &dyn Fn(bool) -> (u32, u32, u32, u32)| {
+    // `tiles(softcap)` lists the tilings a variant may get (the Ampere kernel's depend on the
+    // GPU's shared memory per SM, so CI compiles both of its choices for every arch).
+    let mut push = |path, dtype, head_dim, tiles: &dyn Fn(bool) -> Vec<(u32, u32, u32, u32)>| {
         for (masked, softcap, split) in flags {
-            let (block_m, block_n, threads, stages) = tiles(softcap);
-            out.push(Variant {
-                path,
-                dtype,
-                head_dim,
-                block_m,
-                block_n,
-                threads,
-                stages,
-                masked,
-                softcap,
-                split,
-            });
+            for (block_m, block_n, threads, stages) in tiles(softcap) {
+                let v = Variant {
+                    path,
+                    dtype,
+                    head_dim,
+                    block_m,
+                    block_n,
+                    threads,
+                    stages,
+                    masked,
+                    softcap,
+                    split,
+                };
+                if !out.contains(&v) {
+                    out.push(v);
+                }
+            }
         }
     };
     for dtype in [DType::F16, DType::BF16] {
         for head_dim in (32..=256).step_by(32) {
             push(AttentionPath::Sm80, dtype, head_dim, &|softcap| {
-                sm80_tiles(head_dim, softcap)
+                vec![
+                    sm80_tiles(head_dim, softcap, 0),
+                    sm80_tiles(head_dim, softcap, u32::MAX),
+                ]
             });
         }
         if arch.major == 9 && arch.minor == 0 {
             for head_dim in (64..=256).step_by(64) {
-                push(AttentionPath::Hopper, dtype, head_dim, &|_| hopper::tiles(head_dim));
+                push(AttentionPath::Hopper, dtype, head_dim, &|_| {
+                    vec![hopper::tiles(head_dim)]
+                });
             }
         }
     }
@@ -861,4 +879,41 @@ pub fn ci_combine_variants() -> Vec<CombineVariant> {
 /// The attention params header source (for tests that need it).
 pub fn params_header() -> &'static str {
     PARAMS_HEADER
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every Ampere tiling fits the 99 KiB opt-in shared memory of sm_86 / sm_89, and the
+    /// 64-key D <= 128 tile goes only where two of its CTAs fit an SM.
+    #[test]
+    fn sm80_tiles_fit_in_shared_memory() {
+        for v in ci_variants_for(Arch::SM80)
+            .iter()
+            .filter(|v| v.path == AttentionPath::Sm80)
+        {
+            assert!(v.shared_bytes() <= 99 * 1024, "{v:?}: {} bytes", v.shared_bytes());
+        }
+        let wide = Variant {
+            path: AttentionPath::Sm80,
+            dtype: DType::F16,
+            head_dim: 128,
+            block_m: 128,
+            block_n: 64,
+            threads: 128,
+            stages: 2,
+            masked: false,
+            softcap: false,
+            split: false,
+        };
+        assert_eq!(2 * (wide.shared_bytes() + 1024), SM80_WIDE_TILE_MIN_SHARED_PER_SM);
+        // H100 / H200: 228 KiB per SM; A100: 164 KiB; sm_86 / sm_89: 100 KiB.
+        assert_eq!(sm80_tiles(128, false, 228 * 1024), (128, 64, 128, 2));
+        assert_eq!(sm80_tiles(96, false, 228 * 1024), (128, 64, 128, 2));
+        assert_eq!(sm80_tiles(128, true, 228 * 1024), (128, 32, 128, 3));
+        assert_eq!(sm80_tiles(128, false, 164 * 1024), (128, 32, 128, 3));
+        assert_eq!(sm80_tiles(128, false, 100 * 1024), (128, 32, 128, 3));
+        assert_eq!(sm80_tiles(64, false, 228 * 1024), (128, 64, 128, 3));
+    }
 }
