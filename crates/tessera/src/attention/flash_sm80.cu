@@ -99,7 +99,8 @@ constexpr int kKSteps = kHeadDim / 16;                // k16 steps of S = Q K^T
 /// Keys of S held in f32 registers at a time: a key tile of kBlockN keys is scored in
 /// kSubTiles sub-tiles of kSubN keys (kMBlocks * kSubN / 2 registers each); the probabilities
 /// of earlier sub-tiles wait packed to Elem (half the registers) for the tile's one O += P V.
-constexpr int kSubN = kBlockN < (kHeadDim > 64 ? 32 : 64) ? kBlockN : (kHeadDim > 64 ? 32 : 64);
+constexpr int kMaxSubN = kHeadDim > 64 ? 32 : 64;
+constexpr int kSubN = kBlockN < kMaxSubN ? kBlockN : kMaxSubN;
 constexpr int kSubTiles = kBlockN / kSubN;
 constexpr int kSBlocks = kSubN / 8;                   // n8 blocks of a sub-tile of S (keys)
 constexpr int kPSteps = kBlockN / 16;                 // k16 steps of O += P V
@@ -205,16 +206,6 @@ TS_DEVICE void qk_tile(float (&s)[kMBlocks][kSBlocks][4], const QFragments& qf, 
       }
     }
   }
-}
-
-/// The A fragment of k16 step kk of O += P V from one row block's probabilities (n8 blocks
-/// 2 kk and 2 kk + 1 of an accumulator-layout tile), packed to Elem.
-template <int kBlocks>
-TS_DEVICE void pack_a(uint32_t (&a)[4], const float (&s)[kBlocks][4], int kk) {
-  a[0] = pack2<Elem>(s[2 * kk][0], s[2 * kk][1]);
-  a[1] = pack2<Elem>(s[2 * kk][2], s[2 * kk][3]);
-  a[2] = pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-  a[3] = pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 }
 
 /// Row r of one row block's accumulator (r = 0: elements 0, 1; r = 1: elements 2, 3 of every
@@ -392,11 +383,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          float mx = kNegInf;
-#pragma unroll
-          for (int nb = 0; nb < kSBlocks; ++nb) mx = max_nan(mx, max_nan(s[mb][nb][2 * r], s[mb][nb][2 * r + 1]));
-          mx = max_nan(mx, shfl_xor(mx, 1));
-          mx = max_nan(mx, shfl_xor(mx, 2));
+          const float mx = quad_row_max(s[mb], r);
           // round(scale * max dot) = max round(scale * dot) as scale > 0 (see shifted_fma)
           OnlineSoftmax& st = state[mb][r];
           const float m_cand = max_nan(st.m, mx * score_scale);
@@ -419,7 +406,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
     if constexpr (kSubTiles == 1) {
       float s[kMBlocks][kSBlocks][4];
       score_subtile(0, s, [&](int mb, int r, float factor) { rescale_row(acc[mb], r, factor); });
-      pv_tile(acc, sv, [&](int mb, int kk, uint32_t (&a)[4]) { pack_a(a, s[mb], kk); });
+      pv_tile(acc, sv, [&](int mb, int kk, uint32_t (&a)[4]) { pack_a_fragment<Elem>(a, s[mb], kk); });
     } else {
       uint32_t pa[kMBlocks][kPSteps][4];  // P of the whole key tile, as A fragments
       float o_factor[kMBlocks][2];        // the rescale of O for the whole key tile
@@ -443,7 +430,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
 #pragma unroll
         for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-          for (int kk = 0; kk < kSubN / 16; ++kk) pack_a(pa[mb][j * kSubN / 16 + kk], s[mb], kk);
+          for (int kk = 0; kk < kSubN / 16; ++kk) pack_a_fragment<Elem>(pa[mb][j * kSubN / 16 + kk], s[mb], kk);
       }
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)

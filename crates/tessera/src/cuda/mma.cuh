@@ -5,6 +5,8 @@
 //          ts::mma_m16n8k16<Elem> (D += A * B, f16 or bf16 inputs, f32 accumulators),
 //          ts::pack2<Elem>(lo, hi) (two floats -> one f16x2 / bf16x2 register),
 //          ts::mul2<Elem>(x, f) (both halves of a packed register times those of f),
+//          ts::pack_a_fragment<Elem> (an accumulator pair packed as the A fragment of the next
+//          MMA), ts::quad_row_max (a row's max over the accumulator tile and its lane quad),
 //          ts::movmatrix_trans (transposes an 8x8 b16 matrix held in registers).
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
@@ -25,6 +27,7 @@
 #include "tessera/common.cuh"
 #include "tessera/dtype.cuh"
 #include "tessera/async_copy.cuh"
+#include "tessera/reduce.cuh"  // ts::shfl_xor, ts::max_nan (math.cuh)
 
 namespace ts {
 
@@ -81,6 +84,28 @@ TS_DEVICE uint32_t pack2(float lo, float hi) {
   } else {
     return pack_bf16x2(lo, hi);
   }
+}
+
+/// The A fragment of k16 step kk of a following MMA from one m16 row block of accumulators
+/// (n8 blocks 2 kk and 2 kk + 1 of c, f32), packed to Elem: FlashAttention's P in registers.
+template <typename Elem, int kBlocks>
+TS_DEVICE void pack_a_fragment(uint32_t (&a)[4], const float (&c)[kBlocks][4], int kk) {
+  a[0] = pack2<Elem>(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack2<Elem>(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack2<Elem>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack2<Elem>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+/// NaN-propagating max of row g (r = 0: elements 0, 1 of every n8 block) or g + 8 (r = 1:
+/// elements 2, 3) of one m16 row block of accumulators, over all kBlocks n8 blocks: the lane's
+/// own elements, then the 4 lanes of its quad (which hold the row's other columns).
+template <int kBlocks>
+TS_DEVICE float quad_row_max(const float (&c)[kBlocks][4], int r) {
+  float mx = kNegInf;
+#pragma unroll
+  for (int nb = 0; nb < kBlocks; ++nb) mx = max_nan(mx, max_nan(c[nb][2 * r], c[nb][2 * r + 1]));
+  mx = max_nan(mx, shfl_xor(mx, 1));
+  return max_nan(mx, shfl_xor(mx, 2));
 }
 
 /// x * f per 16-bit half (f16x2 or bf16x2), rounded to nearest: an FMA with -0 as addend, so

@@ -100,10 +100,7 @@ TS_DEVICE void pv_tile(Accum& acc, const Scores& p, uint32_t sv) {
     uint32_t a[kMBlocks][4];
 #pragma unroll
     for (int mb = 0; mb < kMBlocks; ++mb) {
-      a[mb][0] = pack2<Elem>(p[mb][2 * kk][0], p[mb][2 * kk][1]);
-      a[mb][1] = pack2<Elem>(p[mb][2 * kk][2], p[mb][2 * kk][3]);
-      a[mb][2] = pack2<Elem>(p[mb][2 * kk + 1][0], p[mb][2 * kk + 1][1]);
-      a[mb][3] = pack2<Elem>(p[mb][2 * kk + 1][2], p[mb][2 * kk + 1][3]);
+      pack_a_fragment<Elem>(a[mb], p[mb], kk);
     }
 #pragma unroll
     for (int nb = 0; nb < kOBlocks; nb += 2) {
@@ -290,11 +287,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
     for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float mx = kNegInf;
-#pragma unroll
-        for (int nb = 0; nb < kSBlocks; ++nb) mx = max_nan(mx, max_nan(s[mb][nb][2 * r], s[mb][nb][2 * r + 1]));
-        mx = max_nan(mx, shfl_xor(mx, 1));
-        mx = max_nan(mx, shfl_xor(mx, 2));
+        const float mx = quad_row_max(s[mb], r);
         OnlineSoftmax& st = state[mb][r];
         const float factor = st.rescale(max_nan(st.m, mx * p.scale_log2));
         const float neg_shift = -softmax_shift(st.m);

@@ -179,8 +179,7 @@ pub fn bench_copy(ctx: &Context, case: &CopyCase, seed: u64, timing: TimingOptio
 }
 
 fn copy_run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    let host: Vec<T> = random_matrix(seed, case.rows, case.cols, case.cols, Dist::Normal { std: 2.0 });
-    let (inputs, mut outputs) = rotating_sets(ctx, case, &host)?;
+    let (host, inputs, mut outputs) = rotating_sets::<T>(ctx, case, seed)?;
     let t = time_median(ctx, timing, |call| {
         let k = call % inputs.len();
         outputs[k].copy_from(&inputs[k])
@@ -212,10 +211,11 @@ fn copy_run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: Timi
 /// One device buffer per rotating set.
 type Buffers<T> = Vec<DeviceBuffer<T>>;
 
-/// The timed buffers of a case: enough input/output sets (each input a copy of `host`, each
-/// output poisoned with 0xff bytes) that their total is over twice the L2, so L2 never serves a
-/// timed call.
-fn rotating_sets<T: Element>(ctx: &Context, case: &BenchCase, host: &[T]) -> Result<(Buffers<T>, Buffers<T>)> {
+/// The case's input data (seeded normal values) and its timed buffers: enough input/output sets
+/// (each input a copy of the data, each output poisoned with 0xff bytes) that their total is
+/// over twice the L2, so L2 never serves a timed call.
+fn rotating_sets<T: Element>(ctx: &Context, case: &BenchCase, seed: u64) -> Result<(Vec<T>, Buffers<T>, Buffers<T>)> {
+    let host: Vec<T> = random_matrix(seed, case.rows, case.cols, case.cols, Dist::Normal { std: 2.0 });
     if host.is_empty() {
         return Err(Error::invalid(
             "case",
@@ -223,7 +223,7 @@ fn rotating_sets<T: Element>(ctx: &Context, case: &BenchCase, host: &[T]) -> Res
         ));
     }
     let sets = (2 * ctx.info().l2_bytes as usize).div_ceil(case.bytes()).clamp(1, 64);
-    let first = ctx.upload(host)?;
+    let first = ctx.upload(&host)?;
     let mut inputs = Vec::with_capacity(sets);
     for _ in 1..sets {
         let mut b = ctx.alloc::<T>(host.len())?;
@@ -237,7 +237,7 @@ fn rotating_sets<T: Element>(ctx: &Context, case: &BenchCase, host: &[T]) -> Res
         o.fill_bytes(0xff)?;
         outputs.push(o);
     }
-    Ok((inputs, outputs))
+    Ok((host, inputs, outputs))
 }
 
 /// Rows verified against the CPU reference before timing (the reference is f64 on the host).
@@ -261,8 +261,7 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         path: case.path,
     };
     let plan = SoftmaxPlan::new(ctx, &shape, &opts)?;
-    let host: Vec<T> = random_matrix(seed, case.rows, case.cols, case.cols, Dist::Normal { std: 2.0 });
-    let (inputs, mut outputs) = rotating_sets(ctx, case, &host)?;
+    let (host, inputs, mut outputs) = rotating_sets::<T>(ctx, case, seed)?;
     // Verify the timed kernel on the timed data first.
     plan.run(
         &inputs[0].matrix(case.rows, case.cols, case.cols)?,
