@@ -55,7 +55,7 @@ struct AttentionParams {
   float softcap_log2;        // softcap * log2(e), when softcap > 0
   int num_splits;            // 1 = no split-KV
   int q_tiles;               // query tiles per (batch, head) = ceil(seqlen_q / kernel BLOCK_M)
-  int pad_;
+  int head_group;            // Ampere work order: (batch, head) pairs per section (flash_sm80.cu)
 };
 
 /// One (batch, head) problem after resolving the batch layout.

@@ -3,18 +3,18 @@
 // Algorithm (Dao, "FlashAttention-2", 2023): a CTA owns one (batch, head, query tile of
 // kBlockM rows, KV split). Its kThreads / 32 warps each own kMBlocks consecutive m16 row
 // blocks (kBlockM / warps rows); every K/V fragment a warp loads feeds all of its row blocks.
-// Per KV tile of kBlockN keys, scored in kSubTiles sub-tiles of kSubN keys (the f32 scores of
-// one sub-tile in registers at a time):
+// Per KV tile of kBlockN keys:
 //   S = Q K^T          mma.m16n8k16, f32 accumulators (Q fragments from registers or smem)
 //   scores             raw dot products (scale folded into the exp2 below) or, with kSoftcap,
 //                      ts::attn_score_log2 applied element-wise; masked keys -> -inf
-//   online softmax     per row: sub-tile max over the 4 lanes of a quad (shuffles), rescale of
+//   online softmax     per row: tile max over the 4 lanes of a quad (shuffles), rescale of
 //                      the running state (ts::OnlineSoftmax::rescale), P = 2^(s * scale - m)
 //                      (ts::exp2_fma_unclamped: a +inf score gives a NaN row), per-lane partial
-//                      row sums. Sub-tile 0 moves the max eagerly; later ones only by more than
-//                      2^8 (ts::lazy_max), rescaling the packed P of the earlier sub-tiles by the
-//                      factor (exactly 1 almost always; ts::mul2). O is rescaled once per tile
-//                      by the product of the factors.
+//                      row sums. With kLazyRescale (D > 64, no softcap) the max moves only by
+//                      more than 2^8 (ts::lazy_max; a row's first keys always move it), so the
+//                      factor is exactly 1 almost always and O is rescaled only when a row of
+//                      the warp moved (a warp-uniform branch that skips kMBlocks * D / 2
+//                      multiplies per lane); otherwise O is rescaled every tile.
 //   O += P V           P packed to Elem in registers is directly the A operand (mma.cuh);
 //                      V fragments through ldmatrix.trans
 // Epilogue: the row sums are reduced over the quad; O / l to Elem, staged through the warp's
@@ -28,13 +28,15 @@
 // kStages >= 2, kMasked (window / causal compiled in), kSoftcap, kSplit (write normalised f32
 // partials instead).
 //
-// Grid (B * Hq, q_tiles, splits): blockIdx.x = b * Hq + h, query tile = q_tiles - 1 -
-// blockIdx.y (the longest causal tiles start first), blockIdx.z = split.
+// Grid (B * Hq, q_tiles, splits), blockIdx.z = split: the linear index of (x, y) walks sections
+// of p.head_group batch-heads (b * Hq + h), each tile-major with its heads interleaved, query
+// tile = q_tiles - 1 - (tile index), so the longest causal tiles of a section start first
+// (work_tile; plan.rs sm80_head_group sizes the sections for K/V reuse in L2).
 //
 // Key tiles: a CTA visits only the tiles intersecting the visible key range of its rows,
 // [first_key(first row), end_key(last row)) (ts::AttnMask); with kSplit, split z takes a
 // contiguous, balanced share of those. Per-element masking runs only on tiles that cross a
-// window edge or the end of the sequence (a uniform branch per sub-tile).
+// window edge or the end of the sequence (a uniform branch per tile).
 //
 // Shared memory (dynamic, Variant::shared_bytes): the Q tile (kBlockM rows), then kStages K
 // tiles and kStages V tiles (kBlockN rows), each row kRowElems = round_up(kHeadDim, 64)
@@ -63,18 +65,26 @@
 //      and without one where two CTAs of step 3 do not fit an SM (A100, sm_86 / sm_89).
 //   A 128 x 64 tile with two row blocks per warp spills (~90 bytes), as does 128 x 128 with
 //   one; a 128-register cap for two 8-warp CTAs per SM spills too.
-//   3. 128 x 64 tiles, 2 stages (96 KiB: two CTAs per SM on Hopper's 228 KiB, one on an A100), scored in two 32-key sub-tiles
-//      with the first sub-tile's P packed (16 registers instead of 32) and the K/V copy
-//      addresses as one register plus constants: 255 registers, no spills; ~1230 instead of
-//      ~1370 SASS instructions per 64 keys (O rescaled, CTA synchronised once per 64 keys).
-//      H200 runs 25-26 (bench/NOTES.md): non-causal bf16 B=4 H=16 N=8192 6.58-6.86 -> 6.06-6.43
-//      ms, causal N = 8192 1.60 -> 1.56 ms, GQA 1.65 -> 1.60 ms, longer causal N within noise.
-//      Shipped for 64 < D <= 128 without softcap on GPUs with >= 194 KiB of shared memory per SM
-//      (plan.rs sm80_tiles; the softcap variants spill at 64 keys and keep
-//      128 x 32 x 3 stages). Row sums as an MMA of P with ones (FlashInfer's way, 8 HMMA instead
-//      of 64 FADD per 64 keys) gained another 2-3% but failed 18 of the 105 sm80 verify cases
-//      (LSE off by up to 1.7e-3 against the 1e-3 budget): those sums add the 16-bit-rounded P in
-//      the tensor cores' f32 accumulators instead of exact f32 terms.
+//   3. 128 x 64 tiles, 2 stages (96 KiB: two CTAs per SM on Hopper's 228 KiB, one on an
+//      A100), scored in two 32-key sub-tiles with the first one's P packed to 16 bits (the
+//      whole 64-key S spilled 60-88 bytes then), the K/V copy addresses as one register plus
+//      constants: 255 registers, ~1230 instead of ~1370 SASS instructions per 64 keys. H200
+//      runs 25-26: non-causal bf16 B=4 H=16 N=8192 6.58-6.86 -> 6.06-6.43 ms, causal N = 8192
+//      1.60 -> 1.56 ms. Row sums as an MMA of P with ones (FlashInfer's way) gained another 2-3%
+//      but failed 18 of the 105 sm80 verify cases (LSE off by up to 1.7e-3 against the 1e-3
+//      budget: the tensor cores add the 16-bit-rounded P).
+//   4. Lazy rescaling with the O rescale behind a warp-uniform branch, and zero-fill copies
+//      without a select of a safe source address (cp_async_16_zfill reads nothing then): the
+//      whole 64-key S now fits in 255 registers without spills, so the sub-tiles went. ~875
+//      SASS instructions per 64 keys (masked), and 16 independent accumulators per k step of
+//      Q K^T instead of 8. H200 run 32 (bench/NOTES.md), step 3 -> 4: causal N = 2048 0.124 ->
+//      0.110 ms, 4096 0.424 -> 0.387, 8192 1.56 -> 1.46, 16384 6.59 -> 5.71, 32768 26.5 ->
+//      24.7; GQA 1.60 -> 1.51; varlen 4.3 -> 3.9; D = 64 unchanged (it keeps eager rescaling:
+//      with the lazy branch its softcap and split variants spill at D = 32).
+//   5. The work order in sections of batch-heads (plan.rs sm80_head_group): H200 run 33,
+//      causal N = 32768 24.4 -> 23.5 ms (L2 hit rate 63% -> 96%).
+//   Shipped for 64 < D <= 128 without softcap on GPUs with >= 194 KiB of shared memory per SM
+//   (plan.rs sm80_tiles; softcap keeps 128 x 32 x 3 stages).
 // D = 64 (non-causal bf16 B=4 H=16 N=8192, bench/NOTES.md run 15): 8 warps x 16 rows over
 //   128 x 128 tiles, Q in registers (174 registers, one CTA per SM): 4.54 ms; 4 warps x 32 rows
 //   over 128 x 64 tiles, 3 stages, Q from shared memory (237 registers, two CTAs per SM):
@@ -96,13 +106,7 @@ constexpr int kWarpRows = 16 * kMBlocks;
 constexpr int kRowElems = (kHeadDim + 63) / 64 * 64;  // shared row pitch, a multiple of 128 B
 constexpr int kChunks = kHeadDim / 8;                 // 16-byte chunks of a row that hold data
 constexpr int kKSteps = kHeadDim / 16;                // k16 steps of S = Q K^T
-/// Keys of S held in f32 registers at a time: a key tile of kBlockN keys is scored in
-/// kSubTiles sub-tiles of kSubN keys (kMBlocks * kSubN / 2 registers each); the probabilities
-/// of earlier sub-tiles wait packed to Elem (half the registers) for the tile's one O += P V.
-constexpr int kMaxSubN = kHeadDim > 64 ? 32 : 64;
-constexpr int kSubN = kBlockN < kMaxSubN ? kBlockN : kMaxSubN;
-constexpr int kSubTiles = kBlockN / kSubN;
-constexpr int kSBlocks = kSubN / 8;                   // n8 blocks of a sub-tile of S (keys)
+constexpr int kSBlocks = kBlockN / 8;                 // n8 blocks of S (keys)
 constexpr int kPSteps = kBlockN / 16;                 // k16 steps of O += P V
 constexpr int kOBlocks = kHeadDim / 8;                // n8 blocks of O (head dim)
 /// Q fragments stay in registers while they take at most 16 (kMBlocks * kKSteps * 4); beyond
@@ -110,11 +114,13 @@ constexpr int kOBlocks = kHeadDim / 8;                // n8 blocks of O (head di
 /// (kMBlocks * D / 2 registers) and the scores spill-free (two row blocks of D = 64 with Q in
 /// registers take 255 registers and spill).
 constexpr bool kQInRegs = kMBlocks * kHeadDim <= 64;
+/// Lazy rescaling of O (see the main loop). Not with a softcap: its tanh takes the registers
+/// (D = 32 spills), so those variants rescale eagerly, every tile, with no branch.
+constexpr bool kLazyRescale = !kSoftcap && kHeadDim > 64;
 
 static_assert(kBlockM == kWarpRows * kWarps, "kBlockM: whole m16 row blocks per warp");
 static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "compiled head dim: a multiple of 32, <= 256");
 static_assert(kBlockN % 16 == 0, "kBlockN: a multiple of 16");
-static_assert(kBlockN % kSubN == 0 && kSubN % 16 == 0, "kBlockN: whole sub-tiles of k16 steps");
 static_assert(kStages >= 2, "at least double buffering");
 static_assert(is_same_v<Elem, f16> || is_same_v<Elem, bf16>, "Elem: f16 or bf16");
 
@@ -148,7 +154,7 @@ TS_DEVICE void load_tile(Elem* dst, const Elem* src, long long stride, int n_val
     const int r = r0 + i * kRowsPerPass;
     const bool valid = r < n_valid && c < d_chunks;
     const uint32_t offset = kSameSwizzle ? i * kRowsPerPass * kRowElems : swizzle(r, c);
-    cp_async_16_zfill(base + offset * (int)sizeof(Elem), valid ? g : src, valid);
+    cp_async_16_zfill(base + offset * (int)sizeof(Elem), g, valid);  // g unread unless valid
     g += kRowsPerPass * stride;
   }
 }
@@ -179,9 +185,8 @@ TS_DEVICE LaneAddr lane_addr_k(uint32_t tile) {
 /// Q fragments of a warp: all k steps of all its row blocks in registers, or none (kQInRegs).
 using QFragments = uint32_t[kQInRegs ? kMBlocks : 1][kQInRegs ? kKSteps : 1][4];
 
-/// s += Q K^T for this warp's row blocks and keys key0 .. key0 + kSubN - 1 of the K stage at `sk`.
-TS_DEVICE void qk_tile(float (&s)[kMBlocks][kSBlocks][4], const QFragments& qf, const LaneAddr& q, uint32_t sk,
-                       int key0) {
+/// s += Q K^T for this warp's row blocks and the kBlockN keys of the K stage at `sk`.
+TS_DEVICE void qk_tile(float (&s)[kMBlocks][kSBlocks][4], const QFragments& qf, const LaneAddr& q, uint32_t sk) {
   const LaneAddr k = lane_addr_k(sk);
 #pragma unroll
   for (int kk = 0; kk < kKSteps; ++kk) {
@@ -198,7 +203,7 @@ TS_DEVICE void qk_tile(float (&s)[kMBlocks][kSBlocks][4], const QFragments& qf, 
 #pragma unroll
     for (int nb = 0; nb < kSBlocks; nb += 2) {
       uint32_t b[4];  // keys nb*8.. (chunks 2kk, 2kk+1), then keys nb*8+8.. (the same chunks)
-      ldmatrix_x4(b, k.at(key0 + nb * 8, 2 * kk));
+      ldmatrix_x4(b, k.at(nb * 8, 2 * kk));
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb) {
         mma_m16n8k16<Elem>(s[mb][nb], a[mb], b[0], b[1]);
@@ -243,12 +248,37 @@ TS_DEVICE void pv_tile(float (&acc)[kMBlocks][kOBlocks][4], uint32_t sv, PFrag p
   }
 }
 
+/// The (batch-head, query tile) of this CTA, by its linear index l over the (B * Hq, q_tiles)
+/// grid: sections of `group` consecutive batch-heads (the last one may hold fewer), taken in
+/// order; within a section, tile-major with the batch-heads interleaved (tile 0 = the longest
+/// under a causal mask, see the caller). The block index is read with asm volatile so that
+/// every call re-derives the pair: the epilogue calls it again rather than ptxas holding the
+/// head across the main loop (the 64-key tile has no register to spare; it spilled).
+struct WorkTile {
+  int batch_head;
+  int tile;
+};
+TS_DEVICE WorkTile work_tile(int group) {
+  uint32_t x, y;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(x));
+  asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(y));
+  const int heads = gridDim.x;
+  const int tiles = gridDim.y;
+  const int l = (int)y * heads + (int)x;
+  const int section = l / (group * tiles);
+  const int first = section * group;
+  const int size = min(group, heads - first);  // batch-heads in this section
+  const int i = l - first * tiles;
+  return WorkTile{first + i % size, i / size};
+}
+
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __grid_constant__ ts::AttentionParams p) {
-  const int b = blockIdx.x / p.heads_q;
-  const int h = blockIdx.x % p.heads_q;
-  const int m0 = (p.q_tiles - 1 - (int)blockIdx.y) * kBlockM;
+  const WorkTile w = work_tile(p.head_group);
+  const int b = w.batch_head / p.heads_q;
+  const int h = w.batch_head % p.heads_q;
+  const int m0 = (p.q_tiles - 1 - w.tile) * kBlockM;
   const AttnSeq seq = attn_seq(p, b, h);
   if (m0 >= seq.len_q) return;  // varlen: a shorter sequence than the longest (uniform exit)
   const int rows = min(kBlockM, seq.len_q - m0);
@@ -332,118 +362,82 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
     const uint32_t sk = smem_addr(s_k + stage * kStageElems);
     const uint32_t sv = smem_addr(s_v + stage * kStageElems);
 
-    // Sub-tile j (keys n0 + j * kSubN ..): scores, mask, and the online softmax, which turns
-    // them into probabilities in place and gives each row's rescale factor of the state (and of
-    // everything accumulated before). Sub-tile 0 moves a row's max eagerly; later sub-tiles of
-    // the same key tile only by more than kLazyRescaleSlack (ts::lazy_max: their P <= 2^8), so
-    // the probabilities of the earlier sub-tiles, already packed, are rescaled by exactly 1
-    // almost always (no branch, and no extra rounding then).
+    // S = Q K^T of the tile's keys n0 .. n0 + kBlockN - 1 (16 independent accumulators per
+    // k step at D = 128 keep the tensor cores busy)
     const int n0 = t * kBlockN;
-    auto score_subtile = [&](int j, float (&s)[kMBlocks][kSBlocks][4], auto&& on_factor) {
+    float s[kMBlocks][kSBlocks][4];
+#pragma unroll
+    for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+      for (int nb = 0; nb < kSBlocks; ++nb) s[mb][nb][0] = s[mb][nb][1] = s[mb][nb][2] = s[mb][nb][3] = 0.0f;
+    qk_tile(s, qf, q_addr, sk);
+
+    if constexpr (kSoftcap) {
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-        for (int nb = 0; nb < kSBlocks; ++nb) s[mb][nb][0] = s[mb][nb][1] = s[mb][nb][2] = s[mb][nb][3] = 0.0f;
-      qk_tile(s, qf, q_addr, sk, j * kSubN);
+        for (int nb = 0; nb < kSBlocks; ++nb)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mb][nb][e] = attn_score_log2(p, s[mb][nb][e]);
+    }
 
-      if constexpr (kSoftcap) {
-#pragma unroll
-        for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-          for (int nb = 0; nb < kSBlocks; ++nb)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[mb][nb][e] = attn_score_log2(p, s[mb][nb][e]);
-      }
-
-      // per-element mask only where the sub-tile crosses a window edge or the end of the keys
-      const int j0 = n0 + j * kSubN;
-      bool edge = j0 + kSubN > seq.len_k;
-      if constexpr (kMasked) edge = edge || j0 < mask.first_key(m0 + rows - 1) || j0 + kSubN > mask.end_key(m0);
-      if (edge) {
-#pragma unroll
-        for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-          for (int r = 0; r < 2; ++r) {
-            // the row's visible keys [lo, hi), relative to this lane's first column of the sub-tile
-            const int i = row0 + mb * 16 + r * 8;
-            const int lo = (kMasked ? mask.first_key(i) : 0) - (j0 + col0);
-            const int hi = (kMasked ? mask.end_key(i) : seq.len_k) - (j0 + col0);
-#pragma unroll
-            for (int nb = 0; nb < kSBlocks; ++nb)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int c = nb * 8 + e;
-                if (c < lo || c >= hi) s[mb][nb][2 * r + e] = kNegInf;
-              }
-          }
-      }
-
-      // online softmax of the lane's rows (r = 0: elements 0, 1; r = 1: elements 2, 3)
+    // per-element mask only where the tile crosses a window edge or the end of the keys
+    bool edge = n0 + kBlockN > seq.len_k;
+    if constexpr (kMasked) edge = edge || n0 < mask.first_key(m0 + rows - 1) || n0 + kBlockN > mask.end_key(m0);
+    if (edge) {
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const float mx = quad_row_max(s[mb], r);
-          // round(scale * max dot) = max round(scale * dot) as scale > 0 (see shifted_fma)
-          OnlineSoftmax& st = state[mb][r];
-          const float m_cand = max_nan(st.m, mx * score_scale);
-          on_factor(mb, r, st.rescale(j == 0 ? m_cand : lazy_max(st.m, m_cand, kLazyRescaleSlack)));
-          const float neg_shift = -softmax_shift(st.m);
-          float sum = 0.0f;
+          // the row's visible keys [lo, hi), relative to this lane's first column of the tile
+          const int i = row0 + mb * 16 + r * 8;
+          const int lo = (kMasked ? mask.first_key(i) : 0) - (n0 + col0);
+          const int hi = (kMasked ? mask.end_key(i) : seq.len_k) - (n0 + col0);
 #pragma unroll
           for (int nb = 0; nb < kSBlocks; ++nb)
 #pragma unroll
-            for (int e = 2 * r; e < 2 * r + 2; ++e) {
-              // softcapped scores are bounded: the clamp never acts, it only keeps ptxas from spilling
-              s[mb][nb][e] = kSoftcap ? exp2_fma(s[mb][nb][e], score_scale, neg_shift)
-                                      : exp2_fma_unclamped(s[mb][nb][e], score_scale, neg_shift);
-              sum += s[mb][nb][e];
+            for (int e = 0; e < 2; ++e) {
+              const int c = nb * 8 + e;
+              if (c < lo || c >= hi) s[mb][nb][2 * r + e] = kNegInf;
             }
-          st.d += sum;
         }
-    };
+    }
 
-    if constexpr (kSubTiles == 1) {
-      float s[kMBlocks][kSBlocks][4];
-      score_subtile(0, s, [&](int mb, int r, float factor) { rescale_row(acc[mb], r, factor); });
-      pv_tile(acc, sv, [&](int mb, int kk, uint32_t (&a)[4]) { pack_a_fragment<Elem>(a, s[mb], kk); });
-    } else {
-      uint32_t pa[kMBlocks][kPSteps][4];  // P of the whole key tile, as A fragments
-      float o_factor[kMBlocks][2];        // the rescale of O for the whole key tile
+    // Online softmax of the lane's rows (r = 0: elements 0, 1; r = 1: elements 2, 3), turning
+    // the scores into probabilities in place. With kLazyRescale a row's max moves only when the
+    // tile raises it by more than kLazyRescaleSlack (ts::lazy_max: P <= 2^8), so its rescale
+    // factor is exactly 1 almost always and O is rescaled only when a row of the warp moved (a
+    // warp-uniform branch: kMBlocks * D / 2 multiplies per lane skipped).
+    bool moved = false;
+    float factor[kMBlocks][2];
 #pragma unroll
-      for (int j = 0; j < kSubTiles; ++j) {
-        float s[kMBlocks][kSBlocks][4];
-        score_subtile(j, s, [&](int mb, int r, float factor) {
-          if (j == 0) {
-            o_factor[mb][r] = factor;
-          } else {
-            o_factor[mb][r] *= factor;
-            // registers r and r + 2 of an A fragment hold row r
-            const uint32_t f2 = pack2<Elem>(factor, factor);
+    for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-            for (int kk = 0; kk < j * kSubN / 16; ++kk) {
-              pa[mb][kk][r] = mul2<Elem>(pa[mb][kk][r], f2);
-              pa[mb][kk][r + 2] = mul2<Elem>(pa[mb][kk][r + 2], f2);
-            }
-          }
-        });
-#pragma unroll
-        for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-          for (int kk = 0; kk < kSubN / 16; ++kk) pack_a_fragment<Elem>(pa[mb][j * kSubN / 16 + kk], s[mb], kk);
+      for (int r = 0; r < 2; ++r) {
+        const float mx = quad_row_max(s[mb], r);
+        // round(scale * max dot) = max round(scale * dot) as scale > 0 (see shifted_fma)
+        OnlineSoftmax& st = state[mb][r];
+        const float m_cand = max_nan(st.m, mx * score_scale);
+        factor[mb][r] = st.rescale(kLazyRescale ? lazy_max(st.m, m_cand, kLazyRescaleSlack) : m_cand);
+        moved = moved || factor[mb][r] != 1.0f;
+        if constexpr (!kLazyRescale) rescale_row(acc[mb], r, factor[mb][r]);
+        // softcapped scores are bounded: the clamp never acts, it only keeps ptxas from spilling
+        st.d += exp2_row<kSoftcap>(s[mb], r, score_scale, -softmax_shift(st.m));
       }
+    if (kLazyRescale && __any_sync(kFullMask, moved)) {  // a row's first keys; rare after them
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) rescale_row(acc[mb], r, o_factor[mb][r]);
-      pv_tile(acc, sv, [&](int mb, int kk, uint32_t (&a)[4]) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) a[q] = pa[mb][kk][q];
-      });
+        for (int r = 0; r < 2; ++r) rescale_row(acc[mb], r, factor[mb][r]);
     }
+
+    // O += P V, P packed to Elem as the A fragments
+    pv_tile(acc, sv, [&](int mb, int kk, uint32_t (&a)[4]) { pack_a_fragment<Elem>(a, s[mb], kk); });
   }
 
   // ---- epilogue ---------------------------------------------------------------------------
+  const int batch_head = work_tile(p.head_group).batch_head;  // re-derived, see work_tile
+  const int head = batch_head % p.heads_q;
   cp_async_wait_all();  // no copy may land in the Q tile after it is reused below
   __syncthreads();
   float inv_l[kMBlocks][2];
@@ -461,7 +455,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
 
   if constexpr (kSplit) {
     // normalised f32 partials, written straight from the accumulators (8 bytes per lane)
-    const long long base = ((long long)blockIdx.z * p.heads_q + h) * p.partial_rows + seq.row_q;
+    const long long base = ((long long)blockIdx.z * p.heads_q + head) * p.partial_rows + seq.row_q;
 #pragma unroll
     for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
@@ -513,7 +507,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int i = row0 + mb * 16 + r * 8;
-          if (i < seq.len_q) p.lse[h * p.lse_stride_h + b * p.lse_stride_b + lse_row + i] = lse[mb][r];
+          if (i < seq.len_q) p.lse[head * p.lse_stride_h + batch_head / p.heads_q * p.lse_stride_b + lse_row + i] = lse[mb][r];
         }
     }
   }

@@ -7,9 +7,11 @@
 //! - [`AttentionPath::Sm80`] (any `sm_80+`): ldmatrix + mma.sync with cp.async double buffering,
 //!   FlashAttention-2 partitioning (`flash_sm80.cu`).
 //!
-//! Grid of the Ampere kernel: `(B * Hq, q_tiles, splits)`; blocks run in x-fastest order and
-//! the kernel maps `blockIdx.y` to query tile `q_tiles - 1 - y`, so under a causal mask the
-//! longest tiles of every head start first. The Hopper kernel is persistent instead: a 1-D grid
+//! Grid of the Ampere kernel: `(B * Hq, q_tiles, splits)`, blocks launched in x-fastest order;
+//! the kernel maps each block's linear index to a (batch-head, query tile) pair in sections of
+//! [`sm80_head_group`] batch-heads, each section's query tiles longest first (causal) with its
+//! heads interleaved: the CTAs resident at once share the K/V of few heads in L2, and the
+//! longest tiles still start early. The Hopper kernel is persistent instead: a 1-D grid
 //! of at most one CTA per SM walking a static list of (query tile, split, batch-head) items,
 //! longest first (see [`super::hopper`]). With `splits > 1` each split writes normalised
 //! partial outputs and LSEs to a workspace that `combine.cu` merges with the online-softmax rule.
@@ -96,7 +98,7 @@ pub struct AttentionParams {
     pub softcap_log2: f32,
     pub num_splits: i32,
     pub q_tiles: i32,
-    pub pad_: i32,
+    pub head_group: i32,
 }
 
 // SAFETY: plain data matching the C layout of ts::AttentionParams (checked by a test that
@@ -244,10 +246,9 @@ pub fn compiled_head_dim(d: usize) -> u32 {
 ///   tiles took 174 registers, so one CTA per SM.)
 /// - D <= 128: the same 4 warps of 32 rows. Where two such CTAs of 96 KiB fit an SM
 ///   (`shared_per_sm`, the device's shared memory per multiprocessor: Hopper's 228 KiB), 64 keys
-///   per tile and 2 stages: the scores are computed in two sub-tiles of 32 keys (the first
-///   one's probabilities wait packed to 16 bits), so the 2 x (D / 2) accumulator, one sub-tile
-///   of scores and the packed half fit in 255 registers; O is rescaled and the CTA
-///   synchronises once per 64 keys (H200: up to 8% faster, bench/NOTES.md runs 25-26).
+///   per tile and 2 stages: the 2 x (D / 2) accumulator and the 2 x 32 scores fit in 255
+///   registers with lazy rescaling (flash_sm80.cu, tuning steps 3-4: H200 up to 18% faster than
+///   32-key tiles, bench/NOTES.md runs 25-26 and 32).
 ///   Otherwise (A100's 164 KiB would hold one such CTA, sm_86 / sm_89 hold one of either), and
 ///   with a softcap (its tanh needs more registers), 32 keys per tile and 3 stages (80 KiB).
 /// - larger D: 64 x 32 over 4 warps, 16 rows each, Q re-read from shared memory.
@@ -266,6 +267,34 @@ pub fn sm80_tiles(head_dim: u32, softcap: bool, shared_per_sm: u32) -> (u32, u32
 /// each plus the 1 KiB the driver reserves per CTA).
 pub const SM80_WIDE_TILE_MIN_SHARED_PER_SM: u32 = 2 * (96 * 1024 + 1024);
 
+/// The shared memory per SM of the GPUs of `arch` (CUDA C++ Programming Guide, table of
+/// compute capabilities): 164 KiB on sm_80 / sm_87, 228 KiB on sm_90 and sm_100, 100 KiB on
+/// sm_86 / sm_89; None for an architecture not listed. It decides the Ampere kernel's tiling
+/// ([`sm80_tiles`]), so CI compiles for each arch the tilings its GPUs can get.
+pub fn shared_per_sm_of(arch: Arch) -> Option<u32> {
+    match (arch.major, arch.minor) {
+        (8, 0) | (8, 7) => Some(164 * 1024),
+        (8, 6) | (8, 9) => Some(100 * 1024),
+        (9, 0) | (10, 0) => Some(228 * 1024),
+        _ => None,
+    }
+}
+
+/// Batch-heads per section of the Ampere kernel's work order (flash_sm80.cu, `work_tile`): the
+/// fewest that give a section at least four times the CTAs the GPU holds at once
+/// (`resident_ctas`), so that within a section the longest causal tiles start first and the
+/// next section fills in behind them, while the CTAs running together read the K/V of few
+/// heads and L2 serves it to many of them. With as few query tiles as 4 * resident / heads or
+/// fewer, one section: every head's same query tile together, globally longest first.
+/// H200, causal fp16 B=1 H=32 D=128 N = 32768 (bench/NOTES.md run 33): sections of 4-8 heads
+/// 23.5 ms against 24.4 with one section (L2 hits 96% against 63%); sections that hold less
+/// than two waves lose up to 40% at N = 2048.
+pub fn sm80_head_group(batch_heads: usize, q_tiles: usize, resident_ctas: usize) -> usize {
+    (4 * resident_ctas.max(1))
+        .div_ceil(q_tiles.max(1))
+        .clamp(1, batch_heads.max(1))
+}
+
 /// A plan: the kernels, the split count and the workspace for one problem.
 pub struct AttentionPlan {
     ctx: Context,
@@ -276,6 +305,8 @@ pub struct AttentionPlan {
     combine: Option<Arc<Kernel>>,
     splits: usize,
     q_tiles: usize,
+    /// The Ampere kernel's work-order section ([`sm80_head_group`]).
+    head_group: usize,
     /// Split-KV workspace: partial outputs then partial LSEs (f32).
     workspace: Option<DeviceBuffer<f32>>,
     /// Hopper path: the persistent kernel's scheduler state ([`hopper::scheduler_len`]): the
@@ -437,6 +468,15 @@ impl AttentionPlan {
         } else {
             (None, None)
         };
+        let bh = problem.batch * problem.heads_q;
+        let head_group = match path {
+            AttentionPath::Hopper => bh.max(1),
+            _ => {
+                let resident = kernel.max_active_blocks_per_sm(ctx, threads, variant.shared_bytes())? as usize
+                    * ctx.info().sm_count as usize;
+                sm80_head_group(bh, q_tiles, resident)
+            }
+        };
         let scheduler = match path {
             AttentionPath::Hopper => {
                 let mut s = ctx.alloc::<i32>(hopper::scheduler_len(ctx.info().sm_count))?;
@@ -454,6 +494,7 @@ impl AttentionPlan {
             combine,
             splits,
             q_tiles,
+            head_group,
             workspace,
             scheduler,
             fallback: std::sync::OnceLock::new(),
@@ -642,7 +683,7 @@ impl AttentionPlan {
             softcap_log2: softcap * std::f32::consts::LOG2_E,
             num_splits: self.splits as i32,
             q_tiles: self.q_tiles as i32,
-            pad_: 0,
+            head_group: self.head_group as i32,
         };
         if self.problem.batch == 0 || rows == 0 {
             return Ok(());
@@ -823,7 +864,8 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
         (true, true, true),
     ];
     // `tiles(softcap)` lists the tilings a variant may get (the Ampere kernel's depend on the
-    // GPU's shared memory per SM, so CI compiles both of its choices for every arch).
+    // GPU's shared memory per SM: that of the arch's GPUs, or both choices for an arch not
+    // listed in shared_per_sm_of).
     let mut push = |path, dtype, head_dim, tiles: &dyn Fn(bool) -> Vec<(u32, u32, u32, u32)>| {
         for (masked, softcap, split) in flags {
             for (block_m, block_n, threads, stages) in tiles(softcap) {
@@ -847,12 +889,18 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
     };
     for dtype in [DType::F16, DType::BF16] {
         for head_dim in (32..=256).step_by(32) {
-            push(AttentionPath::Sm80, dtype, head_dim, &|softcap| {
-                vec![
-                    sm80_tiles(head_dim, softcap, 0),
-                    sm80_tiles(head_dim, softcap, u32::MAX),
-                ]
-            });
+            push(
+                AttentionPath::Sm80,
+                dtype,
+                head_dim,
+                &|softcap| match shared_per_sm_of(arch) {
+                    Some(shared) => vec![sm80_tiles(head_dim, softcap, shared)],
+                    None => vec![
+                        sm80_tiles(head_dim, softcap, 0),
+                        sm80_tiles(head_dim, softcap, u32::MAX),
+                    ],
+                },
+            );
         }
         if arch.major == 9 && arch.minor == 0 {
             for head_dim in (64..=256).step_by(64) {
@@ -885,16 +933,66 @@ pub fn params_header() -> &'static str {
 mod tests {
     use super::*;
 
+    /// Sections of the Ampere work order: at least four waves of resident CTAs each, one
+    /// section when a head has few query tiles.
+    #[test]
+    fn sm80_head_group_sizes_sections_by_waves() {
+        // H200: 132 SMs x 2 CTAs; B = 1, H = 32
+        assert_eq!(sm80_head_group(32, 256, 264), 5); // N = 32768: 5 heads x 256 tiles >= 4 x 264
+        assert_eq!(sm80_head_group(32, 128, 264), 9);
+        assert_eq!(sm80_head_group(32, 32, 264), 32); // N = 4096: one section
+        assert_eq!(sm80_head_group(128, 32, 264), 33); // GQA B = 4, H = 32: 33 + 33 + 33 + 29
+        assert_eq!(sm80_head_group(0, 1, 0), 1);
+        assert_eq!(sm80_head_group(7, 1_000_000, 264), 1);
+    }
+
+    /// A mirror of flash_sm80.cu's `work_tile`: every (batch-head, tile) pair exactly once, each
+    /// section tile-major.
+    #[test]
+    fn sm80_work_order_visits_every_tile_once() {
+        let work_tile = |l: usize, heads: usize, tiles: usize, group: usize| {
+            let first = l / (group * tiles) * group;
+            let size = group.min(heads - first);
+            let i = l - first * tiles;
+            (first + i % size, i / size)
+        };
+        for (heads, tiles) in [(1, 1), (32, 256), (128, 32), (7, 5), (96, 16)] {
+            for group in [1, 2, 5, 33, heads] {
+                let mut seen = vec![false; heads * tiles];
+                let mut last_tile = vec![None; heads];
+                for l in 0..heads * tiles {
+                    let (bh, t) = work_tile(l, heads, tiles, group.min(heads));
+                    assert!(
+                        bh < heads && t < tiles && !seen[bh * tiles + t],
+                        "{heads} {tiles} {group} {l}"
+                    );
+                    seen[bh * tiles + t] = true;
+                    assert!(last_tile[bh].is_none_or(|p| p < t), "tiles of a head in order");
+                    last_tile[bh] = Some(t);
+                }
+            }
+        }
+    }
+
     /// Every Ampere tiling fits the 99 KiB opt-in shared memory of sm_86 / sm_89, and the
     /// 64-key D <= 128 tile goes only where two of its CTAs fit an SM.
     #[test]
     fn sm80_tiles_fit_in_shared_memory() {
-        for v in ci_variants_for(Arch::SM80)
-            .iter()
-            .filter(|v| v.path == AttentionPath::Sm80)
-        {
-            assert!(v.shared_bytes() <= 99 * 1024, "{v:?}: {} bytes", v.shared_bytes());
+        for arch in [Arch::CI_TARGETS.as_slice(), &[Arch { major: 12, minor: 0 }]].concat() {
+            for v in ci_variants_for(arch).iter().filter(|v| v.path == AttentionPath::Sm80) {
+                assert!(v.shared_bytes() <= 99 * 1024, "{v:?}: {} bytes", v.shared_bytes());
+                if v.block_n == 64 && v.head_dim > 64 {
+                    assert!(shared_per_sm_of(arch).is_none_or(|s| s >= SM80_WIDE_TILE_MIN_SHARED_PER_SM));
+                }
+            }
         }
+        // The 64-key D <= 128 tile is compiled in CI for Hopper, where the plan takes it.
+        let wide_on = |arch| {
+            ci_variants_for(arch)
+                .iter()
+                .any(|v| v.path == AttentionPath::Sm80 && v.block_n == 64 && v.head_dim == 128)
+        };
+        assert!(wide_on(Arch::SM90) && !wide_on(Arch::SM80) && !wide_on(Arch::SM86));
         let wide = Variant {
             path: AttentionPath::Sm80,
             dtype: DType::F16,

@@ -580,9 +580,9 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
         (5.0, None, false, (64, 0), 128),
         (10.0, Some(0.3), false, (-1, -1), 80),
         (0.0, Some(0.5), true, (-1, -1), 128),
-        // Large scales spread the scores (std ~11-23 instead of ~2): a later 32-key sub-tile
-        // of the Ampere kernel's 64-key tiles then often raises a row's max by more than 2^8,
-        // which rescales the packed probabilities of the first one (ts::mul2), in both dtypes.
+        // Large scales spread the scores (std ~11-23 instead of ~2): a later key tile then often
+        // raises a row's max by more than 2^8, which takes the rescale branch of the kernels'
+        // lazy rescaling (ts::lazy_max), in both dtypes.
         (0.0, Some(0.5), true, (-1, -1), 128),
         (0.0, Some(1.0), true, (-1, -1), 128),
         (0.0, Some(1.0), false, (64, 0), 96),
@@ -605,6 +605,23 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
             i == 1,
         ));
     }
+
+    // Many heads over few query tiles: the Ampere kernel's work order then runs in sections of
+    // batch-heads with a shorter last one (H200: 352 + 32 of 384; plan.rs sm80_head_group).
+    v.push((
+        Case {
+            dtype: DType::F16,
+            batch: 4,
+            heads_q: 96,
+            heads_kv: 12,
+            seqlen_q: 300,
+            seqlen_k: 300,
+            head_dim: 128,
+            causal: true,
+            ..base.clone()
+        },
+        true,
+    ));
 
     // Softcap with a mask and no split (a distinct compiled variant: the cases above let the
     // plan split these small problems), and softcap with splits but no mask.
@@ -1111,7 +1128,7 @@ mod tests {
         let all = cases(false);
         assert!((150..=250).contains(&all.len()), "{} cases", all.len());
         let q = cases(true);
-        assert!((15..=25).contains(&q.len()), "{} quick cases", q.len());
+        assert!((15..=30).contains(&q.len()), "{} quick cases", q.len());
         for path in [AttentionPath::Sm80, AttentionPath::Hopper] {
             let p: Vec<&Case> = all.iter().filter(|c| c.path == path).collect();
             for n in [1, 17, 128, 255, 1000, 4096] {

@@ -32,8 +32,9 @@ TS_DEVICE void cp_async_16(uint32_t dst, const void* src) {
 }
 
 /// As cp_async_16 to the shared address `dst`, but copies 16 bytes only when `valid` and
-/// otherwise writes 16 zero bytes without reading `src` (the src-size operand is 0): tails of a
-/// tile are zero-filled by the same instruction. `src` must still be a valid pointer value.
+/// otherwise writes 16 zero bytes without reading `src` (the src-size operand is 0; PTX ISA,
+/// cp.async): tails of a tile are zero-filled by the same instruction, and `src` may then point
+/// past the tensor (no select of a safe address per copy).
 TS_DEVICE void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");

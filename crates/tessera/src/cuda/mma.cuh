@@ -4,10 +4,10 @@
 // Defines: ts::ldmatrix_x4 / ts::ldmatrix_x4_trans (four 8x8 b16 matrices from shared memory),
 //          ts::mma_m16n8k16<Elem> (D += A * B, f16 or bf16 inputs, f32 accumulators),
 //          ts::pack2<Elem>(lo, hi) (two floats -> one f16x2 / bf16x2 register),
-//          ts::mul2<Elem>(x, f) (both halves of a packed register times those of f),
 //          ts::pack_a_fragment<Elem> (an accumulator pair packed as the A fragment of the next
 //          MMA), ts::quad_row_max (a row's max over the accumulator tile and its lane quad),
-//          ts::movmatrix_trans (transposes an 8x8 b16 matrix held in registers).
+//          ts::movmatrix_trans (transposes an 8x8 b16 matrix held in registers),
+//          ts::exp2_row<kClamp> (a row of score accumulators to probabilities, in place).
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
 // t = lane % 4:
@@ -27,7 +27,7 @@
 #include "tessera/common.cuh"
 #include "tessera/dtype.cuh"
 #include "tessera/async_copy.cuh"
-#include "tessera/reduce.cuh"  // ts::shfl_xor, ts::max_nan (math.cuh)
+#include "tessera/online_softmax.cuh"  // ts::exp2_fma, ts::shfl_xor, ts::max_nan
 
 namespace ts {
 
@@ -108,19 +108,26 @@ TS_DEVICE float quad_row_max(const float (&c)[kBlocks][4], int r) {
   return max_nan(mx, shfl_xor(mx, 2));
 }
 
-/// x * f per 16-bit half (f16x2 or bf16x2), rounded to nearest: an FMA with -0 as addend, so
-/// the product is exact where it is representable (multiplying by 1 changes nothing) and the
-/// bf16 form needs only sm_80 (mul.bf16x2 needs sm_90).
-template <typename Elem>
-TS_DEVICE uint32_t mul2(uint32_t x, uint32_t f) {
-  static_assert(is_same_v<Elem, f16> || is_same_v<Elem, bf16>, "mul2: f16 or bf16");
-  uint32_t r;
-  if constexpr (is_same_v<Elem, f16>) {
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(f), "r"(0x80008000u));
-  } else {
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(f), "r"(0x80008000u));
-  }
-  return r;
+/// Row r of one m16 row block's accumulator tile of scores, turned into probabilities in place:
+/// c = 2^(c * scale + neg_shift) (ts::exp2_fma, clamped at 2^1, or without the clamp when
+/// !kClamp: ts::exp2_fma_unclamped), over all kBlocks n8 blocks. Returns the lane's part of the
+/// row sum (the other lanes of its quad hold the rest). `then(nb, c)` sees each probability
+/// after it is summed (paged_decode.cu scales it by its fp8 V scale there).
+struct NoThen {
+  TS_DEVICE void operator()(int, float&) const {}
+};
+template <bool kClamp, int kBlocks, typename Then = NoThen>
+TS_DEVICE float exp2_row(float (&c)[kBlocks][4], int r, float scale, float neg_shift, Then then = {}) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int nb = 0; nb < kBlocks; ++nb)
+#pragma unroll
+    for (int e = 2 * r; e < 2 * r + 2; ++e) {
+      c[nb][e] = kClamp ? exp2_fma(c[nb][e], scale, neg_shift) : exp2_fma_unclamped(c[nb][e], scale, neg_shift);
+      sum += c[nb][e];
+      then(nb, c[nb][e]);
+    }
+  return sum;
 }
 
 }  // namespace ts

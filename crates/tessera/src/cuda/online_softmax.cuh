@@ -74,9 +74,9 @@ TS_DEVICE float exp2_fma_unclamped(float x, float s, float neg_shift) { return e
 /// false), so the special-value rules above are unchanged. The normalised output and the LSE
 /// (m + log2 d) do not depend on which reference max was used.
 TS_DEVICE float lazy_max(float m, float m_cand, float slack) { return m_cand - m <= slack ? m : m_cand; }
-/// The slack of the Hopper attention kernel (terms up to 2^8) and of the Ampere kernel's later
-/// sub-tiles of a key tile. The Ampere kernel's first sub-tile rescales eagerly: a branch that
-/// skips its rescale cost more than it saved (bench/NOTES.md run 10).
+/// The slack of the attention kernels (terms up to 2^8). Each skips its accumulator's rescale
+/// when no row of a warp moved (a warp-uniform branch; a per-row branch cost the Ampere kernel
+/// more than it saved, bench/NOTES.md run 10).
 constexpr float kLazyRescaleSlack = 8.0f;
 
 struct OnlineSoftmax {

@@ -290,17 +290,9 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
         const float mx = quad_row_max(s[mb], r);
         OnlineSoftmax& st = state[mb][r];
         const float factor = st.rescale(max_nan(st.m, mx * p.scale_log2));
-        const float neg_shift = -softmax_shift(st.m);
-        float sum = 0.0f;
-#pragma unroll
-        for (int nb = 0; nb < kSBlocks; ++nb)
-#pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            s[mb][nb][e] = exp2_fma(s[mb][nb][e], p.scale_log2, neg_shift);
-            sum += s[mb][nb][e];
-            if constexpr (kFp8) s[mb][nb][e] *= v_scale[nb];
-          }
-        st.d += sum;
+        st.d += exp2_row<true>(s[mb], r, p.scale_log2, -softmax_shift(st.m), [&](int nb, float& x) {
+          if constexpr (kFp8) x *= v_scale[nb];
+        });
         factors[mb][r] = factor;
       }
     // Rescale O only when some row's max grew in this tile (rare once the first tiles have
