@@ -112,6 +112,7 @@ fn attention_options(
         return_lse: false,
         path,
         num_splits: None,
+        sm80_block_n: None,
     })
 }
 

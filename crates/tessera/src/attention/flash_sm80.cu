@@ -114,8 +114,10 @@ constexpr int kOBlocks = kHeadDim / 8;                // n8 blocks of O (head di
 /// (kMBlocks * D / 2 registers) and the scores spill-free (two row blocks of D = 64 with Q in
 /// registers take 255 registers and spill).
 constexpr bool kQInRegs = kMBlocks * kHeadDim <= 64;
-/// Lazy rescaling of O (see the main loop). Not with a softcap: its tanh takes the registers
-/// (D = 32 spills), so those variants rescale eagerly, every tile, with no branch.
+/// Lazy rescaling of O (see the main loop). Not for D <= 64 or with a softcap, whose variants
+/// rescale eagerly, every tile, with no branch: there the branch made ptxas spill (8-16 bytes
+/// in the D = 32 split and softcap variants), and D = 64 did not gain from it (bench/NOTES.md
+/// run 31).
 constexpr bool kLazyRescale = !kSoftcap && kHeadDim > 64;
 
 static_assert(kBlockM == kWarpRows * kWarps, "kBlockM: whole m16 row blocks per warp");

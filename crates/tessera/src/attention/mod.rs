@@ -92,6 +92,13 @@ pub struct AttentionOptions {
     /// Split-KV count; `None` lets the plan choose from B, H, N and the SM count; `Some(1)`
     /// disables split-KV. At most [`plan::MAX_SPLITS`].
     pub num_splits: Option<usize>,
+    /// Keys per tile of the Ampere kernel for head dims 65..=128 without softcap: `None` lets
+    /// the plan choose by the GPU's shared memory per SM (64 where two of its 96 KiB CTAs fit,
+    /// as on Hopper; else 32); `Some(32)` or `Some(64)` forces it, for tests and benchmarks of
+    /// the other GPUs' tiling (`Some(64)` where two such CTAs do not fit an SM runs one per SM,
+    /// a tiling CI does not compile for those GPUs). An error elsewhere (other head dims,
+    /// softcap, other values); the Hopper kernel ignores it.
+    pub sm80_block_n: Option<u32>,
 }
 
 impl Default for AttentionOptions {
@@ -105,6 +112,7 @@ impl Default for AttentionOptions {
             return_lse: false,
             path: AttentionPath::Auto,
             num_splits: None,
+            sm80_block_n: None,
         }
     }
 }

@@ -358,7 +358,23 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
             ));
         }
     }
-    let _ = d;
+    if let Some(n) = o.sm80_block_n {
+        if n != 32 && n != 64 {
+            return Err(Error::invalid(
+                "sm80_block_n",
+                format!("sm80_block_n must be 32 or 64, got {n}"),
+            ));
+        }
+        if o.softcap > 0.0 || !(65..=128).contains(&d) {
+            return Err(Error::invalid(
+                "sm80_block_n",
+                format!(
+                    "sm80_block_n applies to head dims 65..=128 without softcap, got D = {d}, softcap {}",
+                    o.softcap
+                ),
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -392,7 +408,12 @@ impl AttentionPlan {
             }
             _ => {
                 let d = compiled_head_dim(problem.head_dim);
-                (d, sm80_tiles(d, options.softcap > 0.0, ctx.info().max_shared_per_sm))
+                let shared_per_sm = match options.sm80_block_n {
+                    Some(64) => u32::MAX, // forced: the tiling of GPUs with room for two 96 KiB CTAs
+                    Some(_) => 0,         // forced: 32 keys
+                    None => ctx.info().max_shared_per_sm,
+                };
+                (d, sm80_tiles(d, options.softcap > 0.0, shared_per_sm))
             }
         };
         let q_tiles = problem.seqlen_q.div_ceil(block_m as usize).max(1);
@@ -863,9 +884,10 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
         (false, true, true),
         (true, true, true),
     ];
-    // `tiles(softcap)` lists the tilings a variant may get (the Ampere kernel's depend on the
-    // GPU's shared memory per SM: that of the arch's GPUs, or both choices for an arch not
-    // listed in shared_per_sm_of).
+    // `tiles(softcap)` lists the tilings a variant may get. The Ampere kernel's depend on the
+    // GPU's shared memory per SM: the one the arch's GPUs take (both for an arch not listed in
+    // shared_per_sm_of), plus the 32-key tiling that AttentionOptions::sm80_block_n can force
+    // on any GPU (tests and benchmarks of the smaller GPUs' tiling on a Hopper).
     let mut push = |path, dtype, head_dim, tiles: &dyn Fn(bool) -> Vec<(u32, u32, u32, u32)>| {
         for (masked, softcap, split) in flags {
             for (block_m, block_n, threads, stages) in tiles(softcap) {
@@ -889,18 +911,12 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
     };
     for dtype in [DType::F16, DType::BF16] {
         for head_dim in (32..=256).step_by(32) {
-            push(
-                AttentionPath::Sm80,
-                dtype,
-                head_dim,
-                &|softcap| match shared_per_sm_of(arch) {
-                    Some(shared) => vec![sm80_tiles(head_dim, softcap, shared)],
-                    None => vec![
-                        sm80_tiles(head_dim, softcap, 0),
-                        sm80_tiles(head_dim, softcap, u32::MAX),
-                    ],
-                },
-            );
+            push(AttentionPath::Sm80, dtype, head_dim, &|softcap| {
+                vec![
+                    sm80_tiles(head_dim, softcap, 0),
+                    sm80_tiles(head_dim, softcap, shared_per_sm_of(arch).unwrap_or(u32::MAX)),
+                ]
+            });
         }
         if arch.major == 9 && arch.minor == 0 {
             for head_dim in (64..=256).step_by(64) {
@@ -986,13 +1002,15 @@ mod tests {
                 }
             }
         }
-        // The 64-key D <= 128 tile is compiled in CI for Hopper, where the plan takes it.
-        let wide_on = |arch| {
+        // The 64-key D <= 128 tile is compiled in CI for Hopper, where the plan takes it; the
+        // 32-key one for every arch (sm80_block_n forces it on Hopper).
+        let tile_on = |arch, block_n| {
             ci_variants_for(arch)
                 .iter()
-                .any(|v| v.path == AttentionPath::Sm80 && v.block_n == 64 && v.head_dim == 128)
+                .any(|v| v.path == AttentionPath::Sm80 && v.block_n == block_n && v.head_dim == 128 && !v.softcap)
         };
-        assert!(wide_on(Arch::SM90) && !wide_on(Arch::SM80) && !wide_on(Arch::SM86));
+        assert!(tile_on(Arch::SM90, 64) && !tile_on(Arch::SM80, 64) && !tile_on(Arch::SM86, 64));
+        assert!(Arch::CI_TARGETS.iter().all(|&a| tile_on(a, 32)));
         let wide = Variant {
             path: AttentionPath::Sm80,
             dtype: DType::F16,

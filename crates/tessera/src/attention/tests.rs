@@ -331,6 +331,24 @@ fn option_rules() {
             "{e}"
         );
     }
+    let keys = |n, softcap| AttentionOptions {
+        sm80_block_n: Some(n),
+        softcap,
+        ..ok
+    };
+    for d in [65, 80, 128] {
+        validate_options(&keys(32, 0.0), d).unwrap();
+        validate_options(&keys(64, 0.0), d).unwrap();
+    }
+    let e = err_text(validate_options(&keys(48, 0.0), 128));
+    assert!(e.contains("sm80_block_n") && e.contains("32 or 64"), "{e}");
+    for (d, softcap) in [(64, 0.0), (136, 0.0), (128, 30.0)] {
+        let e = err_text(validate_options(&keys(32, softcap), d));
+        assert!(
+            e.contains("sm80_block_n") && e.contains("65..=128 without softcap"),
+            "{e}"
+        );
+    }
     validate_options(
         &AttentionOptions {
             num_splits: Some(MAX_SPLITS),

@@ -81,6 +81,8 @@ pub struct Case {
     pub softcap: f32,
     pub scale: Option<f32>,
     pub num_splits: Option<usize>,
+    /// The Ampere kernel's forced key tile (AttentionOptions::sm80_block_n).
+    pub sm80_block_n: Option<u32>,
     pub return_lse: bool,
 }
 
@@ -104,6 +106,7 @@ impl Default for Case {
             softcap: 0.0,
             scale: None,
             num_splits: None,
+            sm80_block_n: None,
             return_lse: true,
         }
     }
@@ -158,6 +161,9 @@ impl Case {
             Some(n) => s += &format!(" splits{n}"),
             None => s += " splits-auto",
         }
+        if let Some(n) = self.sm80_block_n {
+            s += &format!(" keys{n}");
+        }
         if self.return_lse {
             s += " lse";
         }
@@ -178,7 +184,8 @@ impl Case {
             "D": self.head_dim, "lengths": self.lengths, "layout": format!("{:?}", self.layout),
             "storage": self.storage.name(), "out_padded": self.out_padded, "causal": self.causal,
             "window": [self.window.0, self.window.1], "softcap": self.softcap, "scale": self.scale,
-            "num_splits": self.num_splits, "return_lse": self.return_lse,
+            "num_splits": self.num_splits, "sm80_block_n": self.sm80_block_n,
+            "return_lse": self.return_lse,
         })
     }
 
@@ -193,6 +200,7 @@ impl Case {
             return_lse: self.return_lse,
             path: self.path,
             num_splits: self.num_splits,
+            sm80_block_n: self.sm80_block_n,
         }
     }
 
@@ -622,6 +630,55 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
         },
         true,
     ));
+
+    // The Ampere kernel's 32-key tiling for 64 < D <= 128 (what GPUs with less shared memory
+    // per SM than Hopper run, e.g. A100, sm_86, sm_89), forced on this GPU: lazy rescaling with
+    // and without a mask, large scales (late max moves), GQA, splits, varlen.
+    if path == AttentionPath::Sm80 {
+        let keys32 = Case {
+            sm80_block_n: Some(32),
+            head_dim: 128,
+            ..base.clone()
+        };
+        for (i, c) in [
+            Case {
+                heads_q: 8,
+                heads_kv: 2,
+                seqlen_q: 1000,
+                seqlen_k: 1000,
+                causal: true,
+                ..keys32.clone()
+            },
+            Case {
+                dtype: DType::BF16,
+                head_dim: 80,
+                seqlen_q: 255,
+                seqlen_k: 700,
+                window: (64, 0),
+                num_splits: Some(3),
+                ..keys32.clone()
+            },
+            Case {
+                seqlen_q: 255,
+                seqlen_k: 255,
+                causal: true,
+                scale: Some(1.0),
+                ..keys32.clone()
+            },
+            Case {
+                dtype: DType::BF16,
+                batch: 4,
+                lengths: Some(vec![(300, 300), (0, 5), (17, 400), (128, 128)]),
+                causal: true,
+                ..keys32.clone()
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            v.push((c, i == 2));
+        }
+    }
 
     // Softcap with a mask and no split (a distinct compiled variant: the cases above let the
     // plan split these small problems), and softcap with splits but no mask.
