@@ -99,6 +99,11 @@ pub struct AttentionOptions {
     /// a tiling CI does not compile for those GPUs). An error elsewhere (other head dims,
     /// softcap, other values); the Hopper kernel ignores it.
     pub sm80_block_n: Option<u32>,
+    /// Batch-heads per section of the Ampere kernel's work order: `None` lets the plan choose
+    /// ([`plan::sm80_head_group`]: sections only where a head's K/V exceeds a quarter of L2);
+    /// `Some(n)` (n >= 1) forces sections of n, for tests and benchmarks. The Hopper kernel
+    /// ignores it.
+    pub sm80_heads_per_section: Option<usize>,
 }
 
 impl Default for AttentionOptions {
@@ -113,6 +118,7 @@ impl Default for AttentionOptions {
             path: AttentionPath::Auto,
             num_splits: None,
             sm80_block_n: None,
+            sm80_heads_per_section: None,
         }
     }
 }

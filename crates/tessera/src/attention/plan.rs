@@ -280,19 +280,30 @@ pub fn shared_per_sm_of(arch: Arch) -> Option<u32> {
     }
 }
 
-/// Batch-heads per section of the Ampere kernel's work order (flash_sm80.cu, `work_tile`): the
-/// fewest that give a section at least four times the CTAs the GPU holds at once
-/// (`resident_ctas`), so that within a section the longest causal tiles start first and the
-/// next section fills in behind them, while the CTAs running together read the K/V of few
-/// heads and L2 serves it to many of them. With as few query tiles as 4 * resident / heads or
-/// fewer, one section: every head's same query tile together, globally longest first.
-/// H200, causal fp16 B=1 H=32 D=128 N = 32768 (bench/NOTES.md run 33): sections of 4-8 heads
-/// 23.5 ms against 24.4 with one section (L2 hits 96% against 63%); sections that hold less
-/// than two waves lose up to 40% at N = 2048.
-pub fn sm80_head_group(batch_heads: usize, q_tiles: usize, resident_ctas: usize) -> usize {
-    (4 * resident_ctas.max(1))
-        .div_ceil(q_tiles.max(1))
-        .clamp(1, batch_heads.max(1))
+/// Batch-heads per section of the Ampere kernel's work order (flash_sm80.cu, `work_tile`).
+/// Where one head's K and V (`kv_bytes_per_head`) exceed a quarter of L2, the CTAs that run
+/// every head's same query tile together drift apart along their heads' keys faster than L2
+/// keeps them: then sections of the fewest heads that hold at least four times the CTAs the GPU
+/// holds at once (`resident_ctas`), so that within a section the longest causal tiles start
+/// first and the next section fills in behind them, while the CTAs running together read the
+/// K/V of few heads and L2 serves it to many of them. Otherwise (and with as few query tiles as
+/// 4 * resident / heads or fewer) one section: every head's same query tile together, globally
+/// longest first. H200, causal fp16 B=1 H=32 D=128 (bench/NOTES.md runs 33 and 40): N = 32768
+/// (16 MiB of K/V per head) 23.5-23.9 ms with sections of 4-8 heads against 24.3-24.4 with one
+/// (L2 hits 96% against 63%); N = 16384 (8 MiB) 5.64 ms with one section against 5.8-6.0 with
+/// 9 heads; sections of less than two waves lose up to 40% at N = 2048.
+pub fn sm80_head_group(
+    batch_heads: usize,
+    q_tiles: usize,
+    resident_ctas: usize,
+    kv_bytes_per_head: usize,
+    l2_bytes: usize,
+) -> usize {
+    let heads = batch_heads.max(1);
+    if kv_bytes_per_head.saturating_mul(4) <= l2_bytes {
+        return heads;
+    }
+    (4 * resident_ctas.max(1)).div_ceil(q_tiles.max(1)).clamp(1, heads)
 }
 
 /// A plan: the kernels, the split count and the workspace for one problem.
@@ -357,6 +368,12 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
                 format!("num_splits must be 1..={MAX_SPLITS}, got {s}"),
             ));
         }
+    }
+    if o.sm80_heads_per_section == Some(0) {
+        return Err(Error::invalid(
+            "sm80_heads_per_section",
+            "sm80_heads_per_section must be >= 1, got 0",
+        ));
     }
     if let Some(n) = o.sm80_block_n {
         if n != 32 && n != 64 {
@@ -495,7 +512,11 @@ impl AttentionPlan {
             _ => {
                 let resident = kernel.max_active_blocks_per_sm(ctx, threads, variant.shared_bytes())? as usize
                     * ctx.info().sm_count as usize;
-                sm80_head_group(bh, q_tiles, resident)
+                let kv_bytes = 2 * problem.seqlen_k * problem.head_dim * problem.dtype.size();
+                match options.sm80_heads_per_section {
+                    Some(n) => n.min(bh.max(1)),
+                    None => sm80_head_group(bh, q_tiles, resident, kv_bytes, ctx.info().l2_bytes as usize),
+                }
             }
         };
         let scheduler = match path {
@@ -953,13 +974,16 @@ mod tests {
     /// section when a head has few query tiles.
     #[test]
     fn sm80_head_group_sizes_sections_by_waves() {
-        // H200: 132 SMs x 2 CTAs; B = 1, H = 32
-        assert_eq!(sm80_head_group(32, 256, 264), 5); // N = 32768: 5 heads x 256 tiles >= 4 x 264
-        assert_eq!(sm80_head_group(32, 128, 264), 9);
-        assert_eq!(sm80_head_group(32, 32, 264), 32); // N = 4096: one section
-        assert_eq!(sm80_head_group(128, 32, 264), 33); // GQA B = 4, H = 32: 33 + 33 + 33 + 29
-        assert_eq!(sm80_head_group(0, 1, 0), 1);
-        assert_eq!(sm80_head_group(7, 1_000_000, 264), 1);
+        // H200: 132 SMs x 2 CTAs, 60 MiB of L2; B = 1, H = 32, D = 128, fp16
+        let l2 = 60 << 20;
+        let kv = |n: usize| 2 * n * 128 * 2;
+        assert_eq!(sm80_head_group(32, 256, 264, kv(32768), l2), 5); // 5 heads x 256 tiles >= 4 x 264
+        assert_eq!(sm80_head_group(32, 128, 264, kv(16384), l2), 32); // 8 MiB per head: one section
+        assert_eq!(sm80_head_group(32, 128, 264, kv(16384), 30 << 20), 9); // a smaller L2
+        assert_eq!(sm80_head_group(32, 32, 264, kv(65536), l2), 32); // few query tiles: one section
+        assert_eq!(sm80_head_group(128, 32, 264, kv(65536), l2), 33); // 33 + 33 + 33 + 29
+        assert_eq!(sm80_head_group(0, 1, 0, 1 << 40, l2), 1);
+        assert_eq!(sm80_head_group(7, 1_000_000, 264, 1 << 40, l2), 1);
     }
 
     /// A mirror of flash_sm80.cu's `work_tile`: every (batch-head, tile) pair exactly once, each

@@ -340,6 +340,14 @@ fn option_rules() {
         validate_options(&keys(32, 0.0), d).unwrap();
         validate_options(&keys(64, 0.0), d).unwrap();
     }
+    let e = err_text(validate_options(
+        &AttentionOptions {
+            sm80_heads_per_section: Some(0),
+            ..ok
+        },
+        64,
+    ));
+    assert!(e.contains("sm80_heads_per_section") && e.contains(">= 1"), "{e}");
     let e = err_text(validate_options(&keys(48, 0.0), 128));
     assert!(e.contains("sm80_block_n") && e.contains("32 or 64"), "{e}");
     for (d, softcap) in [(64, 0.0), (136, 0.0), (128, 30.0)] {

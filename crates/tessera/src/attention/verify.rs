@@ -83,6 +83,8 @@ pub struct Case {
     pub num_splits: Option<usize>,
     /// The Ampere kernel's forced key tile (AttentionOptions::sm80_block_n).
     pub sm80_block_n: Option<u32>,
+    /// The Ampere kernel's forced work-order sections (AttentionOptions::sm80_heads_per_section).
+    pub sm80_heads_per_section: Option<usize>,
     pub return_lse: bool,
 }
 
@@ -107,6 +109,7 @@ impl Default for Case {
             scale: None,
             num_splits: None,
             sm80_block_n: None,
+            sm80_heads_per_section: None,
             return_lse: true,
         }
     }
@@ -164,6 +167,9 @@ impl Case {
         if let Some(n) = self.sm80_block_n {
             s += &format!(" keys{n}");
         }
+        if let Some(n) = self.sm80_heads_per_section {
+            s += &format!(" sections{n}");
+        }
         if self.return_lse {
             s += " lse";
         }
@@ -185,6 +191,7 @@ impl Case {
             "storage": self.storage.name(), "out_padded": self.out_padded, "causal": self.causal,
             "window": [self.window.0, self.window.1], "softcap": self.softcap, "scale": self.scale,
             "num_splits": self.num_splits, "sm80_block_n": self.sm80_block_n,
+            "sm80_heads_per_section": self.sm80_heads_per_section,
             "return_lse": self.return_lse,
         })
     }
@@ -201,6 +208,7 @@ impl Case {
             path: self.path,
             num_splits: self.num_splits,
             sm80_block_n: self.sm80_block_n,
+            sm80_heads_per_section: self.sm80_heads_per_section,
         }
     }
 
@@ -614,18 +622,48 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
         ));
     }
 
-    // Many heads over few query tiles: the Ampere kernel's work order then runs in sections of
-    // batch-heads with a shorter last one (H200: 352 + 32 of 384; plan.rs sm80_head_group).
+    // The Ampere kernel's work order in sections of batch-heads (forced: the plan takes them only
+    // for K/V longer than a quarter of L2 per head), with a shorter last section, a split grid
+    // and varlen sequences (the Hopper kernel ignores the option).
     v.push((
         Case {
-            dtype: DType::F16,
-            batch: 4,
-            heads_q: 96,
-            heads_kv: 12,
-            seqlen_q: 300,
-            seqlen_k: 300,
+            batch: 3,
+            heads_q: 16,
+            heads_kv: 4,
+            seqlen_q: 1000,
+            seqlen_k: 1000,
             head_dim: 128,
             causal: true,
+            sm80_heads_per_section: Some(5),
+            ..base.clone()
+        },
+        false,
+    ));
+    v.push((
+        Case {
+            dtype: DType::BF16,
+            batch: 2,
+            heads_q: 8,
+            heads_kv: 8,
+            seqlen_q: 200,
+            seqlen_k: 700,
+            head_dim: 96,
+            window: (100, 0),
+            num_splits: Some(2),
+            sm80_heads_per_section: Some(3),
+            ..base.clone()
+        },
+        false,
+    ));
+    v.push((
+        Case {
+            batch: 5,
+            lengths: Some(vec![(300, 300), (0, 0), (129, 260), (17, 17), (256, 300)]),
+            heads_q: 8,
+            heads_kv: 2,
+            head_dim: 128,
+            causal: true,
+            sm80_heads_per_section: Some(3),
             ..base.clone()
         },
         true,
