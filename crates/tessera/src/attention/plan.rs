@@ -255,9 +255,15 @@ pub fn compiled_head_dim(d: usize) -> u32 {
 ///
 /// Every choice keeps the shared memory within 96 KiB, so it also fits sm_86 / sm_89 (99 KiB).
 pub fn sm80_tiles(head_dim: u32, softcap: bool, shared_per_sm: u32) -> (u32, u32, u32, u32) {
+    sm80_tiles_keyed(head_dim, softcap, shared_per_sm >= SM80_WIDE_TILE_MIN_SHARED_PER_SM)
+}
+
+/// As [`sm80_tiles`], with the 64-key D <= 128 tile taken when `wide` (no softcap) instead of
+/// by the shared memory: what `AttentionOptions::sm80_block_n` forces.
+pub fn sm80_tiles_keyed(head_dim: u32, softcap: bool, wide: bool) -> (u32, u32, u32, u32) {
     match head_dim {
         0..=64 => (128, 64, 128, 3),
-        65..=128 if !softcap && shared_per_sm >= SM80_WIDE_TILE_MIN_SHARED_PER_SM => (128, 64, 128, 2),
+        65..=128 if !softcap && wide => (128, 64, 128, 2),
         65..=128 => (128, 32, 128, 3),
         _ => (64, 32, 128, 2),
     }
@@ -425,12 +431,12 @@ impl AttentionPlan {
             }
             _ => {
                 let d = compiled_head_dim(problem.head_dim);
-                let shared_per_sm = match options.sm80_block_n {
-                    Some(64) => u32::MAX, // forced: the tiling of GPUs with room for two 96 KiB CTAs
-                    Some(_) => 0,         // forced: 32 keys
-                    None => ctx.info().max_shared_per_sm,
+                let softcap = options.softcap > 0.0;
+                let tiles = match options.sm80_block_n {
+                    Some(n) => sm80_tiles_keyed(d, softcap, n == 64),
+                    None => sm80_tiles(d, softcap, ctx.info().max_shared_per_sm),
                 };
-                (d, sm80_tiles(d, options.softcap > 0.0, shared_per_sm))
+                (d, tiles)
             }
         };
         let q_tiles = problem.seqlen_q.div_ceil(block_m as usize).max(1);
@@ -934,8 +940,10 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
         for head_dim in (32..=256).step_by(32) {
             push(AttentionPath::Sm80, dtype, head_dim, &|softcap| {
                 vec![
-                    sm80_tiles(head_dim, softcap, 0),
-                    sm80_tiles(head_dim, softcap, shared_per_sm_of(arch).unwrap_or(u32::MAX)),
+                    sm80_tiles_keyed(head_dim, softcap, false),
+                    shared_per_sm_of(arch).map_or(sm80_tiles_keyed(head_dim, softcap, true), |shared| {
+                        sm80_tiles(head_dim, softcap, shared)
+                    }),
                 ]
             });
         }
