@@ -38,7 +38,8 @@ enum Command {
         /// A small case set (for compute-sanitizer).
         #[arg(long)]
         quick: bool,
-        /// Only cases whose name contains this text, case-insensitive (e.g. "sm80 bf16").
+        /// Only cases whose name contains this text, case-insensitive (e.g. "sm80 bf16"); a
+        /// trailing `$` anchors it at the end of the name.
         #[arg(long)]
         filter: Option<String>,
         /// Seed for the random inputs (default: $TESSERA_SEED, else time-based; always printed).
@@ -59,6 +60,10 @@ enum Command {
         /// Print every variant, not just the summary.
         #[arg(long)]
         verbose: bool,
+        /// Compile only kernels whose name contains every given text, case-insensitive (e.g.
+        /// `--filter hopper --filter d128`); a trailing `$` anchors one at the end of the name.
+        #[arg(long)]
+        filter: Vec<String>,
     },
     /// Times operators against their baselines (CUDA events, median of 7 groups).
     Bench {
@@ -73,7 +78,8 @@ enum Command {
         /// Also run the Python baselines (torch, ...) on the same shapes in this run.
         #[arg(long)]
         baselines: bool,
-        /// Only cases whose name contains this text (e.g. "fp16 32768x128").
+        /// Only cases whose name contains this text, case-insensitive (e.g. "fp16 32768x128"); a
+        /// trailing `$` anchors it at the end of the name ("D128 tessera$": not tessera-sm80).
         #[arg(long)]
         filter: Option<String>,
         #[arg(long)]
@@ -100,7 +106,12 @@ fn main() -> ExitCode {
             device,
         }) => with_device(device)
             .and_then(|ctx| verify(&ctx, &ops, quick, filter.as_deref(), seed).map(|failed| failed == 0)),
-        Some(Command::Compile { ops, arch, verbose }) => compile(&ops, &arch, verbose),
+        Some(Command::Compile {
+            ops,
+            arch,
+            verbose,
+            filter,
+        }) => compile(&ops, &arch, verbose, &filter),
         Some(Command::ServeSim(args)) => serve_sim::run(&args, &command_line),
         Some(Command::Bench {
             ops,
@@ -221,7 +232,7 @@ fn info() -> CliResult<bool> {
     Ok(true)
 }
 
-fn compile(ops: &[String], arch: &[String], verbose: bool) -> CliResult<bool> {
+fn compile(ops: &[String], arch: &[String], verbose: bool, filter: &[String]) -> CliResult<bool> {
     use rayon::prelude::*;
     use tessera::runtime::{compile_only, Arch};
     let ops = ops::select(ops)?;
@@ -245,6 +256,7 @@ fn compile(ops: &[String], arch: &[String], verbose: bool) -> CliResult<bool> {
         let jobs: Vec<_> = archs
             .iter()
             .flat_map(|&a| ops::kernel_specs(op, a).into_iter().map(move |s| (s, a)))
+            .filter(|(s, _)| filter.iter().all(|f| matches_filter(&s.name, Some(f))))
             .collect();
         let pb = progress(jobs.len(), &format!("compile {op}"));
         let t = Instant::now();
@@ -303,9 +315,15 @@ fn progress(n: usize, what: &str) -> ProgressBar {
     pb
 }
 
-/// True when `name` contains `filter`, ignoring case (no filter matches everything).
+/// True when `name` contains `filter`, ignoring case (no filter matches everything); a filter
+/// ending in `$` must match the end of the name.
 fn matches_filter(name: &str, filter: Option<&str>) -> bool {
-    filter.is_none_or(|f| name.to_lowercase().contains(&f.to_lowercase()))
+    let Some(f) = filter else { return true };
+    let (name, f) = (name.to_lowercase(), f.to_lowercase());
+    match f.strip_suffix('$') {
+        Some(tail) => name.ends_with(tail),
+        None => name.contains(&f),
+    }
 }
 
 /// Returns the number of failed cases (skipped cases are neither passed nor failed).

@@ -32,6 +32,7 @@ pub const DEVICE_HEADERS: &[(&str, &str)] = &[
     ("tessera/math.cuh", include_str!("../cuda/math.cuh")),
     ("tessera/online_softmax.cuh", include_str!("../cuda/online_softmax.cuh")),
     ("tessera/cluster.cuh", include_str!("../cuda/cluster.cuh")),
+    ("tessera/memory_order.cuh", include_str!("../cuda/memory_order.cuh")),
     ("tessera/async_copy.cuh", include_str!("../cuda/async_copy.cuh")),
     ("tessera/mbarrier.cuh", include_str!("../cuda/mbarrier.cuh")),
     ("tessera/tma.cuh", include_str!("../cuda/tma.cuh")),

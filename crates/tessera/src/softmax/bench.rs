@@ -118,7 +118,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
 /// `cluster-pipe`), in both dtypes, so one run compares them side by side.
 pub fn tuning_cases() -> Vec<BenchCase> {
     let warp = [SoftmaxPath::WarpPerRow, SoftmaxPath::WarpNc, SoftmaxPath::WarpV2];
-    let cluster = [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe];
+    let cluster = [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe, SoftmaxPath::SplitRow];
     let shapes: [(usize, usize, SoftmaxKind, &[SoftmaxPath]); 6] = [
         (32768, 128, SoftmaxKind::Softmax, &warp),
         (32768, 1024, SoftmaxKind::Softmax, &warp),

@@ -7,7 +7,8 @@
 //! | [`SoftmaxPath::BlockCached`] | cols * 4 B fits the opt-in shared memory and a CTA fits on an SM | 128..1024 threads, one row at a time | shared memory (f32) |
 //! | [`SoftmaxPath::BlockUncached`] | anything longer | 1024 threads, one row at a time | nowhere: read twice |
 //! | [`SoftmaxPath::Cluster`] | rows over 32 KB: on one CTA up to 128 KB, else on a cluster whose shares fit 64 KB (sm_90) | 512/1024 threads, 1..8 CTAs per row | shared memory (input dtype) |
-//! | [`SoftmaxPath::ClusterPipe`] | rows of 256 KB and more whose cluster shares fit in shared memory (sm_90) | as Cluster, one wave; the store pass refills the share with the next row | shared memory (input dtype) |
+//! | [`SoftmaxPath::ClusterPipe`] | rows of 256 KB up to 512 KB whose cluster shares fit in shared memory (sm_90) | as Cluster, one wave; the store pass refills the share with the next row | shared memory (input dtype) |
+//! | [`SoftmaxPath::SplitRow`] | rows of 512 KB and more (2..32 shares of <= 64 KB, sm_90) | 512 threads, one wave of resident CTAs in groups of one row's CTAs; state exchanged through global memory | shared memory (input dtype) |
 //!
 //! Forced only (measured side by side against the dispatched kernels, see the bench):
 //! [`SoftmaxPath::WarpNc`] (warp path with loads that keep the default L2 policy).
@@ -16,12 +17,15 @@
 //! CTAs. Vector (16-byte) accesses are used when the row starts, strides and cols allow them;
 //! otherwise a scalar variant, compiled in the same plan, takes the call.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use super::{SoftmaxKind, SoftmaxOptions, SoftmaxShape};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::runtime::{Context, Kernel, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut};
+use crate::runtime::{
+    Context, DeviceBuffer, Kernel, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut,
+};
 
 /// The kernel source: all three paths, one compiled per variant.
 pub const SOURCE: &str = include_str!("softmax.cu");
@@ -56,6 +60,12 @@ pub enum SoftmaxPath {
     /// (same shared memory). Falls back to the plain schedule for unaligned calls. Auto takes it
     /// for cluster rows of 256 KB and more.
     ClusterPipe,
+    /// The pipelined schedule of [`SoftmaxPath::ClusterPipe`] with a row split across 2..32 CTAs
+    /// that are not a hardware cluster: each caches its share (at most 64 KB) in shared memory and
+    /// the CTAs of a row exchange their (max, sum) states through global memory (release /
+    /// acquire flags). One wave of resident CTAs, every SM usable (no GPC placement). Needs
+    /// 16-byte aligned rows (else the call takes the block-uncached kernel) and sm_70+.
+    SplitRow,
 }
 
 impl SoftmaxPath {
@@ -69,10 +79,11 @@ impl SoftmaxPath {
             SoftmaxPath::WarpNc => "warp-nc",
             SoftmaxPath::WarpV2 => "warp-v2",
             SoftmaxPath::ClusterPipe => "cluster-pipe",
+            SoftmaxPath::SplitRow => "split-row",
         }
     }
     /// Every path, `Auto` first.
-    pub const ALL: [SoftmaxPath; 8] = [
+    pub const ALL: [SoftmaxPath; 9] = [
         Self::Auto,
         Self::WarpPerRow,
         Self::BlockCached,
@@ -81,6 +92,7 @@ impl SoftmaxPath {
         Self::WarpNc,
         Self::WarpV2,
         Self::ClusterPipe,
+        Self::SplitRow,
     ];
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|p| p.name() == s)
@@ -89,9 +101,9 @@ impl SoftmaxPath {
     pub fn is_warp(self) -> bool {
         matches!(self, Self::WarpPerRow | Self::WarpNc | Self::WarpV2)
     }
-    /// A cluster kernel (`softmax_cluster.cu`, either schedule).
+    /// A kernel of `softmax_cluster.cu` (either schedule, hardware cluster or split row).
     pub fn is_cluster(self) -> bool {
-        matches!(self, Self::Cluster | Self::ClusterPipe)
+        matches!(self, Self::Cluster | Self::ClusterPipe | Self::SplitRow)
     }
     /// `kWarpTuning` of softmax.cu: 0 for every path but the warp tunings.
     fn warp_tuning(self) -> u32 {
@@ -106,7 +118,7 @@ impl SoftmaxPath {
             SoftmaxPath::WarpPerRow | SoftmaxPath::WarpNc | SoftmaxPath::WarpV2 => 0,
             SoftmaxPath::BlockCached => 1,
             SoftmaxPath::BlockUncached => 2,
-            SoftmaxPath::Cluster | SoftmaxPath::ClusterPipe | SoftmaxPath::Auto => {
+            SoftmaxPath::Cluster | SoftmaxPath::ClusterPipe | SoftmaxPath::SplitRow | SoftmaxPath::Auto => {
                 unreachable!("not a softmax.cu path")
             }
         }
@@ -169,7 +181,7 @@ pub struct Variant {
     pub rows_per_warp: u32,
     /// Warp path: lanes per row (1..32, a power of two).
     pub warp_width: u32,
-    /// Cluster path: CTAs per row (1, 2, 4 or 8).
+    /// Cluster path: CTAs per row (1, 2, 4 or 8; split-row: 2..=32).
     pub cluster: u32,
     /// Cluster path: output elements per vector store (1 = scalar).
     pub out_pack: u32,
@@ -179,7 +191,7 @@ impl Variant {
     /// Whether this variant runs the pipelined cluster schedule: it needs 16-byte copies, so
     /// the scalar variant of [`SoftmaxPath::ClusterPipe`] is the plain one.
     fn pipelined(&self) -> bool {
-        self.path == SoftmaxPath::ClusterPipe && self.pack > 1
+        matches!(self.path, SoftmaxPath::ClusterPipe | SoftmaxPath::SplitRow) && self.pack > 1
     }
 
     /// The kernel spec (name, preamble) of this variant.
@@ -238,7 +250,7 @@ impl Variant {
 
     fn cluster_spec(&self) -> KernelSpec {
         let name = format!(
-            "softmax_{}_{}_{}_cluster_t{}_p{}_o{}_k{}{}",
+            "softmax_{}_{}_{}_cluster_t{}_p{}_o{}_k{}{}{}",
             self.kind.name(),
             self.in_dtype,
             self.out_dtype,
@@ -246,13 +258,19 @@ impl Variant {
             self.pack,
             self.out_pack,
             self.cluster,
-            if self.pipelined() { "_pipe" } else { "" }
+            if self.pipelined() { "_pipe" } else { "" },
+            if self.path == SoftmaxPath::SplitRow {
+                "_split"
+            } else {
+                ""
+            }
         );
         let preamble = format!(
             "#include \"tessera/dtype.cuh\"\n\
              using InT = {};\nusing OutT = {};\nconstexpr bool kLogSoftmax = {};\n\
              constexpr int kBlockThreads = {};\nconstexpr int kPack = {};\nconstexpr int kOutPack = {};\n\
-             constexpr int kCluster = {};\nconstexpr bool kPipeline = {};\n#define TS_GENERATED_PREAMBLE 1\n",
+             constexpr int kCluster = {};\nconstexpr bool kPipeline = {};\nconstexpr bool kGlobalExchange = {};\n\
+             #define TS_GENERATED_PREAMBLE 1\n",
             self.in_dtype.cuda_type(),
             self.out_dtype.cuda_type(),
             self.kind == SoftmaxKind::LogSoftmax,
@@ -260,7 +278,8 @@ impl Variant {
             self.pack,
             self.out_pack,
             self.cluster,
-            self.pipelined()
+            self.pipelined(),
+            self.path == SoftmaxPath::SplitRow
         );
         KernelSpec {
             name,
@@ -343,17 +362,24 @@ const _: () = assert!(std::mem::size_of::<SoftmaxParams>() == 56);
 // (two pointers, four 64-bit integers, two floats).
 unsafe impl KernelParams for SoftmaxParams {}
 
-/// The parameter struct of `softmax_cluster.cu` (`SoftmaxClusterParams`, 64 bytes).
+/// The parameter struct of `softmax_cluster.cu` (`SoftmaxClusterParams`, 80 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct SoftmaxClusterParams {
     pub base: SoftmaxParams,
     pub chunk: i64,
+    /// Split-row path: the exchange slots (`ExchangeSlot`, 16 bytes; two per CTA), else 0.
+    pub exchange: u64,
+    /// Split-row path: this launch's number (the high half of the slot tags), else 0.
+    pub launch: u64,
 }
-const _: () = assert!(std::mem::size_of::<SoftmaxClusterParams>() == 64);
+const _: () = assert!(std::mem::size_of::<SoftmaxClusterParams>() == 80);
 // SAFETY: #[repr(C)]: SoftmaxParams (56 bytes, the same fields in the same order as the kernel's
-// struct) followed by one 64-bit integer, as `struct SoftmaxClusterParams` declares.
+// struct) followed by three 64-bit integers, as `struct SoftmaxClusterParams` declares.
 unsafe impl KernelParams for SoftmaxClusterParams {}
+
+/// Bytes of one split-row exchange slot (`ExchangeSlot` in softmax_cluster.cu).
+const EXCHANGE_SLOT_BYTES: usize = 16;
 
 /// A planned softmax: the dispatch decision and compiled kernels for one [`SoftmaxShape`].
 /// Make it once, run it many times; `run` allocates nothing.
@@ -361,6 +387,12 @@ pub struct SoftmaxPlan {
     ctx: Context,
     shape: SoftmaxShape,
     opts: SoftmaxOptions,
+    /// The path chosen (a split-row plan's scalar variant runs the block-uncached kernel).
+    path: SoftmaxPath,
+    /// Split-row path: the exchange slots of the grid (zeroed once; tags carry the launch).
+    exchange: Option<DeviceBuffer<u8>>,
+    /// Split-row path: launches so far (wrapping; only consecutive launches must differ).
+    launches: AtomicU32,
     /// The 16-byte variant, when the shape allows one.
     vector: Option<Launchable>,
     /// The scalar variant, used when a call's pointers are not 16-byte aligned.
@@ -415,6 +447,13 @@ impl SoftmaxPlan {
             )
             .is_some();
         let row_bytes = shape.cols * shape.in_dtype.size();
+        // Split rows where hardware clusters exist (measured there) and the input has 16-byte
+        // packs; the shares must fit an SM (checked again when the kernel's occupancy is known).
+        let split_auto = max_cluster(ctx) > 1
+            && pi > 1
+            && split_row_shape(shape.cols, shape.in_dtype.size(), pi as usize, SPLIT_SHARE_BYTES).is_some_and(
+                |(_, chunk)| chunk * shape.in_dtype.size() + 1024 <= info.max_shared_per_block_optin as usize,
+            );
         let path = match opts.path {
             SoftmaxPath::Auto if shape.cols <= WARP_MAX_COLS => {
                 // rows of at most 32 input bytes per lane take the prefetching warp kernel
@@ -425,6 +464,7 @@ impl SoftmaxPlan {
                     SoftmaxPath::WarpPerRow
                 }
             }
+            SoftmaxPath::Auto if row_bytes > SPLIT_MIN_ROW_BYTES && split_auto => SoftmaxPath::SplitRow,
             SoftmaxPath::Auto if row_bytes > CLUSTER_MIN_ROW_BYTES && cluster_auto => {
                 if row_bytes >= CLUSTER_PIPE_MIN_ROW_BYTES {
                     SoftmaxPath::ClusterPipe
@@ -450,7 +490,7 @@ impl SoftmaxPlan {
                     shape.cols, info.max_shared_per_block_optin
                 )))
             }
-            p if p.is_cluster() && !cluster_ok => {
+            p if p.is_cluster() && p != SoftmaxPath::SplitRow && !cluster_ok => {
                 return Err(Error::Unsupported(format!(
                     "the cluster path needs row strides that are multiples of 16 bytes and a row that {} CTAs \
                      can hold in shared memory; got {} columns with strides {}/{}",
@@ -483,10 +523,30 @@ impl SoftmaxPlan {
         } else {
             None
         };
+        if plan_path == SoftmaxPath::SplitRow && vector.is_none() {
+            return Err(Error::Unsupported(format!(
+                "the split-row path needs 16-byte input packs (row stride a multiple of {} elements) and a \
+                 row that at most {SPLIT_MAX_CTAS} resident CTAs can hold; got {} columns with stride {}",
+                pack_of(shape.in_dtype),
+                shape.cols,
+                shape.in_stride
+            )));
+        }
+        let exchange = match &vector {
+            Some(v) if v.variant.path == SoftmaxPath::SplitRow => {
+                let mut b = ctx.alloc::<u8>(2 * v.cfg.grid.0 as usize * EXCHANGE_SLOT_BYTES)?;
+                b.fill_bytes(0)?;
+                Some(b)
+            }
+            _ => None,
+        };
         Ok(SoftmaxPlan {
             ctx: ctx.clone(),
             shape: *shape,
             opts: *opts,
+            path: plan_path,
+            exchange,
+            launches: AtomicU32::new(0),
             vector,
             scalar,
         })
@@ -494,7 +554,7 @@ impl SoftmaxPlan {
 
     /// The path the plan chose.
     pub fn path(&self) -> SoftmaxPath {
-        self.scalar.variant.path
+        self.path
     }
 
     /// The variant used for 16-byte aligned calls (the scalar one otherwise).
@@ -586,12 +646,31 @@ impl SoftmaxPlan {
             scale: self.opts.scale,
         };
         if l.variant.path.is_cluster() {
+            let split = l.variant.path == SoftmaxPath::SplitRow;
+            let exchange = match (&self.exchange, split) {
+                (Some(b), true) => b.device_ptr(),
+                (None, true) => {
+                    return Err(Error::Unsupported(
+                        "internal: a split-row plan without its exchange slots".into(),
+                    ))
+                }
+                _ => 0,
+            };
             let cp = SoftmaxClusterParams {
                 base: params,
                 chunk: l.chunk as i64,
+                exchange,
+                launch: if split {
+                    u64::from(self.launches.fetch_add(1, Ordering::Relaxed).wrapping_add(1))
+                } else {
+                    0
+                },
             };
             // SAFETY: as below; every CTA of a cluster touches only its share of each row
-            // (columns [rank * chunk, (rank + 1) * chunk) clipped to cols).
+            // (columns [rank * chunk, (rank + 1) * chunk) clipped to cols); split-row CTAs also
+            // their two exchange slots (2 * grid slots allocated for this launch geometry) and
+            // read those of their row's CTAs, which are resident in the same wave (the grid is
+            // at most one wave of resident CTAs).
             return unsafe { l.kernel.launch(&self.ctx, l.cfg, &cp) };
         }
         // SAFETY: the views were bounds-checked against their buffers when made (every row of
@@ -705,6 +784,70 @@ fn build_cluster(
     }))
 }
 
+/// Split-row path: input bytes a CTA's share aims for, and its threads (three CTAs per SM).
+/// H200, bench/NOTES.md run 46: 64 KB / 512 threads 3311 GB/s on fp32 256 x 262144 against
+/// 3193 with 32 KB / 256 and 2777-2809 on cluster-pipe (8 CTAs of 128 KB, the cluster limit).
+const SPLIT_SHARE_BYTES: usize = 64 * 1024;
+const SPLIT_THREADS: u32 = 512;
+/// Rows of more than this many input bytes take [`SoftmaxPath::SplitRow`] on GPUs with clusters:
+/// a hardware cluster (at most 8 CTAs) holds them only in shares over 64 KB (one 1024-thread CTA
+/// per SM). H200, bench/NOTES.md run 46: fp32 256 x 262144 (1 MB rows) 3311 GB/s against 2777
+/// on cluster-pipe; at 512 KB the two are level within 3% either way (fp32 1024 x 131072 +3%,
+/// fp16 256 x 262144 -3%), so rows up to 8 shares of 64 KB keep the hardware cluster.
+const SPLIT_MIN_ROW_BYTES: usize = 8 * CLUSTER_TARGET_SHARE_BYTES;
+/// Most CTAs a split row spreads over (`kCluster` of the split-row kernel).
+pub const SPLIT_MAX_CTAS: u32 = 32;
+
+/// (CTAs per row, columns per CTA) of the split-row path: shares of at most `share_bytes`
+/// input bytes (larger ones past [`SPLIT_MAX_CTAS`] CTAs), a multiple of `align` elements;
+/// `None` for a row one CTA's share holds.
+pub fn split_row_shape(cols: usize, in_size: usize, align: usize, share_bytes: usize) -> Option<(u32, usize)> {
+    let per = (share_bytes / in_size / align).max(1) * align;
+    let ctas = cols.div_ceil(per).min(SPLIT_MAX_CTAS as usize);
+    if ctas < 2 {
+        return None;
+    }
+    // Even shares (a multiple of the pack), then no CTA without columns.
+    let chunk = cols.div_ceil(ctas).div_ceil(align) * align;
+    Some((cols.div_ceil(chunk) as u32, chunk))
+}
+
+/// Compiles the split-row variant (16-byte packs) and sizes its grid: one wave of resident CTAs
+/// in groups of one row's CTAs, each group running an equal number of rows.
+fn build_split_row(ctx: &Context, shape: &SoftmaxShape, mut variant: Variant) -> Result<Option<Launchable>> {
+    let (pi, po) = cluster_packs(shape);
+    if pi == 1 {
+        return Ok(None);
+    }
+    let threads = SPLIT_THREADS;
+    let in_size = shape.in_dtype.size();
+    let Some((ctas, chunk)) = split_row_shape(shape.cols, in_size, pi as usize, SPLIT_SHARE_BYTES) else {
+        return Ok(None);
+    };
+    let smem = ((chunk * in_size).div_ceil(16) * 16) as u32;
+    variant.pack = pi;
+    variant.out_pack = po;
+    variant.cluster = ctas;
+    variant.cols_per_thread = 1;
+    variant.block_threads = threads;
+    let kernel = ctx.kernel(&variant.spec())?;
+    let resident = kernel.max_active_blocks_per_sm(ctx, threads, smem)? * ctx.info().sm_count;
+    let max_groups = resident / ctas;
+    if max_groups == 0 {
+        return Ok(None);
+    }
+    // Every group runs ceil(rows / groups) rows at most; use no more groups than that needs.
+    let rows = shape.rows.max(1) as u64;
+    let per_group = rows.div_ceil(max_groups as u64);
+    let groups = rows.div_ceil(per_group) as u32;
+    Ok(Some(Launchable {
+        variant,
+        kernel,
+        cfg: LaunchConfig::linear(groups * ctas, threads, smem).with_dependent_launch(),
+        chunk,
+    }))
+}
+
 /// Compiles one variant and sizes its grid. `None` when no CTA of that path fits an SM.
 fn build_variant(
     ctx: &Context,
@@ -743,6 +886,9 @@ fn build_variant(
             }
         }
         SoftmaxPath::BlockUncached => (UNCACHED_THREADS, 0),
+        // The split-row kernel needs 16-byte copies: unaligned calls re-read the row instead.
+        SoftmaxPath::SplitRow if pack == 1 => return build_variant(ctx, shape, kind, SoftmaxPath::BlockUncached, 1),
+        SoftmaxPath::SplitRow => return build_split_row(ctx, shape, variant),
         p if p.is_cluster() => return build_cluster(ctx, shape, variant, pack > 1),
         _ => unreachable!("resolved by the plan"),
     };
@@ -795,7 +941,7 @@ const WARP_PATHS: [SoftmaxPath; 3] = [SoftmaxPath::WarpPerRow, SoftmaxPath::Warp
 pub fn ci_variants_for(arch: crate::runtime::Arch) -> Vec<Variant> {
     ci_variants()
         .into_iter()
-        .filter(|v| v.cluster <= 1 || arch.major >= 9)
+        .filter(|v| v.cluster <= 1 || v.path == SoftmaxPath::SplitRow || arch.major >= 9)
         .collect()
 }
 
@@ -904,6 +1050,37 @@ pub fn ci_variants() -> Vec<Variant> {
                     let mut v = base(i, o, kind, path, 512, pack_of(i));
                     v.cluster = 4;
                     v.out_pack = pack_of(o);
+                    v.cols_per_thread = 1;
+                    out.push(v);
+                }
+            }
+        }
+    }
+    // Split-row path (any arch): every CTA count for the same-dtype pairs, and every pairing and
+    // kind once.
+    for &d in &dtypes {
+        for ctas in 2..=SPLIT_MAX_CTAS {
+            let mut v = base(
+                d,
+                d,
+                SoftmaxKind::Softmax,
+                SoftmaxPath::SplitRow,
+                SPLIT_THREADS,
+                pack_of(d),
+            );
+            v.cluster = ctas;
+            v.out_pack = pack_of(d);
+            v.cols_per_thread = 1;
+            out.push(v);
+        }
+    }
+    for &i in &dtypes {
+        for &o in &dtypes {
+            for kind in [SoftmaxKind::Softmax, SoftmaxKind::LogSoftmax] {
+                for out_pack in [pack_of(o), 1] {
+                    let mut v = base(i, o, kind, SoftmaxPath::SplitRow, SPLIT_THREADS, pack_of(i));
+                    v.cluster = 8;
+                    v.out_pack = out_pack;
                     v.cols_per_thread = 1;
                     out.push(v);
                 }

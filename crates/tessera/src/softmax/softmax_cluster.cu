@@ -60,6 +60,19 @@
 // bench/NOTES.md runs 6-7): +2-5% on rows of 256-512 KB, -3-6% on 64-128 KB rows, so Auto
 // takes it for cluster rows of 256 KB and more.
 
+// Split-row variant (kGlobalExchange, Rust path "split-row"; pipelined schedule only). A hardware
+// cluster holds at most 8 CTAs, so a row of more than 8 x 64 KB needs shares over 64 KB: one
+// 1024-thread CTA per SM, too few to keep HBM busy (fp32 256 x 262144: 66% of copy). Here the
+// kCluster CTAs of a row (2..32) are ordinary CTAs blockIdx.x / kCluster * kCluster + rank, of
+// one wave of resident CTAs on every SM (no GPC placement), and they exchange their per-row
+// (max, sum) states through global memory instead of distributed shared memory: thread 0
+// stores the state then a tag (launch number << 32 | row iteration + 1) with st.release.gpu,
+// and threads r < kCluster poll rank r's tag with ld.acquire.gpu (global_combine). Two slot sets
+// alternate by row parity, as the cluster exchange's buffers do. Every CTA of a group is
+// resident while any polls (the grid is one wave: groups * kCluster <= resident CTAs), so the
+// waits end. Workspace: 2 * gridDim.x slots of 16 bytes, zeroed once by the plan (tag 0 is
+// never a valid tag: the iteration part starts at 1).
+
 #include "tessera/common.cuh"
 #include "tessera/dtype.cuh"
 #include "tessera/vec.cuh"
@@ -68,6 +81,7 @@
 #include "tessera/online_softmax.cuh"
 #include "tessera/async_copy.cuh"
 #include "tessera/cluster.cuh"
+#include "tessera/memory_order.cuh"
 
 #ifndef TS_GENERATED_PREAMBLE
 using InT = ts::f16;
@@ -78,14 +92,18 @@ constexpr int kPack = 8;
 constexpr int kOutPack = 8;
 constexpr int kCluster = 8;
 constexpr bool kPipeline = true;
+constexpr bool kGlobalExchange = false;
 #endif
 
 static_assert(kBlockThreads % 32 == 0 && kBlockThreads >= 64 && kBlockThreads <= 1024, "kBlockThreads");
 static_assert(kPack == 1 || kPack * (int)sizeof(InT) == 16, "kPack: 1 or a 16-byte pack");
 static_assert(kOutPack == 1 || kOutPack * (int)sizeof(OutT) <= 16, "kOutPack");
-static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4 || kCluster == 8, "kCluster: 1, 2, 4 or 8");
+static_assert(kGlobalExchange || kCluster == 1 || kCluster == 2 || kCluster == 4 || kCluster == 8,
+              "kCluster: 1, 2, 4 or 8 (a hardware cluster)");
+static_assert(!kGlobalExchange || (kCluster >= 2 && kCluster <= 32 && kPipeline && kPack > 1),
+              "split-row (global exchange): 2..32 CTAs per row, the pipelined schedule, 16-byte packs");
 #if defined(__CUDA_ARCH__) && !defined(TS_HAS_CLUSTERS)
-static_assert(kCluster == 1, "clusters of CTAs need sm_90 or newer");
+static_assert(kCluster == 1 || kGlobalExchange, "clusters of CTAs need sm_90 or newer");
 #endif
 
 /// The parameters: SoftmaxParams of softmax.cu plus the share length.
@@ -99,8 +117,13 @@ struct SoftmaxClusterParams {
   float scale_log2e;
   float scale;
   long long chunk;  // columns per CTA of a cluster, a multiple of kPack
+  // Split-row path only (kGlobalExchange): the exchange slots, 2 * gridDim.x of them (two per
+  // CTA, by row parity), zeroed once by the plan; and this launch's number (>= 1, different in
+  // every launch of a plan), the high half of every slot tag.
+  void* exchange;
+  unsigned long long launch;
 };
-static_assert(sizeof(SoftmaxClusterParams) == 64, "mirror of the Rust struct");
+static_assert(sizeof(SoftmaxClusterParams) == 80, "mirror of the Rust struct");
 
 namespace softmax_cluster {
 
@@ -144,6 +167,45 @@ TS_DEVICE T cluster_combine(T mine, T* slot, Op op) {
   }
 }
 
+/// One CTA's published state of one row (split-row path): (m, d), then the tag that says which
+/// launch and row iteration they belong to, stored last with release semantics.
+struct ExchangeSlot {
+  float m, d;
+  unsigned long long tag;
+};
+static_assert(sizeof(ExchangeSlot) == 16, "mirror of the Rust workspace size");
+
+/// The split-row path's exchange (kGlobalExchange): CTAs blockIdx.x / kCluster * kCluster + r,
+/// r < kCluster, hold one row between them. Thread 0 publishes this CTA's state in its slot of
+/// the row parity's set, threads r < kCluster wait for rank r's slot to carry this row's tag,
+/// and every thread merges the kCluster states in rank order (the same bits in every CTA).
+/// Slots alternate by row parity: a CTA rewrites a set only two rows later, after every CTA of
+/// its group has published the row in between, which each did after reading this one.
+TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const SoftmaxClusterParams& p, int rank,
+                                           long long group, int parity, unsigned long long tag) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  __shared__ ts::OnlineSoftmax got[2][kCluster];
+  ExchangeSlot* set = static_cast<ExchangeSlot*>(p.exchange) + (group * 2 + parity) * kCluster;
+  if (threadIdx.x == 0) {
+    set[rank].m = mine.m;
+    set[rank].d = mine.d;
+    ts::st_release_gpu(&set[rank].tag, tag);
+  }
+  if (threadIdx.x < kCluster) {
+    ExchangeSlot* s = &set[threadIdx.x];
+    while (ts::ld_acquire_gpu(&s->tag) != tag) ts::nanosleep(64);
+    got[parity][threadIdx.x] = ts::OnlineSoftmax{ts::ld_relaxed_gpu(&s->m), ts::ld_relaxed_gpu(&s->d)};
+  }
+  __syncthreads();
+  ts::OnlineSoftmax v = got[parity][0];
+#pragma unroll
+  for (int r = 1; r < kCluster; ++r) v = ts::OnlineSoftmaxMergeOp{}(v, got[parity][r]);
+  return v;
+#else
+  return mine;
+#endif
+}
+
 /// The extreme of x that gives the row max of x * s: max for s > 0, min for s < 0.
 struct Extreme {
   bool positive;
@@ -182,13 +244,17 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
   float* const slot_sum = &slots[1];
   InT* share = ts::dynamic_smem<InT>();
 #if defined(TS_HAS_CLUSTERS)
-  const int rank = kCluster > 1 ? (int)ts::cluster_rank() : 0;
-  const long long cluster = kCluster > 1 ? (long long)ts::cluster_index_x() : (long long)blockIdx.x;
-  const long long clusters = kCluster > 1 ? (long long)ts::cluster_count_x() : (long long)gridDim.x;
+  const int rank = kGlobalExchange ? (int)(blockIdx.x % kCluster) : kCluster > 1 ? (int)ts::cluster_rank() : 0;
+  const long long cluster = kGlobalExchange ? (long long)(blockIdx.x / kCluster)
+                            : kCluster > 1  ? (long long)ts::cluster_index_x()
+                                            : (long long)blockIdx.x;
+  const long long clusters = kGlobalExchange ? (long long)(gridDim.x / kCluster)
+                             : kCluster > 1  ? (long long)ts::cluster_count_x()
+                                             : (long long)gridDim.x;
 #else
-  const int rank = 0;
-  const long long cluster = blockIdx.x;
-  const long long clusters = gridDim.x;
+  const int rank = kGlobalExchange ? (int)(blockIdx.x % kCluster) : 0;
+  const long long cluster = kGlobalExchange ? (long long)(blockIdx.x / kCluster) : (long long)blockIdx.x;
+  const long long clusters = kGlobalExchange ? (long long)(gridDim.x / kCluster) : (long long)gridDim.x;
 #endif
   const InT* in = static_cast<const InT*>(p.in);
   OutT* out = static_cast<OutT*>(p.out);
@@ -236,9 +302,14 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
         t[0] = ts::to_float(share[tail]);
         st.update_chunk_fma(t, s, __fmul_rn(t[0], s));
       }
-      const int parity = (int)(((row - cluster) / clusters) & 1);
+      const long long iter = (row - cluster) / clusters;
+      const int parity = (int)(iter & 1);
       st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
-      st = cluster_combine(st, &slot_state[parity], ts::OnlineSoftmaxMergeOp{});
+      if constexpr (kGlobalExchange) {
+        st = global_combine(st, p, rank, cluster, parity, (p.launch << 32) | (unsigned long long)(iter + 1));
+      } else {
+        st = cluster_combine(st, &slot_state[parity], ts::OnlineSoftmaxMergeOp{});
+      }
       const float m = st.m;
       const float neg_shift = -ts::softmax_shift(m);
       const float coef = row_coef(m, st.d);
@@ -321,7 +392,7 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
     }
   }
 #if defined(TS_HAS_CLUSTERS)
-  if constexpr (kCluster > 1) ts::cluster_sync();  // keep our slots alive for the last remote reads
+  if constexpr (kCluster > 1 && !kGlobalExchange) ts::cluster_sync();  // keep our slots alive for the last remote reads
 #endif
 }
 

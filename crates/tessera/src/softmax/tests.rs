@@ -1,7 +1,9 @@
 //! Softmax tests that need no GPU (validation, layout, NVRTC compile of every variant for every
 //! CI architecture), plus GPU checks that run only where a device is present.
 
-use super::plan::{ci_variants, ci_variants_for, cluster_shape, warp_shape, SoftmaxParams, Variant};
+use super::plan::{
+    ci_variants, ci_variants_for, cluster_shape, split_row_shape, warp_shape, SoftmaxParams, Variant, SPLIT_MAX_CTAS,
+};
 use super::*;
 use crate::runtime::probe::nvrtc_or_skip;
 use crate::runtime::{compile_only, Arch};
@@ -122,6 +124,33 @@ fn cluster_shapes_fit_and_cover_the_row() {
             if let Some((c, chunk)) = cluster_shape(cols, 2, align, 8, optin) {
                 assert!(c as usize * chunk >= cols && chunk % align == 0 && chunk * 2 + 1024 <= optin);
             }
+        }
+    }
+}
+
+#[test]
+fn split_row_shapes_cover_the_row_in_even_aligned_shares() {
+    let kb64 = 64 * 1024;
+    // The bench's long rows: fp32 1 MB rows in 16 shares of 64 KB, 512 KB rows in 8.
+    assert_eq!(split_row_shape(262144, 4, 4, kb64), Some((16, 16384)));
+    assert_eq!(split_row_shape(131072, 4, 4, kb64), Some((8, 16384)));
+    assert_eq!(split_row_shape(262144, 2, 8, kb64), Some((8, 32768)));
+    // A row one share holds is not split; past the CTA limit the shares grow instead.
+    assert_eq!(split_row_shape(16384, 4, 4, kb64), None);
+    assert_eq!(split_row_shape(1 << 20, 4, 4, kb64), Some((SPLIT_MAX_CTAS, 32768)));
+    // Odd lengths: shares are a multiple of the pack and no CTA is left without columns.
+    for cols in [16385usize, 40_000, 100_003, 262_147, 333_333, 1 << 21] {
+        for (size, align) in [(4usize, 4usize), (2, 8)] {
+            let Some((ctas, chunk)) = split_row_shape(cols, size, align, kb64) else {
+                assert!(cols * size <= kb64, "{cols} x {size} B is not split");
+                continue;
+            };
+            assert!((2..=SPLIT_MAX_CTAS).contains(&ctas), "{cols}");
+            assert_eq!(chunk % align, 0);
+            assert!(
+                ctas as usize * chunk >= cols && (ctas as usize - 1) * chunk < cols,
+                "{cols}"
+            );
         }
     }
 }

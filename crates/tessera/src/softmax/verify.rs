@@ -163,6 +163,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             (128, SoftmaxPath::WarpV2),
             (1000, SoftmaxPath::WarpNc),
             (40000, SoftmaxPath::ClusterPipe),
+            (40000, SoftmaxPath::SplitRow),
         ] {
             out.push(Case {
                 rows: if quick { 17 } else { 301 },
@@ -192,6 +193,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             (70000, SoftmaxPath::Cluster),
             (128, SoftmaxPath::WarpV2),
             (70000, SoftmaxPath::ClusterPipe),
+            (70000, SoftmaxPath::SplitRow),
         ] {
             out.push(Case {
                 rows: if quick { 5 } else { 33 },
@@ -269,9 +271,15 @@ pub fn cases(quick: bool) -> Vec<Case> {
             (67, (1 << 18) + 3, DType::BF16),
             (67, (1 << 18) + 3, DType::F32),
         ] {
-            for path in [SoftmaxPath::Auto, SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe] {
+            for path in [
+                SoftmaxPath::Auto,
+                SoftmaxPath::Cluster,
+                SoftmaxPath::ClusterPipe,
+                SoftmaxPath::SplitRow,
+            ] {
+                let many = matches!(path, SoftmaxPath::ClusterPipe | SoftmaxPath::SplitRow);
                 out.push(Case {
-                    rows: if path == SoftmaxPath::ClusterPipe { rows } else { 5 },
+                    rows: if many { rows } else { 5 },
                     cols,
                     in_stride: cols.div_ceil(8) * 8,
                     out_stride: cols.div_ceil(8) * 8,
@@ -431,12 +439,17 @@ mod tests {
             }
         }
         // The forced tunings: every dtype, special rows, in place; several iterations per CTA.
-        for p in [SoftmaxPath::WarpNc, SoftmaxPath::WarpV2, SoftmaxPath::ClusterPipe] {
+        for p in [
+            SoftmaxPath::WarpNc,
+            SoftmaxPath::WarpV2,
+            SoftmaxPath::ClusterPipe,
+            SoftmaxPath::SplitRow,
+        ] {
             for d in [DType::F32, DType::F16, DType::BF16] {
                 assert!(c.iter().any(|k| k.path == p && k.in_dtype == d && k.special_rows));
             }
         }
-        for p in [SoftmaxPath::WarpV2, SoftmaxPath::ClusterPipe] {
+        for p in [SoftmaxPath::WarpV2, SoftmaxPath::ClusterPipe, SoftmaxPath::SplitRow] {
             assert!(c.iter().any(|k| k.path == p && k.in_place));
             assert!(c.iter().any(|k| k.path == p && k.rows > 64 && k.cols % 8 != 0));
         }
