@@ -787,7 +787,7 @@ fn build_cluster(
 /// Split-row path: input bytes a CTA's share aims for, and its threads (three CTAs per SM).
 /// H200, bench/NOTES.md run 46: 64 KB / 512 threads 3311 GB/s on fp32 256 x 262144 against
 /// 3193 with 32 KB / 256 and 2777-2809 on cluster-pipe (8 CTAs of 128 KB, the cluster limit).
-const SPLIT_SHARE_BYTES: usize = 64 * 1024;
+pub const SPLIT_SHARE_BYTES: usize = 64 * 1024;
 const SPLIT_THREADS: u32 = 512;
 /// Rows of more than this many input bytes take [`SoftmaxPath::SplitRow`] on GPUs with clusters:
 /// a hardware cluster (at most 8 CTAs) holds them only in shares over 64 KB (one 1024-thread CTA
