@@ -252,12 +252,17 @@ fn compile(ops: &[String], arch: &[String], verbose: bool, filter: &[String]) ->
         tessera::runtime::jit::default_cache_dir()
     );
     let mut ok = true;
+    let mut compiled = 0usize;
     for op in ops {
         let jobs: Vec<_> = archs
             .iter()
             .flat_map(|&a| ops::kernel_specs(op, a).into_iter().map(move |s| (s, a)))
             .filter(|(s, _)| filter.iter().all(|f| matches_filter(&s.name, Some(f))))
             .collect();
+        if jobs.is_empty() {
+            continue;
+        }
+        compiled += jobs.len();
         let pb = progress(jobs.len(), &format!("compile {op}"));
         let t = Instant::now();
         let results: Vec<_> = jobs
@@ -300,6 +305,9 @@ fn compile(ops: &[String], arch: &[String], verbose: bool, filter: &[String]) ->
             max_regs
         );
         ok &= failed == 0 && spilled == 0;
+    }
+    if compiled == 0 {
+        return Err(format!("compile: no kernel name matches the filter {filter:?}"));
     }
     Ok(ok)
 }
@@ -509,4 +517,26 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
         }
     }
     Ok(all_ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::matches_filter;
+
+    #[test]
+    fn filters_match_substrings_and_anchor_with_a_trailing_dollar() {
+        let name = "causal fp16 B1 H32 N32768 D128 tessera";
+        assert!(matches_filter(name, None));
+        assert!(matches_filter(name, Some("n32768 d128")));
+        assert!(matches_filter(name, Some("D128 tessera$")));
+        assert!(!matches_filter(
+            "causal fp16 B1 H32 N32768 D128 tessera-sm80",
+            Some("D128 tessera$")
+        ));
+        assert!(matches_filter(
+            "causal fp16 B1 H32 N32768 D128 tessera-sm80",
+            Some("D128 tessera")
+        ));
+        assert!(!matches_filter(name, Some("N16384")));
+    }
 }

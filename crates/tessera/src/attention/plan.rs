@@ -780,6 +780,7 @@ impl AttentionPlan {
                 shared_bytes: self.variant.shared_bytes(),
                 cluster_x: 1,
                 dependent_launch: false,
+                cooperative: false,
             };
             // SAFETY: `params` mirrors ts::AttentionParams; every pointer is a live device
             // allocation of the size the validated views and this plan's problem imply

@@ -805,6 +805,7 @@ impl DecodePlan {
             cluster_x: 1,
             // the kernel waits for the previous grid before its first global access
             dependent_launch: self.dependent_launch,
+            cooperative: false,
         };
         // SAFETY: params mirror ts::DecodeParams. q/out have the plan's shape and dtype with
         // aligned strides (checked above); the layer, scales and tables belong to a cache and

@@ -31,6 +31,10 @@ pub struct LaunchConfig {
     /// `ts::wait_prior_grids()` before their first global memory access (common.cuh). Applied
     /// on sm_90+ unless `TESSERA_PDL=0` ([`pdl_enabled`]); ignored elsewhere.
     pub dependent_launch: bool,
+    /// Cooperative launch: the driver guarantees that every CTA of the grid is resident at once,
+    /// or fails the launch (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`) instead of letting CTAs
+    /// that wait for each other hang. For kernels whose CTAs exchange data through global memory.
+    pub cooperative: bool,
 }
 
 /// Whether launches that allow it use programmatic dependent launch on a device of compute
@@ -49,6 +53,7 @@ impl LaunchConfig {
             shared_bytes,
             cluster_x: 1,
             dependent_launch: false,
+            cooperative: false,
         }
     }
 
@@ -56,6 +61,14 @@ impl LaunchConfig {
     pub fn with_dependent_launch(self) -> Self {
         LaunchConfig {
             dependent_launch: true,
+            ..self
+        }
+    }
+
+    /// The same launch, cooperative (see `cooperative`).
+    pub fn with_cooperative(self) -> Self {
+        LaunchConfig {
+            cooperative: true,
             ..self
         }
     }
@@ -68,14 +81,16 @@ impl LaunchConfig {
             shared_bytes,
             cluster_x,
             dependent_launch: false,
+            cooperative: false,
         }
     }
 
-    /// The launch attributes of this config: the cluster dimension when `cluster_x > 1`, and
-    /// programmatic stream serialization when `pdl`; the first `n` entries are set.
-    fn attributes(&self, pdl: bool) -> ([sys::CUlaunchAttribute; 2], u32) {
+    /// The launch attributes of this config: the cluster dimension when `cluster_x > 1`,
+    /// programmatic stream serialization when `pdl`, cooperative when `cooperative`; the first
+    /// `n` entries are set.
+    fn attributes(&self, pdl: bool) -> ([sys::CUlaunchAttribute; 3], u32) {
         // SAFETY: all-zero is a valid (empty) attribute value.
-        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut attrs: [sys::CUlaunchAttribute; 3] = unsafe { std::mem::zeroed() };
         let mut n = 0;
         if self.cluster_x > 1 {
             attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
@@ -87,6 +102,11 @@ impl LaunchConfig {
         if pdl {
             attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
             attrs[n].value.programmaticStreamSerializationAllowed = 1;
+            n += 1;
+        }
+        if self.cooperative {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+            attrs[n].value.cooperative = 1;
             n += 1;
         }
         (attrs, n as u32)

@@ -8,7 +8,7 @@
 //! | [`SoftmaxPath::BlockUncached`] | anything longer | 1024 threads, one row at a time | nowhere: read twice |
 //! | [`SoftmaxPath::Cluster`] | rows over 32 KB: on one CTA up to 128 KB, else on a cluster whose shares fit 64 KB (sm_90) | 512/1024 threads, 1..8 CTAs per row | shared memory (input dtype) |
 //! | [`SoftmaxPath::ClusterPipe`] | rows of 256 KB up to 512 KB whose cluster shares fit in shared memory (sm_90) | as Cluster, one wave; the store pass refills the share with the next row | shared memory (input dtype) |
-//! | [`SoftmaxPath::SplitRow`] | rows of 512 KB and more (2..32 shares of <= 64 KB, sm_90) | 512 threads, one wave of resident CTAs in groups of one row's CTAs; state exchanged through global memory | shared memory (input dtype) |
+//! | [`SoftmaxPath::SplitRow`] | rows over 512 KB with 16-byte row strides (sm_90): 2..32 shares of up to 64 KB (larger shares past 32) | 512 threads, one cooperative wave of resident CTAs in groups of one row's CTAs; states exchanged through global memory | shared memory (input dtype) |
 //!
 //! Forced only (measured side by side against the dispatched kernels, see the bench):
 //! [`SoftmaxPath::WarpNc`] (warp path with loads that keep the default L2 policy).
@@ -17,7 +17,6 @@
 //! CTAs. Vector (16-byte) accesses are used when the row starts, strides and cols allow them;
 //! otherwise a scalar variant, compiled in the same plan, takes the call.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 use super::{SoftmaxKind, SoftmaxOptions, SoftmaxShape};
@@ -63,8 +62,10 @@ pub enum SoftmaxPath {
     /// The pipelined schedule of [`SoftmaxPath::ClusterPipe`] with a row split across 2..32 CTAs
     /// that are not a hardware cluster: each caches its share (at most 64 KB) in shared memory and
     /// the CTAs of a row exchange their (max, sum) states through global memory (release /
-    /// acquire flags). One wave of resident CTAs, every SM usable (no GPC placement). Needs
-    /// 16-byte aligned rows (else the call takes the block-uncached kernel) and sm_70+.
+    /// acquire flags). One cooperative wave of resident CTAs, every SM usable (no GPC
+    /// placement). Needs a row stride that is a multiple of 16 bytes (a plan error otherwise)
+    /// and sm_70+; calls whose pointers are not 16-byte aligned run the plain cluster kernel
+    /// (or, where no cluster holds the row, the block-uncached one).
     SplitRow,
 }
 
@@ -370,8 +371,8 @@ pub struct SoftmaxClusterParams {
     pub chunk: i64,
     /// Split-row path: the exchange slots (`ExchangeSlot`, 16 bytes; two per CTA), else 0.
     pub exchange: u64,
-    /// Split-row path: this launch's number (the high half of the slot tags), else 0.
-    pub launch: u64,
+    /// Split-row path: the epoch and done counters (two `u32`), else 0.
+    pub counters: u64,
 }
 const _: () = assert!(std::mem::size_of::<SoftmaxClusterParams>() == 80);
 // SAFETY: #[repr(C)]: SoftmaxParams (56 bytes, the same fields in the same order as the kernel's
@@ -380,6 +381,9 @@ unsafe impl KernelParams for SoftmaxClusterParams {}
 
 /// Bytes of one split-row exchange slot (`ExchangeSlot` in softmax_cluster.cu).
 const EXCHANGE_SLOT_BYTES: usize = 16;
+/// The split-row workspace: the two counters (epoch, CTAs done), padded to one slot, then the
+/// slots.
+const EXCHANGE_COUNTER_BYTES: usize = 16;
 
 /// A planned softmax: the dispatch decision and compiled kernels for one [`SoftmaxShape`].
 /// Make it once, run it many times; `run` allocates nothing.
@@ -389,10 +393,9 @@ pub struct SoftmaxPlan {
     opts: SoftmaxOptions,
     /// The path chosen (a split-row plan's scalar variant runs the block-uncached kernel).
     path: SoftmaxPath,
-    /// Split-row path: the exchange slots of the grid (zeroed once; tags carry the launch).
+    /// Split-row path: the counters and exchange slots of the grid (zeroed once; the kernel
+    /// keeps them consistent across launches).
     exchange: Option<DeviceBuffer<u8>>,
-    /// Split-row path: launches so far (wrapping; only consecutive launches must differ).
-    launches: AtomicU32,
     /// The 16-byte variant, when the shape allows one.
     vector: Option<Launchable>,
     /// The scalar variant, used when a call's pointers are not 16-byte aligned.
@@ -503,6 +506,17 @@ impl SoftmaxPlan {
             p => p,
         };
         let mut plan_path = path;
+        if path == SoftmaxPath::SplitRow
+            && opts.path == SoftmaxPath::Auto
+            && build_variant(ctx, shape, opts.kind, path, pack_of(shape.in_dtype))?.is_none()
+        {
+            // Not expected where split_auto holds; keep Auto total all the same.
+            plan_path = if row_bytes >= CLUSTER_PIPE_MIN_ROW_BYTES && cluster_ok {
+                SoftmaxPath::ClusterPipe
+            } else {
+                SoftmaxPath::BlockUncached
+            };
+        }
         let pack = vector_pack(shape);
         let build = |pack: u32| -> Result<Option<Launchable>> { build_variant(ctx, shape, opts.kind, plan_path, pack) };
         let mut scalar = build(1)?;
@@ -524,17 +538,15 @@ impl SoftmaxPlan {
             None
         };
         if plan_path == SoftmaxPath::SplitRow && vector.is_none() {
-            return Err(Error::Unsupported(format!(
-                "the split-row path needs 16-byte input packs (row stride a multiple of {} elements) and a \
-                 row that at most {SPLIT_MAX_CTAS} resident CTAs can hold; got {} columns with stride {}",
-                pack_of(shape.in_dtype),
-                shape.cols,
-                shape.in_stride
+            return Err(Error::Unsupported(split_row_unsupported(
+                shape,
+                info.max_shared_per_block_optin as usize,
             )));
         }
         let exchange = match &vector {
             Some(v) if v.variant.path == SoftmaxPath::SplitRow => {
-                let mut b = ctx.alloc::<u8>(2 * v.cfg.grid.0 as usize * EXCHANGE_SLOT_BYTES)?;
+                let mut b =
+                    ctx.alloc::<u8>(EXCHANGE_COUNTER_BYTES + 2 * v.cfg.grid.0 as usize * EXCHANGE_SLOT_BYTES)?;
                 b.fill_bytes(0)?;
                 Some(b)
             }
@@ -546,7 +558,6 @@ impl SoftmaxPlan {
             opts: *opts,
             path: plan_path,
             exchange,
-            launches: AtomicU32::new(0),
             vector,
             scalar,
         })
@@ -647,7 +658,7 @@ impl SoftmaxPlan {
         };
         if l.variant.path.is_cluster() {
             let split = l.variant.path == SoftmaxPath::SplitRow;
-            let exchange = match (&self.exchange, split) {
+            let counters = match (&self.exchange, split) {
                 (Some(b), true) => b.device_ptr(),
                 (None, true) => {
                     return Err(Error::Unsupported(
@@ -659,18 +670,18 @@ impl SoftmaxPlan {
             let cp = SoftmaxClusterParams {
                 base: params,
                 chunk: l.chunk as i64,
-                exchange,
-                launch: if split {
-                    u64::from(self.launches.fetch_add(1, Ordering::Relaxed).wrapping_add(1))
+                exchange: if split {
+                    counters + EXCHANGE_COUNTER_BYTES as u64
                 } else {
                     0
                 },
+                counters,
             };
             // SAFETY: as below; every CTA of a cluster touches only its share of each row
-            // (columns [rank * chunk, (rank + 1) * chunk) clipped to cols); split-row CTAs also
-            // their two exchange slots (2 * grid slots allocated for this launch geometry) and
-            // read those of their row's CTAs, which are resident in the same wave (the grid is
-            // at most one wave of resident CTAs).
+            // (columns [rank * chunk, (rank + 1) * chunk) clipped to cols). Split-row CTAs also
+            // write their two exchange slots and the counters (allocated for this launch
+            // geometry: two slots per CTA of the grid) and read their row's CTAs' slots; the
+            // cooperative launch makes every CTA resident at once, so no wait is left pending.
             return unsafe { l.kernel.launch(&self.ctx, l.cfg, &cp) };
         }
         // SAFETY: the views were bounds-checked against their buffers when made (every row of
@@ -812,6 +823,37 @@ pub fn split_row_shape(cols: usize, in_size: usize, align: usize, share_bytes: u
     Some((cols.div_ceil(chunk) as u32, chunk))
 }
 
+/// Why a forced split-row plan cannot be made for `shape` (`optin`: shared memory per CTA).
+fn split_row_unsupported(shape: &SoftmaxShape, optin: usize) -> String {
+    let pack = pack_of(shape.in_dtype) as usize;
+    let size = shape.in_dtype.size();
+    if shape.in_stride % pack != 0 {
+        return format!(
+            "the split-row path copies 16-byte packs: the input row stride must be a multiple of {pack} \
+             elements, got {}",
+            shape.in_stride
+        );
+    }
+    match split_row_shape(shape.cols, size, pack, SPLIT_SHARE_BYTES) {
+        None => format!(
+            "the split-row path splits rows longer than one {} KB share; a row of {} columns ({} B) \
+             fits one CTA (use the cluster or block paths)",
+            SPLIT_SHARE_BYTES / 1024,
+            shape.cols,
+            shape.cols * size
+        ),
+        Some((_, chunk)) if chunk * size + 1024 > optin => format!(
+            "the split-row path holds at most {SPLIT_MAX_CTAS} shares per row; {} columns need shares of \
+             {} B each, over the {optin} B of shared memory per CTA (use the uncached block path)",
+            shape.cols,
+            chunk * size,
+        ),
+        Some((ctas, _)) => {
+            format!("the split-row path needs {ctas} CTAs per row resident at once; this device has fewer")
+        }
+    }
+}
+
 /// Compiles the split-row variant (16-byte packs) and sizes its grid: one wave of resident CTAs
 /// in groups of one row's CTAs, each group running an equal number of rows.
 fn build_split_row(ctx: &Context, shape: &SoftmaxShape, mut variant: Variant) -> Result<Option<Launchable>> {
@@ -825,6 +867,9 @@ fn build_split_row(ctx: &Context, shape: &SoftmaxShape, mut variant: Variant) ->
         return Ok(None);
     };
     let smem = ((chunk * in_size).div_ceil(16) * 16) as u32;
+    if smem as usize + 1024 > ctx.info().max_shared_per_block_optin as usize {
+        return Ok(None);
+    }
     variant.pack = pi;
     variant.out_pack = po;
     variant.cluster = ctas;
@@ -843,7 +888,11 @@ fn build_split_row(ctx: &Context, shape: &SoftmaxShape, mut variant: Variant) ->
     Ok(Some(Launchable {
         variant,
         kernel,
-        cfg: LaunchConfig::linear(groups * ctas, threads, smem).with_dependent_launch(),
+        // Cooperative: the CTAs of a row wait for each other, so the driver must place the
+        // whole grid at once (it fails the launch rather than let them hang).
+        cfg: LaunchConfig::linear(groups * ctas, threads, smem)
+            .with_dependent_launch()
+            .with_cooperative(),
         chunk,
     }))
 }
@@ -887,7 +936,18 @@ fn build_variant(
         }
         SoftmaxPath::BlockUncached => (UNCACHED_THREADS, 0),
         // The split-row kernel needs 16-byte copies: unaligned calls re-read the row instead.
-        SoftmaxPath::SplitRow if pack == 1 => return build_variant(ctx, shape, kind, SoftmaxPath::BlockUncached, 1),
+        // Calls whose pointers are not 16-byte aligned: the plain cluster kernel where it holds
+        // the row (read once), else the uncached one (read twice).
+        SoftmaxPath::SplitRow if pack == 1 => {
+            let plain = Variant {
+                path: SoftmaxPath::Cluster,
+                ..variant
+            };
+            return match build_cluster(ctx, shape, plain, false)? {
+                Some(l) => Ok(Some(l)),
+                None => build_variant(ctx, shape, kind, SoftmaxPath::BlockUncached, 1),
+            };
+        }
         SoftmaxPath::SplitRow => return build_split_row(ctx, shape, variant),
         p if p.is_cluster() => return build_cluster(ctx, shape, variant, pack > 1),
         _ => unreachable!("resolved by the plan"),

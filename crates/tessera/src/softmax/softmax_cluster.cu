@@ -34,10 +34,12 @@
 // Launch contract (Rust: softmax/plan.rs):
 //   * kPipeline: any grid is correct; the Rust side launches one wave of resident clusters for
 //     it (each cluster runs several rows), eight for the plain schedule.
+//   * kGlobalExchange (split-row): gridDim.x a multiple of kCluster, every CTA resident at once
+//     (a cooperative launch), p.exchange / p.counters as described at SoftmaxClusterParams.
 //   * kPack = 16 / sizeof(InT) requires in 16-byte aligned and in_stride a multiple of kPack
 //     (then every share starts 16-byte aligned); kPack = 1 takes scalar loads. Output stores are
 //     scalar or packed by the same rule on out/out_stride (kOutPack).
-//   * kCluster > 1 needs sm_90+ and a cluster launch with clusterDim.x == kCluster.
+//   * kCluster > 1 (not kGlobalExchange) needs sm_90+ and a cluster launch with clusterDim.x == kCluster.
 //   * chunk (p.chunk) = round_up(ceil(cols / kCluster), kPack); dynamic shared memory as above.
 //   * cols < 2^31; rows any.
 //
@@ -66,12 +68,14 @@
 // kCluster CTAs of a row (2..32) are ordinary CTAs blockIdx.x / kCluster * kCluster + rank, of
 // one wave of resident CTAs on every SM (no GPC placement), and they exchange their per-row
 // (max, sum) states through global memory instead of distributed shared memory: thread 0
-// stores the state then a tag (launch number << 32 | row iteration + 1) with st.release.gpu,
+// stores the state then a tag (epoch << 32 | row iteration + 1) with st.release.gpu,
 // and threads r < kCluster poll rank r's tag with ld.acquire.gpu (global_combine). Two slot sets
 // alternate by row parity, as the cluster exchange's buffers do. Every CTA of a group is
-// resident while any polls (the grid is one wave: groups * kCluster <= resident CTAs), so the
-// waits end. Workspace: 2 * gridDim.x slots of 16 bytes, zeroed once by the plan (tag 0 is
-// never a valid tag: the iteration part starts at 1).
+// resident while any polls (a cooperative launch of at most one wave), so the waits end. The
+// epoch, the tags' high half, lives in device memory beside the slots and the last CTA of a
+// launch advances it, so consecutive launches never share tags, also when a captured graph
+// replays one launch's parameters. Workspace: two counters and 2 * gridDim.x slots of 16 bytes,
+// zeroed once by the plan (tag 0 is never valid: the iteration part starts at 1).
 
 #include "tessera/common.cuh"
 #include "tessera/dtype.cuh"
@@ -118,10 +122,11 @@ struct SoftmaxClusterParams {
   float scale;
   long long chunk;  // columns per CTA of a cluster, a multiple of kPack
   // Split-row path only (kGlobalExchange): the exchange slots, 2 * gridDim.x of them (two per
-  // CTA, by row parity), zeroed once by the plan; and this launch's number (>= 1, different in
-  // every launch of a plan), the high half of every slot tag.
+  // CTA, by row parity), and two counters: the launch epoch (the high half of every slot tag;
+  // the last CTA of a launch increments it, so every launch, graph replays included, tags its
+  // slots differently from the one before) and the CTAs done. All zeroed once by the plan.
   void* exchange;
-  unsigned long long launch;
+  unsigned* counters;  // [0] epoch, [1] CTAs done in this launch
 };
 static_assert(sizeof(SoftmaxClusterParams) == 80, "mirror of the Rust struct");
 
@@ -175,6 +180,30 @@ struct ExchangeSlot {
 };
 static_assert(sizeof(ExchangeSlot) == 16, "mirror of the Rust workspace size");
 
+/// The split-row launch's epoch: the high half of its slot tags. Read after the previous grid
+/// completed (ts::wait_prior_grids), and changed only after every CTA of this launch finished.
+TS_DEVICE unsigned long long split_epoch(const SoftmaxClusterParams& p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  return (unsigned long long)*reinterpret_cast<const volatile unsigned*>(p.counters);
+#else
+  return 0;
+#endif
+}
+
+/// Ends a split-row launch: the last CTA to finish resets the done count and advances the
+/// epoch (no CTA of this launch reads it again; the next launch reads it after this one
+/// completed).
+TS_DEVICE void split_finish(const SoftmaxClusterParams& p) {
+  __syncthreads();  // every thread of this CTA is past its last exchange
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&p.counters[1], 1u) == gridDim.x - 1) {
+      p.counters[1] = 0;
+      atomicAdd(&p.counters[0], 1u);
+    }
+  }
+}
+
 /// The split-row path's exchange (kGlobalExchange): CTAs blockIdx.x / kCluster * kCluster + r,
 /// r < kCluster, hold one row between them. Thread 0 publishes this CTA's state in its slot of
 /// the row parity's set, threads r < kCluster wait for rank r's slot to carry this row's tag,
@@ -202,6 +231,7 @@ TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const Softmax
   for (int r = 1; r < kCluster; ++r) v = ts::OnlineSoftmaxMergeOp{}(v, got[parity][r]);
   return v;
 #else
+  static_assert(!kGlobalExchange, "the split-row exchange needs sm_70+ (release / acquire)");
   return mine;
 #endif
 }
@@ -274,6 +304,7 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
     const int tail = packs * kPack + tid;   // this thread's tail element (n - packs * kPack < kPack)
     const bool has_tail = tail < n;
     const InPack* spk = reinterpret_cast<const InPack*>(share);
+    const unsigned long long epoch = kGlobalExchange ? split_epoch(p) : 0;
 
     // Prologue: the first row's copies.
     if (cluster < p.rows) {
@@ -306,7 +337,7 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
       const int parity = (int)(iter & 1);
       st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
       if constexpr (kGlobalExchange) {
-        st = global_combine(st, p, rank, cluster, parity, (p.launch << 32) | (unsigned long long)(iter + 1));
+        st = global_combine(st, p, rank, cluster, parity, (epoch << 32) | (unsigned long long)(iter + 1));
       } else {
         st = cluster_combine(st, &slot_state[parity], ts::OnlineSoftmaxMergeOp{});
       }
@@ -337,6 +368,7 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
         if (more) share[tail] = ts::load_scalar(next + tail);
       }
     }
+    if constexpr (kGlobalExchange) split_finish(p);
   } else {
     // ---- plain: copy the share (all copies in flight), barrier, reduce, store ----
     for (long long row = cluster; row < p.rows; row += clusters) {

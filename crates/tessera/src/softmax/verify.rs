@@ -210,6 +210,22 @@ pub fn cases(quick: bool) -> Vec<Case> {
             });
         }
     }
+    // Split-row over more rows than the resident groups (on an H200 fp32 40000 columns is 3
+    // CTAs of 512 threads per row, 132 groups): each group runs several rows, so the exchange
+    // slots alternate by parity within a launch (in the quick set too: the sanitizers see it).
+    out.push(Case {
+        rows: 500,
+        cols: 40_000,
+        in_stride: 40_000,
+        out_stride: 40_000,
+        in_dtype: DType::F32,
+        out_dtype: DType::F32,
+        kind: SoftmaxKind::Softmax,
+        scale: 1.0,
+        path: SoftmaxPath::SplitRow,
+        in_place: false,
+        special_rows: true,
+    });
     if !quick {
         // Huge rows and many tiny rows: 1 x 2^24 and 2^20 x 8.
         for &d in &[DType::F32, DType::F16] {
@@ -372,6 +388,16 @@ fn run<I: Element, O: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<
         buf.to_host()?
     } else {
         let input = ctx.upload(&x)?;
+        if plan.path() == SoftmaxPath::SplitRow {
+            // A launch on other data first: the checked launch then finds the exchange slots
+            // holding that launch's states under the previous epoch's tags.
+            let other = ctx.upload(&case_input::<I>(case, seed ^ 0x9e37_79b9_7f4a_7c15))?;
+            let mut scratch = ctx.alloc::<O>(out_len)?;
+            plan.run(
+                &other.matrix(case.rows, case.cols, case.in_stride)?,
+                &mut scratch.matrix_mut(case.rows, case.cols, case.out_stride)?,
+            )?;
+        }
         let mut output = ctx.alloc::<O>(out_len)?;
         output.fill_bytes(0xff)?; // NaN poison: unwritten outputs fail
         plan.run(
@@ -449,6 +475,9 @@ mod tests {
                 assert!(c.iter().any(|k| k.path == p && k.in_dtype == d && k.special_rows));
             }
         }
+        assert!(cases(true)
+            .iter()
+            .any(|k| k.path == SoftmaxPath::SplitRow && k.rows >= 500));
         for p in [SoftmaxPath::WarpV2, SoftmaxPath::ClusterPipe, SoftmaxPath::SplitRow] {
             assert!(c.iter().any(|k| k.path == p && k.in_place));
             assert!(c.iter().any(|k| k.path == p && k.rows > 64 && k.cols % 8 != 0));
