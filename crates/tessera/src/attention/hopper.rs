@@ -3,8 +3,8 @@
 //!
 //! Grid convention of this path (differs from the `(B * Hq, q_tiles, splits)` grid of the
 //! others): a persistent 1-D grid of `min(work_items, SMs)` CTAs, `work_items = q_tiles *
-//! splits * B * Hq`. The batch-heads are cut into L2 sections of `S` ([`l2_section_heads`]: as
-//! many as fit their K and V in half the L2). The first section holds the `B * Hq % S`
+//! splits * B * Hq`. The batch-heads are cut into L2 sections of `S` ([`l2_section_heads`]:
+//! enough heads for four waves of the grid, as long as their K and V fit the L2). The first section holds the `B * Hq % S`
 //! remainder heads (when not 0), every later one `S`: the launch then ends on a full section,
 //! whose short causal tiles fill the tail (a small last section would start its longest tiles
 //! when the other CTAs run out of work). Inside a section the order is query tile descending
@@ -198,12 +198,30 @@ pub fn encode(s: &MapShape) -> std::result::Result<TensorMap, TmaError> {
     Ok(map)
 }
 
-/// Batch-heads per L2 section: as many as keep their K and V (GQA groups share them) within
-/// half the L2, at least 1.
-pub fn l2_section_heads(l2_bytes: u32, seqlen_k: usize, head_dim: usize, group: usize, batch_heads: usize) -> i32 {
+/// Waves of the persistent grid one L2 section of the work order aims to fill.
+pub const SECTION_WAVES: usize = 4;
+
+/// Batch-heads per L2 section: enough heads for [`SECTION_WAVES`] waves of the `grid` CTAs
+/// (`items_per_head` work items each), as long as their K and V (GQA groups share them) fit the
+/// L2; at least 1. H200, bench/NOTES.md run 52, against the earlier rule (as many heads as fit
+/// half the L2): causal N = 32768 14.72-14.75 ms against 14.84-14.85 (3 heads of 16 MiB instead
+/// of 1: one head's 256 query tiles are two waves, so the CTAs of a section's last wave
+/// straggle across into the next head), N = 8192 0.869-0.876 against 0.880-0.883 (9 heads
+/// instead of 6), GQA 4 x 32/8 N = 4096 0.898-0.900 against 0.911-0.915 (17 heads instead of
+/// 50), the other shapes level.
+pub fn l2_section_heads(
+    l2_bytes: u32,
+    seqlen_k: usize,
+    head_dim: usize,
+    group: usize,
+    batch_heads: usize,
+    items_per_head: usize,
+    grid: usize,
+) -> i32 {
     let kv_per_head = (2 * 2 * seqlen_k.max(1) * head_dim.max(1)) / group.max(1);
-    let fit = (l2_bytes as usize / 2) / kv_per_head.max(1);
-    fit.clamp(1, batch_heads.max(1)) as i32
+    let fit = (l2_bytes as usize / kv_per_head.max(1)).max(1);
+    let want = (SECTION_WAVES * grid.max(1)).div_ceil(items_per_head.max(1));
+    want.clamp(1, fit.min(batch_heads.max(1))) as i32
 }
 
 /// The scheduler buffer of a Hopper plan (`i32`s): the tile counter at 0, the CTAs' work slots
@@ -249,10 +267,17 @@ mod tests {
 
     #[test]
     fn l2_sections() {
-        // 50 MB L2, N = 8192, D = 128: 4 MiB of K/V per head, 5 heads in 25 MB.
-        assert_eq!(l2_section_heads(50 << 20, 8192, 128, 1, 32), 6);
-        assert_eq!(l2_section_heads(50 << 20, 8192, 128, 4, 32), 25);
-        assert_eq!(l2_section_heads(50 << 20, 1 << 20, 256, 1, 32), 1);
-        assert_eq!(l2_section_heads(50 << 20, 128, 64, 1, 8), 8);
+        let l2 = 50 << 20;
+        // Causal N = 32768, D = 128 on 132 CTAs: 256 query tiles per head, 16 MiB of K/V: four
+        // waves want 3 heads, which fit the L2 (48 MiB).
+        assert_eq!(l2_section_heads(l2, 32768, 128, 1, 32, 256, 132), 3);
+        // N = 8192: 64 tiles, 4 MiB per head: 9 heads.
+        assert_eq!(l2_section_heads(l2, 8192, 128, 1, 32, 64, 132), 9);
+        // GQA 32/8 at N = 4096: 32 tiles, 0.5 MiB of K/V per query head: 17 heads.
+        assert_eq!(l2_section_heads(l2, 4096, 128, 4, 128, 32, 132), 17);
+        // The L2 caps a section (1 MiB-key heads: 1 GiB of K/V each) and so do the heads.
+        assert_eq!(l2_section_heads(l2, 1 << 20, 256, 1, 32, 8192, 132), 1);
+        assert_eq!(l2_section_heads(l2, 1 << 17, 128, 1, 32, 1, 132), 1);
+        assert_eq!(l2_section_heads(l2, 128, 64, 1, 8, 1, 132), 8);
     }
 }

@@ -755,6 +755,8 @@ impl AttentionPlan {
                     self.problem.head_dim,
                     self.problem.group(),
                     self.problem.batch * self.problem.heads_q,
+                    self.q_tiles * self.splits,
+                    hopper::grid(work, self.ctx.info().sm_count) as usize,
                 ),
                 tile_counter: scheduler,
                 work_slots: scheduler + (hopper::SCHEDULER_SLOTS_OFFSET * 4) as u64,
