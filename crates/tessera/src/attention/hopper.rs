@@ -4,10 +4,10 @@
 //! Grid convention of this path (differs from the `(B * Hq, q_tiles, splits)` grid of the
 //! others): a persistent 1-D grid of `min(work_items, SMs)` CTAs, `work_items = q_tiles *
 //! splits * B * Hq`. The batch-heads are cut into L2 sections of `S` ([`l2_section_heads`]:
-//! enough heads for four waves of the grid, as long as their K and V fit the L2). The first section holds the `B * Hq % S`
-//! remainder heads (when not 0), every later one `S`: the launch then ends on a full section,
-//! whose short causal tiles fill the tail (a small last section would start its longest tiles
-//! when the other CTAs run out of work). Inside a section the order is query tile descending
+//! enough heads for four waves of the grid, as long as their K and V fit the L2). The first
+//! section holds the `B * Hq % S` remainder heads (when not 0), every later one `S`: the launch
+//! then ends on a full section, whose short causal tiles fill the tail (a small last section
+//! would start its longest tiles when the other CTAs run out of work). Inside a section the order is query tile descending
 //! (longest causal tiles first), then split, then batch-head. Without sections the
 //! CTAs running together would each stream a different head's K/V from HBM.
 //!
@@ -198,12 +198,9 @@ pub fn encode(s: &MapShape) -> std::result::Result<TensorMap, TmaError> {
     Ok(map)
 }
 
-/// Waves of the persistent grid one L2 section of the work order aims to fill.
-pub const SECTION_WAVES: usize = 4;
-
-/// Batch-heads per L2 section: enough heads for [`SECTION_WAVES`] waves of the `grid` CTAs
-/// (`items_per_head` work items each), as long as their K and V (GQA groups share them) fit the
-/// L2; at least 1. H200, bench/NOTES.md run 52, against the earlier rule (as many heads as fit
+/// Batch-heads per L2 section: enough heads for [`super::plan::SECTION_WAVES`] waves of the
+/// `grid` CTAs (`items_per_head` work items each; [`super::plan::heads_for_waves`]), as long as
+/// their K and V (GQA groups share them) fit the L2; at least 1. H200, bench/NOTES.md run 52, against the earlier rule (as many heads as fit
 /// half the L2): causal N = 32768 14.72-14.75 ms against 14.84-14.85 (3 heads of 16 MiB instead
 /// of 1: one head's 256 query tiles are two waves, so the CTAs of a section's last wave
 /// straggle across into the next head), N = 8192 0.869-0.876 against 0.880-0.883 (9 heads
@@ -220,8 +217,7 @@ pub fn l2_section_heads(
 ) -> i32 {
     let kv_per_head = (2 * 2 * seqlen_k.max(1) * head_dim.max(1)) / group.max(1);
     let fit = (l2_bytes as usize / kv_per_head.max(1)).max(1);
-    let want = (SECTION_WAVES * grid.max(1)).div_ceil(items_per_head.max(1));
-    want.clamp(1, fit.min(batch_heads.max(1))) as i32
+    super::plan::heads_for_waves(grid, items_per_head, fit.min(batch_heads.max(1))) as i32
 }
 
 /// The scheduler buffer of a Hopper plan (`i32`s): the tile counter at 0, the CTAs' work slots

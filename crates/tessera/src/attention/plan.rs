@@ -286,6 +286,17 @@ pub fn shared_per_sm_of(arch: Arch) -> Option<u32> {
     }
 }
 
+/// Waves of resident CTAs one section of a work order aims to fill (both kernels).
+pub const SECTION_WAVES: usize = 4;
+
+/// The fewest batch-heads of `items_per_head` work items each that fill [`SECTION_WAVES`] waves
+/// of `resident_ctas`, between 1 and `max_heads`.
+pub fn heads_for_waves(resident_ctas: usize, items_per_head: usize, max_heads: usize) -> usize {
+    (SECTION_WAVES * resident_ctas.max(1))
+        .div_ceil(items_per_head.max(1))
+        .clamp(1, max_heads.max(1))
+}
+
 /// Batch-heads per section of the Ampere kernel's work order (flash_sm80.cu, `work_tile`).
 /// Where one head's K and V (`kv_bytes_per_head`) exceed a quarter of L2, the CTAs that run
 /// every head's same query tile together drift apart along their heads' keys faster than L2
@@ -309,7 +320,7 @@ pub fn sm80_head_group(
     if kv_bytes_per_head.saturating_mul(4) <= l2_bytes {
         return heads;
     }
-    (4 * resident_ctas.max(1)).div_ceil(q_tiles.max(1)).clamp(1, heads)
+    heads_for_waves(resident_ctas, q_tiles, heads)
 }
 
 /// A plan: the kernels, the split count and the workspace for one problem.

@@ -190,7 +190,8 @@ pub struct Variant {
 
 impl Variant {
     /// Whether this variant runs the pipelined cluster schedule: it needs 16-byte copies, so
-    /// the scalar variant of [`SoftmaxPath::ClusterPipe`] is the plain one.
+    /// the scalar variant of [`SoftmaxPath::ClusterPipe`] is the plain one (split-row has no
+    /// scalar variant of its own).
     fn pipelined(&self) -> bool {
         matches!(self.path, SoftmaxPath::ClusterPipe | SoftmaxPath::SplitRow) && self.pack > 1
     }
@@ -506,10 +507,19 @@ impl SoftmaxPlan {
             p => p,
         };
         let mut plan_path = path;
-        if path == SoftmaxPath::SplitRow
-            && opts.path == SoftmaxPath::Auto
-            && build_variant(ctx, shape, opts.kind, path, pack_of(shape.in_dtype))?.is_none()
-        {
+        // The split-row kernel (its only variant has 16-byte packs), built once here.
+        let split = if path == SoftmaxPath::SplitRow {
+            build_variant(ctx, shape, opts.kind, path, pack_of(shape.in_dtype))?
+        } else {
+            None
+        };
+        if path == SoftmaxPath::SplitRow && split.is_none() {
+            if opts.path != SoftmaxPath::Auto {
+                return Err(Error::Unsupported(split_row_unsupported(
+                    shape,
+                    info.max_shared_per_block_optin as usize,
+                )));
+            }
             // Not expected where split_auto holds; keep Auto total all the same.
             plan_path = if row_bytes >= CLUSTER_PIPE_MIN_ROW_BYTES && cluster_ok {
                 SoftmaxPath::ClusterPipe
@@ -532,17 +542,13 @@ impl SoftmaxPlan {
                 shape.cols
             ))
         })?;
-        let vector = if pack > 1 || plan_path.is_cluster() {
+        let vector = if split.is_some() {
+            split
+        } else if pack > 1 || plan_path.is_cluster() {
             build_variant(ctx, shape, opts.kind, plan_path, pack.max(2))?
         } else {
             None
         };
-        if plan_path == SoftmaxPath::SplitRow && vector.is_none() {
-            return Err(Error::Unsupported(split_row_unsupported(
-                shape,
-                info.max_shared_per_block_optin as usize,
-            )));
-        }
         let exchange = match &vector {
             Some(v) if v.variant.path == SoftmaxPath::SplitRow => {
                 let mut b =
@@ -813,7 +819,8 @@ pub const SPLIT_MAX_CTAS: u32 = 32;
 /// input bytes (larger ones past [`SPLIT_MAX_CTAS`] CTAs), a multiple of `align` elements;
 /// `None` for a row one CTA's share holds.
 pub fn split_row_shape(cols: usize, in_size: usize, align: usize, share_bytes: usize) -> Option<(u32, usize)> {
-    let per = (share_bytes / in_size / align).max(1) * align;
+    let align = align.max(1);
+    let per = (share_bytes / in_size.max(1) / align).max(1) * align;
     let ctas = cols.div_ceil(per).min(SPLIT_MAX_CTAS as usize);
     if ctas < 2 {
         return None;
@@ -935,8 +942,7 @@ fn build_variant(
             }
         }
         SoftmaxPath::BlockUncached => (UNCACHED_THREADS, 0),
-        // The split-row kernel needs 16-byte copies: unaligned calls re-read the row instead.
-        // Calls whose pointers are not 16-byte aligned: the plain cluster kernel where it holds
+        // Split-row calls whose pointers are not 16-byte aligned: the plain cluster kernel where it holds
         // the row (read once), else the uncached one (read twice).
         SoftmaxPath::SplitRow if pack == 1 => {
             let plain = Variant {
