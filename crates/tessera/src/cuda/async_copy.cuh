@@ -3,7 +3,8 @@
 // `cp_async_16` starts a 16-byte copy that bypasses registers (LDGSTS); a thread may start many
 // before waiting, so one thread keeps far more bytes in flight than with ordinary loads.
 // `cp_async_commit` closes the group of copies started so far; `cp_async_wait_all` waits for
-// every group of this thread, cp_async_wait<N> for all but the N most recent groups.
+// every group of this thread, cp_async_wait<N> for all but the N most recent groups
+// (cp_async_wait_pending(n) the same with n folded to a constant in an unrolled loop).
 // cp_async_16_zfill zero-fills a chunk whose source lies beyond a tensor's end. The copied data
 // is visible to other threads only after a barrier that follows the wait.
 //
@@ -57,6 +58,21 @@ TS_DEVICE void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "
 template <int N>
 TS_DEVICE void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/// cp_async_wait<n> for n in 0..7 given as a value (the instruction takes an immediate): in an
+/// unrolled loop n folds to a constant and the switch disappears. n > 7 waits as for 7.
+TS_DEVICE void cp_async_wait_pending(int n) {
+  switch (n) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    default: cp_async_wait<7>(); break;
+  }
 }
 
 }  // namespace ts

@@ -58,7 +58,9 @@
 // read and its outputs stored: the next row's loads overlap this row's stores, with no extra
 // shared memory (a ring of one share). Write-after-read on a pack stays inside one thread: the
 // ld.shared is program-ordered before the cp.async (asm volatile with a memory clobber), and
-// the global store that consumes the loaded value is issued before the copy. Measured (H200,
+// the global store that consumes the loaded value is issued before the copy. The copies of a
+// row are committed in four groups (kCopyGroups), and the reduction pass waits for them one
+// group at a time, so it starts on the first quarter while the rest is still in flight. Measured (H200,
 // bench/NOTES.md runs 6-7): +2-5% on rows of 256-512 KB, -3-6% on 64-128 KB rows, so Auto
 // takes it for cluster rows of 256 KB and more.
 
@@ -180,8 +182,10 @@ struct ExchangeSlot {
 };
 static_assert(sizeof(ExchangeSlot) == 16, "mirror of the Rust workspace size");
 
-/// The split-row launch's epoch: the high half of its slot tags. Read after the previous grid
-/// completed (ts::wait_prior_grids), and changed only after every CTA of this launch finished.
+/// The split-row launch's epoch: the high half of its slot tags. Read at every exchange (an L2
+/// hit; holding it in registers across the row loop made the fp32 variant spill), after the
+/// previous grid completed (ts::wait_prior_grids), and changed only after every CTA of this
+/// launch finished its exchanges (split_finish).
 TS_DEVICE unsigned long long split_epoch(const SoftmaxClusterParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   return (unsigned long long)*reinterpret_cast<const volatile unsigned*>(p.counters);
@@ -207,13 +211,16 @@ TS_DEVICE void split_finish(const SoftmaxClusterParams& p) {
 /// The split-row path's exchange (kGlobalExchange): CTAs blockIdx.x / kCluster * kCluster + r,
 /// r < kCluster, hold one row between them. Thread 0 publishes this CTA's state in its slot of
 /// the row parity's set, threads r < kCluster wait for rank r's slot to carry this row's tag,
-/// and every thread merges the kCluster states in rank order (the same bits in every CTA).
+/// and every thread merges the kCluster states in rank order (the same bits in every CTA). The
+/// tag is (epoch << 32) | (iter + 1), iter the CTA's row iteration.
 /// Slots alternate by row parity: a CTA rewrites a set only two rows later, after every CTA of
 /// its group has published the row in between, which each did after reading this one.
 TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const SoftmaxClusterParams& p, int rank,
-                                           long long group, int parity, unsigned long long tag) {
+                                           long long group, int parity, long long iter) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   __shared__ ts::OnlineSoftmax got[2][kCluster];
+  const unsigned long long tag =
+      threadIdx.x < kCluster ? (split_epoch(p) << 32) | (unsigned long long)(iter + 1) : 0ull;
   ExchangeSlot* set = static_cast<ExchangeSlot*>(p.exchange) + (group * 2 + parity) * kCluster;
   if (threadIdx.x == 0) {
     set[rank].m = mine.m;
@@ -235,6 +242,42 @@ TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const Softmax
   return mine;
 #endif
 }
+
+/// Pipelined schedule: a thread's packs of a row (k = 0 .. own - 1, pack tid + k * kBlockThreads)
+/// are copied in kCopyGroups commit groups of consecutive k, and the reduction pass waits for
+/// them group by group, so it reduces the first packs while the last are still arriving (run 54
+/// in bench/NOTES.md: +1-6% on 256-1024 KB rows against one group per row).
+constexpr int kCopyGroups = 4;
+
+/// Walks a thread's packs k = 0 .. own - 1 group by group (group g ends before pack
+/// own * (g + 1) / kCopyGroups; groups may be empty). Copying: commit_before(k) closes the groups
+/// that end at k, commit_rest() the others, so every row commits exactly kCopyGroups groups.
+/// Reading: wait_for(k) waits until the group of pack k has landed.
+struct CopyGroups {
+  int own;
+  int g = 0;    // the current group
+  int end;      // its end
+  TS_DEVICE explicit CopyGroups(int own_) : own(own_), end(own_ / kCopyGroups) {}
+  TS_DEVICE void next() {
+    ++g;
+    end = own * (g + 1) / kCopyGroups;
+  }
+  TS_DEVICE void commit_before(int k) {
+    while (k == end) {
+      ts::cp_async_commit();
+      next();
+    }
+  }
+  TS_DEVICE void commit_rest() {
+    for (; g < kCopyGroups; next()) ts::cp_async_commit();
+  }
+  TS_DEVICE void wait_for(int k) {
+    if (k == 0 || k == end) {
+      while (k == end) next();
+      ts::cp_async_wait_pending(kCopyGroups - 1 - g);  // groups 0..g of this row have landed
+    }
+  }
+};
 
 /// The extreme of x that gives the row max of x * s: max for s > 0, min for s < 0.
 struct Extreme {
@@ -301,32 +344,42 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
     // ---- pipelined: every pass over this thread's own packs; the store pass refills them ----
     __shared__ ts::OnlineSoftmax red_state[2][kWarps];  // block reduction, by row parity
     __shared__ ts::OnlineSoftmax slot_state[2];         // cluster exchange, by row parity
+    const int own = tid < packs ? (packs - 1 - tid) / kBlockThreads + 1 : 0;  // this thread's packs
     const int tail = packs * kPack + tid;   // this thread's tail element (n - packs * kPack < kPack)
     const bool has_tail = tail < n;
     const InPack* spk = reinterpret_cast<const InPack*>(share);
-    const unsigned long long epoch = kGlobalExchange ? split_epoch(p) : 0;
 
-    // Prologue: the first row's copies.
+    // Prologue: the first row's copies, in kCopyGroups groups.
     if (cluster < p.rows) {
       const InT* src = in + cluster * p.in_stride + c0;
-      for (int q = tid; q < packs; q += kBlockThreads) ts::cp_async_16(share + q * kPack, src + q * kPack);
-      ts::cp_async_commit();
+      CopyGroups groups(own);
+      for (int k = 0; k < own; ++k) {
+        groups.commit_before(k);
+        const int q = tid + k * kBlockThreads;
+        ts::cp_async_16(share + q * kPack, src + q * kPack);
+      }
+      groups.commit_rest();
       if (has_tail) share[tail] = ts::load_scalar(src + tail);
     }
 
     for (long long row = cluster; row < p.rows; row += clusters) {
       OutT* dst = out + row * p.out_stride + c0;
-      ts::cp_async_wait_all();  // this thread's packs of the row have landed (only it reads them)
 
-      // ---- one pass: (max, sum) of the share as an online-softmax state, then the CTA's and the
+      // ---- one pass: (max, sum) of the share as an online-softmax state, each copy group as
+      // soon as it has landed (only this thread reads its packs), then the CTA's and the
       // cluster's (one block reduction and one cluster exchange per row; buffers by row parity) ----
       ts::OnlineSoftmax st = ts::OnlineSoftmax::empty();
-      for (int q = tid; q < packs; q += kBlockThreads) {
-        const ts::Array<float, kPack> f = ts::to_floats(spk[q]);
-        float e = ext_op.identity();
+      {
+        CopyGroups groups(own);
+        for (int k = 0; k < own; ++k) {
+          groups.wait_for(k);
+          const ts::Array<float, kPack> f = ts::to_floats(spk[tid + k * kBlockThreads]);
+          float e = ext_op.identity();
 #pragma unroll
-        for (int k = 0; k < kPack; ++k) e = ext_op(e, f[k]);
-        st.update_chunk_fma(f, s, __fmul_rn(e, s));
+          for (int j = 0; j < kPack; ++j) e = ext_op(e, f[j]);
+          st.update_chunk_fma(f, s, __fmul_rn(e, s));
+        }
+        ts::cp_async_wait_all();  // also when own == 0: no copy of this row is left in flight
       }
       if (has_tail) {
         ts::Array<float, 1> t;
@@ -337,7 +390,7 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
       const int parity = (int)(iter & 1);
       st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
       if constexpr (kGlobalExchange) {
-        st = global_combine(st, p, rank, cluster, parity, (epoch << 32) | (unsigned long long)(iter + 1));
+        st = global_combine(st, p, rank, cluster, parity, iter);
       } else {
         st = cluster_combine(st, &slot_state[parity], ts::OnlineSoftmaxMergeOp{});
       }
@@ -348,20 +401,25 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
       // ---- store the outputs; refill each pack with the next row as soon as it is consumed ----
       const bool more = row + clusters < p.rows;
       const InT* next = in + (more ? row + clusters : row) * p.in_stride + c0;
-      for (int q = tid; q < packs; q += kBlockThreads) {
-        const ts::Array<float, kPack> f = ts::to_floats(spk[q]);
-        ts::Array<float, kPack> o;
+      {
+        CopyGroups groups(own);
+        for (int k = 0; k < own; ++k) {
+          groups.commit_before(k);
+          const int q = tid + k * kBlockThreads;
+          const ts::Array<float, kPack> f = ts::to_floats(spk[q]);
+          ts::Array<float, kPack> o;
 #pragma unroll
-        for (int k = 0; k < kPack; ++k) o[k] = finish(f[k], s, neg_shift, coef);
-        if constexpr (kOutPack > 1) {
-          ts::store_floats(dst + q * kPack, o);   // dst + q * kPack is aligned: see the launch contract
-        } else {
+          for (int j = 0; j < kPack; ++j) o[j] = finish(f[j], s, neg_shift, coef);
+          if constexpr (kOutPack > 1) {
+            ts::store_floats(dst + q * kPack, o);   // dst + q * kPack is aligned: see the launch contract
+          } else {
 #pragma unroll
-          for (int k = 0; k < kPack; ++k) ts::store_scalar(dst + q * kPack + k, ts::from_float<OutT>(o[k]));
+            for (int j = 0; j < kPack; ++j) ts::store_scalar(dst + q * kPack + j, ts::from_float<OutT>(o[j]));
+          }
+          if (more) ts::cp_async_16(share + q * kPack, next + q * kPack);
         }
-        if (more) ts::cp_async_16(share + q * kPack, next + q * kPack);
+        groups.commit_rest();
       }
-      ts::cp_async_commit();
       if (has_tail) {
         const float v = ts::to_float(share[tail]);
         ts::store_scalar(dst + tail, ts::from_float<OutT>(finish(v, s, neg_shift, coef)));
