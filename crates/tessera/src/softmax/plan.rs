@@ -186,6 +186,10 @@ pub struct Variant {
     pub cluster: u32,
     /// Cluster path: output elements per vector store (1 = scalar).
     pub out_pack: u32,
+    /// Pipelined cluster and split-row schedules: cp.async commit groups per row, 8 (one per
+    /// pack: the reduction starts on the first packs while the others land; shares of at most
+    /// 8 packs per thread) or 1 (any share). See [`copy_groups_for`]. Ignored elsewhere.
+    pub copy_groups: u32,
 }
 
 impl Variant {
@@ -252,7 +256,7 @@ impl Variant {
 
     fn cluster_spec(&self) -> KernelSpec {
         let name = format!(
-            "softmax_{}_{}_{}_cluster_t{}_p{}_o{}_k{}{}{}",
+            "softmax_{}_{}_{}_cluster_t{}_p{}_o{}_k{}{}{}{}",
             self.kind.name(),
             self.in_dtype,
             self.out_dtype,
@@ -265,6 +269,11 @@ impl Variant {
                 "_split"
             } else {
                 ""
+            },
+            if self.pipelined() && self.copy_groups > 1 {
+                format!("_g{}", self.copy_groups)
+            } else {
+                String::new()
             }
         );
         let preamble = format!(
@@ -272,7 +281,7 @@ impl Variant {
              using InT = {};\nusing OutT = {};\nconstexpr bool kLogSoftmax = {};\n\
              constexpr int kBlockThreads = {};\nconstexpr int kPack = {};\nconstexpr int kOutPack = {};\n\
              constexpr int kCluster = {};\nconstexpr bool kPipeline = {};\nconstexpr bool kGlobalExchange = {};\n\
-             #define TS_GENERATED_PREAMBLE 1\n",
+             constexpr int kCopyGroups = {};\n#define TS_GENERATED_PREAMBLE 1\n",
             self.in_dtype.cuda_type(),
             self.out_dtype.cuda_type(),
             self.kind == SoftmaxKind::LogSoftmax,
@@ -281,7 +290,8 @@ impl Variant {
             self.out_pack,
             self.cluster,
             self.pipelined(),
-            self.path == SoftmaxPath::SplitRow
+            self.path == SoftmaxPath::SplitRow,
+            if self.pipelined() { self.copy_groups } else { 1 }
         );
         KernelSpec {
             name,
@@ -775,6 +785,7 @@ fn build_cluster(
     variant.cluster = cluster;
     variant.cols_per_thread = 1;
     variant.block_threads = cluster_threads(smem);
+    variant.copy_groups = copy_groups_for(chunk, pi, variant.block_threads);
     let threads = variant.block_threads;
     let kernel = ctx.kernel(&variant.spec())?;
     let resident = if cluster > 1 {
@@ -800,6 +811,19 @@ fn build_cluster(
         chunk,
     }))
 }
+
+/// Commit groups per row of the pipelined schedules: one per pack ([`COPY_GROUPS`]) where every
+/// thread holds at most that many full packs of a `chunk`-element share (`pack` elements each),
+/// else one. H200, bench/NOTES.md runs 54-56: +1-6% on 256-1024 KB rows.
+pub fn copy_groups_for(chunk: usize, pack: u32, threads: u32) -> u32 {
+    if chunk / pack.max(1) as usize <= (COPY_GROUPS * threads) as usize {
+        COPY_GROUPS
+    } else {
+        1
+    }
+}
+/// `kCopyGroups` of a pipelined variant whose shares allow one group per pack.
+pub const COPY_GROUPS: u32 = 8;
 
 /// Split-row path: input bytes a CTA's share aims for, and its threads (three CTAs per SM).
 /// H200, bench/NOTES.md run 46: 64 KB / 512 threads 3311 GB/s on fp32 256 x 262144 against
@@ -882,6 +906,7 @@ fn build_split_row(ctx: &Context, shape: &SoftmaxShape, mut variant: Variant) ->
     variant.cluster = ctas;
     variant.cols_per_thread = 1;
     variant.block_threads = threads;
+    variant.copy_groups = copy_groups_for(chunk, pi, threads);
     let kernel = ctx.kernel(&variant.spec())?;
     let resident = kernel.max_active_blocks_per_sm(ctx, threads, smem)? * ctx.info().sm_count;
     let max_groups = resident / ctas;
@@ -925,6 +950,7 @@ fn build_variant(
         warp_width: 32,
         cluster: 1,
         out_pack: 1,
+        copy_groups: 1,
     };
     let (threads, smem) = match path {
         p if p.is_warp() => {
@@ -1027,6 +1053,7 @@ pub fn ci_variants() -> Vec<Variant> {
         warp_width: 32,
         cluster: 1,
         out_pack: 1,
+        copy_groups: 1,
     };
     for &d in &dtypes {
         // Warp path: every (cols_per_thread, width, rows) shape for cols 1..=1024, both packs.
@@ -1153,6 +1180,21 @@ pub fn ci_variants() -> Vec<Variant> {
             }
         }
     }
+    // Pipelined schedules: one commit group per pack wherever shares allow it. 512-thread
+    // shares hold at most 64 KB (8 packs per thread), so only 1024-thread cluster shares and
+    // split rows past SPLIT_MAX_CTAS shares also need the one-group variant.
+    let per_pack: Vec<Variant> = out
+        .iter()
+        .filter(|v| v.pipelined())
+        .map(|v| Variant {
+            copy_groups: COPY_GROUPS,
+            ..*v
+        })
+        .collect();
+    out.retain(|v| {
+        !v.pipelined() || v.block_threads > 512 || (v.path == SoftmaxPath::SplitRow && v.cluster == SPLIT_MAX_CTAS)
+    });
+    out.extend(per_pack);
     // The scalar variant of the pipelined cluster path is the plain one: one entry per kernel.
     out.sort_by_key(|v| v.spec().name);
     out.dedup_by_key(|v| v.spec().name);

@@ -41,6 +41,8 @@
 //     scalar or packed by the same rule on out/out_stride (kOutPack).
 //   * kCluster > 1 (not kGlobalExchange) needs sm_90+ and a cluster launch with clusterDim.x == kCluster.
 //   * chunk (p.chunk) = round_up(ceil(cols / kCluster), kPack); dynamic shared memory as above.
+//   * kCopyGroups == 8 (pipelined schedule) needs at most 8 full packs per thread:
+//     chunk / kPack <= 8 * kBlockThreads (else the kernel traps); kCopyGroups == 1 takes any.
 //   * cols < 2^31; rows any.
 //
 // Roofline: memory-bound; bytes = rows * cols * (sizeof(InT) + sizeof(OutT)), read and written
@@ -58,9 +60,7 @@
 // read and its outputs stored: the next row's loads overlap this row's stores, with no extra
 // shared memory (a ring of one share). Write-after-read on a pack stays inside one thread: the
 // ld.shared is program-ordered before the cp.async (asm volatile with a memory clobber), and
-// the global store that consumes the loaded value is issued before the copy. The copies of a
-// row are committed in four groups (kCopyGroups), and the reduction pass waits for them one
-// group at a time, so it starts on the first quarter while the rest is still in flight. Measured (H200,
+// the global store that consumes the loaded value is issued before the copy. Measured (H200,
 // bench/NOTES.md runs 6-7): +2-5% on rows of 256-512 KB, -3-6% on 64-128 KB rows, so Auto
 // takes it for cluster rows of 256 KB and more.
 
@@ -99,6 +99,7 @@ constexpr int kOutPack = 8;
 constexpr int kCluster = 8;
 constexpr bool kPipeline = true;
 constexpr bool kGlobalExchange = false;
+constexpr int kCopyGroups = 8;
 #endif
 
 static_assert(kBlockThreads % 32 == 0 && kBlockThreads >= 64 && kBlockThreads <= 1024, "kBlockThreads");
@@ -108,6 +109,7 @@ static_assert(kGlobalExchange || kCluster == 1 || kCluster == 2 || kCluster == 4
               "kCluster: 1, 2, 4 or 8 (a hardware cluster)");
 static_assert(!kGlobalExchange || (kCluster >= 2 && kCluster <= 32 && kPipeline && kPack > 1),
               "split-row (global exchange): 2..32 CTAs per row, the pipelined schedule, 16-byte packs");
+static_assert(kCopyGroups == 1 || kCopyGroups == 8, "kCopyGroups: one group per row, or one per pack (up to 8)");
 #if defined(__CUDA_ARCH__) && !defined(TS_HAS_CLUSTERS)
 static_assert(kCluster == 1 || kGlobalExchange, "clusters of CTAs need sm_90 or newer");
 #endif
@@ -182,16 +184,22 @@ struct ExchangeSlot {
 };
 static_assert(sizeof(ExchangeSlot) == 16, "mirror of the Rust workspace size");
 
-/// The split-row launch's epoch: the high half of its slot tags. Read at every exchange (an L2
-/// hit; holding it in registers across the row loop made the fp32 variant spill), after the
+/// The split-row launch's epoch: the high half of its slot tags. Read once per CTA after the
 /// previous grid completed (ts::wait_prior_grids), and changed only after every CTA of this
-/// launch finished its exchanges (split_finish).
+/// launch finished.
 TS_DEVICE unsigned long long split_epoch(const SoftmaxClusterParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   return (unsigned long long)*reinterpret_cast<const volatile unsigned*>(p.counters);
 #else
   return 0;
 #endif
+}
+
+/// The launch epoch as this CTA read it before its first row (thread 0 writes it; the barrier
+/// of the first block reduction orders the write before global_combine's reads).
+TS_DEVICE unsigned long long& split_epoch_shared() {
+  __shared__ unsigned long long epoch;
+  return epoch;
 }
 
 /// Ends a split-row launch: the last CTA to finish resets the done count and advances the
@@ -216,11 +224,10 @@ TS_DEVICE void split_finish(const SoftmaxClusterParams& p) {
 /// Slots alternate by row parity: a CTA rewrites a set only two rows later, after every CTA of
 /// its group has published the row in between, which each did after reading this one.
 TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const SoftmaxClusterParams& p, int rank,
-                                           long long group, int parity, long long iter) {
+                                           long long group, int parity, unsigned iter) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   __shared__ ts::OnlineSoftmax got[2][kCluster];
-  const unsigned long long tag =
-      threadIdx.x < kCluster ? (split_epoch(p) << 32) | (unsigned long long)(iter + 1) : 0ull;
+  const unsigned long long tag = (split_epoch_shared() << 32) | (unsigned long long)(iter + 1);
   ExchangeSlot* set = static_cast<ExchangeSlot*>(p.exchange) + (group * 2 + parity) * kCluster;
   if (threadIdx.x == 0) {
     set[rank].m = mine.m;
@@ -242,42 +249,6 @@ TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const Softmax
   return mine;
 #endif
 }
-
-/// Pipelined schedule: a thread's packs of a row (k = 0 .. own - 1, pack tid + k * kBlockThreads)
-/// are copied in kCopyGroups commit groups of consecutive k, and the reduction pass waits for
-/// them group by group, so it reduces the first packs while the last are still arriving (run 54
-/// in bench/NOTES.md: +1-6% on 256-1024 KB rows against one group per row).
-constexpr int kCopyGroups = 4;
-
-/// Walks a thread's packs k = 0 .. own - 1 group by group (group g ends before pack
-/// own * (g + 1) / kCopyGroups; groups may be empty). Copying: commit_before(k) closes the groups
-/// that end at k, commit_rest() the others, so every row commits exactly kCopyGroups groups.
-/// Reading: wait_for(k) waits until the group of pack k has landed.
-struct CopyGroups {
-  int own;
-  int g = 0;    // the current group
-  int end;      // its end
-  TS_DEVICE explicit CopyGroups(int own_) : own(own_), end(own_ / kCopyGroups) {}
-  TS_DEVICE void next() {
-    ++g;
-    end = own * (g + 1) / kCopyGroups;
-  }
-  TS_DEVICE void commit_before(int k) {
-    while (k == end) {
-      ts::cp_async_commit();
-      next();
-    }
-  }
-  TS_DEVICE void commit_rest() {
-    for (; g < kCopyGroups; next()) ts::cp_async_commit();
-  }
-  TS_DEVICE void wait_for(int k) {
-    if (k == 0 || k == end) {
-      while (k == end) next();
-      ts::cp_async_wait_pending(kCopyGroups - 1 - g);  // groups 0..g of this row have landed
-    }
-  }
-};
 
 /// The extreme of x that gives the row max of x * s: max for s > 0, min for s < 0.
 struct Extreme {
@@ -308,6 +279,138 @@ TS_DEVICE float finish(float x, float s, float neg_shift, float coef) {
   }
 }
 
+/// Pipelined schedule: a row's copies of this thread's packs k = 0, 1, ... (pack q = tid + k *
+/// kBlockThreads) in kCopyGroups commit groups. kCopyGroups == 8 (shares of at most 8 packs per
+/// thread, e.g. 64 KB of 512 threads): pack k is group k (groups past the thread's last pack are
+/// empty, committed all the same: the waits count groups), and the reduction pass waits for
+/// group k before reading pack k, so it reduces the first packs while the last are still
+/// arriving (runs 54-56 in bench/NOTES.md: +1-6% on 256-1024 KB rows). kCopyGroups == 1 (larger
+/// shares): one group per row, waited for before the pass. One kernel holding both schedules
+/// behind a runtime test spilled under the 40-register cap, so the plan picks the variant.
+struct CopyGroups {
+  static constexpr int kGroups = kCopyGroups;
+  int packs;  // the CTA's full packs; this thread's are tid, tid + kBlockThreads, ... < packs
+
+  /// Calls f(q) for this thread's packs q, closing each commit group after its packs.
+  template <typename F>
+  TS_DEVICE void copy(F&& f) const {
+    if constexpr (kGroups == 1) {
+      for (int q = threadIdx.x; q < packs; q += kBlockThreads) f(q);
+      ts::cp_async_commit();
+    } else {
+#pragma unroll
+      for (int k = 0; k < kGroups; ++k) {
+        const int q = threadIdx.x + k * kBlockThreads;
+        if (q < packs) f(q);
+        ts::cp_async_commit();
+      }
+    }
+  }
+
+  /// Calls f(q) for this thread's packs q, each once its copy group has landed.
+  template <typename F>
+  TS_DEVICE void read(F&& f) const {
+    if constexpr (kGroups == 1) {
+      ts::cp_async_wait_all();
+      for (int q = threadIdx.x; q < packs; q += kBlockThreads) f(q);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kGroups; ++k) {
+        ts::cp_async_wait_pending(kGroups - 1 - k);  // groups 0..k of this row have landed
+        const int q = threadIdx.x + k * kBlockThreads;
+        if (q < packs) f(q);
+      }
+    }
+  }
+};
+
+/// The pipelined schedule (kPipe) of one cluster's rows, its copies in kCopyGroups groups per
+/// row (CopyGroups). rank, cluster, clusters, c0, n: as in rows().
+TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int rank, int cluster, int clusters,
+                              int c0, int n) {
+  __shared__ ts::OnlineSoftmax red_state[2][kWarps];  // block reduction, by row parity
+  __shared__ ts::OnlineSoftmax slot_state[2];         // cluster exchange, by row parity
+  const InT* in = static_cast<const InT*>(p.in);
+  OutT* out = static_cast<OutT*>(p.out);
+  const float s = p.scale_log2e;
+  const Extreme ext_op{s > 0.0f};
+  const int tid = threadIdx.x;
+  const int packs = n / kPack;             // full packs (n % kPack only at the row end)
+  const int tail = packs * kPack + tid;   // this thread's tail element (n - packs * kPack < kPack)
+  const bool has_tail = tail < n;
+  const InPack* spk = reinterpret_cast<const InPack*>(share);
+  const CopyGroups groups{packs};
+  if (kCopyGroups > 1 && packs > kCopyGroups * kBlockThreads) __trap();  // launch contract (Rust: plan.rs)
+
+  // Prologue: the first row's copies.
+  if (cluster < p.rows) {
+    const InT* src = in + cluster * p.in_stride + c0;
+    groups.copy([&](int q) { ts::cp_async_16(share + q * kPack, src + q * kPack); });
+    if (has_tail) share[tail] = ts::load_scalar(src + tail);
+  }
+  if constexpr (kGlobalExchange) {
+    if (tid == 0) split_epoch_shared() = split_epoch(p);  // read by global_combine, after a barrier
+  }
+
+  unsigned iter = 0;  // this CTA's row iteration, (row - cluster) / clusters
+  for (long long row = cluster; row < p.rows; row += clusters, ++iter) {
+    OutT* dst = out + row * p.out_stride + c0;
+
+    // ---- one pass: (max, sum) of the share as an online-softmax state (each pack as soon as it
+    // has landed; only this thread reads it), then the CTA's and the cluster's (one block
+    // reduction and one cluster exchange per row; buffers by row parity) ----
+    ts::OnlineSoftmax st = ts::OnlineSoftmax::empty();
+    groups.read([&](int q) {
+      const ts::Array<float, kPack> f = ts::to_floats(spk[q]);
+      float e = ext_op.identity();
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) e = ext_op(e, f[k]);
+      st.update_chunk_fma(f, s, __fmul_rn(e, s));
+    });
+    if (has_tail) {
+      ts::Array<float, 1> t;
+      t[0] = ts::to_float(share[tail]);
+      st.update_chunk_fma(t, s, __fmul_rn(t[0], s));
+    }
+    const int parity = (int)(iter & 1);
+    st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
+    if constexpr (kGlobalExchange) {
+      st = global_combine(st, p, rank, cluster, parity, iter);
+    } else {
+      st = cluster_combine(st, &slot_state[parity], ts::OnlineSoftmaxMergeOp{});
+    }
+    const float m = st.m;
+    const float neg_shift = -ts::softmax_shift(m);
+    const float coef = row_coef(m, st.d);
+
+    // ---- store the outputs; refill each pack with the next row as soon as it is consumed ----
+    const bool more = row + clusters < p.rows;
+    const InT* next = in + (more ? row + clusters : row) * p.in_stride + c0;
+    groups.copy([&](int q) {
+      const ts::Array<float, kPack> f = ts::to_floats(spk[q]);
+      ts::Array<float, kPack> o;
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) o[k] = finish(f[k], s, neg_shift, coef);
+      if constexpr (kOutPack > 1) {
+        ts::store_floats(dst + q * kPack, o);   // dst + q * kPack is aligned: see the launch contract
+      } else {
+#pragma unroll
+        for (int k = 0; k < kPack; ++k) ts::store_scalar(dst + q * kPack + k, ts::from_float<OutT>(o[k]));
+      }
+      if (more) ts::cp_async_16(share + q * kPack, next + q * kPack);
+    });
+    if (has_tail) {
+      const float v = ts::to_float(share[tail]);
+      ts::store_scalar(dst + tail, ts::from_float<OutT>(finish(v, s, neg_shift, coef)));
+      if (more) share[tail] = ts::load_scalar(next + tail);
+    }
+  }
+  if constexpr (kGlobalExchange) split_finish(p);
+#if defined(TS_HAS_CLUSTERS)
+  if constexpr (kCluster > 1 && !kGlobalExchange) ts::cluster_sync();  // keep our slots alive for the last remote reads
+#endif
+}
+
 /// One cluster's rows. Two schedules (see the header): plain (kPipe false) and pipelined.
 TS_DEVICE void rows(const SoftmaxClusterParams& p) {
   __shared__ float red_ext[kWarps];
@@ -318,16 +421,16 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
   InT* share = ts::dynamic_smem<InT>();
 #if defined(TS_HAS_CLUSTERS)
   const int rank = kGlobalExchange ? (int)(blockIdx.x % kCluster) : kCluster > 1 ? (int)ts::cluster_rank() : 0;
-  const long long cluster = kGlobalExchange ? (long long)(blockIdx.x / kCluster)
-                            : kCluster > 1  ? (long long)ts::cluster_index_x()
-                                            : (long long)blockIdx.x;
-  const long long clusters = kGlobalExchange ? (long long)(gridDim.x / kCluster)
-                             : kCluster > 1  ? (long long)ts::cluster_count_x()
-                                             : (long long)gridDim.x;
+  const int cluster = kGlobalExchange ? (int)(blockIdx.x / kCluster)
+                      : kCluster > 1  ? (int)ts::cluster_index_x()
+                                      : (int)blockIdx.x;
+  const int clusters = kGlobalExchange ? (int)(gridDim.x / kCluster)
+                       : kCluster > 1  ? (int)ts::cluster_count_x()
+                                       : (int)gridDim.x;
 #else
   const int rank = kGlobalExchange ? (int)(blockIdx.x % kCluster) : 0;
-  const long long cluster = kGlobalExchange ? (long long)(blockIdx.x / kCluster) : (long long)blockIdx.x;
-  const long long clusters = kGlobalExchange ? (long long)(gridDim.x / kCluster) : (long long)gridDim.x;
+  const int cluster = kGlobalExchange ? (int)(blockIdx.x / kCluster) : (int)blockIdx.x;
+  const int clusters = kGlobalExchange ? (int)(gridDim.x / kCluster) : (int)gridDim.x;
 #endif
   const InT* in = static_cast<const InT*>(p.in);
   OutT* out = static_cast<OutT*>(p.out);
@@ -342,91 +445,8 @@ TS_DEVICE void rows(const SoftmaxClusterParams& p) {
 
   if constexpr (kPipe) {
     // ---- pipelined: every pass over this thread's own packs; the store pass refills them ----
-    __shared__ ts::OnlineSoftmax red_state[2][kWarps];  // block reduction, by row parity
-    __shared__ ts::OnlineSoftmax slot_state[2];         // cluster exchange, by row parity
-    const int own = tid < packs ? (packs - 1 - tid) / kBlockThreads + 1 : 0;  // this thread's packs
-    const int tail = packs * kPack + tid;   // this thread's tail element (n - packs * kPack < kPack)
-    const bool has_tail = tail < n;
-    const InPack* spk = reinterpret_cast<const InPack*>(share);
-
-    // Prologue: the first row's copies, in kCopyGroups groups.
-    if (cluster < p.rows) {
-      const InT* src = in + cluster * p.in_stride + c0;
-      CopyGroups groups(own);
-      for (int k = 0; k < own; ++k) {
-        groups.commit_before(k);
-        const int q = tid + k * kBlockThreads;
-        ts::cp_async_16(share + q * kPack, src + q * kPack);
-      }
-      groups.commit_rest();
-      if (has_tail) share[tail] = ts::load_scalar(src + tail);
-    }
-
-    for (long long row = cluster; row < p.rows; row += clusters) {
-      OutT* dst = out + row * p.out_stride + c0;
-
-      // ---- one pass: (max, sum) of the share as an online-softmax state, each copy group as
-      // soon as it has landed (only this thread reads its packs), then the CTA's and the
-      // cluster's (one block reduction and one cluster exchange per row; buffers by row parity) ----
-      ts::OnlineSoftmax st = ts::OnlineSoftmax::empty();
-      {
-        CopyGroups groups(own);
-        for (int k = 0; k < own; ++k) {
-          groups.wait_for(k);
-          const ts::Array<float, kPack> f = ts::to_floats(spk[tid + k * kBlockThreads]);
-          float e = ext_op.identity();
-#pragma unroll
-          for (int j = 0; j < kPack; ++j) e = ext_op(e, f[j]);
-          st.update_chunk_fma(f, s, __fmul_rn(e, s));
-        }
-        ts::cp_async_wait_all();  // also when own == 0: no copy of this row is left in flight
-      }
-      if (has_tail) {
-        ts::Array<float, 1> t;
-        t[0] = ts::to_float(share[tail]);
-        st.update_chunk_fma(t, s, __fmul_rn(t[0], s));
-      }
-      const long long iter = (row - cluster) / clusters;
-      const int parity = (int)(iter & 1);
-      st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
-      if constexpr (kGlobalExchange) {
-        st = global_combine(st, p, rank, cluster, parity, iter);
-      } else {
-        st = cluster_combine(st, &slot_state[parity], ts::OnlineSoftmaxMergeOp{});
-      }
-      const float m = st.m;
-      const float neg_shift = -ts::softmax_shift(m);
-      const float coef = row_coef(m, st.d);
-
-      // ---- store the outputs; refill each pack with the next row as soon as it is consumed ----
-      const bool more = row + clusters < p.rows;
-      const InT* next = in + (more ? row + clusters : row) * p.in_stride + c0;
-      {
-        CopyGroups groups(own);
-        for (int k = 0; k < own; ++k) {
-          groups.commit_before(k);
-          const int q = tid + k * kBlockThreads;
-          const ts::Array<float, kPack> f = ts::to_floats(spk[q]);
-          ts::Array<float, kPack> o;
-#pragma unroll
-          for (int j = 0; j < kPack; ++j) o[j] = finish(f[j], s, neg_shift, coef);
-          if constexpr (kOutPack > 1) {
-            ts::store_floats(dst + q * kPack, o);   // dst + q * kPack is aligned: see the launch contract
-          } else {
-#pragma unroll
-            for (int j = 0; j < kPack; ++j) ts::store_scalar(dst + q * kPack + j, ts::from_float<OutT>(o[j]));
-          }
-          if (more) ts::cp_async_16(share + q * kPack, next + q * kPack);
-        }
-        groups.commit_rest();
-      }
-      if (has_tail) {
-        const float v = ts::to_float(share[tail]);
-        ts::store_scalar(dst + tail, ts::from_float<OutT>(finish(v, s, neg_shift, coef)));
-        if (more) share[tail] = ts::load_scalar(next + tail);
-      }
-    }
-    if constexpr (kGlobalExchange) split_finish(p);
+    pipelined_rows(p, share, rank, cluster, clusters, c0, n);
+    return;  // pipelined_rows ends with its own final cluster barrier
   } else {
     // ---- plain: copy the share (all copies in flight), barrier, reduce, store ----
     for (long long row = cluster; row < p.rows; row += clusters) {
