@@ -61,17 +61,21 @@ TS_DEVICE void cp_async_wait() {
 }
 
 /// cp_async_wait<n> for n in 0..7 given as a value (the instruction takes an immediate): in an
-/// unrolled loop n folds to a constant and the switch disappears. n > 7 waits as for 7.
+/// unrolled loop n folds to a constant and the switch disappears. n > 7 waits as for 7, n < 0 as
+/// for 0 (waiting for more never breaks a caller's ordering).
 TS_DEVICE void cp_async_wait_pending(int n) {
   switch (n) {
-    case 0: cp_async_wait<0>(); break;
     case 1: cp_async_wait<1>(); break;
     case 2: cp_async_wait<2>(); break;
     case 3: cp_async_wait<3>(); break;
     case 4: cp_async_wait<4>(); break;
     case 5: cp_async_wait<5>(); break;
     case 6: cp_async_wait<6>(); break;
-    default: cp_async_wait<7>(); break;
+    case 7: cp_async_wait<7>(); break;
+    default:
+      if (n > 7) cp_async_wait<7>();
+      else cp_async_wait<0>();
+      break;
   }
 }
 

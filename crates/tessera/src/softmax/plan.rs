@@ -762,30 +762,44 @@ fn max_cluster(ctx: &Context) -> u32 {
     }
 }
 
-/// Compiles a cluster-path variant (`vector`: with 16-byte packs) and sizes its grid.
-fn build_cluster(
-    ctx: &Context,
+/// The cluster-path kernel variant for `shape` (`vector`: with 16-byte packs), its share
+/// (columns per CTA) and dynamic shared memory, on a device with clusters of up to
+/// `max_cluster` CTAs and `optin` bytes of shared memory per CTA; `None` where the path cannot
+/// hold the row. No device needed: the plan's choice, also swept by the tests.
+pub fn cluster_variant(
     shape: &SoftmaxShape,
     mut variant: Variant,
     vector: bool,
-) -> Result<Option<Launchable>> {
+    max_cluster: u32,
+    optin: usize,
+) -> Option<(Variant, usize, usize)> {
     let (pi, po) = if vector { cluster_packs(shape) } else { (1, 1) };
     if vector && pi == 1 && po == 1 {
-        return Ok(None);
+        return None;
     }
     let in_size = shape.in_dtype.size();
-    let optin = ctx.info().max_shared_per_block_optin as usize;
-    let Some((cluster, chunk)) = cluster_shape(shape.cols, in_size, pi.max(po) as usize, max_cluster(ctx), optin)
-    else {
-        return Ok(None);
-    };
+    let (cluster, chunk) = cluster_shape(shape.cols, in_size, pi.max(po) as usize, max_cluster, optin)?;
     let smem = (chunk * in_size).div_ceil(16) * 16;
     variant.pack = pi;
     variant.out_pack = po;
     variant.cluster = cluster;
     variant.cols_per_thread = 1;
     variant.block_threads = cluster_threads(smem);
-    variant.copy_groups = copy_groups_for(chunk, pi, variant.block_threads);
+    variant.copy_groups = if variant.pipelined() {
+        copy_groups_for(chunk, pi, variant.block_threads)
+    } else {
+        1
+    };
+    Some((variant, chunk, smem))
+}
+
+/// Compiles a cluster-path variant (`vector`: with 16-byte packs) and sizes its grid.
+fn build_cluster(ctx: &Context, shape: &SoftmaxShape, variant: Variant, vector: bool) -> Result<Option<Launchable>> {
+    let optin = ctx.info().max_shared_per_block_optin as usize;
+    let Some((variant, chunk, smem)) = cluster_variant(shape, variant, vector, max_cluster(ctx), optin) else {
+        return Ok(None);
+    };
+    let cluster = variant.cluster;
     let threads = variant.block_threads;
     let kernel = ctx.kernel(&variant.spec())?;
     let resident = if cluster > 1 {
@@ -814,7 +828,8 @@ fn build_cluster(
 
 /// Commit groups per row of the pipelined schedules: one per pack ([`COPY_GROUPS`]) where every
 /// thread holds at most that many full packs of a `chunk`-element share (`pack` elements each),
-/// else one. H200, bench/NOTES.md runs 54-56: +1-6% on 256-1024 KB rows.
+/// else one. H200, bench/NOTES.md run 56 (same binary): +2% on the default dispatch of fp16 and
+/// fp32 1024 x 131072 and fp16 256 x 262144, fp32 256 x 262144 level.
 pub fn copy_groups_for(chunk: usize, pack: u32, threads: u32) -> u32 {
     if chunk / pack.max(1) as usize <= (COPY_GROUPS * threads) as usize {
         COPY_GROUPS
@@ -885,28 +900,38 @@ fn split_row_unsupported(shape: &SoftmaxShape, optin: usize) -> String {
     }
 }
 
-/// Compiles the split-row variant (16-byte packs) and sizes its grid: one wave of resident CTAs
-/// in groups of one row's CTAs, each group running an equal number of rows.
-fn build_split_row(ctx: &Context, shape: &SoftmaxShape, mut variant: Variant) -> Result<Option<Launchable>> {
+/// The split-row kernel variant for `shape`, its share (columns per CTA) and dynamic shared
+/// memory on a device with `optin` bytes of shared memory per CTA; `None` where the path cannot
+/// hold the row (see [`split_row_unsupported`]). No device needed: also swept by the tests.
+pub fn split_row_variant(shape: &SoftmaxShape, mut variant: Variant, optin: usize) -> Option<(Variant, usize, u32)> {
     let (pi, po) = cluster_packs(shape);
     if pi == 1 {
-        return Ok(None);
+        return None;
     }
-    let threads = SPLIT_THREADS;
     let in_size = shape.in_dtype.size();
-    let Some((ctas, chunk)) = split_row_shape(shape.cols, in_size, pi as usize, SPLIT_SHARE_BYTES) else {
-        return Ok(None);
-    };
+    let (ctas, chunk) = split_row_shape(shape.cols, in_size, pi as usize, SPLIT_SHARE_BYTES)?;
     let smem = ((chunk * in_size).div_ceil(16) * 16) as u32;
-    if smem as usize + 1024 > ctx.info().max_shared_per_block_optin as usize {
-        return Ok(None);
+    if smem as usize + 1024 > optin {
+        return None;
     }
     variant.pack = pi;
     variant.out_pack = po;
     variant.cluster = ctas;
     variant.cols_per_thread = 1;
-    variant.block_threads = threads;
-    variant.copy_groups = copy_groups_for(chunk, pi, threads);
+    variant.block_threads = SPLIT_THREADS;
+    variant.copy_groups = copy_groups_for(chunk, pi, SPLIT_THREADS);
+    Some((variant, chunk, smem))
+}
+
+/// Compiles the split-row variant (16-byte packs) and sizes its grid: one wave of resident CTAs
+/// in groups of one row's CTAs, each group running an equal number of rows.
+fn build_split_row(ctx: &Context, shape: &SoftmaxShape, variant: Variant) -> Result<Option<Launchable>> {
+    let optin = ctx.info().max_shared_per_block_optin as usize;
+    let Some((variant, chunk, smem)) = split_row_variant(shape, variant, optin) else {
+        return Ok(None);
+    };
+    let ctas = variant.cluster;
+    let threads = variant.block_threads;
     let kernel = ctx.kernel(&variant.spec())?;
     let resident = kernel.max_active_blocks_per_sm(ctx, threads, smem)? * ctx.info().sm_count;
     let max_groups = resident / ctas;
@@ -1116,24 +1141,23 @@ pub fn ci_variants() -> Vec<Variant> {
             }
         }
     }
-    // Cluster path: every cluster size with both widths for the same-dtype pairs, and every
-    // pairing and kind once.
+    // Cluster path: every cluster size, block size and pair of access widths (16-byte packs or
+    // scalar, in and out: row strides and pointers decide) for the same-dtype pairs, and every
+    // pairing and kind once. (The scalar-input pipelined variant is the plain kernel.)
     for &d in &dtypes {
+        let pk = pack_of(d);
         for cluster in [1, 2, 4, 8] {
-            for (pack, threads) in [(pack_of(d), 512), (pack_of(d), 1024), (1, 512)] {
-                for path in [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe] {
-                    let mut v = base(d, d, SoftmaxKind::Softmax, path, threads, pack);
-                    v.cluster = cluster;
-                    v.out_pack = pack;
-                    v.cols_per_thread = 1;
-                    out.push(v);
+            for threads in [512, 1024] {
+                for (pack, out_pack) in [(pk, pk), (pk, 1), (1, pk), (1, 1)] {
+                    for path in [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe] {
+                        let mut v = base(d, d, SoftmaxKind::Softmax, path, threads, pack);
+                        v.cluster = cluster;
+                        v.out_pack = out_pack;
+                        v.cols_per_thread = 1;
+                        out.push(v);
+                    }
                 }
             }
-            // Rows whose output stride is not a multiple of the pack: scalar stores.
-            let mut v = base(d, d, SoftmaxKind::Softmax, SoftmaxPath::ClusterPipe, 512, pack_of(d));
-            v.cluster = cluster;
-            v.cols_per_thread = 1;
-            out.push(v);
         }
     }
     for &i in &dtypes {
@@ -1149,8 +1173,8 @@ pub fn ci_variants() -> Vec<Variant> {
             }
         }
     }
-    // Split-row path (any arch): every CTA count for the same-dtype pairs, and every pairing and
-    // kind once.
+    // Split-row path (any arch): every CTA count with packed or scalar stores for the same-dtype
+    // pairs, and every pairing and kind once.
     for &d in &dtypes {
         for ctas in 2..=SPLIT_MAX_CTAS {
             let mut v = base(
@@ -1162,9 +1186,10 @@ pub fn ci_variants() -> Vec<Variant> {
                 pack_of(d),
             );
             v.cluster = ctas;
-            v.out_pack = pack_of(d);
             v.cols_per_thread = 1;
-            out.push(v);
+            for out_pack in [pack_of(d), 1] {
+                out.push(Variant { out_pack, ..v });
+            }
         }
     }
     for &i in &dtypes {

@@ -53,14 +53,18 @@
 // flight, then wait) and a store phase, and measured 61-80% of copy on 1024 x 131072 and
 // 256 x 262144 (bench/NOTES.md): with 1-3 CTAs per SM and waves of 16-48 clusters, HBM idles
 // in one direction most of the time. Here every thread owns the same packs of the share in every
-// pass (pack q = tid + k * kBlockThreads, the tail element tid): the copy, the extreme and sum
-// passes (16-byte shared-memory reads) and the store pass. Ownership makes the per-row
+// pass (pack q = tid + k * kBlockThreads, the tail element tid): the copy, the one online
+// (max, sum) pass (16-byte shared-memory reads) and the store pass. Ownership makes the per-row
 // __syncthreads unnecessary (a thread's cp.async.wait_group makes its own copies visible to it),
 // and lets the store pass refill each pack with the next row's copy as soon as the pack has been
 // read and its outputs stored: the next row's loads overlap this row's stores, with no extra
 // shared memory (a ring of one share). Write-after-read on a pack stays inside one thread: the
 // ld.shared is program-ordered before the cp.async (asm volatile with a memory clobber), and
-// the global store that consumes the loaded value is issued before the copy. Measured (H200,
+// the global store that consumes the loaded value is issued before the copy. Where a thread
+// holds at most 8 packs (kCopyGroups == 8: every 512-thread share and 1024-thread shares up to
+// 128 KB), each pack's copy is its own
+// commit group and the (max, sum) pass reads each pack as soon as its group has landed
+// (CopyGroups below); larger shares commit one group per row. Measured (H200,
 // bench/NOTES.md runs 6-7): +2-5% on rows of 256-512 KB, -3-6% on 64-128 KB rows, so Auto
 // takes it for cluster rows of 256 KB and more.
 
@@ -284,7 +288,9 @@ TS_DEVICE float finish(float x, float s, float neg_shift, float coef) {
 /// thread, e.g. 64 KB of 512 threads): pack k is group k (groups past the thread's last pack are
 /// empty, committed all the same: the waits count groups), and the reduction pass waits for
 /// group k before reading pack k, so it reduces the first packs while the last are still
-/// arriving (runs 54-56 in bench/NOTES.md: +1-6% on 256-1024 KB rows). kCopyGroups == 1 (larger
+/// arriving (bench/NOTES.md run 56, same binary: +2% on the default dispatch of fp16 and fp32
+/// 1024 x 131072 and fp16 256 x 262144, fp32 256 x 262144 level; +8% on forced cluster-pipe fp32
+/// 256 x 262144). kCopyGroups == 1 (larger
 /// shares): one group per row, waited for before the pass. One kernel holding both schedules
 /// behind a runtime test spilled under the 40-register cap, so the plan picks the variant.
 struct CopyGroups {

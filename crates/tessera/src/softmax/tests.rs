@@ -2,7 +2,8 @@
 //! CI architecture), plus GPU checks that run only where a device is present.
 
 use super::plan::{
-    ci_variants, ci_variants_for, cluster_shape, split_row_shape, warp_shape, SoftmaxParams, Variant, SPLIT_MAX_CTAS,
+    ci_variants, ci_variants_for, cluster_shape, cluster_variant, split_row_shape, split_row_variant, warp_shape,
+    SoftmaxParams, Variant, COPY_GROUPS, SPLIT_MAX_CTAS,
 };
 use super::*;
 use crate::runtime::probe::nvrtc_or_skip;
@@ -228,4 +229,97 @@ fn gpu_quick_verify_when_a_device_is_present() {
             out.case, out.comparison, out.note
         );
     }
+}
+
+/// Every cluster-path and split-row kernel the plan can pick on the CI architectures (sm_80:
+/// 163 KB of shared memory per CTA, sm_86 / sm_89: 99 KB, sm_90: 227 KB and clusters of 8), over
+/// a sweep of column counts, dtypes and row strides (16-byte packs or not, in and out), is one
+/// CI compiles for that architecture; and the pipelined kernels get one copy group per pack only
+/// where every thread holds at most COPY_GROUPS packs of its share (the kernel traps otherwise).
+#[test]
+fn plan_picks_only_ci_compiled_cluster_variants_within_their_copy_groups() {
+    let mut cols_list: Vec<usize> = vec![1000, 4097, 40_000, 70_000, 100_003, 262_147, 1_000_000, 2_000_003];
+    for e in 10..=24 {
+        for d in [-3i64, 0, 1, 5] {
+            cols_list.push(((1i64 << e) + d) as usize);
+        }
+        cols_list.push(3 << (e - 2));
+    }
+    let archs = [
+        (Arch::SM80, 163 * 1024, 1),
+        (Arch::SM86, 99 * 1024, 1),
+        (Arch::SM89, 99 * 1024, 1),
+        (Arch::SM90, 227 * 1024, 8),
+    ];
+    let dtypes = [DType::F32, DType::F16, DType::BF16];
+    let mut checked = 0;
+    for (arch, optin, max_cluster) in archs {
+        let compiled: std::collections::HashSet<String> =
+            ci_variants_for(arch).into_iter().map(|v| v.spec().name).collect();
+        let mut missing = std::collections::BTreeSet::new();
+        for &d in &dtypes {
+            for &cols in &cols_list {
+                for (in_stride, out_stride) in [
+                    (cols.div_ceil(8) * 8, cols.div_ceil(8) * 8),
+                    (cols.div_ceil(8) * 8, cols | 1),
+                    (cols | 1, cols.div_ceil(8) * 8),
+                ] {
+                    let shape = SoftmaxShape {
+                        rows: 7,
+                        cols,
+                        in_stride,
+                        out_stride,
+                        in_dtype: d,
+                        out_dtype: d,
+                    };
+                    let base = |path| Variant {
+                        in_dtype: d,
+                        out_dtype: d,
+                        kind: SoftmaxKind::Softmax,
+                        path,
+                        block_threads: 256,
+                        pack: 1,
+                        cols_per_thread: 1,
+                        rows_per_warp: 1,
+                        warp_width: 32,
+                        cluster: 1,
+                        out_pack: 1,
+                        copy_groups: 1,
+                    };
+                    let mut picked = Vec::new();
+                    for path in [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe] {
+                        for vector in [true, false] {
+                            picked.extend(
+                                cluster_variant(&shape, base(path), vector, max_cluster, optin).map(|(v, c, _)| (v, c)),
+                            );
+                        }
+                    }
+                    picked
+                        .extend(split_row_variant(&shape, base(SoftmaxPath::SplitRow), optin).map(|(v, c, _)| (v, c)));
+                    for (v, chunk) in picked {
+                        checked += 1;
+                        if v.copy_groups > 1 {
+                            assert_eq!(v.copy_groups, COPY_GROUPS);
+                            assert!(
+                                chunk / v.pack as usize <= (COPY_GROUPS * v.block_threads) as usize,
+                                "{}: share of {chunk} columns, {} threads",
+                                v.spec().name,
+                                v.block_threads
+                            );
+                        }
+                        let name = v.spec().name;
+                        if !compiled.contains(&name) {
+                            missing.insert(format!("{name} (cols {cols}, strides {in_stride}/{out_stride})"));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "{arch}: the plan can pick kernels CI does not compile:\n{}",
+            missing.into_iter().collect::<Vec<_>>().join("\n")
+        );
+    }
+    assert!(checked > 1000, "{checked}");
 }

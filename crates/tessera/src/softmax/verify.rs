@@ -226,6 +226,28 @@ pub fn cases(quick: bool) -> Vec<Case> {
         in_place: false,
         special_rows: true,
     });
+    // One copy group per row (kCopyGroups == 1: shares of more than 8 packs per thread), in the
+    // quick set too (the sanitizers): on an H200 a split row over 32 shares of 125 KB (fp32
+    // 1,000,000 columns; rows beyond 32 x 64 KB) and a cluster-pipe row over 8 shares of
+    // 8193 packs for 1024 threads (fp32 2^18 + 3 columns, padded stride).
+    for (cols, stride, path) in [
+        (1_000_000, 1_000_000, SoftmaxPath::SplitRow),
+        ((1 << 18) + 3, (1 << 18) + 8, SoftmaxPath::ClusterPipe),
+    ] {
+        out.push(Case {
+            rows: if quick { 2 } else { 3 },
+            cols,
+            in_stride: stride,
+            out_stride: stride,
+            in_dtype: DType::F32,
+            out_dtype: DType::F32,
+            kind: SoftmaxKind::Softmax,
+            scale: 1.0,
+            path,
+            in_place: false,
+            special_rows: true,
+        });
+    }
     if !quick {
         // Huge rows and many tiny rows: 1 x 2^24 and 2^20 x 8.
         for &d in &[DType::F32, DType::F16] {
@@ -478,6 +500,13 @@ mod tests {
         assert!(cases(true)
             .iter()
             .any(|k| k.path == SoftmaxPath::SplitRow && k.rows >= 500));
+        // One copy group per row on both pipelined paths, quick set included (see `cases`).
+        for quick in [false, true] {
+            let c = cases(quick);
+            let g1 = |p, min_bytes| c.iter().any(|k| k.path == p && k.cols * k.in_dtype.size() > min_bytes);
+            assert!(g1(SoftmaxPath::SplitRow, 32 * super::super::plan::SPLIT_SHARE_BYTES));
+            assert!(g1(SoftmaxPath::ClusterPipe, 8 * 128 * 1024));
+        }
         for p in [SoftmaxPath::WarpV2, SoftmaxPath::ClusterPipe, SoftmaxPath::SplitRow] {
             assert!(c.iter().any(|k| k.path == p && k.in_place));
             assert!(c.iter().any(|k| k.path == p && k.rows > 64 && k.cols % 8 != 0));
