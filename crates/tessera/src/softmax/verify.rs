@@ -235,7 +235,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
         ((1 << 18) + 3, (1 << 18) + 8, SoftmaxPath::ClusterPipe),
     ] {
         out.push(Case {
-            rows: if quick { 2 } else { 3 },
+            rows: if quick { 5 } else { 7 },
             cols,
             in_stride: stride,
             out_stride: stride,
@@ -500,9 +500,11 @@ mod tests {
         assert!(cases(true)
             .iter()
             .any(|k| k.path == SoftmaxPath::SplitRow && k.rows >= 500));
-        // One copy group per row on both pipelined paths, quick set included (see `cases`).
+        // One copy group per row on both pipelined paths, quick set included (see `cases`); and
+        // every case with special rows keeps ordinary rows beside them (three are planted).
         for quick in [false, true] {
             let c = cases(quick);
+            assert!(c.iter().all(|k| !k.special_rows || k.rows > 3), "a case of special rows only");
             let g1 = |p, min_bytes| c.iter().any(|k| k.path == p && k.cols * k.in_dtype.size() > min_bytes);
             assert!(g1(SoftmaxPath::SplitRow, 32 * super::super::plan::SPLIT_SHARE_BYTES));
             assert!(g1(SoftmaxPath::ClusterPipe, 8 * 128 * 1024));
