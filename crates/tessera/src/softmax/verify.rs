@@ -504,7 +504,10 @@ mod tests {
         // every case with special rows keeps ordinary rows beside them (three are planted).
         for quick in [false, true] {
             let c = cases(quick);
-            assert!(c.iter().all(|k| !k.special_rows || k.rows > 3), "a case of special rows only");
+            assert!(
+                c.iter().all(|k| !k.special_rows || k.rows > 3),
+                "a case of special rows only"
+            );
             let g1 = |p, min_bytes| c.iter().any(|k| k.path == p && k.cols * k.in_dtype.size() > min_bytes);
             assert!(g1(SoftmaxPath::SplitRow, 32 * super::super::plan::SPLIT_SHARE_BYTES));
             assert!(g1(SoftmaxPath::ClusterPipe, 8 * 128 * 1024));
