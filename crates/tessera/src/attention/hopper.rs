@@ -7,9 +7,9 @@
 //! enough heads for four waves of the grid, as long as their K and V fit the L2). The first
 //! section holds the `B * Hq % S` remainder heads (when not 0), every later one `S`: the launch
 //! then ends on a full section, whose short causal tiles fill the tail (a small last section
-//! would start its longest tiles when the other CTAs run out of work). Inside a section the order is query tile descending
-//! (longest causal tiles first), then split, then batch-head. Without sections the
-//! CTAs running together would each stream a different head's K/V from HBM.
+//! would start its longest tiles when the other CTAs run out of work). Inside a section the
+//! order is query tile descending (longest causal tiles first), then split, then batch-head.
+//! Without sections the CTAs running together would each stream a different head's K/V from HBM.
 //!
 //! Scheduling: CTA `c` starts with item `c`; every later item comes from one `atomicAdd` on the
 //! plan's tile counter (items `grid, grid + 1, ...` in draw order), so CTAs that drew short
@@ -200,8 +200,8 @@ pub fn encode(s: &MapShape) -> std::result::Result<TensorMap, TmaError> {
 
 /// Batch-heads per L2 section: enough heads for [`super::plan::SECTION_WAVES`] waves of the
 /// `grid` CTAs (`items_per_head` work items each; [`super::plan::heads_for_waves`]), as long as
-/// their K and V (GQA groups share them) fit the L2; at least 1. H200, bench/NOTES.md run 52, against the earlier rule (as many heads as fit
-/// half the L2): causal N = 32768 14.72-14.75 ms against 14.84-14.85 (3 heads of 16 MiB instead
+/// their K and V (GQA groups share them) fit the L2; at least 1. H200, bench/NOTES.md run 52,
+/// against the earlier rule (as many heads as fit half the L2): causal N = 32768 14.72-14.75 ms against 14.84-14.85 (3 heads of 16 MiB instead
 /// of 1: one head's 256 query tiles are two waves, so the CTAs of a section's last wave
 /// straggle across into the next head), N = 8192 0.869-0.876 against 0.880-0.883 (9 heads
 /// instead of 6), GQA 4 x 32/8 N = 4096 0.898-0.900 against 0.911-0.915 (17 heads instead of

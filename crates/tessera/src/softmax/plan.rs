@@ -461,13 +461,11 @@ impl SoftmaxPlan {
             )
             .is_some();
         let row_bytes = shape.cols * shape.in_dtype.size();
-        // Split rows where hardware clusters exist (measured there) and the input has 16-byte
-        // packs; the shares must fit an SM (checked again when the kernel's occupancy is known).
-        let split_auto = max_cluster(ctx) > 1
-            && pi > 1
-            && split_row_shape(shape.cols, shape.in_dtype.size(), pi as usize, SPLIT_SHARE_BYTES).is_some_and(
-                |(_, chunk)| chunk * shape.in_dtype.size() + 1024 <= info.max_shared_per_block_optin as usize,
-            );
+        // Split rows where hardware clusters exist (measured there) and the split-row kernel
+        // holds the row (16-byte packs, shares that fit a CTA; residency is checked when the
+        // kernel's occupancy is known).
+        let split_auto =
+            max_cluster(ctx) > 1 && split_row_geometry(shape, info.max_shared_per_block_optin as usize).is_some();
         let path = match opts.path {
             SoftmaxPath::Auto if shape.cols <= WARP_MAX_COLS => {
                 // rows of at most 32 input bytes per lane take the prefetching warp kernel
@@ -900,20 +898,26 @@ fn split_row_unsupported(shape: &SoftmaxShape, optin: usize) -> String {
     }
 }
 
-/// The split-row kernel variant for `shape`, its share (columns per CTA) and dynamic shared
-/// memory on a device with `optin` bytes of shared memory per CTA; `None` where the path cannot
-/// hold the row (see [`split_row_unsupported`]). No device needed: also swept by the tests.
-pub fn split_row_variant(shape: &SoftmaxShape, mut variant: Variant, optin: usize) -> Option<(Variant, usize, u32)> {
-    let (pi, po) = cluster_packs(shape);
+/// (CTAs per row, columns per CTA, dynamic shared memory) of the split-row kernel for `shape`
+/// on a device with `optin` bytes of shared memory per CTA: `None` without 16-byte input packs,
+/// for a row one share holds, or for shares over `optin` (with the 1 KB the kernel adds).
+fn split_row_geometry(shape: &SoftmaxShape, optin: usize) -> Option<(u32, usize, u32)> {
+    let (pi, _) = cluster_packs(shape);
     if pi == 1 {
         return None;
     }
     let in_size = shape.in_dtype.size();
     let (ctas, chunk) = split_row_shape(shape.cols, in_size, pi as usize, SPLIT_SHARE_BYTES)?;
     let smem = ((chunk * in_size).div_ceil(16) * 16) as u32;
-    if smem as usize + 1024 > optin {
-        return None;
-    }
+    (smem as usize + 1024 <= optin).then_some((ctas, chunk, smem))
+}
+
+/// The split-row kernel variant for `shape`, its share (columns per CTA) and dynamic shared
+/// memory on a device with `optin` bytes of shared memory per CTA; `None` where the path cannot
+/// hold the row (see [`split_row_unsupported`]). No device needed: also swept by the tests.
+pub fn split_row_variant(shape: &SoftmaxShape, mut variant: Variant, optin: usize) -> Option<(Variant, usize, u32)> {
+    let (ctas, chunk, smem) = split_row_geometry(shape, optin)?;
+    let (pi, po) = cluster_packs(shape);
     variant.pack = pi;
     variant.out_pack = po;
     variant.cluster = ctas;

@@ -290,22 +290,21 @@ TS_DEVICE float finish(float x, float s, float neg_shift, float coef) {
 /// group k before reading pack k, so it reduces the first packs while the last are still
 /// arriving (bench/NOTES.md run 56, same binary: +2% on the default dispatch of fp16 and fp32
 /// 1024 x 131072 and fp16 256 x 262144, fp32 256 x 262144 level; +8% on forced cluster-pipe fp32
-/// 256 x 262144). kCopyGroups == 1 (larger
-/// shares): one group per row, waited for before the pass. One kernel holding both schedules
-/// behind a runtime test spilled under the 40-register cap, so the plan picks the variant.
+/// 256 x 262144). kCopyGroups == 1 (larger shares): one group per row, waited for before the
+/// pass. One kernel holding both schedules behind a runtime test spilled under the 40-register
+/// cap, so the plan picks the variant.
 struct CopyGroups {
-  static constexpr int kGroups = kCopyGroups;
   int packs;  // the CTA's full packs; this thread's are tid, tid + kBlockThreads, ... < packs
 
   /// Calls f(q) for this thread's packs q, closing each commit group after its packs.
   template <typename F>
   TS_DEVICE void copy(F&& f) const {
-    if constexpr (kGroups == 1) {
+    if constexpr (kCopyGroups == 1) {
       for (int q = threadIdx.x; q < packs; q += kBlockThreads) f(q);
       ts::cp_async_commit();
     } else {
 #pragma unroll
-      for (int k = 0; k < kGroups; ++k) {
+      for (int k = 0; k < kCopyGroups; ++k) {
         const int q = threadIdx.x + k * kBlockThreads;
         if (q < packs) f(q);
         ts::cp_async_commit();
@@ -316,13 +315,13 @@ struct CopyGroups {
   /// Calls f(q) for this thread's packs q, each once its copy group has landed.
   template <typename F>
   TS_DEVICE void read(F&& f) const {
-    if constexpr (kGroups == 1) {
+    if constexpr (kCopyGroups == 1) {
       ts::cp_async_wait_all();
       for (int q = threadIdx.x; q < packs; q += kBlockThreads) f(q);
     } else {
 #pragma unroll
-      for (int k = 0; k < kGroups; ++k) {
-        ts::cp_async_wait_pending(kGroups - 1 - k);  // groups 0..k of this row have landed
+      for (int k = 0; k < kCopyGroups; ++k) {
+        ts::cp_async_wait_pending(kCopyGroups - 1 - k);  // groups 0..k of this row have landed
         const int q = threadIdx.x + k * kBlockThreads;
         if (q < packs) f(q);
       }
