@@ -78,7 +78,8 @@ pub fn bench_jobs(op: &str, quick: bool) -> Vec<BenchJob> {
             .map(|c| {
                 let baseline = (c.path == softmax::SoftmaxPath::Auto).then(|| (c.name(), c.params()));
                 BenchJob {
-                    name: c.name(),
+                    // The impl is part of the job name so `--filter tessera-split-row` selects it.
+                    name: format!("{} {}", c.name(), c.implementation()),
                     baseline,
                     run: Box::new(move |ctx: &Context, seed, t| softmax::bench::bench_case(ctx, &c, seed, t)),
                 }

@@ -82,5 +82,17 @@ TS_DEVICE void st_shared_cluster(uint32_t cluster_address, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(cluster_address), "f"(v) : "memory");
 }
 
+/// Stores two floats into the shared memory of a cluster CTA (a cluster address from
+/// map_shared_rank) asynchronously: the store completes 8 bytes on that CTA's mbarrier at
+/// cluster address `bar` (which announced them with mbar_arrive_expect_tx), so the receiver
+/// waits on its own barrier instead of a cluster barrier. No fence: the mbarrier carries the
+/// ordering (the receiver waits with ts::mbar_wait_cluster).
+TS_DEVICE void st_async_cluster(uint32_t cluster_address, float a, float b, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
+                   cluster_address),
+               "f"(a), "f"(b), "r"(bar)
+               : "memory");
+}
+
 }  // namespace ts
 #endif

@@ -2,7 +2,7 @@
 // pipelines fed by the copy engine (TMA).
 //
 // Defines: ts::mbar_init, ts::mbar_init_fence, ts::mbar_arrive, ts::mbar_arrive_if,
-//          ts::mbar_arrive_expect_tx, ts::mbar_wait, ts::fence_proxy_async,
+//          ts::mbar_arrive_expect_tx, ts::mbar_wait, ts::mbar_wait_cluster, ts::fence_proxy_async,
 //          ts::named_barrier_sync / named_barrier_arrive.
 //
 // An mbarrier is one 8-byte word in shared memory. It completes a *phase* when `count` arrivals
@@ -65,6 +65,21 @@ TS_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity) {
       "TS_MBAR_WAIT:\n"
       "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra TS_MBAR_WAIT;\n"
+      "}\n" ::"r"(addr),
+      "r"(parity)
+      : "memory");
+}
+
+/// mbar_wait for a barrier whose bytes other CTAs of the cluster complete (st_async_cluster):
+/// acquire at cluster scope, so their data is visible once the phase has completed.
+TS_DEVICE void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = smem_addr(bar);
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "TS_MBAR_WAIT_CLUSTER:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra TS_MBAR_WAIT_CLUSTER;\n"
       "}\n" ::"r"(addr),
       "r"(parity)
       : "memory");

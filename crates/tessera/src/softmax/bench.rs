@@ -36,7 +36,8 @@ impl BenchCase {
     pub fn bytes(&self) -> usize {
         2 * self.rows * self.cols * self.dtype.size()
     }
-    fn implementation(&self) -> String {
+    /// `tessera` (default dispatch) or `tessera-<path>` (a forced path).
+    pub fn implementation(&self) -> String {
         match self.path {
             SoftmaxPath::Auto => "tessera".into(),
             p => format!("tessera-{}", p.name()),

@@ -28,8 +28,10 @@
 // publishing the sum) and a __syncthreads before the next row's copies overwrite the share;
 // pipelined schedule: one pass over the share folds (max, sum) into a ts::OnlineSoftmax per
 // thread, then one block reduction and one cluster barrier (the states exchanged; static
-// buffers of 2 x kWarps + 2 states, used by row parity). One final cluster barrier keeps every
-// CTA's shared memory alive until the others have read it.
+// buffers of 2 x kWarps + 2 states, used by row parity), or with 1024-thread CTAs the states
+// sent by st.async into every CTA's inbox, completing on its mbarrier (kAsyncExchange below: no
+// cluster barrier per row). One final cluster barrier keeps every CTA's shared memory alive
+// until the others have read it.
 //
 // Launch contract (Rust: softmax/plan.rs):
 //   * kPipeline: any grid is correct; the Rust side launches one wave of resident clusters for
@@ -91,6 +93,7 @@
 #include "tessera/online_softmax.cuh"
 #include "tessera/async_copy.cuh"
 #include "tessera/cluster.cuh"
+#include "tessera/mbarrier.cuh"
 #include "tessera/memory_order.cuh"
 
 #ifndef TS_GENERATED_PREAMBLE
@@ -179,6 +182,63 @@ TS_DEVICE T cluster_combine(T mine, T* slot, Op op) {
 #endif
   }
 }
+
+#if defined(TS_HAS_CLUSTERS)
+/// The pipelined schedule's exchange for 1024-thread CTAs (kAsyncExchange): no cluster barrier.
+/// Each CTA keeps an inbox of kCluster states and an mbarrier per row parity. Per row, thread r
+/// < kCluster sends this CTA's state with st.async into slot `rank` of CTA r's inbox, which
+/// completes 8 bytes on CTA r's mbarrier of that parity; thread `rank` writes its own slot and
+/// announces the kCluster - 1 remote states (arrive.expect_tx, one arrival per phase). One warp
+/// polls the barrier, the others wait at a CTA barrier (polling warps would take issue slots),
+/// then every thread merges the inbox in rank order (the same bits in every CTA).
+/// Reuse: a CTA sends row i + 2 into a peer's inbox of parity i & 1 only after receiving the
+/// peer's row i + 1, which the peer sent after the block reduction that follows its reads of row
+/// i; and row i + 2's bytes land on the peer's barrier after its phase of row i completed.
+/// H200 (bench/NOTES.md runs 64-65, same binary): +1.5% on fp32 1024 x 131072 (four 128 KB
+/// shares), +3% on forced cluster-pipe fp32 256 x 262144 (eight 128 KB shares); but -5% on fp16
+/// 1024 x 131072 (four 64 KB shares of 512 threads, three CTAs per SM), so 512-thread CTAs keep
+/// the cluster barrier (cluster_combine).
+constexpr bool kAsyncExchange = kPipeline && kPack > 1 && kCluster > 1 && !kGlobalExchange && kBlockThreads == 1024;
+struct AsyncInbox {
+  ts::OnlineSoftmax state[2][kCluster];
+  uint64_t bar[2];
+};
+TS_DEVICE AsyncInbox& async_inbox() {
+  __shared__ AsyncInbox inbox;
+  return inbox;
+}
+/// Before the first row: the barriers exist in every CTA before any st.async signals them.
+TS_DEVICE void async_exchange_init() {
+  if (threadIdx.x == 0) {
+    ts::mbar_init(&async_inbox().bar[0], 1);
+    ts::mbar_init(&async_inbox().bar[1], 1);
+    ts::mbar_init_fence();
+  }
+  ts::cluster_sync();
+}
+TS_DEVICE ts::OnlineSoftmax async_exchange(ts::OnlineSoftmax mine, unsigned iter, int rank) {
+  AsyncInbox& in = async_inbox();
+  const int p = (int)(iter & 1);
+  const int t = threadIdx.x;
+  if (t < kCluster) {
+    if (t == rank) {
+      in.state[p][rank] = mine;
+      ts::mbar_arrive_expect_tx(&in.bar[p], (kCluster - 1) * (uint32_t)sizeof(ts::OnlineSoftmax));
+    } else {
+      ts::st_async_cluster(ts::map_shared_rank(ts::shared_address(&in.state[p][rank]), (uint32_t)t), mine.m, mine.d,
+                           ts::map_shared_rank(ts::shared_address(&in.bar[p]), (uint32_t)t));
+    }
+  }
+  if (t < ts::kWarpSize) ts::mbar_wait_cluster(&in.bar[p], (iter >> 1) & 1);  // phase iter / 2 of this parity
+  __syncthreads();  // also orders the other warps' reads after warp 0's acquire
+  ts::OnlineSoftmax v = in.state[p][0];
+#pragma unroll
+  for (int r = 1; r < kCluster; ++r) v = ts::OnlineSoftmaxMergeOp{}(v, in.state[p][r]);
+  return v;
+}
+#else
+constexpr bool kAsyncExchange = false;
+#endif
 
 /// One CTA's published state of one row (split-row path): (m, d), then the tag that says which
 /// launch and row iteration they belong to, stored last with release semantics.
@@ -356,6 +416,9 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
   if constexpr (kGlobalExchange) {
     if (tid == 0) split_epoch_shared() = split_epoch(p);  // read by global_combine, after a barrier
   }
+#if defined(TS_HAS_CLUSTERS)
+  if constexpr (kAsyncExchange) async_exchange_init();
+#endif
 
   unsigned iter = 0;  // this CTA's row iteration, (row - cluster) / clusters
   for (long long row = cluster; row < p.rows; row += clusters, ++iter) {
@@ -382,7 +445,15 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
     if constexpr (kGlobalExchange) {
       st = global_combine(st, p, rank, cluster, parity, iter);
     } else {
+#if defined(TS_HAS_CLUSTERS)
+      if constexpr (kAsyncExchange) {
+        st = async_exchange(st, iter, rank);
+      } else {
+        st = cluster_combine(st, &slot_state[parity], ts::OnlineSoftmaxMergeOp{});
+      }
+#else
       st = cluster_combine(st, &slot_state[parity], ts::OnlineSoftmaxMergeOp{});
+#endif
     }
     const float m = st.m;
     const float neg_shift = -ts::softmax_shift(m);
