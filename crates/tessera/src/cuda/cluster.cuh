@@ -9,8 +9,9 @@
 //
 // Rules the callers keep:
 // * every thread of every CTA of the cluster calls `cluster_sync` the same number of times;
-// * a CTA must not exit while another may still read its shared memory: end with a
-//   `cluster_sync` after the last remote read.
+// * a CTA must not exit while another may still read or write its shared memory: end with a
+//   `cluster_sync` after the last remote access (or wait until every incoming st_async_cluster
+//   has completed on the barrier it signals).
 //
 // Everything here is PTX ISA 7.8+ for sm_90; on older targets these functions are absent, so a
 // kernel that uses them is compiled only for sm_90 and newer.

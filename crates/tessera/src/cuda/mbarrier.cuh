@@ -12,7 +12,9 @@
 // producer waiting on an "empty" barrier with parity 1 passes at once (the slot starts empty).
 //
 // Initialisation: one thread calls mbar_init for each barrier, then mbar_init_fence, then the
-// block synchronises (__syncthreads) before anyone waits or a copy signals the barrier.
+// block synchronises (__syncthreads) before anyone waits or a copy signals the barrier; when
+// other CTAs of a cluster signal it (st_async_cluster, multicast copies), the whole cluster
+// synchronises (cluster_sync) instead.
 #pragma once
 
 #include "tessera/async_copy.cuh"  // ts::smem_addr

@@ -28,10 +28,10 @@
 // publishing the sum) and a __syncthreads before the next row's copies overwrite the share;
 // pipelined schedule: one pass over the share folds (max, sum) into a ts::OnlineSoftmax per
 // thread, then one block reduction and one cluster barrier (the states exchanged; static
-// buffers of 2 x kWarps + 2 states, used by row parity), or with 1024-thread CTAs the states
-// sent by st.async into every CTA's inbox, completing on its mbarrier (kAsyncExchange below: no
-// cluster barrier per row). One final cluster barrier keeps every CTA's shared memory alive
-// until the others have read it.
+// buffers of 2 x kWarps + 2 states, used by row parity), or in clusters of 8 the states sent by
+// st.async into every CTA's inbox (static: 2 x 8 states and 2 mbarriers), completing on its
+// mbarrier (kAsyncExchange below: no cluster barrier per row). One final cluster barrier keeps
+// every CTA's shared memory alive until the others have read (or written) it.
 //
 // Launch contract (Rust: softmax/plan.rs):
 //   * kPipeline: any grid is correct; the Rust side launches one wave of resident clusters for
@@ -184,7 +184,7 @@ TS_DEVICE T cluster_combine(T mine, T* slot, Op op) {
 }
 
 #if defined(TS_HAS_CLUSTERS)
-/// The pipelined schedule's exchange for 1024-thread CTAs (kAsyncExchange): no cluster barrier.
+/// The pipelined schedule's exchange for clusters of 8 (kAsyncExchange): no cluster barrier.
 /// Each CTA keeps an inbox of kCluster states and an mbarrier per row parity. Per row, thread r
 /// < kCluster sends this CTA's state with st.async into slot `rank` of CTA r's inbox, which
 /// completes 8 bytes on CTA r's mbarrier of that parity; thread `rank` writes its own slot and
@@ -194,11 +194,13 @@ TS_DEVICE T cluster_combine(T mine, T* slot, Op op) {
 /// Reuse: a CTA sends row i + 2 into a peer's inbox of parity i & 1 only after receiving the
 /// peer's row i + 1, which the peer sent after the block reduction that follows its reads of row
 /// i; and row i + 2's bytes land on the peer's barrier after its phase of row i completed.
-/// H200 (bench/NOTES.md runs 64-65, same binary): +1.5% on fp32 1024 x 131072 (four 128 KB
-/// shares), +3% on forced cluster-pipe fp32 256 x 262144 (eight 128 KB shares); but -5% on fp16
-/// 1024 x 131072 (four 64 KB shares of 512 threads, three CTAs per SM), so 512-thread CTAs keep
-/// the cluster barrier (cluster_combine).
-constexpr bool kAsyncExchange = kPipeline && kPack > 1 && kCluster > 1 && !kGlobalExchange && kBlockThreads == 1024;
+/// H200 (bench/NOTES.md runs 64-65, same binary, the inbox on every pipelined cluster): clusters
+/// of 8 gained or held (fp32 1024 x 131072, 8 x 64 KB of 512 threads: +1.5%; forced cluster-pipe
+/// fp32 256 x 262144, 8 x 128 KB of 1024 threads: +3%; fp16 256 x 262144, 8 x 64 KB: level), a
+/// cluster of 4 lost 5% (fp16 1024 x 131072, 4 x 64 KB), so smaller clusters keep the cluster
+/// barrier (cluster_combine).
+constexpr bool kAsyncExchange = kPipeline && kPack > 1 && kCluster == 8 && !kGlobalExchange;
+static_assert(!kAsyncExchange || kWarps > 1, "the inbox reuse argument needs the block reduction's barriers");
 struct AsyncInbox {
   ts::OnlineSoftmax state[2][kCluster];
   uint64_t bar[2];
@@ -483,7 +485,7 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
   }
   if constexpr (kGlobalExchange) split_finish(p);
 #if defined(TS_HAS_CLUSTERS)
-  if constexpr (kCluster > 1 && !kGlobalExchange) ts::cluster_sync();  // keep our slots alive for the last remote reads
+  if constexpr (kCluster > 1 && !kGlobalExchange) ts::cluster_sync();  // keep our slots / inboxes alive for the last remote accesses
 #endif
 }
 

@@ -226,6 +226,23 @@ pub fn cases(quick: bool) -> Vec<Case> {
         in_place: false,
         special_rows: true,
     });
+    // The cluster exchange by st.async (clusters of 8: softmax_cluster.cu kAsyncExchange), in the
+    // quick set too (the sanitizers): fp32 rows of 65540 columns on 8 shares of 8196 columns,
+    // 150 rows, about three per resident cluster on an H200, so every CTA reuses its inboxes and
+    // their barriers' phases across rows.
+    out.push(Case {
+        rows: 150,
+        cols: 65540,
+        in_stride: 65540,
+        out_stride: 65540,
+        in_dtype: DType::F32,
+        out_dtype: DType::F32,
+        kind: SoftmaxKind::Softmax,
+        scale: 1.0,
+        path: SoftmaxPath::ClusterPipe,
+        in_place: false,
+        special_rows: true,
+    });
     // One copy group per row (kCopyGroups == 1: shares of more than 8 packs per thread), in the
     // quick set too (the sanitizers): on an H200 a split row over 32 shares of 125 KB (fp32
     // 1,000,000 columns; rows beyond 32 x 64 KB) and a cluster-pipe row over 8 shares of
