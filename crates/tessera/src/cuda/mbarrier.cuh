@@ -57,34 +57,25 @@ TS_DEVICE void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
                : "memory");
 }
 
+/// The spin loop of mbar_wait / mbar_wait_cluster: try_wait with acquire at `scope`.
+#define TS_MBAR_WAIT_LOOP(scope)                                                    \
+  "{\n"                                                                             \
+  ".reg .pred done;\n"                                                              \
+  "TS_MBAR_WAIT:\n"                                                                 \
+  "mbarrier.try_wait.parity.acquire." scope ".shared::cta.b64 done, [%0], %1;\n"   \
+  "@!done bra TS_MBAR_WAIT;\n"                                                      \
+  "}\n"
+
 /// Spins until the phase with parity `parity` (0 or 1) of the barrier has completed
 /// (acquire semantics: data the phase guarded is visible afterwards).
 TS_DEVICE void mbar_wait(uint64_t* bar, uint32_t parity) {
-  const uint32_t addr = smem_addr(bar);
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "TS_MBAR_WAIT:\n"
-      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra TS_MBAR_WAIT;\n"
-      "}\n" ::"r"(addr),
-      "r"(parity)
-      : "memory");
+  asm volatile(TS_MBAR_WAIT_LOOP("cta")::"r"(smem_addr(bar)), "r"(parity) : "memory");
 }
 
 /// mbar_wait for a barrier whose bytes other CTAs of the cluster complete (st_async_cluster):
 /// acquire at cluster scope, so their data is visible once the phase has completed.
 TS_DEVICE void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  const uint32_t addr = smem_addr(bar);
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "TS_MBAR_WAIT_CLUSTER:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra TS_MBAR_WAIT_CLUSTER;\n"
-      "}\n" ::"r"(addr),
-      "r"(parity)
-      : "memory");
+  asm volatile(TS_MBAR_WAIT_LOOP("cluster")::"r"(smem_addr(bar)), "r"(parity) : "memory");
 }
 
 /// Orders this thread's ordinary shared-memory accesses before later async-proxy accesses

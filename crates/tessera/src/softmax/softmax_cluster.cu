@@ -189,8 +189,9 @@ TS_DEVICE T cluster_combine(T mine, T* slot, Op op) {
 /// < kCluster sends this CTA's state with st.async into slot `rank` of CTA r's inbox, which
 /// completes 8 bytes on CTA r's mbarrier of that parity; thread `rank` writes its own slot and
 /// announces the kCluster - 1 remote states (arrive.expect_tx, one arrival per phase). One warp
-/// polls the barrier, the others wait at a CTA barrier (polling warps would take issue slots),
-/// then every thread merges the inbox in rank order (the same bits in every CTA).
+/// polls the barrier and the others wait at a CTA barrier (run 65; every thread polling, run 64,
+/// measured the same), then every thread merges the inbox in rank order (the same bits in every
+/// CTA).
 /// Reuse: a CTA sends row i + 2 into a peer's inbox of parity i & 1 only after receiving the
 /// peer's row i + 1, which the peer sent after the block reduction that follows its reads of row
 /// i; and row i + 2's bytes land on the peer's barrier after its phase of row i completed.
@@ -239,7 +240,9 @@ TS_DEVICE ts::OnlineSoftmax async_exchange(ts::OnlineSoftmax mine, unsigned iter
   return v;
 }
 #else
-constexpr bool kAsyncExchange = false;
+constexpr bool kAsyncExchange = false;  // (stubs: the calls below are discarded branches)
+TS_DEVICE void async_exchange_init() {}
+TS_DEVICE ts::OnlineSoftmax async_exchange(ts::OnlineSoftmax mine, unsigned, int) { return mine; }
 #endif
 
 /// One CTA's published state of one row (split-row path): (m, d), then the tag that says which
@@ -418,9 +421,7 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
   if constexpr (kGlobalExchange) {
     if (tid == 0) split_epoch_shared() = split_epoch(p);  // read by global_combine, after a barrier
   }
-#if defined(TS_HAS_CLUSTERS)
   if constexpr (kAsyncExchange) async_exchange_init();
-#endif
 
   unsigned iter = 0;  // this CTA's row iteration, (row - cluster) / clusters
   for (long long row = cluster; row < p.rows; row += clusters, ++iter) {
@@ -446,16 +447,10 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
     st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
     if constexpr (kGlobalExchange) {
       st = global_combine(st, p, rank, cluster, parity, iter);
+    } else if constexpr (kAsyncExchange) {
+      st = async_exchange(st, iter, rank);
     } else {
-#if defined(TS_HAS_CLUSTERS)
-      if constexpr (kAsyncExchange) {
-        st = async_exchange(st, iter, rank);
-      } else {
-        st = cluster_combine(st, &slot_state[parity], ts::OnlineSoftmaxMergeOp{});
-      }
-#else
       st = cluster_combine(st, &slot_state[parity], ts::OnlineSoftmaxMergeOp{});
-#endif
     }
     const float m = st.m;
     const float neg_shift = -ts::softmax_shift(m);
