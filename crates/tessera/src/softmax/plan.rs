@@ -188,7 +188,8 @@ pub struct Variant {
     pub out_pack: u32,
     /// Pipelined cluster and split-row schedules: cp.async commit groups per row, 8 (one per
     /// pack: the reduction starts on the first packs while the others land; shares of at most
-    /// 8 packs per thread) or 1 (any share). See [`copy_groups_for`]. Ignored elsewhere.
+    /// 8 packs per thread) or 1 (any share; split rows of [`SPLIT_MAX_CTAS`] shares). See
+    /// [`copy_groups_for`]. Ignored elsewhere.
     pub copy_groups: u32,
 }
 
@@ -923,7 +924,15 @@ pub fn split_row_variant(shape: &SoftmaxShape, mut variant: Variant, optin: usiz
     variant.cluster = ctas;
     variant.cols_per_thread = 1;
     variant.block_threads = SPLIT_THREADS;
-    variant.copy_groups = copy_groups_for(chunk, pi, SPLIT_THREADS);
+    // One commit group per pack where shares allow it (level to +1% against one per row on the
+    // forced split-row shapes: H200, bench/NOTES.md run 71, same binary), except at the most
+    // CTAs per row, where the per-pack schedule spills under the 40-register cap (16-bit
+    // scalar stores) and shares may exceed 8 packs per thread anyway.
+    variant.copy_groups = if ctas < SPLIT_MAX_CTAS {
+        copy_groups_for(chunk, pi, SPLIT_THREADS)
+    } else {
+        1
+    };
     Some((variant, chunk, smem))
 }
 
@@ -1211,10 +1220,11 @@ pub fn ci_variants() -> Vec<Variant> {
     }
     // Pipelined schedules: one commit group per pack wherever shares allow it. 512-thread
     // shares hold at most 64 KB (8 packs per thread), so only 1024-thread cluster shares and
-    // split rows past SPLIT_MAX_CTAS shares also need the one-group variant.
+    // split rows of SPLIT_MAX_CTAS shares need the one-group variant (and split rows of
+    // SPLIT_MAX_CTAS shares only it: split_row_variant).
     let per_pack: Vec<Variant> = out
         .iter()
-        .filter(|v| v.pipelined())
+        .filter(|v| v.pipelined() && !(v.path == SoftmaxPath::SplitRow && v.cluster == SPLIT_MAX_CTAS))
         .map(|v| Variant {
             copy_groups: COPY_GROUPS,
             ..*v

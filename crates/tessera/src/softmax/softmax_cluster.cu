@@ -62,11 +62,11 @@
 // read and its outputs stored: the next row's loads overlap this row's stores, with no extra
 // shared memory (a ring of one share). Write-after-read on a pack stays inside one thread: the
 // ld.shared is program-ordered before the cp.async (asm volatile with a memory clobber), and
-// the global store that consumes the loaded value is issued before the copy. Where a thread
-// holds at most 8 packs (kCopyGroups == 8: every 512-thread share and 1024-thread shares up to
-// 128 KB), each pack's copy is its own
-// commit group and the (max, sum) pass reads each pack as soon as its group has landed
-// (CopyGroups below); larger shares commit one group per row. Measured (H200,
+// the global store that consumes the loaded value is issued before the copy. Where a cluster
+// thread holds at most 8 packs (kCopyGroups == 8: every 512-thread share and 1024-thread shares
+// up to 128 KB), each pack's copy is its own commit group and the (max, sum) pass reads each
+// pack as soon as its group has landed (CopyGroups below); larger shares and split rows of 32
+// shares commit one group per row. Measured (H200,
 // bench/NOTES.md runs 6-7): +2-5% on rows of 256-512 KB, -3-6% on 64-128 KB rows, so Auto
 // takes it for cluster rows of 256 KB and more.
 
@@ -253,22 +253,15 @@ struct ExchangeSlot {
 };
 static_assert(sizeof(ExchangeSlot) == 16, "mirror of the Rust workspace size");
 
-/// The split-row launch's epoch: the high half of its slot tags. Read once per CTA after the
-/// previous grid completed (ts::wait_prior_grids), and changed only after every CTA of this
-/// launch finished.
-TS_DEVICE unsigned long long split_epoch(const SoftmaxClusterParams& p) {
+/// The split-row launch's epoch: the high half of its slot tags. Read by every thread before its
+/// first copies, after the previous grid completed (ts::wait_prior_grids), and changed only after
+/// every CTA of this launch finished.
+TS_DEVICE unsigned split_epoch(const SoftmaxClusterParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  return (unsigned long long)*reinterpret_cast<const volatile unsigned*>(p.counters);
+  return *reinterpret_cast<const volatile unsigned*>(p.counters);
 #else
   return 0;
 #endif
-}
-
-/// The launch epoch as this CTA read it before its first row (thread 0 writes it; the barrier
-/// of the first block reduction orders the write before global_combine's reads).
-TS_DEVICE unsigned long long& split_epoch_shared() {
-  __shared__ unsigned long long epoch;
-  return epoch;
 }
 
 /// Ends a split-row launch: the last CTA to finish resets the done count and advances the
@@ -293,10 +286,9 @@ TS_DEVICE void split_finish(const SoftmaxClusterParams& p) {
 /// Slots alternate by row parity: a CTA rewrites a set only two rows later, after every CTA of
 /// its group has published the row in between, which each did after reading this one.
 TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const SoftmaxClusterParams& p, int rank,
-                                           long long group, int parity, unsigned iter) {
+                                           long long group, int parity, unsigned long long tag) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   __shared__ ts::OnlineSoftmax got[2][kCluster];
-  const unsigned long long tag = (split_epoch_shared() << 32) | (unsigned long long)(iter + 1);
   ExchangeSlot* set = static_cast<ExchangeSlot*>(p.exchange) + (group * 2 + parity) * kCluster;
   if (threadIdx.x == 0) {
     set[rank].m = mine.m;
@@ -355,9 +347,9 @@ TS_DEVICE float finish(float x, float s, float neg_shift, float coef) {
 /// group k before reading pack k, so it reduces the first packs while the last are still
 /// arriving (bench/NOTES.md run 56, same binary: +2% on the default dispatch of fp16 and fp32
 /// 1024 x 131072 and fp16 256 x 262144, fp32 256 x 262144 level; +8% on forced cluster-pipe fp32
-/// 256 x 262144). kCopyGroups == 1 (larger shares): one group per row, waited for before the
-/// pass. One kernel holding both schedules behind a runtime test spilled under the 40-register
-/// cap, so the plan picks the variant.
+/// 256 x 262144). kCopyGroups == 1 (larger shares, and split rows of 32 shares): one group per
+/// row, waited for before the pass. One kernel holding both schedules behind a runtime test
+/// spilled under the 40-register cap, so the plan picks the variant.
 struct CopyGroups {
   int packs;  // the CTA's full packs; this thread's are tid, tid + kBlockThreads, ... < packs
 
@@ -411,15 +403,16 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
   const InPack* spk = reinterpret_cast<const InPack*>(share);
   const CopyGroups groups{packs};
   if (kCopyGroups > 1 && packs > kCopyGroups * kBlockThreads) __trap();  // launch contract (Rust: plan.rs)
+  // Split-row: the launch epoch in a register of every thread, read before the first copies.
+  // Thread 0 reading it after the prologue into shared memory (commit 6e2074a) cost 6-8% on
+  // every split-row shape (H200, bench/NOTES.md runs 68-71, same machine).
+  const unsigned epoch = kGlobalExchange ? split_epoch(p) : 0u;
 
   // Prologue: the first row's copies.
   if (cluster < p.rows) {
     const InT* src = in + cluster * p.in_stride + c0;
     groups.copy([&](int q) { ts::cp_async_16(share + q * kPack, src + q * kPack); });
     if (has_tail) share[tail] = ts::load_scalar(src + tail);
-  }
-  if constexpr (kGlobalExchange) {
-    if (tid == 0) split_epoch_shared() = split_epoch(p);  // read by global_combine, after a barrier
   }
   if constexpr (kAsyncExchange) async_exchange_init();
 
@@ -446,7 +439,7 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
     const int parity = (int)(iter & 1);
     st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
     if constexpr (kGlobalExchange) {
-      st = global_combine(st, p, rank, cluster, parity, iter);
+      st = global_combine(st, p, rank, cluster, parity, ((unsigned long long)epoch << 32) | (iter + 1));
     } else if constexpr (kAsyncExchange) {
       st = async_exchange(st, iter, rank);
     } else {
