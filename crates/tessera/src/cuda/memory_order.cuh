@@ -1,17 +1,20 @@
-// memory_order.cuh: GPU-scope message passing between CTAs through global memory.
+// memory_order.cuh: GPU-scope message passing between CTAs through global memory, without fences.
 //
-// Defines: ts::st_release_gpu (u64), ts::ld_acquire_gpu (u64), ts::ld_relaxed_gpu (f32),
-//          ts::nanosleep.
+// Defines: ts::st_relaxed_gpu_v2 (2 x u64), ts::ld_relaxed_gpu_v2 (2 x u64), ts::nanosleep.
 //
-// The pattern (PTX ISA, "Memory Consistency Model"): a writer stores its payload with ordinary
-// or relaxed stores, then a flag with st_release_gpu; a reader polls the flag with
-// ld_acquire_gpu until it sees the value, then reads the payload with ld_relaxed_gpu (strong
-// loads, never served from a stale L1 line). Release/acquire at .gpu scope makes every write
-// before the release visible to every read after the acquire, across CTAs of any SM.
+// The pattern (PTX ISA, "Memory Consistency Model"): strong (relaxed, .gpu scope) accesses to an
+// aligned 64-bit scalar are single-copy atomic, and a vector access is a set of such scalar
+// accesses in unspecified order. So a message that fits 2 x 64 bits, each word carrying its own
+// copy of a tag that no earlier message in that slot carried, needs no release / acquire: the
+// writer stores both words with one st_relaxed_gpu_v2, a reader polls with ld_relaxed_gpu_v2
+// until both words carry the tag, and then holds the whole message (each word whole, both of
+// the same write). A release store would have to wait for every earlier write of the thread
+// (H200: the split-row softmax paid 2-7% for it, bench/NOTES.md run 73).
 //
-// Rule the callers keep: a CTA that polls for another CTA's flag must only wait for CTAs that
-// are resident at the same time (one wave of the grid), or the wait never ends.
-// Needs sm_70+ (the .release / .acquire / .relaxed qualifiers).
+// Rules the callers keep: a slot is written at most once per tag (so a reader never has to order
+// a later write after its read); a CTA that polls for another CTA's message only waits for CTAs
+// that are resident at the same time (one wave of the grid), or the wait never ends.
+// Needs sm_70+ (the .relaxed qualifier).
 #pragma once
 
 #include "tessera/common.cuh"
@@ -19,23 +22,15 @@
 namespace ts {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-/// *p = v with release semantics at GPU scope.
-TS_DEVICE void st_release_gpu(unsigned long long* p, unsigned long long v) {
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+/// p[0] = a, p[1] = b (p 16-byte aligned): two strong relaxed 64-bit stores at GPU scope.
+TS_DEVICE void st_relaxed_gpu_v2(unsigned long long* p, unsigned long long a, unsigned long long b) {
+  asm volatile("st.relaxed.gpu.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
 }
 
-/// *p with acquire semantics at GPU scope.
-TS_DEVICE unsigned long long ld_acquire_gpu(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-/// *p as a strong relaxed load at GPU scope.
-TS_DEVICE float ld_relaxed_gpu(const float* p) {
-  float v;
-  asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-  return v;
+/// (p[0], p[1]) (p 16-byte aligned): two strong relaxed 64-bit loads at GPU scope (never served
+/// from a stale L1 line).
+TS_DEVICE void ld_relaxed_gpu_v2(const unsigned long long* p, unsigned long long& a, unsigned long long& b) {
+  asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
 }
 
 /// Suspends the thread for about `ns` nanoseconds (a polite spin-wait).

@@ -61,8 +61,8 @@ pub enum SoftmaxPath {
     ClusterPipe,
     /// The pipelined schedule of [`SoftmaxPath::ClusterPipe`] with a row split across 2..32 CTAs
     /// that are not a hardware cluster: each caches its share (at most 64 KB) in shared memory and
-    /// the CTAs of a row exchange their (max, sum) states through global memory (release /
-    /// acquire flags). One cooperative wave of resident CTAs, every SM usable (no GPC
+    /// the CTAs of a row exchange their (max, sum) states through global memory (one tagged
+    /// 16-byte slot per row and CTA, no fences). One cooperative wave of resident CTAs, every SM usable (no GPC
     /// placement). Needs a row stride that is a multiple of 16 bytes (a plan error otherwise)
     /// and sm_70+; calls whose pointers are not 16-byte aligned run the plain cluster kernel
     /// (or, where no cluster holds the row, the block-uncached one).
@@ -188,8 +188,7 @@ pub struct Variant {
     pub out_pack: u32,
     /// Pipelined cluster and split-row schedules: cp.async commit groups per row, 8 (one per
     /// pack: the reduction starts on the first packs while the others land; shares of at most
-    /// 8 packs per thread) or 1 (any share; split rows of [`SPLIT_MAX_CTAS`] shares). See
-    /// [`copy_groups_for`]. Ignored elsewhere.
+    /// 8 packs per thread) or 1 (any share). See [`copy_groups_for`]. Ignored elsewhere.
     pub copy_groups: u32,
 }
 
@@ -381,7 +380,8 @@ unsafe impl KernelParams for SoftmaxParams {}
 pub struct SoftmaxClusterParams {
     pub base: SoftmaxParams,
     pub chunk: i64,
-    /// Split-row path: the exchange slots (`ExchangeSlot`, 16 bytes; two per CTA), else 0.
+    /// Split-row path: the exchange slots (`ExchangeSlot`, 16 bytes; one per row and CTA of its
+    /// group), else 0.
     pub exchange: u64,
     /// Split-row path: the epoch and done counters (two `u32`), else 0.
     pub counters: u64,
@@ -560,8 +560,9 @@ impl SoftmaxPlan {
         };
         let exchange = match &vector {
             Some(v) if v.variant.path == SoftmaxPath::SplitRow => {
-                let mut b =
-                    ctx.alloc::<u8>(EXCHANGE_COUNTER_BYTES + 2 * v.cfg.grid.0 as usize * EXCHANGE_SLOT_BYTES)?;
+                // One slot per row and CTA of its group (each written once per launch).
+                let slots = shape.rows * v.variant.cluster as usize;
+                let mut b = ctx.alloc::<u8>(EXCHANGE_COUNTER_BYTES + slots * EXCHANGE_SLOT_BYTES)?;
                 b.fill_bytes(0)?;
                 Some(b)
             }
@@ -694,9 +695,9 @@ impl SoftmaxPlan {
             };
             // SAFETY: as below; every CTA of a cluster touches only its share of each row
             // (columns [rank * chunk, (rank + 1) * chunk) clipped to cols). Split-row CTAs also
-            // write their two exchange slots and the counters (allocated for this launch
-            // geometry: two slots per CTA of the grid) and read their row's CTAs' slots; the
-            // cooperative launch makes every CTA resident at once, so no wait is left pending.
+            // write their slot of each of their rows and the counters (allocated for this shape:
+            // rows x CTAs per row slots) and read their rows' other slots; the cooperative
+            // launch makes every CTA resident at once, so no wait is left pending.
             return unsafe { l.kernel.launch(&self.ctx, l.cfg, &cp) };
         }
         // SAFETY: the views were bounds-checked against their buffers when made (every row of
@@ -924,15 +925,9 @@ pub fn split_row_variant(shape: &SoftmaxShape, mut variant: Variant, optin: usiz
     variant.cluster = ctas;
     variant.cols_per_thread = 1;
     variant.block_threads = SPLIT_THREADS;
-    // One commit group per pack where shares allow it (level to +1% against one per row on the
-    // forced split-row shapes: H200, bench/NOTES.md run 71, same binary), except at the most
-    // CTAs per row, where the per-pack schedule spills under the 40-register cap (16-bit
-    // scalar stores) and shares may exceed 8 packs per thread anyway.
-    variant.copy_groups = if ctas < SPLIT_MAX_CTAS {
-        copy_groups_for(chunk, pi, SPLIT_THREADS)
-    } else {
-        1
-    };
+    // One commit group per pack where shares allow it: level to +1% against one per row on the
+    // forced split-row shapes (H200, bench/NOTES.md run 71, same binary).
+    variant.copy_groups = copy_groups_for(chunk, pi, SPLIT_THREADS);
     Some((variant, chunk, smem))
 }
 
@@ -1220,11 +1215,10 @@ pub fn ci_variants() -> Vec<Variant> {
     }
     // Pipelined schedules: one commit group per pack wherever shares allow it. 512-thread
     // shares hold at most 64 KB (8 packs per thread), so only 1024-thread cluster shares and
-    // split rows of SPLIT_MAX_CTAS shares need the one-group variant (and split rows of
-    // SPLIT_MAX_CTAS shares only it: split_row_variant).
+    // split rows past SPLIT_MAX_CTAS shares also need the one-group variant.
     let per_pack: Vec<Variant> = out
         .iter()
-        .filter(|v| v.pipelined() && !(v.path == SoftmaxPath::SplitRow && v.cluster == SPLIT_MAX_CTAS))
+        .filter(|v| v.pipelined())
         .map(|v| Variant {
             copy_groups: COPY_GROUPS,
             ..*v

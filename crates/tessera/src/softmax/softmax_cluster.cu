@@ -65,8 +65,8 @@
 // the global store that consumes the loaded value is issued before the copy. Where a cluster
 // thread holds at most 8 packs (kCopyGroups == 8: every 512-thread share and 1024-thread shares
 // up to 128 KB), each pack's copy is its own commit group and the (max, sum) pass reads each
-// pack as soon as its group has landed (CopyGroups below); larger shares and split rows of 32
-// shares commit one group per row. Measured (H200,
+// pack as soon as its group has landed (CopyGroups below); larger shares commit one group per
+// row. Measured (H200,
 // bench/NOTES.md runs 6-7): +2-5% on rows of 256-512 KB, -3-6% on 64-128 KB rows, so Auto
 // takes it for cluster rows of 256 KB and more.
 
@@ -75,15 +75,15 @@
 // 1024-thread CTA per SM, too few to keep HBM busy (fp32 256 x 262144: 66% of copy). Here the
 // kCluster CTAs of a row (2..32) are ordinary CTAs blockIdx.x / kCluster * kCluster + rank, of
 // one wave of resident CTAs on every SM (no GPC placement), and they exchange their per-row
-// (max, sum) states through global memory instead of distributed shared memory: thread 0
-// stores the state then a tag (epoch << 32 | row iteration + 1) with st.release.gpu,
-// and threads r < kCluster poll rank r's tag with ld.acquire.gpu (global_combine). Two slot sets
-// alternate by row parity, as the cluster exchange's buffers do. Every CTA of a group is
-// resident while any polls (a cooperative launch of at most one wave), so the waits end. The
-// epoch, the tags' high half, lives in device memory beside the slots and the last CTA of a
-// launch advances it, so consecutive launches never share tags, also when a captured graph
-// replays one launch's parameters. Workspace: two counters and 2 * gridDim.x slots of 16 bytes,
-// zeroed once by the plan (tag 0 is never valid: the iteration part starts at 1).
+// (max, sum) states through global memory instead of distributed shared memory: every row has
+// a slot per CTA, written once per launch by the CTA's thread 0 as two relaxed 64-bit words that
+// each carry the launch's tag, and threads r < kCluster poll rank r's slot until both words
+// carry it (global_combine; no release / acquire fence: memory_order.cuh). Every CTA of a group
+// is resident while any polls (a cooperative launch of at most one wave), so the waits end. The
+// tag (epoch + 1) lives in device memory beside the slots and the last CTA of a launch advances
+// the epoch, so consecutive launches never share tags, also when a captured graph replays one
+// launch's parameters. Workspace: two counters and rows * kCluster slots of 16 bytes, zeroed
+// once by the plan (tag 0 is never valid).
 
 #include "tessera/common.cuh"
 #include "tessera/dtype.cuh"
@@ -132,10 +132,11 @@ struct SoftmaxClusterParams {
   float scale_log2e;
   float scale;
   long long chunk;  // columns per CTA of a cluster, a multiple of kPack
-  // Split-row path only (kGlobalExchange): the exchange slots, 2 * gridDim.x of them (two per
-  // CTA, by row parity), and two counters: the launch epoch (the high half of every slot tag;
-  // the last CTA of a launch increments it, so every launch, graph replays included, tags its
-  // slots differently from the one before) and the CTAs done. All zeroed once by the plan.
+  // Split-row path only (kGlobalExchange): the exchange slots, rows * kCluster of them (one per
+  // row and CTA of its group), and two counters: the launch epoch (every slot word carries
+  // epoch + 1; the last CTA of a launch advances it, so every launch, graph replays included,
+  // tags its slots differently from the one before) and the CTAs done. All zeroed once by the
+  // plan.
   void* exchange;
   unsigned* counters;  // [0] epoch, [1] CTAs done in this launch
 };
@@ -245,20 +246,22 @@ TS_DEVICE void async_exchange_init() {}
 TS_DEVICE ts::OnlineSoftmax async_exchange(ts::OnlineSoftmax mine, unsigned, int) { return mine; }
 #endif
 
-/// One CTA's published state of one row (split-row path): (m, d), then the tag that says which
-/// launch and row iteration they belong to, stored last with release semantics.
+/// One CTA's published state of one row (split-row path): two 64-bit words, (tag << 32) | bits
+/// of m and (tag << 32) | bits of d, each single-copy atomic, so a reader that sees this
+/// launch's tag in both holds the whole state (memory_order.cuh).
 struct ExchangeSlot {
-  float m, d;
-  unsigned long long tag;
+  unsigned long long m_word, d_word;
 };
 static_assert(sizeof(ExchangeSlot) == 16, "mirror of the Rust workspace size");
 
-/// The split-row launch's epoch: the high half of its slot tags. Read by every thread before its
-/// first copies, after the previous grid completed (ts::wait_prior_grids), and changed only after
-/// every CTA of this launch finished.
-TS_DEVICE unsigned split_epoch(const SoftmaxClusterParams& p) {
+/// The split-row launch's tag: the epoch counter + 1 (1 .. 2^32 - 1; the counter runs over
+/// 0 .. 2^32 - 2, so the zeroed slots of a new plan never carry a valid tag). Read by every
+/// thread before its first copies, after the previous grid completed (ts::wait_prior_grids),
+/// and changed only after every CTA of this launch finished. A slot read with an older tag is
+/// one this launch has not written yet: tags repeat only after 2^32 - 1 launches of one plan.
+TS_DEVICE unsigned split_tag(const SoftmaxClusterParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  return *reinterpret_cast<const volatile unsigned*>(p.counters);
+  return *reinterpret_cast<const volatile unsigned*>(p.counters) + 1u;
 #else
   return 0;
 #endif
@@ -273,32 +276,35 @@ TS_DEVICE void split_finish(const SoftmaxClusterParams& p) {
     __threadfence();
     if (atomicAdd(&p.counters[1], 1u) == gridDim.x - 1) {
       p.counters[1] = 0;
-      atomicAdd(&p.counters[0], 1u);
+      const unsigned next = p.counters[0] + 1u;
+      p.counters[0] = next == 0xFFFFFFFFu ? 0u : next;  // the tag (epoch + 1) is never 0
     }
   }
 }
 
 /// The split-row path's exchange (kGlobalExchange): CTAs blockIdx.x / kCluster * kCluster + r,
-/// r < kCluster, hold one row between them. Thread 0 publishes this CTA's state in its slot of
-/// the row parity's set, threads r < kCluster wait for rank r's slot to carry this row's tag,
-/// and every thread merges the kCluster states in rank order (the same bits in every CTA). The
-/// tag is (epoch << 32) | (iter + 1), iter the CTA's row iteration.
-/// Slots alternate by row parity: a CTA rewrites a set only two rows later, after every CTA of
-/// its group has published the row in between, which each did after reading this one.
+/// r < kCluster, hold one row between them. Every row has its own kCluster slots (written once
+/// per launch: no slot is reused within a launch, so a reader never races a later write).
+/// Thread 0 publishes this CTA's state in its slot of the row with two relaxed 64-bit stores,
+/// no fence; threads r < kCluster poll rank r's slot until both words carry this launch's tag;
+/// every thread merges the kCluster states in rank order (the same bits in every CTA).
 TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const SoftmaxClusterParams& p, int rank,
-                                           long long group, int parity, unsigned long long tag) {
+                                           long long row, int parity, unsigned tag) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   __shared__ ts::OnlineSoftmax got[2][kCluster];
-  ExchangeSlot* set = static_cast<ExchangeSlot*>(p.exchange) + (group * 2 + parity) * kCluster;
+  ExchangeSlot* slots = static_cast<ExchangeSlot*>(p.exchange) + row * kCluster;
+  const unsigned long long tag_hi = (unsigned long long)tag << 32;
   if (threadIdx.x == 0) {
-    set[rank].m = mine.m;
-    set[rank].d = mine.d;
-    ts::st_release_gpu(&set[rank].tag, tag);
+    ts::st_relaxed_gpu_v2(&slots[rank].m_word, tag_hi | __float_as_uint(mine.m), tag_hi | __float_as_uint(mine.d));
   }
   if (threadIdx.x < kCluster) {
-    ExchangeSlot* s = &set[threadIdx.x];
-    while (ts::ld_acquire_gpu(&s->tag) != tag) ts::nanosleep(64);
-    got[parity][threadIdx.x] = ts::OnlineSoftmax{ts::ld_relaxed_gpu(&s->m), ts::ld_relaxed_gpu(&s->d)};
+    unsigned long long m_word, d_word;
+    for (;;) {
+      ts::ld_relaxed_gpu_v2(&slots[threadIdx.x].m_word, m_word, d_word);
+      if ((m_word >> 32) == tag && (d_word >> 32) == tag) break;
+      ts::nanosleep(64);
+    }
+    got[parity][threadIdx.x] = ts::OnlineSoftmax{__uint_as_float((unsigned)m_word), __uint_as_float((unsigned)d_word)};
   }
   __syncthreads();
   ts::OnlineSoftmax v = got[parity][0];
@@ -306,7 +312,7 @@ TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const Softmax
   for (int r = 1; r < kCluster; ++r) v = ts::OnlineSoftmaxMergeOp{}(v, got[parity][r]);
   return v;
 #else
-  static_assert(!kGlobalExchange, "the split-row exchange needs sm_70+ (release / acquire)");
+  static_assert(!kGlobalExchange, "the split-row exchange needs sm_70+ (strong relaxed accesses)");
   return mine;
 #endif
 }
@@ -347,8 +353,8 @@ TS_DEVICE float finish(float x, float s, float neg_shift, float coef) {
 /// group k before reading pack k, so it reduces the first packs while the last are still
 /// arriving (bench/NOTES.md run 56, same binary: +2% on the default dispatch of fp16 and fp32
 /// 1024 x 131072 and fp16 256 x 262144, fp32 256 x 262144 level; +8% on forced cluster-pipe fp32
-/// 256 x 262144). kCopyGroups == 1 (larger shares, and split rows of 32 shares): one group per
-/// row, waited for before the pass. One kernel holding both schedules behind a runtime test
+/// 256 x 262144). kCopyGroups == 1 (larger shares): one group per row, waited for before the
+/// pass. One kernel holding both schedules behind a runtime test
 /// spilled under the 40-register cap, so the plan picks the variant.
 struct CopyGroups {
   int packs;  // the CTA's full packs; this thread's are tid, tid + kBlockThreads, ... < packs
@@ -356,7 +362,13 @@ struct CopyGroups {
   /// Calls f(q) for this thread's packs q, closing each commit group after its packs.
   template <typename F>
   TS_DEVICE void copy(F&& f) const {
-    if constexpr (kCopyGroups == 1) {
+    if constexpr (kCopyGroups == 1 && kGlobalExchange) {
+      // (unrolled twice: the compiler's choice spilled the fp32 split-row kernel of 32 CTAs
+      // per row under the 40-register cap)
+#pragma unroll 2
+      for (int q = threadIdx.x; q < packs; q += kBlockThreads) f(q);
+      ts::cp_async_commit();
+    } else if constexpr (kCopyGroups == 1) {
       for (int q = threadIdx.x; q < packs; q += kBlockThreads) f(q);
       ts::cp_async_commit();
     } else {
@@ -403,10 +415,10 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
   const InPack* spk = reinterpret_cast<const InPack*>(share);
   const CopyGroups groups{packs};
   if (kCopyGroups > 1 && packs > kCopyGroups * kBlockThreads) __trap();  // launch contract (Rust: plan.rs)
-  // Split-row: the launch epoch in a register of every thread, read before the first copies.
+  // Split-row: the launch tag in a register of every thread, read before the first copies.
   // Thread 0 reading it after the prologue into shared memory (commit 6e2074a) cost 6-8% on
   // every split-row shape (H200, bench/NOTES.md runs 68-71, same machine).
-  const unsigned epoch = kGlobalExchange ? split_epoch(p) : 0u;
+  const unsigned tag = kGlobalExchange ? split_tag(p) : 0u;
 
   // Prologue: the first row's copies.
   if (cluster < p.rows) {
@@ -439,7 +451,7 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
     const int parity = (int)(iter & 1);
     st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
     if constexpr (kGlobalExchange) {
-      st = global_combine(st, p, rank, cluster, parity, ((unsigned long long)epoch << 32) | (iter + 1));
+      st = global_combine(st, p, rank, row, parity, tag);
     } else if constexpr (kAsyncExchange) {
       st = async_exchange(st, iter, rank);
     } else {
