@@ -7,8 +7,8 @@
 //! | [`SoftmaxPath::BlockCached`] | cols * 4 B fits the opt-in shared memory and a CTA fits on an SM | 128..1024 threads, one row at a time | shared memory (f32) |
 //! | [`SoftmaxPath::BlockUncached`] | anything longer | 1024 threads, one row at a time | nowhere: read twice |
 //! | [`SoftmaxPath::Cluster`] | rows over 32 KB: on one CTA up to 128 KB, else on a cluster whose shares fit 64 KB (sm_90) | 512/1024 threads, 1..8 CTAs per row | shared memory (input dtype) |
-//! | [`SoftmaxPath::ClusterPipe`] | rows of 256 KB up to 512 KB whose cluster shares fit in shared memory (sm_90) | as Cluster, one wave; the store pass refills the share with the next row | shared memory (input dtype) |
-//! | [`SoftmaxPath::SplitRow`] | rows over 512 KB with 16-byte row strides (sm_90): 2..32 shares of up to 64 KB (larger shares past 32) | 512 threads, one cooperative wave of resident CTAs in groups of one row's CTAs; states exchanged through global memory | shared memory (input dtype) |
+//! | [`SoftmaxPath::SplitRow`] | rows of 256 KB and more with 16-byte row strides (sm_90): 2..32 shares of up to 64 KB (larger shares past 32) | 512 threads, one cooperative wave of resident CTAs in groups of one row's CTAs; states exchanged through global memory | shared memory (input dtype) |
+//! | [`SoftmaxPath::ClusterPipe`] | rows of 256 KB and more that the split-row kernel cannot hold, whose cluster shares fit in shared memory (sm_90) | as Cluster, one wave; the store pass refills the share with the next row | shared memory (input dtype) |
 //!
 //! Forced only (measured side by side against the dispatched kernels, see the bench):
 //! [`SoftmaxPath::WarpNc`] (warp path with loads that keep the default L2 policy).
@@ -57,7 +57,7 @@ pub enum SoftmaxPath {
     /// [`SoftmaxPath::Cluster`] with the pipelined schedule: each thread refills the packs it
     /// has just stored with the next row's copies, so loads of row i+1 overlap stores of row i
     /// (same shared memory). Falls back to the plain schedule for unaligned calls. Auto takes it
-    /// for cluster rows of 256 KB and more.
+    /// for rows of 256 KB and more only where the split-row kernel cannot hold the row.
     ClusterPipe,
     /// The pipelined schedule of [`SoftmaxPath::ClusterPipe`] with a row split across 2..32 CTAs
     /// that are not a hardware cluster: each caches its share (at most 64 KB) in shared memory and
@@ -403,10 +403,12 @@ pub struct SoftmaxPlan {
     ctx: Context,
     shape: SoftmaxShape,
     opts: SoftmaxOptions,
-    /// The path chosen (a split-row plan's scalar variant runs the block-uncached kernel).
+    /// The path chosen (a split-row plan's scalar variant, for unaligned calls, runs the plain
+    /// cluster kernel where that holds the row, else the block-uncached one).
     path: SoftmaxPath,
-    /// Split-row path: the counters and exchange slots of the grid (zeroed once; the kernel
-    /// keeps them consistent across launches).
+    /// Split-row path: the counters and exchange slots of the shape (rows x CTAs per row; zeroed
+    /// once, the kernel keeps them consistent across launches). One plan's launches must not run
+    /// concurrently (e.g. on two streams): they would share these slots.
     exchange: Option<DeviceBuffer<u8>>,
     /// The 16-byte variant, when the shape allows one.
     vector: Option<Launchable>,
@@ -477,7 +479,7 @@ impl SoftmaxPlan {
                     SoftmaxPath::WarpPerRow
                 }
             }
-            SoftmaxPath::Auto if row_bytes > SPLIT_MIN_ROW_BYTES && split_auto => SoftmaxPath::SplitRow,
+            SoftmaxPath::Auto if row_bytes >= SPLIT_MIN_ROW_BYTES && split_auto => SoftmaxPath::SplitRow,
             SoftmaxPath::Auto if row_bytes > CLUSTER_MIN_ROW_BYTES && cluster_auto => {
                 if row_bytes >= CLUSTER_PIPE_MIN_ROW_BYTES {
                     SoftmaxPath::ClusterPipe
@@ -561,8 +563,17 @@ impl SoftmaxPlan {
         let exchange = match &vector {
             Some(v) if v.variant.path == SoftmaxPath::SplitRow => {
                 // One slot per row and CTA of its group (each written once per launch).
-                let slots = shape.rows * v.variant.cluster as usize;
-                let mut b = ctx.alloc::<u8>(EXCHANGE_COUNTER_BYTES + slots * EXCHANGE_SLOT_BYTES)?;
+                let bytes = shape
+                    .rows
+                    .checked_mul(v.variant.cluster as usize * EXCHANGE_SLOT_BYTES)
+                    .and_then(|b| b.checked_add(EXCHANGE_COUNTER_BYTES))
+                    .ok_or_else(|| {
+                        Error::Unsupported(format!(
+                            "split-row exchange workspace for {} rows overflows usize",
+                            shape.rows
+                        ))
+                    })?;
+                let mut b = ctx.alloc::<u8>(bytes)?;
                 b.fill_bytes(0)?;
                 Some(b)
             }
@@ -845,12 +856,12 @@ pub const COPY_GROUPS: u32 = 8;
 /// 3193 with 32 KB / 256 and 2777-2809 on cluster-pipe (8 CTAs of 128 KB, the cluster limit).
 pub const SPLIT_SHARE_BYTES: usize = 64 * 1024;
 const SPLIT_THREADS: u32 = 512;
-/// Rows of more than this many input bytes take [`SoftmaxPath::SplitRow`] on GPUs with clusters:
-/// a hardware cluster (at most 8 CTAs) holds them only in shares over 64 KB (one 1024-thread CTA
-/// per SM). H200, bench/NOTES.md run 46: fp32 256 x 262144 (1 MB rows) 3311 GB/s against 2777
-/// on cluster-pipe; at 512 KB the two are level within 3% either way (fp32 1024 x 131072 +3%,
-/// fp16 256 x 262144 -3%), so rows up to 8 shares of 64 KB keep the hardware cluster.
-const SPLIT_MIN_ROW_BYTES: usize = 8 * CLUSTER_TARGET_SHARE_BYTES;
+/// Rows of at least this many input bytes take [`SoftmaxPath::SplitRow`] on GPUs with clusters.
+/// H200, bench/NOTES.md run 74 (same run, forced paths, GB/s split-row / cluster-pipe): fp16
+/// 1024 x 131072 (256 KB rows) 3330 / 3258, fp16 256 x 262144 2996 / 2929, fp32 1024 x 131072
+/// 3723 / 3566, fp32 256 x 262144 (1 MB rows: 8 x 128 KB, one CTA per SM, on a cluster) 3533 /
+/// 3155; on 128 KB rows one CTA holds the row and wins (fp32 4096 x 32768: 3856 against 3721).
+const SPLIT_MIN_ROW_BYTES: usize = CLUSTER_PIPE_MIN_ROW_BYTES;
 /// Most CTAs a split row spreads over (`kCluster` of the split-row kernel).
 pub const SPLIT_MAX_CTAS: u32 = 32;
 

@@ -67,8 +67,8 @@
 // up to 128 KB), each pack's copy is its own commit group and the (max, sum) pass reads each
 // pack as soon as its group has landed (CopyGroups below); larger shares commit one group per
 // row. Measured (H200,
-// bench/NOTES.md runs 6-7): +2-5% on rows of 256-512 KB, -3-6% on 64-128 KB rows, so Auto
-// takes it for cluster rows of 256 KB and more.
+// bench/NOTES.md runs 6-7): +2-5% on rows of 256-512 KB, -3-6% on 64-128 KB rows; since run
+// 74 Auto takes the split-row variant below for rows of 256 KB and more.
 
 // Split-row variant (kGlobalExchange, Rust path "split-row"; pipelined schedule only). A hardware
 // cluster holds at most 8 CTAs, so a row of more than 8 x 64 KB needs shares over 64 KB: one
@@ -273,9 +273,10 @@ TS_DEVICE unsigned split_tag(const SoftmaxClusterParams& p) {
 TS_DEVICE void split_finish(const SoftmaxClusterParams& p) {
   __syncthreads();  // every thread of this CTA is past its last exchange
   if (threadIdx.x == 0) {
-    __threadfence();
+    __threadfence();  // (release side: this CTA's epoch read is ordered before its count)
     if (atomicAdd(&p.counters[1], 1u) == gridDim.x - 1) {
       p.counters[1] = 0;
+      __threadfence();  // (acquire side: every CTA's epoch read is ordered before the update)
       const unsigned next = p.counters[0] + 1u;
       p.counters[0] = next == 0xFFFFFFFFu ? 0u : next;  // the tag (epoch + 1) is never 0
     }

@@ -211,8 +211,8 @@ pub fn cases(quick: bool) -> Vec<Case> {
         }
     }
     // Split-row over more rows than the resident groups (on an H200 fp32 40000 columns is 3
-    // CTAs of 512 threads per row, 132 groups): each group runs several rows, so the exchange
-    // slots alternate by parity within a launch (in the quick set too: the sanitizers see it).
+    // CTAs of 512 threads per row, 132 groups): each group runs several rows, each with its own
+    // exchange slots (in the quick set too: the sanitizers see it).
     out.push(Case {
         rows: 500,
         cols: 40_000,
@@ -261,6 +261,23 @@ pub fn cases(quick: bool) -> Vec<Case> {
             kind: SoftmaxKind::Softmax,
             scale: 1.0,
             path,
+            in_place: false,
+            special_rows: true,
+        });
+    }
+    // Split rows at the most CTAs (32) with one copy group per pack (shares of at most 8 packs
+    // per thread: 32 x 16252 fp32 / 32 x 32504 fp16 columns, 65008 bytes each), quick set too.
+    for (cols, d) in [(520_000, DType::F32), (1_040_000, DType::F16)] {
+        out.push(Case {
+            rows: if quick { 5 } else { 7 },
+            cols,
+            in_stride: cols,
+            out_stride: cols,
+            in_dtype: d,
+            out_dtype: d,
+            kind: SoftmaxKind::Softmax,
+            scale: 1.0,
+            path: SoftmaxPath::SplitRow,
             in_place: false,
             special_rows: true,
         });
@@ -528,6 +545,10 @@ mod tests {
             let g1 = |p, min_bytes| c.iter().any(|k| k.path == p && k.cols * k.in_dtype.size() > min_bytes);
             assert!(g1(SoftmaxPath::SplitRow, 32 * super::super::plan::SPLIT_SHARE_BYTES));
             assert!(g1(SoftmaxPath::ClusterPipe, 8 * 128 * 1024));
+            // split rows of 32 per-pack shares (just under 32 x 64 KB)
+            assert!(c.iter().any(|k| k.path == SoftmaxPath::SplitRow
+                && k.cols * k.in_dtype.size() > 31 * super::super::plan::SPLIT_SHARE_BYTES
+                && k.cols * k.in_dtype.size() <= 32 * super::super::plan::SPLIT_SHARE_BYTES));
         }
         for p in [SoftmaxPath::WarpV2, SoftmaxPath::ClusterPipe, SoftmaxPath::SplitRow] {
             assert!(c.iter().any(|k| k.path == p && k.in_place));
