@@ -62,10 +62,10 @@ pub enum SoftmaxPath {
     /// The pipelined schedule of [`SoftmaxPath::ClusterPipe`] with a row split across 2..32 CTAs
     /// that are not a hardware cluster: each caches its share (at most 64 KB) in shared memory and
     /// the CTAs of a row exchange their (max, sum) states through global memory (one tagged
-    /// 16-byte slot per row and CTA, no fences). One cooperative wave of resident CTAs, every SM usable (no GPC
-    /// placement). Needs a row stride that is a multiple of 16 bytes (a plan error otherwise)
-    /// and sm_70+; calls whose pointers are not 16-byte aligned run the plain cluster kernel
-    /// (or, where no cluster holds the row, the block-uncached one).
+    /// 16-byte slot per row and CTA, no fences). One cooperative wave of resident CTAs, every SM
+    /// usable (no GPC placement). Needs a row stride that is a multiple of 16 bytes (a plan
+    /// error otherwise) and sm_70+; calls whose pointers are not 16-byte aligned run the plain
+    /// cluster kernel (or, where no cluster holds the row, the block-uncached one).
     SplitRow,
 }
 

@@ -66,9 +66,8 @@
 // thread holds at most 8 packs (kCopyGroups == 8: every 512-thread share and 1024-thread shares
 // up to 128 KB), each pack's copy is its own commit group and the (max, sum) pass reads each
 // pack as soon as its group has landed (CopyGroups below); larger shares commit one group per
-// row. Measured (H200,
-// bench/NOTES.md runs 6-7): +2-5% on rows of 256-512 KB, -3-6% on 64-128 KB rows; since run
-// 74 Auto takes the split-row variant below for rows of 256 KB and more.
+// row. Measured (H200, bench/NOTES.md runs 6-7): +2-5% on rows of 256-512 KB, -3-6% on 64-128 KB
+// rows; since run 74 Auto takes the split-row variant below for rows of 256 KB and more.
 
 // Split-row variant (kGlobalExchange, Rust path "split-row"; pipelined schedule only). A hardware
 // cluster holds at most 8 CTAs, so a row of more than 8 x 64 KB needs shares over 64 KB: one
@@ -257,8 +256,9 @@ static_assert(sizeof(ExchangeSlot) == 16, "mirror of the Rust workspace size");
 /// The split-row launch's tag: the epoch counter + 1 (1 .. 2^32 - 1; the counter runs over
 /// 0 .. 2^32 - 2, so the zeroed slots of a new plan never carry a valid tag). Read by every
 /// thread before its first copies, after the previous grid completed (ts::wait_prior_grids),
-/// and changed only after every CTA of this launch finished. A slot read with an older tag is
-/// one this launch has not written yet: tags repeat only after 2^32 - 1 launches of one plan.
+/// and changed only after every CTA of this launch finished. Every launch writes every slot of
+/// the plan's shape, so a slot this launch has not written yet holds the previous launch's tag
+/// (or 0 before the first): never this launch's.
 TS_DEVICE unsigned split_tag(const SoftmaxClusterParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   return *reinterpret_cast<const volatile unsigned*>(p.counters) + 1u;
@@ -355,8 +355,8 @@ TS_DEVICE float finish(float x, float s, float neg_shift, float coef) {
 /// arriving (bench/NOTES.md run 56, same binary: +2% on the default dispatch of fp16 and fp32
 /// 1024 x 131072 and fp16 256 x 262144, fp32 256 x 262144 level; +8% on forced cluster-pipe fp32
 /// 256 x 262144). kCopyGroups == 1 (larger shares): one group per row, waited for before the
-/// pass. One kernel holding both schedules behind a runtime test
-/// spilled under the 40-register cap, so the plan picks the variant.
+/// pass. One kernel holding both schedules behind a runtime test spilled under the 40-register
+/// cap, so the plan picks the variant.
 struct CopyGroups {
   int packs;  // the CTA's full packs; this thread's are tid, tid + kBlockThreads, ... < packs
 
