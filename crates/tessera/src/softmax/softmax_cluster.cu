@@ -183,6 +183,15 @@ TS_DEVICE T cluster_combine(T mine, T* slot, Op op) {
   }
 }
 
+/// The row state from the kCluster CTAs' states, merged in rank order (the same bits in every
+/// CTA of the row).
+TS_DEVICE ts::OnlineSoftmax merge_in_rank_order(const ts::OnlineSoftmax (&states)[kCluster]) {
+  ts::OnlineSoftmax v = states[0];
+#pragma unroll
+  for (int r = 1; r < kCluster; ++r) v = ts::OnlineSoftmaxMergeOp{}(v, states[r]);
+  return v;
+}
+
 #if defined(TS_HAS_CLUSTERS)
 /// The pipelined schedule's exchange for clusters of 8 (kAsyncExchange): no cluster barrier.
 /// Each CTA keeps an inbox of kCluster states and an mbarrier per row parity. Per row, thread r
@@ -234,10 +243,7 @@ TS_DEVICE ts::OnlineSoftmax async_exchange(ts::OnlineSoftmax mine, unsigned iter
   }
   if (t < ts::kWarpSize) ts::mbar_wait_cluster(&in.bar[p], (iter >> 1) & 1);  // phase iter / 2 of this parity
   __syncthreads();  // also orders the other warps' reads after warp 0's acquire
-  ts::OnlineSoftmax v = in.state[p][0];
-#pragma unroll
-  for (int r = 1; r < kCluster; ++r) v = ts::OnlineSoftmaxMergeOp{}(v, in.state[p][r]);
-  return v;
+  return merge_in_rank_order(in.state[p]);
 }
 #else
 constexpr bool kAsyncExchange = false;  // (stubs: the calls below are discarded branches)
@@ -308,10 +314,7 @@ TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const Softmax
     got[parity][threadIdx.x] = ts::OnlineSoftmax{__uint_as_float((unsigned)m_word), __uint_as_float((unsigned)d_word)};
   }
   __syncthreads();
-  ts::OnlineSoftmax v = got[parity][0];
-#pragma unroll
-  for (int r = 1; r < kCluster; ++r) v = ts::OnlineSoftmaxMergeOp{}(v, got[parity][r]);
-  return v;
+  return merge_in_rank_order(got[parity]);
 #else
   static_assert(!kGlobalExchange, "the split-row exchange needs sm_70+ (strong relaxed accesses)");
   return mine;

@@ -33,6 +33,24 @@ pub struct Case {
 }
 
 impl Case {
+    /// A softmax case over `rows` x `cols` (row stride `stride`, one dtype in and out, scale 1,
+    /// out of place) with the special rows planted: the long-row schedule cases.
+    fn long_rows(rows: usize, cols: usize, stride: usize, dtype: DType, path: SoftmaxPath) -> Case {
+        Case {
+            rows,
+            cols,
+            in_stride: stride,
+            out_stride: stride,
+            in_dtype: dtype,
+            out_dtype: dtype,
+            kind: SoftmaxKind::Softmax,
+            scale: 1.0,
+            path,
+            in_place: false,
+            special_rows: true,
+        }
+    }
+
     pub fn name(&self) -> String {
         let mut s = format!(
             "{} {}->{} {}x{}",
@@ -213,36 +231,12 @@ pub fn cases(quick: bool) -> Vec<Case> {
     // Split-row over more rows than the resident groups (on an H200 fp32 40000 columns is 3
     // CTAs of 512 threads per row, 132 groups): each group runs several rows, each with its own
     // exchange slots (in the quick set too: the sanitizers see it).
-    out.push(Case {
-        rows: 500,
-        cols: 40_000,
-        in_stride: 40_000,
-        out_stride: 40_000,
-        in_dtype: DType::F32,
-        out_dtype: DType::F32,
-        kind: SoftmaxKind::Softmax,
-        scale: 1.0,
-        path: SoftmaxPath::SplitRow,
-        in_place: false,
-        special_rows: true,
-    });
+    out.push(Case::long_rows(500, 40_000, 40_000, DType::F32, SoftmaxPath::SplitRow));
     // The cluster exchange by st.async (clusters of 8: softmax_cluster.cu kAsyncExchange), in the
     // quick set too (the sanitizers): fp32 rows of 65540 columns on 8 shares of 8196 columns,
     // 150 rows, about three per resident cluster on an H200, so every CTA reuses its inboxes and
     // their barriers' phases across rows.
-    out.push(Case {
-        rows: 150,
-        cols: 65540,
-        in_stride: 65540,
-        out_stride: 65540,
-        in_dtype: DType::F32,
-        out_dtype: DType::F32,
-        kind: SoftmaxKind::Softmax,
-        scale: 1.0,
-        path: SoftmaxPath::ClusterPipe,
-        in_place: false,
-        special_rows: true,
-    });
+    out.push(Case::long_rows(150, 65540, 65540, DType::F32, SoftmaxPath::ClusterPipe));
     // One copy group per row (kCopyGroups == 1: shares of more than 8 packs per thread), in the
     // quick set too (the sanitizers): on an H200 a split row over 32 shares of 125 KB (fp32
     // 1,000,000 columns; rows beyond 32 x 64 KB) and a cluster-pipe row over 8 shares of
@@ -251,36 +245,24 @@ pub fn cases(quick: bool) -> Vec<Case> {
         (1_000_000, 1_000_000, SoftmaxPath::SplitRow),
         ((1 << 18) + 3, (1 << 18) + 8, SoftmaxPath::ClusterPipe),
     ] {
-        out.push(Case {
-            rows: if quick { 5 } else { 7 },
+        out.push(Case::long_rows(
+            if quick { 5 } else { 7 },
             cols,
-            in_stride: stride,
-            out_stride: stride,
-            in_dtype: DType::F32,
-            out_dtype: DType::F32,
-            kind: SoftmaxKind::Softmax,
-            scale: 1.0,
+            stride,
+            DType::F32,
             path,
-            in_place: false,
-            special_rows: true,
-        });
+        ));
     }
     // Split rows at the most CTAs (32) with one copy group per pack (shares of at most 8 packs
     // per thread: 32 x 16252 fp32 / 32 x 32504 fp16 columns, 65008 bytes each), quick set too.
     for (cols, d) in [(520_000, DType::F32), (1_040_000, DType::F16)] {
-        out.push(Case {
-            rows: if quick { 5 } else { 7 },
+        out.push(Case::long_rows(
+            if quick { 5 } else { 7 },
             cols,
-            in_stride: cols,
-            out_stride: cols,
-            in_dtype: d,
-            out_dtype: d,
-            kind: SoftmaxKind::Softmax,
-            scale: 1.0,
-            path: SoftmaxPath::SplitRow,
-            in_place: false,
-            special_rows: true,
-        });
+            cols,
+            d,
+            SoftmaxPath::SplitRow,
+        ));
     }
     if !quick {
         // Huge rows and many tiny rows: 1 x 2^24 and 2^20 x 8.
