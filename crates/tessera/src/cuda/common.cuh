@@ -1,7 +1,7 @@
 // tessera/common.cuh: the base of tessera's header-free device library.
 //
 // Defines: int8_t..uint64_t, size_t, uintptr_t (global namespace, no system headers),
-//          TS_DEVICE, ts::is_same_v, ts::conditional_t,
+//          TS_DEVICE, ts::is_same_v, ts::conditional_t, ts::bool_constant,
 //          ts::ceil_div, ts::round_up, ts::is_pow2, ts::log2_floor, ts::next_pow2,
 //          ts::thread_id / lane_id / warp_id / num_warps, ts::kWarpSize, ts::kFullMask,
 //          ts::kLog2e, ts::kLn2, ts::kNegInf, ts::kPosInf, ts::kNaN (constexpr floats),
@@ -65,6 +65,10 @@ template <typename A, typename B>
 struct conditional<false, A, B> { using type = B; };
 template <bool C, typename A, typename B>
 using conditional_t = typename conditional<C, A, B>::type;
+/// A compile-time bool as a type, e.g. to hand a generic lambda a constant it branches on with
+/// `if constexpr (decltype(flag)::value)`.
+template <bool B>
+struct bool_constant { static constexpr bool value = B; };
 
 // ---- integer helpers --------------------------------------------------------------------
 template <typename T>

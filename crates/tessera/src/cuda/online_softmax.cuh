@@ -4,7 +4,7 @@
 // Defines: ts::OnlineSoftmax {m, d} with empty / update / update_chunk / update_chunk_fma /
 //          rescale / merge / lse,
 //          ts::softmax_shift(m), ts::exp2_shifted(x, shift), ts::shifted_fma / ts::exp2_fma /
-//          ts::exp2_fma_unclamped, ts::lazy_max / ts::kLazyRescaleSlack,
+//          ts::exp2_fma_unclamped, ts::clamp_may_act(m), ts::lazy_max / ts::kLazyRescaleSlack,
 //          ts::shfl_xor(OnlineSoftmax, int), ts::warp_allreduce_softmax<kWidth>,
 //          ts::block_allreduce_softmax<kThreads>.
 //
@@ -57,6 +57,14 @@ TS_DEVICE float exp2_shifted(float x, float shift) { return exp2_approx(fminf(x 
 ///   * -inf inputs give -inf (m = -inf takes neg_shift = 0).
 /// The clamp never touches a regular value while |m| < 2^24 (the residual stays below 1/2).
 TS_DEVICE float shifted_fma(float x, float s, float neg_shift) { return fminf(fmaf(x, s, neg_shift), 1.0f); }
+/// Whether shifted_fma's clamp can act on any input of a row (or chunk) whose max is m =
+/// max_j round(x_j * s): not while m is finite with |m| < 2^22 (the max element's residual is
+/// then at most ulp(m) / 2 <= 1/4, every other difference is below it, and a bias b <= 1 added to
+/// the shift keeps the result below b + 1), so the clamp matters only for rows holding +inf
+/// (m = +inf), NaN (m = NaN) or huge logits. Kernels branch on it once per row or chunk (uniform
+/// across the row's threads) and drop the clamp where it cannot act: the same terms bit for bit,
+/// one instruction less per element.
+TS_DEVICE bool clamp_may_act(float m) { return !(fabsf(m) < 0x1p22f); }
 /// 2^shifted_fma(x, s, neg_shift), flushing subnormal results (a term of a sum >= 1).
 TS_DEVICE float exp2_fma(float x, float s, float neg_shift) { return exp2_approx(shifted_fma(x, s, neg_shift)); }
 /// 2^(x * s - m) without the clamp of shifted_fma, for the attention kernels, whose scores are
@@ -122,14 +130,20 @@ struct OnlineSoftmax {
   /// be max_i round(x_i * s) (round(s * max x) for s > 0, round(s * min x) for s < 0), and each
   /// term is exp2_fma(x_i, s, -m) (see shifted_fma: +inf inputs weigh 2 here, not 1, so do not
   /// mix this with update() in one row). A later pass reproduces the terms exactly with
-  /// shifted_fma(x, s, -softmax_shift(m)). Returns the rescale factor.
+  /// shifted_fma(x, s, -softmax_shift(m)). Returns the rescale factor. The clamp is left out
+  /// where it cannot act (clamp_may_act): one branch per chunk, the same terms.
   template <int N>
   TS_DEVICE float update_chunk_fma(const Array<float, N>& x, float s, float m_chunk) {
     const float factor = rescale(max_nan(m, m_chunk));
     const float neg_shift = -softmax_shift(m);
     float sum = 0.0f;
+    if (clamp_may_act(m)) {
 #pragma unroll
-    for (int i = 0; i < N; ++i) sum += exp2_fma(x[i], s, neg_shift);
+      for (int i = 0; i < N; ++i) sum += exp2_fma(x[i], s, neg_shift);
+    } else {
+#pragma unroll
+      for (int i = 0; i < N; ++i) sum += exp2_approx(fmaf(x[i], s, neg_shift));  // == exp2_fma here
+    }
     d += sum;
     return factor;
   }

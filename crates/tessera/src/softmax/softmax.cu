@@ -24,7 +24,10 @@
 // Exponentials are MUFU.EX2 (ex2.approx.ftz, ~2 ulp). Softmax outputs are evaluated as
 // 2^(d + 1) * (1 / (2 sum)) (kProbBias), so results down to 2^-127 (~5.9e-39) survive the flush
 // to zero and come out as subnormals from the final (non-ftz) multiply: every output >= 1e-38 is
-// kept. Caveats: |in * s| >= 2^128 overflows f32 and is treated as that infinity (the f64
+// kept (fp16 outputs, which flush below 2^-24 anyway, take 2^d * (1 / sum)). The clamp of d_j
+// can only act where the row max m is +inf, NaN or |m| >= 2^22 (ts::clamp_may_act); elsewhere
+// the kernels take a copy of their term loops without it (the same values, one instruction less
+// per element). Caveats: |in * s| >= 2^128 overflows f32 and is treated as that infinity (the f64
 // reference still sees a finite value); beyond |m| >= 2^24 the clamp may shave the residual of
 // the top element (f32 has no fractional exponent bits left there anyway).
 //
@@ -231,8 +234,15 @@ using RawWords =
 /// flushes results below 2^-126, and the +1 moves that limit to outputs below 2^-127 (~5.9e-39),
 /// so every output >= 1e-38 is kept (as a subnormal from the final non-ftz multiply) at the cost
 /// of one FADD (path 0: none, folded into its FMA), instead of the four-instruction range fix-up
-/// of ex2.approx without .ftz.
-constexpr float kProbBias = 1.0f;
+/// of ex2.approx without .ftz. fp16 outputs flush below 2^-24 anyway, so they take b = 0.
+constexpr float kProbBias = ts::is_same_v<OutT, ts::f16> ? 0.0f : 1.0f;
+constexpr float kProbScale = ts::is_same_v<OutT, ts::f16> ? 1.0f : 0.5f;  // 2^-kProbBias
+/// Path 0 keeps the clamp of d_j on every row for 16-bit and scalar-loaded inputs: the
+/// clamp-free copy of the term loop (taken where ts::clamp_may_act(m) is false) gained 0.6-2% on
+/// fp32 1024-column rows (75 -> 70 registers) but cost the 16-bit kernels registers (fp16 cols
+/// 1024: 56 -> 63) and 0.5% (H200, bench/NOTES.md run 78), and the scalar fp32 ones up to 52
+/// registers (cols 960: 64 -> 116).
+constexpr bool kWarpClampAlways = sizeof(InT) < 4 || kPack == 1;
 
 /// The per-row output transform of paths 1 and 2, built once the row max m = max_j round(x_j * s)
 /// and the sum of 2^(x * s - m) (as ts::exp2_fma computes its terms) are known.
@@ -249,7 +259,7 @@ struct RowFinish {
     if constexpr (kLogSoftmax) {
       f.coef = sum == 0.0f ? 0.0f : -logf(sum);   // once per row: the accurate logf
     } else {
-      f.coef = sum == 0.0f ? 0.0f : 0.5f * ts::fast_rcp(sum);
+      f.coef = sum == 0.0f ? 0.0f : kProbScale * ts::fast_rcp(sum);
     }
     if (ts::is_nan(m)) f.coef = m;
     return f;
@@ -258,12 +268,13 @@ struct RowFinish {
     const float d = ts::shifted_fma(x, s, neg_shift);
     if constexpr (kLogSoftmax) {
       return fmaf(d, ts::kLn2, coef);
-    } else {
+    } else if constexpr (kProbBias != 0.0f) {
       return ts::exp2_approx(d + kProbBias) * coef;
+    } else {
+      return ts::exp2_approx(d) * coef;
     }
   }
 };
-static_assert(kProbBias == 1.0f, "RowFinish::make folds 2^-kProbBias = 0.5 into coef");
 
 // =================================================================================================
 // Path 0: a group of kWarpWidth lanes per row, kRowsPerWarp rows per group, row in registers.
@@ -271,7 +282,8 @@ static_assert(kProbBias == 1.0f, "RowFinish::make folds 2^-kProbBias = 0.5 into 
 // Registers hold the unscaled inputs x (converted to f32). With s = scale_log2e:
 //   m   = max_j round(x_j * s), found as round(s * max_j x_j) (s > 0) or round(s * min_j x_j)
 //         (s < 0): rounding is monotonic, so this is the same value without a multiply per element;
-//   d_j = min(fma(x_j, s, b - shift), b + 1) with b = 0 (log_softmax) or kProbBias (softmax).
+//   d_j = min(fma(x_j, s, b - shift), b + 1) with b = 0 (log_softmax) or kProbBias (softmax),
+//         the min left out on fp32 rows where it cannot act (kWarpClampAlways).
 // The fma keeps x_j * s unrounded, and the same d_j feeds the sum and the output, so the max
 // element's residual x*s - m cancels between numerator and denominator. The clamp at b + 1 only
 // acts on +inf - +inf = NaN (an exact d_j is <= b plus a sub-ulp residual): every +inf element then
@@ -385,16 +397,26 @@ TS_DEVICE void softmax_warp_rows(const SoftmaxParams& p) {
     for (int r = 0; r < kR; ++r) {
       const float shift = kBias - ts::softmax_shift(m[r]);
       float sum = 0.0f;
+      // the clamp only where it can act (ts::clamp_may_act: +inf, NaN or huge rows); the same d
+      auto terms = [&](auto clamp) {
 #pragma unroll
-      for (int i = 0; i < kC; ++i) {
-        const float d = fminf(fmaf(x[r][i], s, shift), kBias + 1.0f);
-        if constexpr (kLogSoftmax) {
-          x[r][i] = d;
-          sum += ts::exp2_approx(d);
-        } else {
-          x[r][i] = ts::exp2_approx(d);
-          sum += x[r][i];
+        for (int i = 0; i < kC; ++i) {
+          const float f = fmaf(x[r][i], s, shift);
+          float d = f;
+          if constexpr (decltype(clamp)::value) d = fminf(f, kBias + 1.0f);
+          if constexpr (kLogSoftmax) {
+            x[r][i] = d;
+            sum += ts::exp2_approx(d);
+          } else {
+            x[r][i] = ts::exp2_approx(d);
+            sum += x[r][i];
+          }
         }
+      };
+      if (kWarpClampAlways || ts::clamp_may_act(m[r])) {
+        terms(ts::bool_constant<true>{});
+      } else {
+        terms(ts::bool_constant<false>{});
       }
       sum = ts::warp_allreduce_sum<kW>(sum);
       if constexpr (kLogSoftmax) {

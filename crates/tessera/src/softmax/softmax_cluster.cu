@@ -48,7 +48,14 @@
 //   * cols < 2^31; rows any.
 //
 // Roofline: memory-bound; bytes = rows * cols * (sizeof(InT) + sizeof(OutT)), read and written
-// once. Target: >= 90% of the device copy bandwidth.
+// once. Target: >= 90% of the device copy bandwidth. The long 16-bit rows are partly issue-bound
+// (two exp2 and ~13 instructions per element against 4 bytes of traffic), so the pipelined
+// passes leave out the clamp of d_j where it cannot act (ts::clamp_may_act, one branch per pack
+// in the reduction and, kClampFreeStores, per row in the store pass) and fp16 outputs skip the
+// +1 of kProbBias:
+// +5% on fp16 256 x 262144, +3% on fp32 256 x 262144 (H200, bench/NOTES.md run 78). Keeping the
+// terms 2^d_j of the reduction pass in shared memory (as fp16, one exp2 per element) gained
+// nothing more in the same run, and would round every output twice.
 //
 // Pipelined variant (kPipeline, Rust path "cluster-pipe"; needs kPack > 1, else it is the plain
 // variant). The plain variant alternates, per CTA, a load phase (all copies of the share in
@@ -148,8 +155,14 @@ constexpr int kWarps = kBlockThreads / ts::kWarpSize;
 constexpr bool kPipe = kPipeline && kPack > 1;
 using InPack = ts::Pack<InT, kPack>;
 /// Outputs are 2^(d + 1) * (0.5 / sum): ex2.approx.ftz flushes below 2^-126, the +1 keeps every
-/// output >= 2^-127 (see softmax.cu).
-constexpr float kProbBias = 1.0f;
+/// output >= 2^-127 (see softmax.cu). fp16 outputs flush below 2^-24 anyway, so they take
+/// 2^d * (1 / sum), one instruction less per element.
+constexpr float kProbBias = ts::is_same_v<OutT, ts::f16> ? 0.0f : 1.0f;
+constexpr float kProbScale = ts::is_same_v<OutT, ts::f16> ? 1.0f : 0.5f;  // 2^-kProbBias
+/// The pipelined store pass has a clamp-free copy (see Roofline) only for 16-bit inputs with
+/// per-pack copy groups: the second copy made the 1024-thread one-group kernels spill under their
+/// 32-register cap and an fp32 split-row kernel under its 40 (sm_86).
+constexpr bool kClampFreeStores = kCopyGroups > 1 && sizeof(InT) == 2;
 
 #if defined(TS_HAS_CLUSTERS)
 /// *p in the shared memory of cluster CTA `rank`.
@@ -335,18 +348,22 @@ TS_DEVICE float row_coef(float m, float sum) {
   if constexpr (kLogSoftmax) {
     coef = sum == 0.0f ? 0.0f : -logf(sum);
   } else {
-    coef = sum == 0.0f ? 0.0f : 0.5f * ts::fast_rcp(sum);
+    coef = sum == 0.0f ? 0.0f : kProbScale * ts::fast_rcp(sum);
   }
   return ts::is_nan(m) ? m : coef;
 }
 
-/// One output from its input x.
+/// One output from its input x. kClamp false: the row's max m has !ts::clamp_may_act(m), so the
+/// clamp of ts::shifted_fma cannot act and is left out (the same value).
+template <bool kClamp = true>
 TS_DEVICE float finish(float x, float s, float neg_shift, float coef) {
-  const float d = ts::shifted_fma(x, s, neg_shift);
+  const float d = kClamp ? ts::shifted_fma(x, s, neg_shift) : fmaf(x, s, neg_shift);
   if constexpr (kLogSoftmax) {
     return fmaf(d, ts::kLn2, coef);
-  } else {
+  } else if constexpr (kProbBias != 0.0f) {
     return ts::exp2_approx(d + kProbBias) * coef;
+  } else {
+    return ts::exp2_approx(d) * coef;
   }
 }
 
@@ -445,7 +462,7 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
       float e = ext_op.identity();
 #pragma unroll
       for (int k = 0; k < kPack; ++k) e = ext_op(e, f[k]);
-      st.update_chunk_fma(f, s, __fmul_rn(e, s));
+      st.update_chunk_fma(f, s, __fmul_rn(e, s));  // clamp-free terms where they cannot need it
     });
     if (has_tail) {
       ts::Array<float, 1> t;
@@ -468,19 +485,28 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
     // ---- store the outputs; refill each pack with the next row as soon as it is consumed ----
     const bool more = row + clusters < p.rows;
     const InT* next = in + (more ? row + clusters : row) * p.in_stride + c0;
-    groups.copy([&](int q) {
-      const ts::Array<float, kPack> f = ts::to_floats(spk[q]);
-      ts::Array<float, kPack> o;
+    // the clamp of finish only where it can act (ts::clamp_may_act, uniform across the row's
+    // CTAs): two copies of the store loop, so no branch per pack
+    auto store_row = [&](auto clamp) {
+      groups.copy([&](int q) {
+        const ts::Array<float, kPack> f = ts::to_floats(spk[q]);
+        ts::Array<float, kPack> o;
 #pragma unroll
-      for (int k = 0; k < kPack; ++k) o[k] = finish(f[k], s, neg_shift, coef);
-      if constexpr (kOutPack > 1) {
-        ts::store_floats(dst + q * kPack, o);   // dst + q * kPack is aligned: see the launch contract
-      } else {
+        for (int k = 0; k < kPack; ++k) o[k] = finish<decltype(clamp)::value>(f[k], s, neg_shift, coef);
+        if constexpr (kOutPack > 1) {
+          ts::store_floats(dst + q * kPack, o);   // dst + q * kPack is aligned: see the launch contract
+        } else {
 #pragma unroll
-        for (int k = 0; k < kPack; ++k) ts::store_scalar(dst + q * kPack + k, ts::from_float<OutT>(o[k]));
-      }
-      if (more) ts::cp_async_16(share + q * kPack, next + q * kPack);
-    });
+          for (int k = 0; k < kPack; ++k) ts::store_scalar(dst + q * kPack + k, ts::from_float<OutT>(o[k]));
+        }
+        if (more) ts::cp_async_16(share + q * kPack, next + q * kPack);
+      });
+    };
+    if (!kClampFreeStores || ts::clamp_may_act(m)) {
+      store_row(ts::bool_constant<true>{});
+    } else {
+      store_row(ts::bool_constant<false>{});
+    }
     if (has_tail) {
       const float v = ts::to_float(share[tail]);
       ts::store_scalar(dst + tail, ts::from_float<OutT>(finish(v, s, neg_shift, coef)));

@@ -28,7 +28,9 @@ pub struct Case {
     pub scale: f32,
     pub path: SoftmaxPath,
     pub in_place: bool,
-    /// Plant an all `-inf` row, a row with one NaN and a row with one `+inf` (needs rows >= 3).
+    /// Plant an all `-inf` row, a row with one NaN and a row with one `+inf` (needs rows >= 3),
+    /// and with rows >= 4 a row of huge finite logits where the input dtype holds them (see
+    /// [`case_input`]).
     pub special_rows: bool,
 }
 
@@ -395,6 +397,19 @@ pub fn case_input<I: Element>(case: &Case, seed: u64) -> Vec<I> {
         x[s + case.cols / 2] = I::from_f64(f64::NAN);
         x[2 * s + case.cols - 1] = I::from_f64(f64::INFINITY);
     }
+    if case.special_rows && case.rows >= 4 {
+        // Row 3: logits x * scale * log2(e) around 6e6 (> 2^22, where the kernels keep the clamp
+        // of their term loops: ts::clamp_may_act) with the row's random spread on top; fp16
+        // cannot hold them (max 65504) and keeps its random row.
+        let s = case.in_stride;
+        let unit = (case.scale as f64 * std::f64::consts::LOG2_E).abs();
+        let big = 6.0e6 / unit;
+        if I::from_f64(big).to_f64().is_finite() {
+            for v in &mut x[3 * s..3 * s + case.cols] {
+                *v = I::from_f64(big + v.to_f64() / unit);
+            }
+        }
+    }
     x
 }
 
@@ -563,6 +578,19 @@ mod tests {
         assert!(x[12 + 5].is_nan());
         assert_eq!(x[24 + 9], f32::INFINITY);
         assert!(x[10].is_nan(), "padding is NaN");
-        assert!(x[36..46].iter().all(|v| v.is_finite() && *v != 0.0));
+        // Row 3: huge finite logits, beyond the 2^22 where the kernels keep their clamp, with a
+        // spread (not one repeated value).
+        let row3 = &x[36..46];
+        let logit = |v: f32| v as f64 * std::f64::consts::LOG2_E;
+        assert!(row3.iter().all(|v| v.is_finite() && logit(*v) > (1u64 << 22) as f64));
+        assert!(row3.iter().any(|v| *v != row3[0]));
+        // fp16 cannot hold them: its row 3 stays random and finite.
+        let case16 = Case {
+            in_dtype: DType::F16,
+            out_dtype: DType::F16,
+            ..case
+        };
+        let x16 = case_input::<half::f16>(&case16, 7);
+        assert!(x16[36..46].iter().all(|v| v.is_finite() && v.to_f64().abs() < 100.0));
     }
 }
