@@ -52,10 +52,10 @@
 // (two exp2 and ~13 instructions per element against 4 bytes of traffic), so the pipelined
 // passes leave out the clamp of d_j where it cannot act (ts::clamp_may_act, one branch per pack
 // in the reduction and, kClampFreeStores, per row in the store pass) and fp16 outputs skip the
-// +1 of kProbBias:
-// +5% on fp16 256 x 262144, +3% on fp32 256 x 262144 (H200, bench/NOTES.md run 78). Keeping the
-// terms 2^d_j of the reduction pass in shared memory (as fp16, one exp2 per element) gained
-// nothing more in the same run, and would round every output twice.
+// +1 of kProbBias: +6% on fp16 256 x 262144, +3% on fp16 1024 x 131072, fp32 rows level (H200,
+// bench/NOTES.md run 79). Neither keeping the terms 2^d_j of the reduction pass in shared memory
+// (as fp16: one exp2 per element, every output rounded twice; run 78) nor folding 1 / sum into
+// the exponent (one FMUL less; run 80) gained more.
 //
 // Pipelined variant (kPipeline, Rust path "cluster-pipe"; needs kPack > 1, else it is the plain
 // variant). The plain variant alternates, per CTA, a load phase (all copies of the share in
