@@ -59,8 +59,9 @@ TS_DEVICE float exp2_shifted(float x, float shift) { return exp2_approx(fminf(x 
 TS_DEVICE float shifted_fma(float x, float s, float neg_shift) { return fminf(fmaf(x, s, neg_shift), 1.0f); }
 /// Whether shifted_fma's clamp can act on any input of a row (or chunk) whose max is m =
 /// max_j round(x_j * s): not while m is finite with |m| < 2^22 (the max element's residual is
-/// then at most ulp(m) / 2 <= 1/4, every other difference is below it, and a bias b <= 1 added to
-/// the shift keeps the result below b + 1), so the clamp matters only for rows holding +inf
+/// then at most ulp(m) / 2 <= 1/8 and every other difference is below it; a shift b - m with a
+/// bias b <= 1, as softmax.cu's warp path uses, rounds by at most 1/4 more, so the result stays
+/// below b + 3/8 < b + 1), so the clamp matters only for rows holding +inf
 /// (m = +inf), NaN (m = NaN) or huge logits. Kernels branch on it once per row or chunk (uniform
 /// across the row's threads) and drop the clamp where it cannot act: the same terms bit for bit,
 /// one instruction less per element.

@@ -237,6 +237,7 @@ using RawWords =
 /// of ex2.approx without .ftz. fp16 outputs flush below 2^-24 anyway, so they take b = 0.
 constexpr float kProbBias = ts::is_same_v<OutT, ts::f16> ? 0.0f : 1.0f;
 constexpr float kProbScale = ts::is_same_v<OutT, ts::f16> ? 1.0f : 0.5f;  // 2^-kProbBias
+static_assert(kProbScale == (kProbBias == 0.0f ? 1.0f : 0.5f), "kProbScale is 2^-kProbBias");
 /// Path 0 keeps the clamp of d_j on every row for 16-bit and scalar-loaded inputs: the
 /// clamp-free copy of the term loop (taken where ts::clamp_may_act(m) is false) gained 0.6-2% on
 /// fp32 1024-column rows (75 -> 70 registers) but cost the 16-bit kernels registers (fp16 cols

@@ -159,6 +159,7 @@ using InPack = ts::Pack<InT, kPack>;
 /// 2^d * (1 / sum), one instruction less per element.
 constexpr float kProbBias = ts::is_same_v<OutT, ts::f16> ? 0.0f : 1.0f;
 constexpr float kProbScale = ts::is_same_v<OutT, ts::f16> ? 1.0f : 0.5f;  // 2^-kProbBias
+static_assert(kProbScale == (kProbBias == 0.0f ? 1.0f : 0.5f), "kProbScale is 2^-kProbBias");
 /// The pipelined store pass has a clamp-free copy (see Roofline) only for 16-bit inputs with
 /// per-pack copy groups: the second copy made the 1024-thread one-group kernels spill under their
 /// 32-register cap and an fp32 split-row kernel under its 40 (sm_86).
