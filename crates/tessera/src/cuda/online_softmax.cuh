@@ -4,7 +4,8 @@
 // Defines: ts::OnlineSoftmax {m, d} with empty / update / update_chunk / update_chunk_fma /
 //          rescale / merge / lse,
 //          ts::softmax_shift(m), ts::exp2_shifted(x, shift), ts::shifted_fma / ts::exp2_fma /
-//          ts::exp2_fma_unclamped, ts::clamp_may_act(m), ts::lazy_max / ts::kLazyRescaleSlack,
+//          ts::exp2_fma_unclamped, ts::clamp_may_act(m), ts::softmax_prob_bias<OutT> /
+//          ts::softmax_prob_scale<OutT>, ts::lazy_max / ts::kLazyRescaleSlack,
 //          ts::shfl_xor(OnlineSoftmax, int), ts::warp_allreduce_softmax<kWidth>,
 //          ts::block_allreduce_softmax<kThreads>.
 //
@@ -33,6 +34,7 @@
 // every output (seen as 1e-3 on an H200 for |x| ~ 1e5).
 #pragma once
 #include "tessera/common.cuh"
+#include "tessera/dtype.cuh"
 #include "tessera/math.cuh"
 #include "tessera/reduce.cuh"
 
@@ -66,6 +68,16 @@ TS_DEVICE float shifted_fma(float x, float s, float neg_shift) { return fminf(fm
 /// across the row's threads) and drop the clamp where it cannot act: the same terms bit for bit,
 /// one instruction less per element.
 TS_DEVICE bool clamp_may_act(float m) { return !(fabsf(m) < 0x1p22f); }
+/// Softmax outputs of type OutT are 2^(d + b) * (2^-b / sum) with d = x * s - m <= 0 and the bias
+/// b = softmax_prob_bias<OutT>: MUFU.EX2 (ex2.approx.ftz) flushes results below 2^-126, and b = 1
+/// moves that limit to outputs below 2^-127 (~5.9e-39), so every output >= 1e-38 is kept (as a
+/// subnormal from the final non-ftz multiply) for one FADD, instead of the four-instruction range
+/// fix-up of ex2.approx without .ftz. fp16 outputs flush below 2^-24 anyway: b = 0.
+template <typename OutT>
+inline constexpr float softmax_prob_bias = is_same_v<OutT, f16> ? 0.0f : 1.0f;
+/// 2^-softmax_prob_bias<OutT>, the factor folded into 1 / sum.
+template <typename OutT>
+inline constexpr float softmax_prob_scale = softmax_prob_bias<OutT> == 0.0f ? 1.0f : 0.5f;
 /// 2^shifted_fma(x, s, neg_shift), flushing subnormal results (a term of a sum >= 1).
 TS_DEVICE float exp2_fma(float x, float s, float neg_shift) { return exp2_approx(shifted_fma(x, s, neg_shift)); }
 /// 2^(x * s - m) without the clamp of shifted_fma, for the attention kernels, whose scores are

@@ -230,14 +230,10 @@ using InPack = ts::Pack<InT, kPack>;
 using RawWords =
     ts::conditional_t<(sizeof(InPack) >= 4), ts::Array<uint32_t, (int)(sizeof(InPack) + 3) / 4>, InPack>;
 
-/// Softmax outputs are computed as 2^(d + 1) * (coef / 2) with d = x * s - m <= 0: MUFU.EX2
-/// flushes results below 2^-126, and the +1 moves that limit to outputs below 2^-127 (~5.9e-39),
-/// so every output >= 1e-38 is kept (as a subnormal from the final non-ftz multiply) at the cost
-/// of one FADD (path 0: none, folded into its FMA), instead of the four-instruction range fix-up
-/// of ex2.approx without .ftz. fp16 outputs flush below 2^-24 anyway, so they take b = 0.
-constexpr float kProbBias = ts::is_same_v<OutT, ts::f16> ? 0.0f : 1.0f;
-constexpr float kProbScale = ts::is_same_v<OutT, ts::f16> ? 1.0f : 0.5f;  // 2^-kProbBias
-static_assert(kProbScale == (kProbBias == 0.0f ? 1.0f : 0.5f), "kProbScale is 2^-kProbBias");
+/// Softmax outputs are 2^(d + kProbBias) * (kProbScale / sum) (ts::softmax_prob_bias: 1, or 0 for
+/// fp16 outputs); path 0 folds the bias into its FMA.
+constexpr float kProbBias = ts::softmax_prob_bias<OutT>;
+constexpr float kProbScale = ts::softmax_prob_scale<OutT>;
 /// Path 0 keeps the clamp of d_j on every row for 16-bit and scalar-loaded inputs: the
 /// clamp-free copy of the term loop (taken where ts::clamp_may_act(m) is false) gained 0.6-2% on
 /// fp32 1024-column rows (75 -> 70 registers) but cost the 16-bit kernels registers (fp16 cols

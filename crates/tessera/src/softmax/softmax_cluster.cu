@@ -154,12 +154,10 @@ constexpr int kWarps = kBlockThreads / ts::kWarpSize;
 /// The pipelined schedule needs 16-byte copies (cp.async); scalar variants use the plain one.
 constexpr bool kPipe = kPipeline && kPack > 1;
 using InPack = ts::Pack<InT, kPack>;
-/// Outputs are 2^(d + 1) * (0.5 / sum): ex2.approx.ftz flushes below 2^-126, the +1 keeps every
-/// output >= 2^-127 (see softmax.cu). fp16 outputs flush below 2^-24 anyway, so they take
-/// 2^d * (1 / sum), one instruction less per element.
-constexpr float kProbBias = ts::is_same_v<OutT, ts::f16> ? 0.0f : 1.0f;
-constexpr float kProbScale = ts::is_same_v<OutT, ts::f16> ? 1.0f : 0.5f;  // 2^-kProbBias
-static_assert(kProbScale == (kProbBias == 0.0f ? 1.0f : 0.5f), "kProbScale is 2^-kProbBias");
+/// Softmax outputs are 2^(d + kProbBias) * (kProbScale / sum) (ts::softmax_prob_bias: 1, or 0
+/// for fp16 outputs, one instruction less per element).
+constexpr float kProbBias = ts::softmax_prob_bias<OutT>;
+constexpr float kProbScale = ts::softmax_prob_scale<OutT>;
 /// The pipelined store pass has a clamp-free copy (see Roofline) only for 16-bit inputs with
 /// per-pack copy groups: the second copy made the 1024-thread one-group kernels spill under their
 /// 32-register cap and an fp32 split-row kernel under its 40 (sm_86).
@@ -308,11 +306,14 @@ TS_DEVICE void split_finish(const SoftmaxClusterParams& p) {
 /// per launch: no slot is reused within a launch, so a reader never races a later write).
 /// Thread 0 publishes this CTA's state in its slot of the row with two relaxed 64-bit stores,
 /// no fence; threads r < kCluster poll rank r's slot until both words carry this launch's tag;
-/// every thread merges the kCluster states in rank order (the same bits in every CTA).
+/// every thread merges the kCluster states in rank order (the same bits in every CTA). One
+/// buffer `got` serves every row: a thread fills it for the next row only after that row's block
+/// reduction, whose barrier every thread reaches after merging this row.
 TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const SoftmaxClusterParams& p, int rank,
-                                           long long row, int parity, unsigned tag) {
+                                           long long row, unsigned tag) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  __shared__ ts::OnlineSoftmax got[2][kCluster];
+  static_assert(kWarps > 1, "the block reduction before each exchange has the barrier that frees `got`");
+  __shared__ ts::OnlineSoftmax got[kCluster];
   ExchangeSlot* slots = static_cast<ExchangeSlot*>(p.exchange) + row * kCluster;
   const unsigned long long tag_hi = (unsigned long long)tag << 32;
   if (threadIdx.x == 0) {
@@ -325,10 +326,10 @@ TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const Softmax
       if ((m_word >> 32) == tag && (d_word >> 32) == tag) break;
       ts::nanosleep(64);
     }
-    got[parity][threadIdx.x] = ts::OnlineSoftmax{__uint_as_float((unsigned)m_word), __uint_as_float((unsigned)d_word)};
+    got[threadIdx.x] = ts::OnlineSoftmax{__uint_as_float((unsigned)m_word), __uint_as_float((unsigned)d_word)};
   }
   __syncthreads();
-  return merge_in_rank_order(got[parity]);
+  return merge_in_rank_order(got);
 #else
   static_assert(!kGlobalExchange, "the split-row exchange needs sm_70+ (strong relaxed accesses)");
   return mine;
@@ -473,7 +474,7 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
     const int parity = (int)(iter & 1);
     st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
     if constexpr (kGlobalExchange) {
-      st = global_combine(st, p, rank, row, parity, tag);
+      st = global_combine(st, p, rank, row, tag);
     } else if constexpr (kAsyncExchange) {
       st = async_exchange(st, iter, rank);
     } else {
