@@ -306,14 +306,14 @@ TS_DEVICE void split_finish(const SoftmaxClusterParams& p) {
 /// per launch: no slot is reused within a launch, so a reader never races a later write).
 /// Thread 0 publishes this CTA's state in its slot of the row with two relaxed 64-bit stores,
 /// no fence; threads r < kCluster poll rank r's slot until both words carry this launch's tag;
-/// every thread merges the kCluster states in rank order (the same bits in every CTA). One
-/// buffer `got` serves every row: a thread fills it for the next row only after that row's block
-/// reduction, whose barrier every thread reaches after merging this row.
+/// every thread merges the kCluster states in rank order (the same bits in every CTA). `got`
+/// alternates by row parity: one buffer would be race-free (the next row's block reduction has a
+/// barrier every thread reaches after merging this row) but measured 3% slower on fp16
+/// 256 x 262144 and fp32 1024 x 131072 (H200, bench/NOTES.md run 81).
 TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const SoftmaxClusterParams& p, int rank,
-                                           long long row, unsigned tag) {
+                                           long long row, int parity, unsigned tag) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
-  static_assert(kWarps > 1, "the block reduction before each exchange has the barrier that frees `got`");
-  __shared__ ts::OnlineSoftmax got[kCluster];
+  __shared__ ts::OnlineSoftmax got[2][kCluster];
   ExchangeSlot* slots = static_cast<ExchangeSlot*>(p.exchange) + row * kCluster;
   const unsigned long long tag_hi = (unsigned long long)tag << 32;
   if (threadIdx.x == 0) {
@@ -326,10 +326,10 @@ TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const Softmax
       if ((m_word >> 32) == tag && (d_word >> 32) == tag) break;
       ts::nanosleep(64);
     }
-    got[threadIdx.x] = ts::OnlineSoftmax{__uint_as_float((unsigned)m_word), __uint_as_float((unsigned)d_word)};
+    got[parity][threadIdx.x] = ts::OnlineSoftmax{__uint_as_float((unsigned)m_word), __uint_as_float((unsigned)d_word)};
   }
   __syncthreads();
-  return merge_in_rank_order(got);
+  return merge_in_rank_order(got[parity]);
 #else
   static_assert(!kGlobalExchange, "the split-row exchange needs sm_70+ (strong relaxed accesses)");
   return mine;
@@ -474,7 +474,7 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
     const int parity = (int)(iter & 1);
     st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
     if constexpr (kGlobalExchange) {
-      st = global_combine(st, p, rank, row, tag);
+      st = global_combine(st, p, rank, row, parity, tag);
     } else if constexpr (kAsyncExchange) {
       st = async_exchange(st, iter, rank);
     } else {
