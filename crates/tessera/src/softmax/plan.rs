@@ -190,6 +190,9 @@ pub struct Variant {
     /// pack: the reduction starts on the first packs while the others land; shares of at most
     /// 8 packs per thread) or 1 (any share). See [`copy_groups_for`]. Ignored elsewhere.
     pub copy_groups: u32,
+    /// Split-row path: each group claims its rows after the first from a counter (`kClaimRows`)
+    /// instead of taking rows g, g + groups, ... See [`split_claims_rows`]. Ignored elsewhere.
+    pub claim_rows: bool,
 }
 
 impl Variant {
@@ -275,13 +278,17 @@ impl Variant {
             } else {
                 String::new()
             }
-        );
+        ) + if self.path == SoftmaxPath::SplitRow && self.claim_rows {
+            "_claim"
+        } else {
+            ""
+        };
         let preamble = format!(
             "#include \"tessera/dtype.cuh\"\n\
              using InT = {};\nusing OutT = {};\nconstexpr bool kLogSoftmax = {};\n\
              constexpr int kBlockThreads = {};\nconstexpr int kPack = {};\nconstexpr int kOutPack = {};\n\
              constexpr int kCluster = {};\nconstexpr bool kPipeline = {};\nconstexpr bool kGlobalExchange = {};\n\
-             constexpr int kCopyGroups = {};\n#define TS_GENERATED_PREAMBLE 1\n",
+             constexpr int kCopyGroups = {};\nconstexpr bool kClaimRows = {};\n#define TS_GENERATED_PREAMBLE 1\n",
             self.in_dtype.cuda_type(),
             self.out_dtype.cuda_type(),
             self.kind == SoftmaxKind::LogSoftmax,
@@ -291,7 +298,8 @@ impl Variant {
             self.cluster,
             self.pipelined(),
             self.path == SoftmaxPath::SplitRow,
-            if self.pipelined() { self.copy_groups } else { 1 }
+            if self.pipelined() { self.copy_groups } else { 1 },
+            self.path == SoftmaxPath::SplitRow && self.claim_rows
         );
         KernelSpec {
             name,
@@ -380,10 +388,10 @@ unsafe impl KernelParams for SoftmaxParams {}
 pub struct SoftmaxClusterParams {
     pub base: SoftmaxParams,
     pub chunk: i64,
-    /// Split-row path: the exchange slots (`ExchangeSlot`, 16 bytes; one per row and CTA of its
+    /// Split-row path: the exchange slots (`ExchangeSlot`, 32 bytes; one per row and CTA of its
     /// group), else 0.
     pub exchange: u64,
-    /// Split-row path: the epoch and done counters (two `u32`), else 0.
+    /// Split-row path: the epoch, done and row-claim counters (three `u32`), else 0.
     pub counters: u64,
 }
 const _: () = assert!(std::mem::size_of::<SoftmaxClusterParams>() == 80);
@@ -392,9 +400,9 @@ const _: () = assert!(std::mem::size_of::<SoftmaxClusterParams>() == 80);
 unsafe impl KernelParams for SoftmaxClusterParams {}
 
 /// Bytes of one split-row exchange slot (`ExchangeSlot` in softmax_cluster.cu).
-const EXCHANGE_SLOT_BYTES: usize = 16;
-/// The split-row workspace: the two counters (epoch, CTAs done), padded to one slot, then the
-/// slots.
+const EXCHANGE_SLOT_BYTES: usize = 32;
+/// The split-row workspace: the three counters (epoch, CTAs done, rows claimed), padded to 16
+/// bytes, then the slots.
 const EXCHANGE_COUNTER_BYTES: usize = 16;
 
 /// A planned softmax: the dispatch decision and compiled kernels for one [`SoftmaxShape`].
@@ -942,6 +950,20 @@ pub fn split_row_variant(shape: &SoftmaxShape, mut variant: Variant, optin: usiz
     Some((variant, chunk, smem))
 }
 
+/// Whether the split-row groups of a launch claim their rows (`kClaimRows`: after its first row
+/// each group takes the next unclaimed one from a counter, so faster groups take more rows)
+/// instead of taking rows g, g + groups, ...: on GPUs of compute capability 9+ (`major`), where
+/// the static schedule's last round of `rows` over `max_groups` groups would leave more than 8%
+/// of its rounds' slots idle. H200, bench/NOTES.md run 87 (same run, GB/s claiming / static): fp16
+/// 256 x 262144 (49 groups, 6 static rounds for 5.2) 3223-3231 / 3074-3139, but fp16 1024 x
+/// 131072 (11 rounds for 10.3) 3294-3323 / 3411-3447, fp32 1024 x 131072 and 256 x 262144 (full
+/// rounds) 1-2% behind: where the rounds are full, claiming only adds the claim to each row.
+pub fn split_claims_rows(rows: u64, max_groups: u32, major: u32) -> bool {
+    let max_groups = max_groups.max(1) as u64;
+    // (the claiming kernel keeps row indices in 32 bits)
+    major >= 9 && rows < 1 << 31 && rows.div_ceil(max_groups) * max_groups * 100 > rows * 108
+}
+
 /// Compiles the split-row variant (16-byte packs) and sizes its grid: one wave of resident CTAs
 /// in groups of one row's CTAs, each group running an equal number of rows.
 fn build_split_row(ctx: &Context, shape: &SoftmaxShape, variant: Variant) -> Result<Option<Launchable>> {
@@ -951,16 +973,36 @@ fn build_split_row(ctx: &Context, shape: &SoftmaxShape, variant: Variant) -> Res
     };
     let ctas = variant.cluster;
     let threads = variant.block_threads;
-    let kernel = ctx.kernel(&variant.spec())?;
-    let resident = kernel.max_active_blocks_per_sm(ctx, threads, smem)? * ctx.info().sm_count;
-    let max_groups = resident / ctas;
+    let mut variant = variant;
+    let mut kernel = ctx.kernel(&variant.spec())?;
+    let resident =
+        |k: &Kernel| -> Result<u32> { Ok(k.max_active_blocks_per_sm(ctx, threads, smem)? * ctx.info().sm_count) };
+    let max_groups = resident(&kernel)? / ctas;
     if max_groups == 0 {
         return Ok(None);
     }
-    // Every group runs ceil(rows / groups) rows at most; use no more groups than that needs.
     let rows = shape.rows.max(1) as u64;
-    let per_group = rows.div_ceil(max_groups as u64);
-    let groups = rows.div_ceil(per_group) as u32;
+    let mut groups = if split_claims_rows(rows, max_groups, ctx.info().compute_capability.0) {
+        // Every resident group (up to one per row), each claiming its rows after the first.
+        let claiming = Variant {
+            claim_rows: true,
+            ..variant
+        };
+        let k = ctx.kernel(&claiming.spec())?;
+        let claim_groups = resident(&k)? / ctas;
+        if claim_groups >= max_groups {
+            (variant, kernel) = (claiming, k);
+        }
+        rows.min(max_groups as u64) as u32
+    } else {
+        0
+    };
+    if !variant.claim_rows {
+        // Rows g, g + groups, ...: every group runs ceil(rows / groups) rows at most; use no more
+        // groups than that needs.
+        let per_group = rows.div_ceil(max_groups as u64);
+        groups = rows.div_ceil(per_group) as u32;
+    }
     Ok(Some(Launchable {
         variant,
         kernel,
@@ -995,6 +1037,7 @@ fn build_variant(
         cluster: 1,
         out_pack: 1,
         copy_groups: 1,
+        claim_rows: false,
     };
     let (threads, smem) = match path {
         p if p.is_warp() => {
@@ -1078,6 +1121,7 @@ pub fn ci_variants_for(arch: crate::runtime::Arch) -> Vec<Variant> {
     ci_variants()
         .into_iter()
         .filter(|v| v.cluster <= 1 || v.path == SoftmaxPath::SplitRow || arch.major >= 9)
+        .filter(|v| !v.claim_rows || arch.major >= 9)
         .collect()
 }
 
@@ -1098,6 +1142,7 @@ pub fn ci_variants() -> Vec<Variant> {
         cluster: 1,
         out_pack: 1,
         copy_groups: 1,
+        claim_rows: false,
     };
     for &d in &dtypes {
         // Warp path: every (cols_per_thread, width, rows) shape for cols 1..=1024, both packs.
@@ -1239,6 +1284,13 @@ pub fn ci_variants() -> Vec<Variant> {
         !v.pipelined() || v.block_threads > 512 || (v.path == SoftmaxPath::SplitRow && v.cluster == SPLIT_MAX_CTAS)
     });
     out.extend(per_pack);
+    // Split-row groups that claim their rows (split_claims_rows: sm_90+ only).
+    let claiming: Vec<Variant> = out
+        .iter()
+        .filter(|v| v.path == SoftmaxPath::SplitRow)
+        .map(|v| Variant { claim_rows: true, ..*v })
+        .collect();
+    out.extend(claiming);
     // The scalar variant of the pipelined cluster path is the plain one: one entry per kernel.
     out.sort_by_key(|v| v.spec().name);
     out.dedup_by_key(|v| v.spec().name);

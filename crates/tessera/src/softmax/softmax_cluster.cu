@@ -88,8 +88,14 @@
 // is resident while any polls (a cooperative launch of at most one wave), so the waits end. The
 // tag (epoch + 1) lives in device memory beside the slots and the last CTA of a launch advances
 // the epoch, so consecutive launches never share tags, also when a captured graph replays one
-// launch's parameters. Workspace: two counters and rows * kCluster slots of 16 bytes, zeroed
-// once by the plan (tag 0 is never valid).
+// launch's parameters. Row schedule: group g takes rows g, g + groups, ... (static), or, in the
+// kClaimRows variant, row g and then the rows its rank 0 claims from a counter (one atomic per
+// row, issued at the top of the row; the claimed row travels to the other ranks in rank 0's
+// slot), so groups that run faster take more rows. The plan takes the claiming variant where the
+// static schedule's last round would leave many groups idle (plan.rs split_claims_rows; H200,
+// bench/NOTES.md run 87: +4% on fp16 256 x 262144, 49 groups for 256 rows, but 1-3.5% behind
+// static where every round is full). Workspace: three counters and rows * kCluster slots of
+// 32 bytes, zeroed once by the plan (tag 0 is never valid).
 
 #include "tessera/common.cuh"
 #include "tessera/dtype.cuh"
@@ -113,6 +119,7 @@ constexpr int kCluster = 8;
 constexpr bool kPipeline = true;
 constexpr bool kGlobalExchange = false;
 constexpr int kCopyGroups = 8;
+constexpr bool kClaimRows = false;
 #endif
 
 static_assert(kBlockThreads % 32 == 0 && kBlockThreads >= 64 && kBlockThreads <= 1024, "kBlockThreads");
@@ -144,7 +151,7 @@ struct SoftmaxClusterParams {
   // tags its slots differently from the one before) and the CTAs done. All zeroed once by the
   // plan.
   void* exchange;
-  unsigned* counters;  // [0] epoch, [1] CTAs done in this launch
+  unsigned* counters;  // [0] epoch, [1] CTAs done in this launch, [2] rows claimed past the first
 };
 static_assert(sizeof(SoftmaxClusterParams) == 80, "mirror of the Rust struct");
 
@@ -263,13 +270,16 @@ TS_DEVICE void async_exchange_init() {}
 TS_DEVICE ts::OnlineSoftmax async_exchange(ts::OnlineSoftmax mine, unsigned, int) { return mine; }
 #endif
 
+static_assert(!kClaimRows || kGlobalExchange, "kClaimRows: split-row kernels only");
+
 /// One CTA's published state of one row (split-row path): two 64-bit words, (tag << 32) | bits
 /// of m and (tag << 32) | bits of d, each single-copy atomic, so a reader that sees this
 /// launch's tag in both holds the whole state (memory_order.cuh).
 struct ExchangeSlot {
   unsigned long long m_word, d_word;
+  unsigned long long next_word, spare_word;  // rank 0 only: (tag << 32) | the group's next row
 };
-static_assert(sizeof(ExchangeSlot) == 16, "mirror of the Rust workspace size");
+static_assert(sizeof(ExchangeSlot) == 32, "mirror of the Rust workspace size");
 
 /// The split-row launch's tag: the epoch counter + 1 (1 .. 2^32 - 1; the counter runs over
 /// 0 .. 2^32 - 2, so the zeroed slots of a new plan never carry a valid tag). Read by every
@@ -285,6 +295,14 @@ TS_DEVICE unsigned split_tag(const SoftmaxClusterParams& p) {
 #endif
 }
 
+/// The split-row groups of this launch (gridDim.x / kCluster), read afresh where it is used:
+/// hoisted out of the row loop it took a register and spilled the 40-register kernels.
+TS_DEVICE unsigned split_groups() {
+  unsigned n;
+  asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(n));
+  return n / (unsigned)kCluster;
+}
+
 /// Ends a split-row launch: the last CTA to finish resets the done count and advances the
 /// epoch (no CTA of this launch reads it again; the next launch reads it after this one
 /// completed).
@@ -294,6 +312,7 @@ TS_DEVICE void split_finish(const SoftmaxClusterParams& p) {
     __threadfence();  // (release side: this CTA's epoch read is ordered before its count)
     if (atomicAdd(&p.counters[1], 1u) == gridDim.x - 1) {
       p.counters[1] = 0;
+      p.counters[2] = 0;  // every claim of this launch is made (each CTA claimed before finishing)
       __threadfence();  // (acquire side: every CTA's epoch read is ordered before the update)
       const unsigned next = p.counters[0] + 1u;
       p.counters[0] = next == 0xFFFFFFFFu ? 0u : next;  // the tag (epoch + 1) is never 0
@@ -311,12 +330,14 @@ TS_DEVICE void split_finish(const SoftmaxClusterParams& p) {
 /// barrier every thread reaches after merging this row) but measured 3% slower on fp16
 /// 256 x 262144 and fp32 1024 x 131072 (H200, bench/NOTES.md run 81).
 TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const SoftmaxClusterParams& p, int rank,
-                                           long long row, int parity, unsigned tag) {
+                                           long long row, int parity, unsigned tag, const unsigned* claim,
+                                           unsigned* got_next) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
   __shared__ ts::OnlineSoftmax got[2][kCluster];
   ExchangeSlot* slots = static_cast<ExchangeSlot*>(p.exchange) + row * kCluster;
   const unsigned long long tag_hi = (unsigned long long)tag << 32;
   if (threadIdx.x == 0) {
+    if (kClaimRows && rank == 0) ts::st_relaxed_gpu_v2(&slots[0].next_word, tag_hi | *claim, tag_hi | *claim);
     ts::st_relaxed_gpu_v2(&slots[rank].m_word, tag_hi | __float_as_uint(mine.m), tag_hi | __float_as_uint(mine.d));
   }
   if (threadIdx.x < kCluster) {
@@ -327,6 +348,15 @@ TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const Softmax
       ts::nanosleep(64);
     }
     got[parity][threadIdx.x] = ts::OnlineSoftmax{__uint_as_float((unsigned)m_word), __uint_as_float((unsigned)d_word)};
+    if (kClaimRows && threadIdx.x == 0) {
+      unsigned long long n_word, spare;
+      for (;;) {
+        ts::ld_relaxed_gpu_v2(&slots[0].next_word, n_word, spare);
+        if ((n_word >> 32) == tag) break;
+        ts::nanosleep(64);
+      }
+      got_next[parity] = (unsigned)n_word;
+    }
   }
   __syncthreads();
   return merge_in_rank_order(got[parity]);
@@ -451,9 +481,20 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
   }
   if constexpr (kAsyncExchange) async_exchange_init();
 
-  unsigned iter = 0;  // this CTA's row iteration, (row - cluster) / clusters
-  for (long long row = cluster; row < p.rows; row += clusters, ++iter) {
+  // Rows: cluster, cluster + clusters, ... (hardware clusters); split-row groups start on row
+  // `cluster` and then take the rows their rank 0 claims (see global_combine).
+  __shared__ unsigned split_claim;    // split-row rank 0: the row it claimed for its group
+  __shared__ unsigned split_next[2];  // split-row: the group's next row, by row parity
+  unsigned iter = 0;                  // this CTA's row iteration
+  // (split-row rows are 32-bit, plan.rs: fewer live registers under the 40-register cap)
+  using RowIndex = ts::conditional_t<kClaimRows, unsigned, long long>;
+  for (RowIndex row = (RowIndex)cluster; row < p.rows;
+       row = kClaimRows ? (RowIndex)split_next[iter & 1] : row + (RowIndex)clusters, ++iter) {
     OutT* dst = out + row * p.out_stride + c0;
+    // Split-row: rank 0 claims the group's next row now (an atomic on a global counter; only
+    // warp 0 waits for it, while the others start the pass), and it travels to the other ranks
+    // with rank 0's state in the exchange.
+    if (kClaimRows && rank == 0 && threadIdx.x == 0) split_claim = split_groups() + atomicAdd(&p.counters[2], 1u);
 
     // ---- one pass: (max, sum) of the share as an online-softmax state (each pack as soon as it
     // has landed; only this thread reads it), then the CTA's and the cluster's (one block
@@ -474,7 +515,7 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
     const int parity = (int)(iter & 1);
     st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
     if constexpr (kGlobalExchange) {
-      st = global_combine(st, p, rank, row, parity, tag);
+      st = global_combine(st, p, rank, row, parity, tag, &split_claim, split_next);
     } else if constexpr (kAsyncExchange) {
       st = async_exchange(st, iter, rank);
     } else {
@@ -485,8 +526,17 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
     const float coef = row_coef(m, st.d);
 
     // ---- store the outputs; refill each pack with the next row as soon as it is consumed ----
-    const bool more = row + clusters < p.rows;
-    const InT* next = in + (more ? row + clusters : row) * p.in_stride + c0;
+    // (two forms of one computation: each keeps its kernels spill-free under the register caps)
+    bool more;
+    const InT* next;
+    if constexpr (kClaimRows) {
+      const RowIndex next_row = (RowIndex)split_next[parity];
+      more = next_row < p.rows;
+      next = in + (more ? next_row : row) * p.in_stride + c0;
+    } else {
+      more = row + clusters < p.rows;
+      next = in + (more ? row + clusters : row) * p.in_stride + c0;
+    }
     // the clamp of finish only where it can act (ts::clamp_may_act, uniform across the row's
     // CTAs): two copies of the store loop, so no branch per pack
     auto store_row = [&](auto clamp) {

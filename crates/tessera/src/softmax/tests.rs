@@ -2,8 +2,8 @@
 //! CI architecture), plus GPU checks that run only where a device is present.
 
 use super::plan::{
-    ci_variants, ci_variants_for, cluster_shape, cluster_variant, split_row_shape, split_row_variant, warp_shape,
-    SoftmaxParams, Variant, COPY_GROUPS, SPLIT_MAX_CTAS,
+    ci_variants, ci_variants_for, cluster_shape, cluster_variant, split_claims_rows, split_row_shape,
+    split_row_variant, warp_shape, SoftmaxParams, Variant, COPY_GROUPS, SPLIT_MAX_CTAS,
 };
 use super::*;
 use crate::runtime::probe::nvrtc_or_skip;
@@ -285,6 +285,7 @@ fn plan_picks_only_ci_compiled_cluster_variants_within_their_copy_groups() {
                         cluster: 1,
                         out_pack: 1,
                         copy_groups: 1,
+                        claim_rows: false,
                     };
                     let mut picked = Vec::new();
                     for path in [SoftmaxPath::Cluster, SoftmaxPath::ClusterPipe] {
@@ -322,4 +323,22 @@ fn plan_picks_only_ci_compiled_cluster_variants_within_their_copy_groups() {
         );
     }
     assert!(checked > 1000, "{checked}");
+}
+
+#[test]
+fn split_row_groups_claim_rows_only_where_a_static_last_round_idles() {
+    // The H200 anchors (bench/NOTES.md run 87): rows, resident groups.
+    assert!(split_claims_rows(256, 49, 9)); // fp16 256 x 262144: 6 static rounds for 5.2
+    assert!(!split_claims_rows(1024, 99, 9)); // fp16 1024 x 131072: 11 for 10.3
+    assert!(!split_claims_rows(1024, 49, 9)); // fp32 1024 x 131072: 21 for 20.9
+    assert!(!split_claims_rows(256, 24, 9)); // fp32 256 x 262144: 11 for 10.7
+                                             // verify's claiming cases on an H200: 133 rows over 132 groups, 53 over 44
+    assert!(split_claims_rows(133, 132, 9));
+    assert!(split_claims_rows(53, 44, 9));
+    // verify's static split-row case: 500 rows over 132 groups (4 rounds for 3.8)
+    assert!(!split_claims_rows(500, 132, 9));
+    // one full round; not before sm_90; row indices past 31 bits stay static
+    assert!(!split_claims_rows(10, 10, 9));
+    assert!(!split_claims_rows(256, 49, 8));
+    assert!(!split_claims_rows(3 << 30, 1 << 20, 9));
 }
