@@ -7,7 +7,7 @@
 //! | [`SoftmaxPath::BlockCached`] | cols * 4 B fits the opt-in shared memory and a CTA fits on an SM | 128..1024 threads, one row at a time | shared memory (f32) |
 //! | [`SoftmaxPath::BlockUncached`] | anything longer | 1024 threads, one row at a time | nowhere: read twice |
 //! | [`SoftmaxPath::Cluster`] | rows over 32 KB: on one CTA up to 128 KB, else on a cluster whose shares fit 64 KB (sm_90) | 512/1024 threads, 1..8 CTAs per row | shared memory (input dtype) |
-//! | [`SoftmaxPath::SplitRow`] | rows of 256 KB and more with 16-byte row strides (sm_90): 2..32 shares of up to 64 KB (larger shares past 32) | 512 threads, one cooperative wave of resident CTAs in groups of one row's CTAs; states exchanged through global memory | shared memory (input dtype) |
+//! | [`SoftmaxPath::SplitRow`] | rows of 256 KB and more with 16-byte row strides (sm_90): 2..32 shares of up to 64 KB (larger shares past 32) | 512 threads, one cooperative wave of resident CTAs in groups of one row's CTAs (rows g, g + groups, ..., or claimed from a counter where that last round would idle); states exchanged through global memory | shared memory (input dtype) |
 //! | [`SoftmaxPath::ClusterPipe`] | rows of 256 KB and more that the split-row kernel cannot hold, whose cluster shares fit in shared memory (sm_90) | as Cluster, one wave; the store pass refills the share with the next row | shared memory (input dtype) |
 //!
 //! Forced only (measured side by side against the dispatched kernels, see the bench):
@@ -62,8 +62,9 @@ pub enum SoftmaxPath {
     /// The pipelined schedule of [`SoftmaxPath::ClusterPipe`] with a row split across 2..32 CTAs
     /// that are not a hardware cluster: each caches its share (at most 64 KB) in shared memory and
     /// the CTAs of a row exchange their (max, sum) states through global memory (one tagged
-    /// 16-byte slot per row and CTA, no fences). One cooperative wave of resident CTAs, every SM
-    /// usable (no GPC placement). Needs a row stride that is a multiple of 16 bytes (a plan
+    /// 32-byte slot per row and CTA, no fences). One cooperative wave of resident CTAs, every SM
+    /// usable (no GPC placement); on sm_90+ the groups claim their rows from a counter where a
+    /// static last round would leave many idle ([`split_claims_rows`]). Needs a row stride that is a multiple of 16 bytes (a plan
     /// error otherwise) and sm_70+; calls whose pointers are not 16-byte aligned run the plain
     /// cluster kernel (or, where no cluster holds the row, the block-uncached one).
     SplitRow,
