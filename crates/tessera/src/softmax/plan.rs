@@ -64,7 +64,7 @@ pub enum SoftmaxPath {
     /// the CTAs of a row exchange their (max, sum) states through global memory (one tagged
     /// 32-byte slot per row and CTA, no fences). One cooperative wave of resident CTAs, every SM
     /// usable (no GPC placement); on sm_90+ the groups claim their rows from a counter where a
-    /// static last round would leave many idle ([`split_claims_rows`]). Needs a row stride that is a multiple of 16 bytes (a plan
+    /// static schedule would leave many of them unused ([`split_claims_rows`]). Needs a row stride that is a multiple of 16 bytes (a plan
     /// error otherwise) and sm_70+; calls whose pointers are not 16-byte aligned run the plain
     /// cluster kernel (or, where no cluster holds the row, the block-uncached one).
     SplitRow,
@@ -402,9 +402,9 @@ unsafe impl KernelParams for SoftmaxClusterParams {}
 
 /// Bytes of one split-row exchange slot (`ExchangeSlot` in softmax_cluster.cu).
 const EXCHANGE_SLOT_BYTES: usize = 32;
-/// The split-row workspace: the three counters (epoch, CTAs done, rows claimed), padded to 16
-/// bytes, then the slots.
-const EXCHANGE_COUNTER_BYTES: usize = 16;
+/// The split-row workspace: the three counters (epoch, CTAs done, rows claimed), padded to one
+/// slot (so every slot is a 32-byte sector of its own), then the slots.
+const EXCHANGE_COUNTER_BYTES: usize = 32;
 
 /// A planned softmax: the dispatch decision and compiled kernels for one [`SoftmaxShape`].
 /// Make it once, run it many times; `run` allocates nothing.
@@ -951,22 +951,32 @@ pub fn split_row_variant(shape: &SoftmaxShape, mut variant: Variant, optin: usiz
     Some((variant, chunk, smem))
 }
 
+/// Groups of the static split-row schedule (rows g, g + groups, ...) for `rows` over at most
+/// `max_groups` resident groups: no more than ceil(rows / max_groups) rounds need.
+fn split_static_groups(rows: u64, max_groups: u32) -> u32 {
+    let rows = rows.max(1);
+    let per_group = rows.div_ceil(max_groups.max(1) as u64);
+    rows.div_ceil(per_group) as u32
+}
+
 /// Whether the split-row groups of a launch claim their rows (`kClaimRows`: after its first row
-/// each group takes the next unclaimed one from a counter, so faster groups take more rows)
-/// instead of taking rows g, g + groups, ...: on GPUs of compute capability 9+ (`major`), where
-/// the static schedule's last round of `rows` over `max_groups` groups would leave more than 8%
-/// of its rounds' slots idle. H200, bench/NOTES.md run 87 (same run, GB/s claiming / static): fp16
-/// 256 x 262144 (49 groups, 6 static rounds for 5.2) 3223-3231 / 3074-3139, but fp16 1024 x
-/// 131072 (11 rounds for 10.3) 3294-3323 / 3411-3447, fp32 1024 x 131072 and 256 x 262144 (full
-/// rounds) 1-2% behind: where the rounds are full, claiming only adds the claim to each row.
+/// each group takes the next unclaimed one from a counter, so every resident group works and
+/// faster groups take more rows) instead of the static schedule: on GPUs of compute capability
+/// 9+ (`major`), where the static schedule would leave more than 8% of the groups that could
+/// work unused ([`split_static_groups`] against min(rows, max_groups)). H200, bench/NOTES.md run
+/// 87 (same run, GB/s claiming / static): fp16 256 x 262144 (49 resident groups, 43 static ones
+/// of 6 rows) 3223-3231 / 3074-3139, but fp16 1024 x 131072 (99 / 94) 3294-3323 / 3411-3447 and
+/// fp32 1024 x 131072, 256 x 262144 (every group used) 1-2% behind: where the static schedule
+/// uses the groups, claiming only adds the claim to each row.
 pub fn split_claims_rows(rows: u64, max_groups: u32, major: u32) -> bool {
-    let max_groups = max_groups.max(1) as u64;
+    let usable = rows.min(max_groups as u64);
     // (the claiming kernel keeps row indices in 32 bits)
-    major >= 9 && rows < 1 << 31 && rows.div_ceil(max_groups) * max_groups * 100 > rows * 108
+    major >= 9 && rows < 1 << 31 && (split_static_groups(rows, max_groups) as u64) * 100 < usable * 92
 }
 
 /// Compiles the split-row variant (16-byte packs) and sizes its grid: one wave of resident CTAs
-/// in groups of one row's CTAs, each group running an equal number of rows.
+/// in groups of one row's CTAs, each group running ceil(rows / groups) rows at most (static
+/// schedule) or the rows it claims (where [`split_claims_rows`]; every resident group then).
 fn build_split_row(ctx: &Context, shape: &SoftmaxShape, variant: Variant) -> Result<Option<Launchable>> {
     let optin = ctx.info().max_shared_per_block_optin as usize;
     let Some((variant, chunk, smem)) = split_row_variant(shape, variant, optin) else {
@@ -983,27 +993,22 @@ fn build_split_row(ctx: &Context, shape: &SoftmaxShape, variant: Variant) -> Res
         return Ok(None);
     }
     let rows = shape.rows.max(1) as u64;
-    let mut groups = if split_claims_rows(rows, max_groups, ctx.info().compute_capability.0) {
-        // Every resident group (up to one per row), each claiming its rows after the first.
+    if split_claims_rows(rows, max_groups, ctx.info().compute_capability.0) {
         let claiming = Variant {
             claim_rows: true,
             ..variant
         };
         let k = ctx.kernel(&claiming.spec())?;
-        let claim_groups = resident(&k)? / ctas;
-        if claim_groups >= max_groups {
+        if resident(&k)? / ctas >= max_groups {
             (variant, kernel) = (claiming, k);
         }
+    }
+    let groups = if variant.claim_rows {
+        // Every resident group (up to one per row), each claiming its rows after the first.
         rows.min(max_groups as u64) as u32
     } else {
-        0
+        split_static_groups(rows, max_groups)
     };
-    if !variant.claim_rows {
-        // Rows g, g + groups, ...: every group runs ceil(rows / groups) rows at most; use no more
-        // groups than that needs.
-        let per_group = rows.div_ceil(max_groups as u64);
-        groups = rows.div_ceil(per_group) as u32;
-    }
     Ok(Some(Launchable {
         variant,
         kernel,

@@ -45,7 +45,7 @@
 //   * chunk (p.chunk) = round_up(ceil(cols / kCluster), kPack); dynamic shared memory as above.
 //   * kCopyGroups == 8 (pipelined schedule) needs at most 8 full packs per thread:
 //     chunk / kPack <= 8 * kBlockThreads (else the kernel traps); kCopyGroups == 1 takes any.
-//   * cols < 2^31; rows any.
+//   * cols < 2^31; rows any (kClaimRows: rows < 2^31, row indices are 32-bit).
 //
 // Roofline: memory-bound; bytes = rows * cols * (sizeof(InT) + sizeof(OutT)), read and written
 // once. Target: >= 90% of the device copy bandwidth. The long 16-bit rows are partly issue-bound
@@ -146,10 +146,11 @@ struct SoftmaxClusterParams {
   float scale;
   long long chunk;  // columns per CTA of a cluster, a multiple of kPack
   // Split-row path only (kGlobalExchange): the exchange slots, rows * kCluster of them (one per
-  // row and CTA of its group), and two counters: the launch epoch (every slot word carries
+  // row and CTA of its group), and three counters: the launch epoch (every slot word carries
   // epoch + 1; the last CTA of a launch advances it, so every launch, graph replays included,
-  // tags its slots differently from the one before) and the CTAs done. All zeroed once by the
-  // plan.
+  // tags its slots differently from the one before), the CTAs done and (kClaimRows) the rows
+  // claimed past each group's first; the last CTA of a launch resets the last two. All zeroed
+  // once by the plan.
   void* exchange;
   unsigned* counters;  // [0] epoch, [1] CTAs done in this launch, [2] rows claimed past the first
 };
@@ -274,7 +275,9 @@ static_assert(!kClaimRows || kGlobalExchange, "kClaimRows: split-row kernels onl
 
 /// One CTA's published state of one row (split-row path): two 64-bit words, (tag << 32) | bits
 /// of m and (tag << 32) | bits of d, each single-copy atomic, so a reader that sees this
-/// launch's tag in both holds the whole state (memory_order.cuh).
+/// launch's tag in both holds the whole state (memory_order.cuh); in rank 0's slot of a
+/// kClaimRows launch also (tag << 32) | the group's next row, twice. 32 bytes: with the 32-byte
+/// counter header of the workspace every slot is a sector of its own.
 struct ExchangeSlot {
   unsigned long long m_word, d_word;
   unsigned long long next_word, spare_word;  // rank 0 only: (tag << 32) | the group's next row
@@ -311,9 +314,9 @@ TS_DEVICE void split_finish(const SoftmaxClusterParams& p) {
   if (threadIdx.x == 0) {
     __threadfence();  // (release side: this CTA's epoch read is ordered before its count)
     if (atomicAdd(&p.counters[1], 1u) == gridDim.x - 1) {
+      __threadfence();  // (acquire side: every CTA's epoch read and claims are ordered before these)
       p.counters[1] = 0;
       p.counters[2] = 0;  // every claim of this launch is made (each CTA claimed before finishing)
-      __threadfence();  // (acquire side: every CTA's epoch read is ordered before the update)
       const unsigned next = p.counters[0] + 1u;
       p.counters[0] = next == 0xFFFFFFFFu ? 0u : next;  // the tag (epoch + 1) is never 0
     }
@@ -341,22 +344,17 @@ TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const Softmax
     ts::st_relaxed_gpu_v2(&slots[rank].m_word, tag_hi | __float_as_uint(mine.m), tag_hi | __float_as_uint(mine.d));
   }
   if (threadIdx.x < kCluster) {
-    unsigned long long m_word, d_word;
+    // kClaimRows: thread 0 of ranks > 0 also polls rank 0's claim, in the same round trips
+    const bool want_next = kClaimRows && threadIdx.x == 0 && rank != 0;
+    unsigned long long m_word, d_word, n_word = 0, spare;
     for (;;) {
       ts::ld_relaxed_gpu_v2(&slots[threadIdx.x].m_word, m_word, d_word);
-      if ((m_word >> 32) == tag && (d_word >> 32) == tag) break;
+      if (want_next) ts::ld_relaxed_gpu_v2(&slots[0].next_word, n_word, spare);
+      if ((m_word >> 32) == tag && (d_word >> 32) == tag && (!want_next || (n_word >> 32) == tag)) break;
       ts::nanosleep(64);
     }
     got[parity][threadIdx.x] = ts::OnlineSoftmax{__uint_as_float((unsigned)m_word), __uint_as_float((unsigned)d_word)};
-    if (kClaimRows && threadIdx.x == 0) {
-      unsigned long long n_word, spare;
-      for (;;) {
-        ts::ld_relaxed_gpu_v2(&slots[0].next_word, n_word, spare);
-        if ((n_word >> 32) == tag) break;
-        ts::nanosleep(64);
-      }
-      got_next[parity] = (unsigned)n_word;
-    }
+    if (kClaimRows && threadIdx.x == 0) got_next[parity] = rank == 0 ? *claim : (unsigned)n_word;
   }
   __syncthreads();
   return merge_in_rank_order(got[parity]);

@@ -326,19 +326,23 @@ fn plan_picks_only_ci_compiled_cluster_variants_within_their_copy_groups() {
 }
 
 #[test]
-fn split_row_groups_claim_rows_only_where_a_static_last_round_idles() {
+fn split_row_groups_claim_rows_only_where_the_static_schedule_leaves_groups_unused() {
     // The H200 anchors (bench/NOTES.md run 87): rows, resident groups.
-    assert!(split_claims_rows(256, 49, 9)); // fp16 256 x 262144: 6 static rounds for 5.2
-    assert!(!split_claims_rows(1024, 99, 9)); // fp16 1024 x 131072: 11 for 10.3
-    assert!(!split_claims_rows(1024, 49, 9)); // fp32 1024 x 131072: 21 for 20.9
-    assert!(!split_claims_rows(256, 24, 9)); // fp32 256 x 262144: 11 for 10.7
-                                             // verify's claiming cases on an H200: 133 rows over 132 groups, 53 over 44
+    // fp16 256 x 262144: the static schedule uses 43 of 49 groups (6 rows each)
+    assert!(split_claims_rows(256, 49, 9));
+    // fp16 1024 x 131072 (94 of 99), fp32 1024 x 131072 (49 of 49), fp32 256 x 262144 (24 of 24)
+    assert!(!split_claims_rows(1024, 99, 9));
+    assert!(!split_claims_rows(1024, 49, 9));
+    assert!(!split_claims_rows(256, 24, 9));
+    // verify's claiming cases on an H200: 133 rows over 132 groups (67 static), 53 over 44 (27)
     assert!(split_claims_rows(133, 132, 9));
     assert!(split_claims_rows(53, 44, 9));
-    // verify's static split-row case: 500 rows over 132 groups (4 rounds for 3.8)
+    // verify's static case: 500 rows over 132 groups (125 static)
     assert!(!split_claims_rows(500, 132, 9));
-    // one full round; not before sm_90; row indices past 31 bits stay static
+    // one round (every row its own group); not before sm_90; row indices past 31 bits
     assert!(!split_claims_rows(10, 10, 9));
+    assert!(!split_claims_rows(1, 49, 9));
+    assert!(!split_claims_rows(20, 49, 9));
     assert!(!split_claims_rows(256, 49, 8));
     assert!(!split_claims_rows(3 << 30, 1 << 20, 9));
 }
