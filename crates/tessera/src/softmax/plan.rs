@@ -734,7 +734,7 @@ fn cached_smem_bytes(cols: usize) -> usize {
 }
 
 /// (CTAs per cluster, columns per CTA) for a row of `cols` elements of `in_size` bytes: one CTA
-/// for rows of up to [`CLUSTER_SINGLE_CTA_MAX_BYTES`] where clusters exist (and `max_share`
+/// for rows of up to `CLUSTER_SINGLE_CTA_MAX_BYTES` (128 KB) where clusters exist (and `max_share`
 /// holds it), else the smallest cluster (up to `max_cluster`) whose per-CTA share fits the
 /// target, else the largest whose share fits `max_share` bytes. `None` when no cluster can hold
 /// the row. `max_share` 0 asks whether the row fits the targets alone.
@@ -936,7 +936,7 @@ fn split_row_geometry(shape: &SoftmaxShape, optin: usize) -> Option<(u32, usize,
 
 /// The split-row kernel variant for `shape`, its share (columns per CTA) and dynamic shared
 /// memory on a device with `optin` bytes of shared memory per CTA; `None` where the path cannot
-/// hold the row (see [`split_row_unsupported`]). No device needed: also swept by the tests.
+/// hold the row (see `split_row_unsupported`). No device needed: also swept by the tests.
 pub fn split_row_variant(shape: &SoftmaxShape, mut variant: Variant, optin: usize) -> Option<(Variant, usize, u32)> {
     let (ctas, chunk, smem) = split_row_geometry(shape, optin)?;
     let (pi, po) = cluster_packs(shape);
@@ -963,7 +963,7 @@ fn split_static_groups(rows: u64, max_groups: u32) -> u32 {
 /// each group takes the next unclaimed one from a counter, so every resident group works and
 /// faster groups take more rows) instead of the static schedule: on GPUs of compute capability
 /// 9+ (`major`), where the static schedule would leave more than 8% of the groups that could
-/// work unused ([`split_static_groups`] against min(rows, max_groups)). H200, bench/NOTES.md run
+/// work unused (`split_static_groups` against min(rows, max_groups)). H200, bench/NOTES.md run
 /// 87 (same run, GB/s claiming / static): fp16 256 x 262144 (49 resident groups, 43 static ones
 /// of 6 rows) 3223-3231 / 3074-3139, but fp16 1024 x 131072 (99 / 94) 3294-3323 / 3411-3447 and
 /// fp32 1024 x 131072, 256 x 262144 (every group used) 1-2% behind: where the static schedule
