@@ -7,7 +7,7 @@
 //! | [`SoftmaxPath::BlockCached`] | cols * 4 B fits the opt-in shared memory and a CTA fits on an SM | 128..1024 threads, one row at a time | shared memory (f32) |
 //! | [`SoftmaxPath::BlockUncached`] | anything longer | 1024 threads, one row at a time | nowhere: read twice |
 //! | [`SoftmaxPath::Cluster`] | rows over 32 KB: on one CTA up to 128 KB, else on a cluster whose shares fit 64 KB (sm_90) | 512/1024 threads, 1..8 CTAs per row | shared memory (input dtype) |
-//! | [`SoftmaxPath::SplitRow`] | rows of 256 KB and more with 16-byte row strides (sm_90): 2..32 shares of up to 64 KB (larger shares past 32) | 512 threads, one cooperative wave of resident CTAs in groups of one row's CTAs (rows g, g + groups, ..., or claimed from a counter where that last round would idle); states exchanged through global memory | shared memory (input dtype) |
+//! | [`SoftmaxPath::SplitRow`] | rows of 256 KB and more with 16-byte row strides (sm_90): 2..32 shares of up to 64 KB (larger shares past 32) | 512 threads, one cooperative wave of resident CTAs in groups of one row's CTAs (rows g, g + groups, ..., or claimed from a counter where that schedule leaves groups unused); states exchanged through global memory | shared memory (input dtype) |
 //! | [`SoftmaxPath::ClusterPipe`] | rows of 256 KB and more that the split-row kernel cannot hold, whose cluster shares fit in shared memory (sm_90) | as Cluster, one wave; the store pass refills the share with the next row | shared memory (input dtype) |
 //!
 //! Forced only (measured side by side against the dispatched kernels, see the bench):
@@ -64,9 +64,10 @@ pub enum SoftmaxPath {
     /// the CTAs of a row exchange their (max, sum) states through global memory (one tagged
     /// 32-byte slot per row and CTA, no fences). One cooperative wave of resident CTAs, every SM
     /// usable (no GPC placement); on sm_90+ the groups claim their rows from a counter where a
-    /// static schedule would leave many of them unused ([`split_claims_rows`]). Needs a row stride that is a multiple of 16 bytes (a plan
-    /// error otherwise) and sm_70+; calls whose pointers are not 16-byte aligned run the plain
-    /// cluster kernel (or, where no cluster holds the row, the block-uncached one).
+    /// static schedule would leave many of them unused ([`split_claims_rows`]). Needs a row
+    /// stride that is a multiple of 16 bytes (a plan error otherwise) and sm_70+; calls whose
+    /// pointers are not 16-byte aligned run the plain cluster kernel (or, where no cluster holds
+    /// the row, the block-uncached one).
     SplitRow,
 }
 
@@ -979,12 +980,11 @@ pub fn split_claims_rows(rows: u64, max_groups: u32, major: u32) -> bool {
 /// schedule) or the rows it claims (where [`split_claims_rows`]; every resident group then).
 fn build_split_row(ctx: &Context, shape: &SoftmaxShape, variant: Variant) -> Result<Option<Launchable>> {
     let optin = ctx.info().max_shared_per_block_optin as usize;
-    let Some((variant, chunk, smem)) = split_row_variant(shape, variant, optin) else {
+    let Some((mut variant, chunk, smem)) = split_row_variant(shape, variant, optin) else {
         return Ok(None);
     };
     let ctas = variant.cluster;
     let threads = variant.block_threads;
-    let mut variant = variant;
     let mut kernel = ctx.kernel(&variant.spec())?;
     let resident =
         |k: &Kernel| -> Result<u32> { Ok(k.max_active_blocks_per_sm(ctx, threads, smem)? * ctx.info().sm_count) };
@@ -1126,8 +1126,7 @@ const WARP_PATHS: [SoftmaxPath; 3] = [SoftmaxPath::WarpPerRow, SoftmaxPath::Warp
 pub fn ci_variants_for(arch: crate::runtime::Arch) -> Vec<Variant> {
     ci_variants()
         .into_iter()
-        .filter(|v| v.cluster <= 1 || v.path == SoftmaxPath::SplitRow || arch.major >= 9)
-        .filter(|v| !v.claim_rows || arch.major >= 9)
+        .filter(|v| arch.major >= 9 || ((v.cluster <= 1 || v.path == SoftmaxPath::SplitRow) && !v.claim_rows))
         .collect()
 }
 

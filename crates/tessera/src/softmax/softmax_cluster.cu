@@ -91,10 +91,10 @@
 // launch's parameters. Row schedule: group g takes rows g, g + groups, ... (static), or, in the
 // kClaimRows variant, row g and then the rows its rank 0 claims from a counter (one atomic per
 // row, issued at the top of the row; the claimed row travels to the other ranks in rank 0's
-// slot), so groups that run faster take more rows. The plan takes the claiming variant where the
-// static schedule's last round would leave many groups idle (plan.rs split_claims_rows; H200,
-// bench/NOTES.md run 87: +4% on fp16 256 x 262144, 49 groups for 256 rows, but 1-3.5% behind
-// static where every round is full). Workspace: three counters and rows * kCluster slots of
+// slot), so every resident group works and faster groups take more rows. The plan takes the
+// claiming variant where the static schedule would leave many resident groups unused (plan.rs
+// split_claims_rows; H200, bench/NOTES.md run 87: +4% on fp16 256 x 262144, 43 of 49 groups
+// static, but 1-3.5% behind static where it uses every group). Workspace: three counters and rows * kCluster slots of
 // 32 bytes, zeroed once by the plan (tag 0 is never valid).
 
 #include "tessera/common.cuh"
@@ -484,7 +484,8 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
   __shared__ unsigned split_claim;    // split-row rank 0: the row it claimed for its group
   __shared__ unsigned split_next[2];  // split-row: the group's next row, by row parity
   unsigned iter = 0;                  // this CTA's row iteration
-  // (split-row rows are 32-bit, plan.rs: fewer live registers under the 40-register cap)
+  // (claimed rows are 32-bit: fewer live registers under the 40-register cap; the plan claims
+  // only below 2^31 rows)
   using RowIndex = ts::conditional_t<kClaimRows, unsigned, long long>;
   for (RowIndex row = (RowIndex)cluster; row < p.rows;
        row = kClaimRows ? (RowIndex)split_next[iter & 1] : row + (RowIndex)clusters, ++iter) {
