@@ -288,6 +288,17 @@ TS_DEVICE uint32_t pack_pair(float lo, float hi) {
   else return ts::pack_bf16x2(lo, hi);
 }
 
+/// Shared address of the K or V tile in ring slot `slot` (`tiles` = smem_base + Smem::k or
+/// Smem::v), read from lane 0. The slot index is warp-uniform but ptxas cannot prove it (the
+/// work item comes from a global-memory slot), so without the broadcast it kept the wgmma
+/// descriptors of these tiles in vector registers and moved them into uniform registers (R2UR)
+/// before every wgmma: the shuffle keeps them in uniform registers, ~57 fewer issue cycles per
+/// key tile at d128 while the consumer holds its GEMM turn (H200: 1-1.5% on causal, GQA and
+/// varlen shapes, bench/NOTES.md runs 90-91).
+TS_DEVICE uint32_t tile_addr(uint32_t tiles, int slot) {
+  return __shfl_sync(0xffffffffu, tiles + slot * kKVBytes, 0);
+}
+
 /// S = Q K^T for this warpgroup's 64 rows: kHeadDim/16 wgmma k-steps.
 TS_DEVICE void issue_qk(float (&s)[kSRegs], uint32_t q_base, uint32_t k_base) {
   const uint64_t da0 = ts::wgmma_desc_sw128(q_base, 16);
@@ -416,11 +427,12 @@ TS_DEVICE void score_tile(const ts::AttentionParams& p, const Barriers& bs, cons
                           const TileMask& tm, int t, int t0, float (&s)[kSRegs], float (&factor)[2],
                           uint32_t q_base, uint32_t smem_base, uint32_t my_turn, uint32_t next_turn,
                           bool warp_leader) {
+  const uint32_t k_tile = tile_addr(smem_base + Smem::k, ring.slot);
   ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
   ts::named_barrier_sync(my_turn, kTurnThreads);
   ts::wgmma_fence_acc(s);
   ts::wgmma_fence();
-  issue_qk(s, q_base, smem_base + Smem::k + ring.slot * kKVBytes);
+  issue_qk(s, q_base, k_tile);
   ts::wgmma_commit();
   ts::named_barrier_arrive(next_turn, kTurnThreads);
   ts::wgmma_wait<0>();
@@ -435,10 +447,11 @@ TS_DEVICE void score_tile(const ts::AttentionParams& p, const Barriers& bs, cons
 /// O += P V of ring slot `slot`, waited for; then the V slot is released.
 TS_DEVICE void accumulate_pv(const Barriers& bs, int slot, uint32_t phase, float (&o)[kORegs],
                              const uint32_t (&pa)[kPSteps][4], uint32_t smem_base, bool warp_leader) {
+  const uint32_t v_tile = tile_addr(smem_base + Smem::v, slot);
   ts::mbar_wait(&bs.full_v[slot], phase);
   ts::wgmma_fence_acc(o);
   ts::wgmma_fence();
-  issue_pv(o, pa, smem_base + Smem::v + slot * kKVBytes);
+  issue_pv(o, pa, v_tile);
   ts::wgmma_commit();
   ts::wgmma_wait<0>();
   ts::wgmma_fence_acc(o);
@@ -500,15 +513,17 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
     float s[kSRegs];
     // Every wait and every release sits outside the window in which a wgmma is in flight: a
     // spin loop or a branch inside it makes ptxas serialise the wgmmas (C7520).
+    const uint32_t k_tile = tile_addr(smem_base + Smem::k, ring.slot);
+    const uint32_t v_tile = tile_addr(smem_base + Smem::v, prev_slot);
     ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
     ts::mbar_wait(&bs.full_v[prev_slot], prev_phase);
     ts::named_barrier_sync(my_turn, kTurnThreads);
     ts::wgmma_fence_acc(s);
     ts::wgmma_fence_acc(o);
     ts::wgmma_fence();
-    issue_qk(s, q_base, smem_base + Smem::k + ring.slot * kKVBytes);
+    issue_qk(s, q_base, k_tile);
     ts::wgmma_commit();
-    issue_pv(o, pa, smem_base + Smem::v + prev_slot * kKVBytes);
+    issue_pv(o, pa, v_tile);
     ts::wgmma_commit();
     ts::named_barrier_arrive(next_turn, kTurnThreads);
     ts::wgmma_wait<1>();  // S(t) done; P V of the previous tile may still run
