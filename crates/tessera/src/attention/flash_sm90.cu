@@ -25,9 +25,9 @@
 // Roles (warpgroup = 128 threads):
 //   WG0 (producer, 40 registers): one thread draws the work items, publishes them, loads the Q
 //     tile of each item once (after the consumers released the previous one) and the K and V
-//     tiles of its key range, newest first,
-//     into a kStages-deep ring; every load completes on a "full" mbarrier, every slot is handed
-//     back on an "empty" mbarrier (one arrival per consumer warp).
+//     tiles of its key range, newest first, into a kStages-deep ring (K and V with an
+//     evict-last L2 policy, Q evict-first); every load completes on a "full" mbarrier, every
+//     slot is handed back on an "empty" mbarrier (one arrival per consumer warp).
 //   WG1 .. WGc (c = kBlockM / 64 consumers, 232 registers each for two, 160 for three; the
 //     producer then keeps 40 or 32): rows 64 (i - 1) .. 64 i - 1 of the query tile. Per key tile:
 //     S = Q K^T (wgmma, both from shared memory), mask, online softmax in registers (log2 domain,
@@ -42,7 +42,7 @@
 //
 // Shared memory (1024-byte aligned, every tile in 64-column blocks of 128-byte swizzled rows):
 //   Q [kHeadDim/64][kBlockM][64], K[kStages] and V[kStages] [kHeadDim/64][kBlockN][64], mbarriers,
-//   one f32 per consumer thread (Smem::sink, see order_softmax_before_wait).
+//   one f32 per consumer thread (Smem::sink, see order_max_before_wait).
 #include "tessera/attention_params.cuh"
 #include "tessera/mbarrier.cuh"
 #include "tessera/online_softmax.cuh"
@@ -108,8 +108,7 @@ struct Smem {
   static constexpr uint32_t bars = v + kStages * kKVBytes;
   // barriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S]
   static constexpr uint32_t sink = bars + 8 * (2 + 4 * kStages);
-  // one f32 per consumer thread, written and never read (order_softmax_before_wait; reserved
-  // but unused with three consumers, as hopper::shared_bytes reserves it for every tile)
+  // one f32 per consumer thread, written and never read (order_max_before_wait)
   static constexpr uint32_t end = sink + 4 * 128 * kConsumers;
 };
 static_assert(Smem::end + 1024 <= 227 * 1024, "shared memory of one CTA (hopper::shared_bytes)");
@@ -224,6 +223,11 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   ts::tma_prefetch_map(&hp.v_map);
   Ring ring;
   uint32_t q_phase = 0;
+  // L2 policies: every CTA of a section re-reads the K/V tiles of its heads, each Q tile is
+  // read once (H200 run 93: with the loop order of mainloop_overlapped, ~0.3% on causal N = 8192
+  // and level elsewhere; FlashAttention-3 loads the same way).
+  const uint64_t kv_policy = ts::l2_policy<ts::L2Evict::kLast>();
+  const uint64_t q_policy = ts::l2_policy<ts::L2Evict::kFirst>();
   int w = blockIdx.x;
   while (w < hp.work_items) {
     const Work wk = decode_work(hp, w);
@@ -243,7 +247,8 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
         ts::mbar_arrive_expect_tx(full_q, kQBytes);
 #pragma unroll
         for (int c = 0; c < kColBlocks; ++c)
-          ts::tma_load_4d(smem + Smem::q + c * kBlockM * 128, &hp.q_map, full_q, c * 64, q_row0 + m0, wk.h, q_b);
+          ts::tma_load_4d(smem + Smem::q + c * kBlockM * 128, &hp.q_map, full_q, c * 64, q_row0 + m0, wk.h, q_b,
+                          q_policy);
       }
     }
     // Drawn after the Q load is issued and used after the K/V loads: the atomic's latency hides
@@ -256,13 +261,13 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
       uint8_t* k_tile = smem + Smem::k + ring.slot * kKVBytes;
 #pragma unroll
       for (int c = 0; c < kColBlocks; ++c)
-        ts::tma_load_4d(k_tile + c * kBlockN * 128, &hp.k_map, &full_k[ring.slot], c * 64, row, hk, k_b);
+        ts::tma_load_4d(k_tile + c * kBlockN * 128, &hp.k_map, &full_k[ring.slot], c * 64, row, hk, k_b, kv_policy);
       ts::mbar_wait(&empty_v[ring.slot], ring.phase ^ 1);
       ts::mbar_arrive_expect_tx(&full_v[ring.slot], kKVBytes);
       uint8_t* v_tile = smem + Smem::v + ring.slot * kKVBytes;
 #pragma unroll
       for (int c = 0; c < kColBlocks; ++c)
-        ts::tma_load_4d(v_tile + c * kBlockN * 128, &hp.v_map, &full_v[ring.slot], c * 64, row, hk, k_b);
+        ts::tma_load_4d(v_tile + c * kBlockN * 128, &hp.v_map, &full_v[ring.slot], c * 64, row, hk, k_b, kv_policy);
       ring.advance();
     }
     w = finish_draw(hp, draw);
@@ -353,14 +358,15 @@ constexpr bool kIntraOverlap = false;
 /// multiplies per tile and thread less at D = 128). P <= 2^8 then, exact in f16/bf16 as any P.
 /// Two consumers only: it gains 2-3.5% there and costs three consumers (D = 64) 4% (H200, runs
 /// 10 and 11 in bench/NOTES.md). Off with a softcap: its exp2 keeps the clamp at 2^1 (see
-/// softmax_tile).
+/// tile_exp).
 constexpr bool kLazyRescale = kConsumers == 2 && !kSoftcap;
 
-/// Masks S of key tile t (softcap first), updates the row state, and turns S into
-/// P = 2^(S * scale - m) in place. Returns the factors 2^(m_old - m_new) of both rows that the
-/// output accumulator must be multiplied by (exactly 1 where the reference max stayed).
-TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], RowState& st, const TileMask& tm, int t,
-                            float (&factor)[2]) {
+/// First half of the online softmax of key tile t: masks S (softcap first), moves each row's
+/// reference max and rescales its l. Returns the factors 2^(m_old - m_new) that the output
+/// accumulator must be multiplied by (exactly 1 where the reference max stayed) and the shifts
+/// -m that tile_exp subtracts.
+TS_DEVICE void tile_max(const ts::AttentionParams& p, float (&s)[kSRegs], RowState& st, const TileMask& tm, int t,
+                        float (&factor)[2], float (&neg_shift)[2]) {
   const int lane = threadIdx.x % 32;
   const float scale = kSoftcap ? 1.0f : p.scale_log2;
   if (kSoftcap) {
@@ -379,7 +385,6 @@ TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], Ro
       if (j < first || j >= end) s[i] = ts::kNegInf;
     }
   }
-  float neg_shift[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = ts::kNegInf;
@@ -394,6 +399,11 @@ TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], Ro
     st.l[r] *= factor[r];
     neg_shift[r] = -ts::softmax_shift(m_new);
   }
+}
+
+/// Second half: turns S into P = 2^(S * scale - m) in place and adds it to the row sums l.
+TS_DEVICE void tile_exp(const ts::AttentionParams& p, float (&s)[kSRegs], RowState& st, const float (&neg_shift)[2]) {
+  const float scale = kSoftcap ? 1.0f : p.scale_log2;
 #pragma unroll
   for (int i = 0; i < kSRegs; ++i) {
     const int r = (i % 4) / 2;
@@ -402,6 +412,14 @@ TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], Ro
     s[i] = kSoftcap ? ts::exp2_fma(s[i], scale, neg_shift[r]) : ts::exp2_fma_unclamped(s[i], scale, neg_shift[r]);
     st.l[r] += s[i];
   }
+}
+
+/// Both halves: S of key tile t becomes P, `factor` the rescale of O (see tile_max).
+TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], RowState& st, const TileMask& tm, int t,
+                            float (&factor)[2]) {
+  float neg_shift[2];
+  tile_max(p, s, st, tm, t, factor, neg_shift);
+  tile_exp(p, s, st, neg_shift);
 }
 
 /// o *= factor of its row; skipped when neither of the thread's rows moved its max (the
@@ -475,25 +493,27 @@ TS_DEVICE void mainloop_simple(const ts::AttentionParams& p, const Barriers& bs,
   }
 }
 
-/// Keeps the softmax of a tile ahead of the wgmma_wait<0> that follows it. To ptxas the wait is
-/// a scoreboard wait it may schedule anywhere after the commit, and it hoists it above the
-/// softmax arithmetic (the register fences of wgmma_fence_acc emit no PTX), which serialises
-/// the softmax behind the P V GEMM it was meant to overlap. A shared-memory store cannot cross
-/// the wait, so storing a value that depends on every P of the tile (the two row sums) keeps
-/// all of the tile's exponentials before it: one FADD and one STS per tile, into this thread's
-/// own word of Smem::sink (never read).
-TS_DEVICE void order_softmax_before_wait(float* sink, const RowState& st) {
-  *reinterpret_cast<volatile float*>(sink) = st.l[0] + st.l[1];
+/// Keeps the row maxima of a tile ahead of the wgmma_wait<0> that follows them. To ptxas the wait
+/// is a scoreboard wait it may schedule anywhere after the commit, and it hoists it above the
+/// max chains (the register fences of wgmma_fence_acc emit no PTX), so the warpgroup would wait
+/// for the P V GEMM before doing any of the tile's work. A shared-memory store cannot cross the
+/// wait, so storing a value that depends on both rows' maxima keeps the chains before it: one
+/// FADD and one STS per tile, into this thread's own word of Smem::sink (never read).
+TS_DEVICE void order_max_before_wait(float* sink, const float (&neg_shift)[2]) {
+  *reinterpret_cast<volatile float*>(sink) = neg_shift[0] + neg_shift[1];
 }
 
-/// Whether the overlapped loop uses order_softmax_before_wait: two consumers only. With three
-/// (D = 64), where a third warpgroup already fills the tensor cores' gaps, it cost ~2% (H200,
-/// runs 9-11 in bench/NOTES.md).
-constexpr bool kOrderSoftmaxBeforeWait = kConsumers == 2;
+/// Whether the overlapped loop uses order_max_before_wait: everywhere but the split-KV variants
+/// of three consumers (D = 64), where the store made ptxas spill (4 bytes in the masked one);
+/// there the wait may come before the maxima, which then run while nothing else is in flight.
+constexpr bool kOrderMaxBeforeWait = kConsumers == 2 || !kSplit;
 
 /// Software-pipelined: while the tensor cores run S(t) = Q K(t)^T and O += P(t+1) V(t+1), the
-/// warpgroup waits only for S(t), computes softmax(t), then waits for the P V GEMM before
-/// rescaling O. The consumers take turns issuing each pair of GEMMs.
+/// warpgroup waits for S(t), finds its row maxima, then waits for the P V GEMM, rescales O and
+/// computes P(t) = 2^(S - m), packing each pair into the A fragments as it goes (FlashAttention-3's
+/// order: the packs fill the issue slots between the MUFU exponentials, ~1169 -> ~1052 scheduled
+/// cycles per key tile at d128; H200 run 93: 0.5-1% over the order that computed every exponential
+/// before the wait and packed after it). The consumers take turns issuing each pair of GEMMs.
 TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers& bs, Ring& ring, RowState& st,
                                    float (&o)[kORegs], const TileMask& tm, int t0, int t1, uint32_t q_base,
                                    uint32_t smem_base, uint32_t my_turn, uint32_t next_turn, bool warp_leader,
@@ -528,15 +548,16 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
     ts::named_barrier_arrive(next_turn, kTurnThreads);
     ts::wgmma_wait<1>();  // S(t) done; P V of the previous tile may still run
     ts::wgmma_fence_acc(s);
-    float factor[2];
-    softmax_tile(p, s, st, tm, t, factor);
-    if (kOrderSoftmaxBeforeWait) order_softmax_before_wait(sink, st);
+    float factor[2], neg_shift[2];
+    tile_max(p, s, st, tm, t, factor, neg_shift);
+    if (kOrderMaxBeforeWait) order_max_before_wait(sink, neg_shift);
     ts::wgmma_wait<0>();
     ts::wgmma_fence_acc(o);
     ts::mbar_arrive_if(&bs.empty_k[ring.slot], warp_leader);
     ts::mbar_arrive_if(bs.empty_q, warp_leader && t == t0);
     ts::mbar_arrive_if(&bs.empty_v[prev_slot], warp_leader);
     rescale_o(o, factor);
+    tile_exp(p, s, st, neg_shift);
     pack_p(s, pa);
     prev_slot = ring.slot;
     prev_phase = ring.phase;

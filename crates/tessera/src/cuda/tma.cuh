@@ -3,7 +3,8 @@
 //
 // Defines: ts::TensorMap (the 128-byte CUtensorMap, built on the host by cuTensorMapEncodeTiled
 //          and passed inside a `__grid_constant__` kernel parameter), ts::tma_prefetch_map,
-//          ts::tma_load_4d, ts::tma_store_4d, ts::tma_store_commit, ts::tma_store_wait_all.
+//          ts::tma_load_4d (optionally with an L2 cache policy: ts::L2Evict, ts::l2_policy),
+//          ts::tma_store_4d, ts::tma_store_commit, ts::tma_store_wait_all.
 //
 // Coordinates are element indices per tensor-map dimension, innermost first; boxes that run past
 // the tensor's extent are zero-filled on load and clipped on store. The shared-memory tile must
@@ -40,6 +41,33 @@ TS_DEVICE void tma_load_4d(void* dst, const TensorMap* map, uint64_t* bar, int c
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+/// Which lines an L2 cache policy evicts early: kLast for data many CTAs re-read (attention's K
+/// and V), kFirst for data read once.
+enum class L2Evict { kFirst, kLast };
+
+/// An L2 cache policy for tma_load_4d (createpolicy.fractional with fraction 1: it applies to
+/// every line the copy brings in).
+template <L2Evict kEvict>
+TS_DEVICE uint64_t l2_policy() {
+  uint64_t policy;
+  if constexpr (kEvict == L2Evict::kLast) {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  }
+  return policy;
+}
+
+/// tma_load_4d with an L2 cache policy (l2_policy).
+TS_DEVICE void tma_load_4d(void* dst, const TensorMap* map, uint64_t* bar, int c0, int c1, int c2, int c3,
+                           uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(policy)
       : "memory");
 }
 
