@@ -223,11 +223,12 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   ts::tma_prefetch_map(&hp.v_map);
   Ring ring;
   uint32_t q_phase = 0;
-  // L2 policies: every CTA of a section re-reads the K/V tiles of its heads, each Q tile is
-  // read once (H200 run 93: with the loop order of mainloop_overlapped, ~0.3% on causal N = 8192
-  // and level elsewhere; FlashAttention-3 loads the same way).
+  // L2 policies: every CTA of a section re-reads the K/V tiles of its heads, and without split-KV
+  // each Q tile is read once (with it, once per split, by neighbouring items: the default
+  // policy). H200 run 93: with the loop order of mainloop_overlapped, ~0.3% on causal N = 8192
+  // and level elsewhere; FlashAttention-3 loads the same way.
   const uint64_t kv_policy = ts::l2_policy<ts::L2Evict::kLast>();
-  const uint64_t q_policy = ts::l2_policy<ts::L2Evict::kFirst>();
+  const uint64_t q_policy = ts::l2_policy<kSplit ? ts::L2Evict::kNormal : ts::L2Evict::kFirst>();
   int w = blockIdx.x;
   while (w < hp.work_items) {
     const Work wk = decode_work(hp, w);
@@ -430,7 +431,7 @@ TS_DEVICE void rescale_o(float (&o)[kORegs], const float (&factor)[2]) {
   for (int i = 0; i < kORegs; ++i) o[i] *= factor[(i % 4) / 2];
 }
 
-/// P (S registers after softmax_tile) packed to Elem pairs: the A fragments of O += P V.
+/// P (S registers after tile_exp) packed to Elem pairs: the A fragments of O += P V.
 TS_DEVICE void pack_p(const float (&s)[kSRegs], uint32_t (&pa)[kPSteps][4]) {
 #pragma unroll
   for (int kk = 0; kk < kPSteps; ++kk) {
@@ -509,11 +510,12 @@ TS_DEVICE void order_max_before_wait(float* sink, const float (&neg_shift)[2]) {
 constexpr bool kOrderMaxBeforeWait = kConsumers == 2 || !kSplit;
 
 /// Software-pipelined: while the tensor cores run S(t) = Q K(t)^T and O += P(t+1) V(t+1), the
-/// warpgroup waits for S(t), finds its row maxima, then waits for the P V GEMM, rescales O and
-/// computes P(t) = 2^(S - m), packing each pair into the A fragments as it goes (FlashAttention-3's
-/// order: the packs fill the issue slots between the MUFU exponentials, ~1169 -> ~1052 scheduled
-/// cycles per key tile at d128; H200 run 93: 0.5-1% over the order that computed every exponential
-/// before the wait and packed after it). The consumers take turns issuing each pair of GEMMs.
+/// warpgroup waits for S(t), finds its row maxima, then waits for the P V GEMM, rescales O,
+/// computes P(t) = 2^(S - m) and packs it into the A fragments (FlashAttention-3's order: with the
+/// wait before the exponentials, ptxas interleaves the packs with them, in the issue slots the
+/// MUFU leaves free, instead of leaving 32 packs after the loop's last exponential: ~1169 -> ~1052
+/// scheduled cycles per key tile at d128; H200 run 93: 0.5-1% over the order that computed every
+/// exponential before the wait). The consumers take turns issuing each pair of GEMMs.
 TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers& bs, Ring& ring, RowState& st,
                                    float (&o)[kORegs], const TileMask& tm, int t0, int t1, uint32_t q_base,
                                    uint32_t smem_base, uint32_t my_turn, uint32_t next_turn, bool warp_leader,
@@ -553,6 +555,7 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
     if (kOrderMaxBeforeWait) order_max_before_wait(sink, neg_shift);
     ts::wgmma_wait<0>();
     ts::wgmma_fence_acc(o);
+    ts::wgmma_fence_operand(pa);  // P(t+1) retired: pack_p below may overwrite it
     ts::mbar_arrive_if(&bs.empty_k[ring.slot], warp_leader);
     ts::mbar_arrive_if(bs.empty_q, warp_leader && t == t0);
     ts::mbar_arrive_if(&bs.empty_v[prev_slot], warp_leader);

@@ -4,7 +4,7 @@
 // Defines: ts::TensorMap (the 128-byte CUtensorMap, built on the host by cuTensorMapEncodeTiled
 //          and passed inside a `__grid_constant__` kernel parameter), ts::tma_prefetch_map,
 //          ts::tma_load_4d (optionally with an L2 cache policy: ts::L2Evict, ts::l2_policy),
-//          ts::tma_store_4d, ts::tma_store_commit, ts::tma_store_wait_all.
+//          ts::tma_store_4d, ts::tma_store_commit, ts::tma_store_wait_read.
 //
 // Coordinates are element indices per tensor-map dimension, innermost first; boxes that run past
 // the tensor's extent are zero-filled on load and clipped on store. The shared-memory tile must
@@ -44,9 +44,9 @@ TS_DEVICE void tma_load_4d(void* dst, const TensorMap* map, uint64_t* bar, int c
       : "memory");
 }
 
-/// Which lines an L2 cache policy evicts early: kLast for data many CTAs re-read (attention's K
-/// and V), kFirst for data read once.
-enum class L2Evict { kFirst, kLast };
+/// The eviction priority an L2 cache policy gives the lines it covers: kLast for data many CTAs
+/// re-read (attention's K and V), kFirst for data read once, kNormal the default.
+enum class L2Evict { kFirst, kNormal, kLast };
 
 /// An L2 cache policy for tma_load_4d (createpolicy.fractional with fraction 1: it applies to
 /// every line the copy brings in).
@@ -55,8 +55,10 @@ TS_DEVICE uint64_t l2_policy() {
   uint64_t policy;
   if constexpr (kEvict == L2Evict::kLast) {
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  } else {
+  } else if constexpr (kEvict == L2Evict::kFirst) {
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
   }
   return policy;
 }

@@ -3,6 +3,7 @@
 // Defines: ts::wgmma_desc_sw128 (shared-memory matrix descriptor, 128-byte swizzle),
 //          ts::wgmma_desc_advance,
 //          ts::wgmma_fence, ts::wgmma_commit, ts::wgmma_wait<N>, ts::wgmma_fence_acc,
+//          ts::wgmma_fence_operand,
 //          ts::wgmma_ss<Elem, N, kTransB>, ts::wgmma_rs<Elem, N, kTransB> (m64nNk16, f32 +=
 //          Elem x Elem), ts::setmaxnreg_inc<R> / setmaxnreg_dec<R>.
 //
@@ -78,6 +79,17 @@ template <int R>
 TS_DEVICE void wgmma_fence_acc(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/// Pins the A-operand registers of wgmma_rs calls (K k-steps of 4 words): the compiler may not
+/// move their reads or writes across this point (place it after the wgmma_wait that retires them,
+/// before they are written again).
+template <int K>
+TS_DEVICE void wgmma_fence_operand(uint32_t (&a)[K][4]) {
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(a[k][q])::"memory");
 }
 
 /// D[64 x N] (+)= A B, A and B from shared memory (descriptors).
