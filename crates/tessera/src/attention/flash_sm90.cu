@@ -26,8 +26,9 @@
 //   WG0 (producer, 40 registers): one thread draws the work items, publishes them, loads the Q
 //     tile of each item once (after the consumers released the previous one) and the K and V
 //     tiles of its key range, newest first, into a kStages-deep ring (K and V with an
-//     evict-last L2 policy, Q evict-first); every load completes on a "full" mbarrier, every
-//     slot is handed back on an "empty" mbarrier (one arrival per consumer warp).
+//     evict-last L2 policy, Q evict-first unless split-KV reads it once per split); every load
+//     completes on a "full" mbarrier, every slot is handed back on an "empty" mbarrier (one
+//     arrival per consumer warp).
 //   WG1 .. WGc (c = kBlockM / 64 consumers, 232 registers each for two, 160 for three; the
 //     producer then keeps 40 or 32): rows 64 (i - 1) .. 64 i - 1 of the query tile. Per key tile:
 //     S = Q K^T (wgmma, both from shared memory), mask, online softmax in registers (log2 domain,
