@@ -94,8 +94,8 @@
 // slot), so every resident group works and faster groups take more rows. The plan takes the
 // claiming variant where the static schedule would leave many resident groups unused (plan.rs
 // split_claims_rows; H200, bench/NOTES.md run 87: +4% on fp16 256 x 262144, 43 of 49 groups
-// static, but 1-3.5% behind static where it uses every group). Workspace: three counters and rows * kCluster slots of
-// 32 bytes, zeroed once by the plan (tag 0 is never valid).
+// static, but 1-3.5% behind static where it uses every group). Workspace: three counters and
+// rows * kCluster slots of 32 bytes, zeroed once by the plan (tag 0 is never valid).
 
 #include "tessera/common.cuh"
 #include "tessera/dtype.cuh"

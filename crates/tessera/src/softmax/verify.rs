@@ -236,9 +236,9 @@ pub fn cases(quick: bool) -> Vec<Case> {
     // exchange slots (in the quick set too: the sanitizers see it).
     out.push(Case::long_rows(500, 40_000, 40_000, DType::F32, SoftmaxPath::SplitRow));
     // Split-row groups that claim their rows (plan.rs split_claims_rows: the static schedule
-    // would leave most resident groups unused): on an H200 133 rows over 132 groups (fp32 40000 columns)
-    // and 53 rows over 44 groups of 9 CTAs (fp16 262147 columns, padded rows), in the quick set
-    // too (the sanitizers see the claims and the slots that carry them).
+    // would leave most resident groups unused): on an H200 133 rows over 132 groups (fp32 40000
+    // columns) and 53 rows over 44 groups of 9 CTAs (fp16 262147 columns, padded rows), in the
+    // quick set too (the sanitizers see the claims and the slots that carry them).
     out.push(Case::long_rows(133, 40_000, 40_000, DType::F32, SoftmaxPath::SplitRow));
     out.push(Case::long_rows(53, 262_147, 262_152, DType::F16, SoftmaxPath::SplitRow));
     // The cluster exchange by st.async (clusters of 8: softmax_cluster.cu kAsyncExchange), in the
