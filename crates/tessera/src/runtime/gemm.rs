@@ -28,6 +28,7 @@ pub fn cublas_bf16_tflops(ctx: &Context, n: usize) -> Result<f64> {
         ctx,
         TimingOptions {
             warmup: 3,
+            warmup_ms: TimingOptions::default().warmup_ms,
             groups: 7,
             reps: Some(3),
         },

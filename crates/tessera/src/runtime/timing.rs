@@ -64,21 +64,41 @@ impl EventTimer {
     }
 }
 
-/// How a benchmark repeats its work.
+/// How a benchmark repeats its work. The Python baseline runner
+/// (`scripts/baselines/bench_common.py`, `time_ms`) follows the same rules, so that ours and the
+/// baselines are timed alike.
 #[derive(Clone, Copy, Debug)]
 pub struct TimingOptions {
-    /// Untimed calls before measuring (JIT, module load, clocks ramp-up). Default 5.
+    /// Untimed calls before measuring (JIT, module load), at least. Default 5.
     pub warmup: usize,
+    /// Device time the untimed calls must fill, at least, in milliseconds. Default 500. Under
+    /// sustained load an H200 holds its 700 W power cap by lowering the SM clock within ~100-200
+    /// ms (e.g. 1980 -> ~1600 MHz for the attention kernels; bench/NOTES.md run 100), so a short
+    /// warm-up times a kernel at boost clocks that it would not keep: a 3 ms kernel timed 13
+    /// times runs mostly before the cap acts, one timed 43 times mostly after. Warming up past
+    /// the cap's reaction measures every implementation in the same, steady state.
+    pub warmup_ms: f64,
     /// Timed groups; the result is the median of group means. Default 7.
     pub groups: usize,
-    /// Calls per group. Default: enough for ~2 ms per group, between 1 and 100.
+    /// Calls per group. Default: enough for ~2 ms per group, between [`MIN_REPS`] and
+    /// [`MAX_REPS`].
     pub reps: Option<usize>,
 }
+
+/// Fewest calls per timed group when [`TimingOptions::reps`] is `None`.
+pub const MIN_REPS: usize = 5;
+/// Most calls per timed group when [`TimingOptions::reps`] is `None`.
+pub const MAX_REPS: usize = 100;
+/// Device time per timed group the default group size aims at (ms).
+const TARGET_GROUP_MS: f64 = 2.0;
+/// Most warm-up batches: bounds the warm-up when a call takes no measurable time.
+const MAX_WARMUP_BATCHES: usize = 64;
 
 impl Default for TimingOptions {
     fn default() -> Self {
         TimingOptions {
             warmup: 5,
+            warmup_ms: 500.0,
             groups: 7,
             reps: None,
         }
@@ -95,33 +115,41 @@ pub struct Timing {
     pub reps: usize,
 }
 
-/// Times `f(i)` with CUDA events: warm-up, then `groups` groups of `reps` calls; `i` counts
-/// calls so the caller can rotate input sets to keep L2 from serving them.
+/// Times `f(i)` with CUDA events: warm-up (at least `warmup` calls and `warmup_ms` of device
+/// time, back to back), then `groups` groups of `reps` calls; `i` counts calls so the caller can
+/// rotate input sets to keep L2 from serving them.
 pub fn time_median(ctx: &Context, opts: TimingOptions, mut f: impl FnMut(usize) -> Result<()>) -> Result<Timing> {
-    let mut call = 0usize;
-    for _ in 0..opts.warmup.max(1) {
-        f(call)?;
-        call += 1;
-    }
     let timer = EventTimer::new(ctx)?;
+    let mut call = 0usize;
+    let batch = |n: usize, call: &mut usize, f: &mut dyn FnMut(usize) -> Result<()>| -> Result<f64> {
+        timer.start()?;
+        for _ in 0..n {
+            f(*call)?;
+            *call += 1;
+        }
+        timer.stop_ms()
+    };
+    // The first batch includes module loads and JIT on first use; later batches are sized from
+    // the last one's time per call to fill what is left of warmup_ms.
+    let first = opts.warmup.max(1);
+    let mut warm_ms = batch(first, &mut call, &mut f)?;
+    let mut per_call = (warm_ms / first as f64).max(1e-4);
+    for _ in 0..MAX_WARMUP_BATCHES {
+        if warm_ms >= opts.warmup_ms {
+            break;
+        }
+        let n = (((opts.warmup_ms - warm_ms) / per_call).ceil() as usize).clamp(1, 1000);
+        let t = batch(n, &mut call, &mut f)?;
+        warm_ms += t;
+        per_call = (t / n as f64).max(1e-4);
+    }
     let reps = match opts.reps {
         Some(r) => r.max(1),
-        None => {
-            timer.start()?;
-            f(call)?;
-            call += 1;
-            let one = timer.stop_ms()?.max(1e-4);
-            ((2.0 / one).ceil() as usize).clamp(1, 100)
-        }
+        None => ((TARGET_GROUP_MS / per_call).ceil() as usize).clamp(MIN_REPS, MAX_REPS),
     };
     let mut group_ms = Vec::with_capacity(opts.groups);
     for _ in 0..opts.groups.max(1) {
-        timer.start()?;
-        for _ in 0..reps {
-            f(call)?;
-            call += 1;
-        }
-        group_ms.push(timer.stop_ms()? / reps as f64);
+        group_ms.push(batch(reps, &mut call, &mut f)? / reps as f64);
     }
     let mut sorted = group_ms.clone();
     sorted.sort_by(|a, b| a.total_cmp(b));
@@ -143,6 +171,7 @@ pub fn copy_bandwidth_gbps(ctx: &Context, bytes: usize) -> Result<f64> {
         ctx,
         TimingOptions {
             warmup: 3,
+            warmup_ms: TimingOptions::default().warmup_ms,
             groups: 7,
             reps: Some(5),
         },
