@@ -94,7 +94,13 @@ constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
 static_assert(kBlockM % kConsumerRows == 0 && (kConsumers == 2 || kConsumers == 3),
               "two or three consumer warpgroups of 64 rows");
 static_assert(kThreads == 128 * (1 + kConsumers), "one producer warpgroup and the consumers");
-static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= 65536, "register file");
+// The budgets must fit the registers the CTA holds from its launch, not just the register file:
+// __launch_bounds__(kThreads, 1) gives each thread 65536 / kThreads rounded down to a multiple
+// of 8 (168 for 384 threads), and setmaxnreg.inc waits until decreases elsewhere in the CTA have
+// freed enough of them, so a larger sum hangs the consumers (bench/NOTES.md run 107).
+constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * kLaunchRegs,
+              "setmaxnreg budgets exceed the registers held at launch");
 static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "compiled head dim: multiple of 64, <= 256");
 static_assert(kBlockN == 64 || kBlockN == 128, "key tile: 64 or 128");
 static_assert(sizeof(Elem) == 2, "f16 or bf16");
