@@ -121,25 +121,30 @@ pub struct Timing {
 pub fn time_median(ctx: &Context, opts: TimingOptions, mut f: impl FnMut(usize) -> Result<()>) -> Result<Timing> {
     let timer = EventTimer::new(ctx)?;
     let mut call = 0usize;
-    let batch = |n: usize, call: &mut usize, f: &mut dyn FnMut(usize) -> Result<()>| -> Result<f64> {
+    run_schedule(opts, |n| {
         timer.start()?;
         for _ in 0..n {
-            f(*call)?;
-            *call += 1;
+            f(call)?;
+            call += 1;
         }
         timer.stop_ms()
-    };
+    })
+}
+
+/// The schedule of [`time_median`] over `batch(n)`, which makes `n` back-to-back calls and
+/// returns their elapsed milliseconds.
+fn run_schedule(opts: TimingOptions, mut batch: impl FnMut(usize) -> Result<f64>) -> Result<Timing> {
     // The first batch includes module loads and JIT on first use; later batches are sized from
     // the last one's time per call to fill what is left of warmup_ms.
     let first = opts.warmup.max(1);
-    let mut warm_ms = batch(first, &mut call, &mut f)?;
+    let mut warm_ms = batch(first)?;
     let mut per_call = (warm_ms / first as f64).max(1e-4);
     for _ in 0..MAX_WARMUP_BATCHES {
         if warm_ms >= opts.warmup_ms {
             break;
         }
         let n = (((opts.warmup_ms - warm_ms) / per_call).ceil() as usize).clamp(1, 1000);
-        let t = batch(n, &mut call, &mut f)?;
+        let t = batch(n)?;
         warm_ms += t;
         per_call = (t / n as f64).max(1e-4);
     }
@@ -149,7 +154,7 @@ pub fn time_median(ctx: &Context, opts: TimingOptions, mut f: impl FnMut(usize) 
     };
     let mut group_ms = Vec::with_capacity(opts.groups);
     for _ in 0..opts.groups.max(1) {
-        group_ms.push(batch(reps, &mut call, &mut f)? / reps as f64);
+        group_ms.push(batch(reps)? / reps as f64);
     }
     let mut sorted = group_ms.clone();
     sorted.sort_by(|a, b| a.total_cmp(b));
@@ -184,4 +189,99 @@ pub fn copy_bandwidth_gbps(ctx: &Context, bytes: usize) -> Result<f64> {
         },
     )?;
     Ok(2.0 * bytes as f64 / (t.median_ms * 1e-3) / 1e9)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake device: every call takes `ms` except the first, which takes `first_ms` (module
+    /// load); records the batch sizes and the total device time.
+    struct Fake {
+        ms: f64,
+        first_ms: f64,
+        calls: usize,
+        batches: Vec<usize>,
+        elapsed: f64,
+    }
+
+    impl Fake {
+        fn new(ms: f64, first_ms: f64) -> Fake {
+            Fake {
+                ms,
+                first_ms,
+                calls: 0,
+                batches: Vec::new(),
+                elapsed: 0.0,
+            }
+        }
+        fn batch(&mut self, n: usize) -> Result<f64> {
+            let mut t = 0.0;
+            for _ in 0..n {
+                t += if self.calls == 0 { self.first_ms } else { self.ms };
+                self.calls += 1;
+            }
+            self.batches.push(n);
+            self.elapsed += t;
+            Ok(t)
+        }
+    }
+
+    #[test]
+    fn warms_up_for_the_device_time_then_times_groups_of_about_2_ms() {
+        let opts = TimingOptions::default();
+        let mut fake = Fake::new(0.25, 30.0);
+        let t = run_schedule(opts, |n| fake.batch(n)).unwrap();
+        let timed: usize = t.reps * opts.groups;
+        let warm_ms = fake.elapsed - timed as f64 * 0.25;
+        assert!(warm_ms >= opts.warmup_ms, "warm-up {warm_ms} ms");
+        // The JIT spike of the first call does not shrink the later warm-up batches to nothing.
+        assert!(warm_ms < opts.warmup_ms + 40.0, "warm-up {warm_ms} ms");
+        assert_eq!(t.reps, 8); // 2 ms / 0.25 ms
+        assert_eq!(t.group_ms.len(), 7);
+        assert!((t.median_ms - 0.25).abs() < 1e-12);
+    }
+
+    #[test]
+    fn group_size_stays_within_its_bounds() {
+        let long = run_schedule(TimingOptions::default(), |n| Ok(n as f64 * 15.0)).unwrap();
+        assert_eq!(long.reps, MIN_REPS);
+        let short = run_schedule(TimingOptions::default(), |n| Ok(n as f64 * 0.001)).unwrap();
+        assert_eq!(short.reps, MAX_REPS);
+        let fixed = TimingOptions {
+            reps: Some(3),
+            ..TimingOptions::default()
+        };
+        assert_eq!(run_schedule(fixed, |n| Ok(n as f64)).unwrap().reps, 3);
+    }
+
+    #[test]
+    fn calls_that_take_no_time_still_end() {
+        let mut batches = 0;
+        let t = run_schedule(TimingOptions::default(), |_| {
+            batches += 1;
+            Ok(0.0)
+        })
+        .unwrap();
+        assert!(batches <= 1 + MAX_WARMUP_BATCHES + 7);
+        assert_eq!(t.median_ms, 0.0);
+    }
+
+    #[test]
+    fn a_slow_call_is_not_repeated_just_to_fill_the_warm_up() {
+        // 600 ms per call: the warm-up's first batch (5 calls) already exceeds 500 ms.
+        let mut fake = Fake::new(600.0, 600.0);
+        let t = run_schedule(TimingOptions::default(), |n| fake.batch(n)).unwrap();
+        assert_eq!(fake.batches[0], 5);
+        assert_eq!(fake.batches[1], t.reps);
+        assert_eq!(t.reps, MIN_REPS);
+    }
+
+    #[test]
+    fn errors_propagate() {
+        let r = run_schedule(TimingOptions::default(), |_| {
+            Err(crate::error::Error::invalid("x", "boom"))
+        });
+        assert!(r.is_err());
+    }
 }
