@@ -13,11 +13,12 @@ shape of DESIGN.md: {"case", "params", "impl", "ms", "tflops", "gbps", "extra_mi
 When torch or CUDA is unavailable OUT.json is {"missing": reason} and the exit status is still 0.
 
 Timing (the rules of tessera's own timing, crates/tessera/src/runtime/timing.rs): a warm-up of
-at least 3 calls (and one pass over the input sets) and at least WARMUP_MS of device time, so
-that the board's power cap has lowered the clock to where sustained load keeps it (an H200 does
-so within ~100-200 ms; bench/NOTES.md run 100); then CUDA events around 5-100 calls per group
-(about 2 ms), 7 groups, median of the group means. The calls rotate among enough input buffers that they span more
-than 2x the L2 cache (60 MB on H200), so the cache is not what gets measured.
+3 calls (at least one pass over the input sets; loads, JIT, plans), then at least WARMUP_MS of
+device time, so that the board's power cap has lowered the clock to where sustained load keeps
+it (an H200 does so within ~100-200 ms; bench/NOTES.md run 100); then CUDA events around 5-100
+calls per group (about 2 ms), 7 groups, median of the group means. The calls rotate among
+enough input buffers that they span more than 2x the L2 cache (60 MB on H200), so the cache is
+not what gets measured.
 """
 
 import json
@@ -113,11 +114,12 @@ def time_ms(fn, inputs):
         end.synchronize()
         return start.elapsed_time(end)
 
-    # warm-up: compile/load kernels, then fill WARMUP_MS of device time (the first batch
-    # includes the loads; later ones are sized from the last one's time per call)
+    # warm-up: compile/load kernels and build plans (the first batch: host time the events count
+    # while the device idles, so it does not count towards WARMUP_MS), then fill WARMUP_MS of
+    # device time (batches sized from the last one's time per call)
     first = max(3, n)
-    warm = batch(first)
-    per_call = max(warm / first, 1e-4)
+    per_call = max(batch(first) / first, 1e-4)
+    warm = 0.0
     for _ in range(MAX_WARMUP_BATCHES):
         if warm >= WARMUP_MS:
             break
