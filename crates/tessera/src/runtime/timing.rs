@@ -72,12 +72,12 @@ pub struct TimingOptions {
     /// Untimed calls first (JIT, module load, plans). Default 5.
     pub warmup: usize,
     /// Device time the untimed calls after those must fill, at least, in milliseconds. Default
-    /// 500. Under
-    /// sustained load an H200 holds its 700 W power cap by lowering the SM clock within ~100-200
-    /// ms (e.g. 1980 -> ~1600 MHz for the attention kernels; bench/NOTES.md run 100), so a short
-    /// warm-up times a kernel at boost clocks that it would not keep: a 3 ms kernel timed 13
-    /// times runs mostly before the cap acts, one timed 43 times mostly after. Warming up past
-    /// the cap's reaction measures every implementation in the same, steady state.
+    /// 500. Under sustained load an H200 holds its 700 W power cap by lowering the SM clock
+    /// within ~100-200 ms (e.g. 1980 -> ~1600 MHz for the attention kernels; bench/NOTES.md run
+    /// 100), so a short warm-up times a kernel at boost clocks that it would not keep: a 3 ms
+    /// kernel timed 13 times runs mostly before the cap acts, one timed 43 times mostly after.
+    /// Warming up past the cap's reaction measures every implementation in the same, steady
+    /// state.
     pub warmup_ms: f64,
     /// Timed groups; the result is the median of group means. Default 7.
     pub groups: usize,
