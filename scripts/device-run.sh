@@ -29,7 +29,8 @@
 # --flashinfer-jit, so the next run loads them instead of compiling).
 #
 # Environment: TESSERA_BIN (default .bundle/bin/tessera), TESSERA_STEP_TIMEOUT (seconds per
-# step, 0 = none; a hung step is then killed and counted as failed), PYTHON (default python3),
+# step, 0 = none; a hung step is then killed and counted as failed), TESSERA_BENCH_ROUNDS
+# (`bench --rounds N`: N passes of ours and the baselines, each row the median pass), PYTHON (default python3),
 # FLASHINFER_WORKSPACE_BASE (FlashInfer's JIT cache; default .bundle/flashinfer-jit), and
 # bench_attention.py's TESSERA_BASELINE_IMPLS, TESSERA_FLASHINFER_ALL=1 (FlashInfer on every
 # attention case, not only the seed table's), TESSERA_FLASHINFER_MAX_JIT (default 4).
@@ -173,7 +174,8 @@ run_step info "$LOG" "$BIN" info || failed+=("info")
 if [[ $cli_ops == 1 ]]; then
     run_step verify "$LOG" "$BIN" verify "${OPS[@]}" || failed+=("verify")
     if [[ $bench == 1 ]]; then
-        run_step bench "$LOG" "$BIN" bench "${OPS[@]}" --baselines --json "$OUTDIR" || failed+=("bench")
+        run_step bench "$LOG" "$BIN" bench "${OPS[@]}" --baselines --json "$OUTDIR" \
+            ${TESSERA_BENCH_ROUNDS:+--rounds "$TESSERA_BENCH_ROUNDS"} || failed+=("bench")
     fi
 fi
 

@@ -65,7 +65,8 @@ enum Command {
         #[arg(long)]
         filter: Vec<String>,
     },
-    /// Times operators against their baselines (CUDA events, median of 7 groups).
+    /// Times operators against their baselines (CUDA events, median of 7 groups; with --rounds,
+    /// the median of several passes).
     Bench {
         /// Operators (default: all).
         ops: Vec<String>,
@@ -84,6 +85,11 @@ enum Command {
         filter: Option<String>,
         #[arg(long)]
         seed: Option<u64>,
+        /// Repeat ours and the baselines this many times, in turn, and report each row's median
+        /// round (every round's time goes into the JSON as `rounds_ms`): one pass can catch a
+        /// baseline in a slow or fast spell of the board's power management.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+        rounds: u32,
         #[arg(long, default_value_t = 0)]
         device: usize,
     },
@@ -120,6 +126,7 @@ fn main() -> ExitCode {
             baselines,
             filter,
             seed,
+            rounds,
             device,
         }) => {
             let args = BenchArgs {
@@ -129,6 +136,7 @@ fn main() -> ExitCode {
                 baselines,
                 filter,
                 seed,
+                rounds: rounds as usize,
             };
             with_device(device).and_then(|ctx| bench(&ctx, &args, &command_line))
         }
@@ -420,6 +428,8 @@ struct BenchArgs {
     baselines: bool,
     filter: Option<String>,
     seed: Option<u64>,
+    /// Passes of ours and the baselines (at least 1), merged by report::merge_rounds.
+    rounds: usize,
 }
 
 fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool> {
@@ -430,8 +440,9 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
         baselines,
         filter,
         seed,
+        rounds,
     } = args;
-    let (quick, baselines) = (*quick, *baselines);
+    let (quick, baselines, rounds) = (*quick, *baselines, (*rounds).max(1));
     let ops = ops::select(ops)?;
     let seed = seed_or_default(*seed)?;
     println!("bench: device {} ({}), seed {seed}", ctx.info().name, ctx.arch());
@@ -461,46 +472,57 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
             .into_iter()
             .filter(|j| matches_filter(&j.name, filter.as_deref()))
             .collect();
-        let pb = progress(jobs.len(), &format!("bench {op}"));
-        for (i, job) in jobs.iter().enumerate() {
-            pb.set_message(job.name.clone());
-            match (job.run)(ctx, seed.wrapping_add(i as u64), TimingOptions::default()) {
-                Ok(o) => {
-                    report.verify.passed += 1;
-                    let mut row = BenchRow::new(o.case, o.params, o.implementation);
-                    row.ms = Some(o.ms);
-                    row.gbps = o.gbps;
-                    row.tflops = o.tflops;
-                    row.extra_mib = o.extra_mib;
-                    row.max_abs_err = o.max_abs_err;
-                    row.rel_l2 = o.rel_l2;
-                    report.rows.push(row);
-                }
-                Err(e) => {
-                    all_ok = false;
-                    report.verify.failed += 1;
-                    pb.suspend(|| eprintln!("bench: {}: {e}", job.name));
-                }
-            }
-            let _ = ctx.trim_pool();
-            pb.inc(1);
-        }
-        pb.finish_and_clear();
         let impls = ops::baseline_impls(op);
-        if baselines {
-            let cases: Vec<(String, serde_json::Value)> = jobs.iter().filter_map(|j| j.baseline.clone()).collect();
-            let script = report::baseline_script(ops::baseline_script(op));
-            let python: Vec<&str> = impls
-                .iter()
-                .copied()
-                .filter(|i| !ops::IN_PROCESS_IMPLS.contains(i))
-                .collect();
-            println!("bench: running baselines {python:?} for {op} with {}", script.display());
-            match report::run_python_baseline(&script, op, &cases) {
-                report::BaselineOutcome::Rows(rows) => report.rows.extend(rows),
-                report::BaselineOutcome::Missing(why) => println!("bench: baselines for {op} missing: {why}"),
+        let mut round_rows = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            let mut rows = Vec::new();
+            let what = if rounds > 1 {
+                format!("bench {op} round {}/{rounds}", round + 1)
+            } else {
+                format!("bench {op}")
+            };
+            let pb = progress(jobs.len(), &what);
+            for (i, job) in jobs.iter().enumerate() {
+                pb.set_message(job.name.clone());
+                match (job.run)(ctx, seed.wrapping_add(i as u64), TimingOptions::default()) {
+                    Ok(o) => {
+                        report.verify.passed += 1;
+                        let mut row = BenchRow::new(o.case, o.params, o.implementation);
+                        row.ms = Some(o.ms);
+                        row.gbps = o.gbps;
+                        row.tflops = o.tflops;
+                        row.extra_mib = o.extra_mib;
+                        row.max_abs_err = o.max_abs_err;
+                        row.rel_l2 = o.rel_l2;
+                        rows.push(row);
+                    }
+                    Err(e) => {
+                        all_ok = false;
+                        report.verify.failed += 1;
+                        pb.suspend(|| eprintln!("bench: {}: {e}", job.name));
+                    }
+                }
+                let _ = ctx.trim_pool();
+                pb.inc(1);
             }
+            pb.finish_and_clear();
+            if baselines {
+                let cases: Vec<(String, serde_json::Value)> = jobs.iter().filter_map(|j| j.baseline.clone()).collect();
+                let script = report::baseline_script(ops::baseline_script(op));
+                let python: Vec<&str> = impls
+                    .iter()
+                    .copied()
+                    .filter(|i| !ops::IN_PROCESS_IMPLS.contains(i))
+                    .collect();
+                println!("bench: running baselines {python:?} for {op} with {}", script.display());
+                match report::run_python_baseline(&script, op, &cases) {
+                    report::BaselineOutcome::Rows(r) => rows.extend(r),
+                    report::BaselineOutcome::Missing(why) => println!("bench: baselines for {op} missing: {why}"),
+                }
+            }
+            round_rows.push(rows);
         }
+        report.rows = report::merge_rounds(round_rows);
         println!(
             "\n{op} on {} (ratio = baseline ms / ours ms; > 1 means tessera is faster)",
             ctx.info().name

@@ -74,6 +74,10 @@ pub struct BenchRow {
     /// How the number was obtained, when that is not the obvious way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// With `bench --rounds N` (N > 1): every round's `ms`, in round order (`None` where that
+    /// round failed); the row's own fields are those of the round with the median time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rounds_ms: Option<Vec<Option<f64>>>,
 }
 
 impl BenchRow {
@@ -92,8 +96,55 @@ impl BenchRow {
             error: None,
             missing: None,
             note: None,
+            rounds_ms: None,
         }
     }
+}
+
+/// Merges the rows of several rounds of one operator's benchmark (ours and the baselines, each
+/// round in the same order) into one row per (case, impl), in the order of first appearance:
+/// the row of the round with the median time (the lower middle one for an even count of
+/// measured rounds), with every round's time in `rounds_ms`. A (case, impl) that no round
+/// measured keeps its first round's row (its error or missing reason). One round: unchanged.
+pub fn merge_rounds(rounds: Vec<Vec<BenchRow>>) -> Vec<BenchRow> {
+    let n = rounds.len();
+    if n <= 1 {
+        return rounds.into_iter().next().unwrap_or_default();
+    }
+    let mut keys: Vec<(String, String)> = Vec::new();
+    let mut per_key: std::collections::HashMap<(String, String), Vec<Option<BenchRow>>> =
+        std::collections::HashMap::new();
+    for (r, rows) in rounds.into_iter().enumerate() {
+        for row in rows {
+            let key = (row.case.clone(), row.r#impl.clone());
+            let slots = per_key.entry(key.clone()).or_insert_with(|| {
+                keys.push(key);
+                vec![None; n]
+            });
+            if slots[r].is_none() {
+                slots[r] = Some(row);
+            }
+        }
+    }
+    keys.into_iter()
+        .map(|key| {
+            let slots = per_key.remove(&key).unwrap_or_default();
+            let times: Vec<Option<f64>> = slots.iter().map(|s| s.as_ref().and_then(|r| r.ms)).collect();
+            let mut measured: Vec<(f64, usize)> = times
+                .iter()
+                .enumerate()
+                .filter_map(|(i, t)| t.map(|t| (t, i)))
+                .collect();
+            measured.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let pick = match measured.get(measured.len().saturating_sub(1) / 2) {
+                Some(&(_, i)) => i,
+                None => slots.iter().position(|s| s.is_some()).unwrap_or(0),
+            };
+            let mut row = slots.into_iter().nth(pick).flatten().expect("a round with this row");
+            row.rounds_ms = Some(times);
+            row
+        })
+        .collect()
 }
 
 impl BenchReport {
@@ -1148,5 +1199,63 @@ mod tests {
         let d = utc_now_iso8601();
         assert_eq!(d.len(), 20, "{d}");
         assert!(d.starts_with("20") && d.ends_with('Z'), "{d}");
+    }
+
+    fn timed(case: &str, imp: &str, ms: Option<f64>) -> BenchRow {
+        let mut r = BenchRow::new(case, serde_json::json!({}), imp);
+        r.ms = ms;
+        r.tflops = ms.map(|m| 100.0 / m);
+        if ms.is_none() {
+            r.error = Some(format!("{imp} failed"));
+        }
+        r
+    }
+
+    #[test]
+    fn one_round_is_left_as_it_is() {
+        let rows = vec![timed("a", "tessera", Some(1.0)), timed("a", "torch", Some(2.0))];
+        assert_eq!(merge_rounds(vec![rows.clone()]), rows);
+        assert!(merge_rounds(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn rounds_merge_to_the_median_rounds_row_in_first_appearance_order() {
+        let rounds = vec![
+            vec![timed("a", "tessera", Some(1.0)), timed("a", "torch", Some(2.4))],
+            vec![
+                timed("a", "tessera", Some(1.2)),
+                timed("b", "tessera", Some(5.0)),
+                timed("a", "torch", Some(2.0)),
+            ],
+            vec![timed("a", "tessera", Some(1.1)), timed("a", "torch", None)],
+        ];
+        let merged = merge_rounds(rounds);
+        let keys: Vec<(&str, &str)> = merged.iter().map(|r| (r.case.as_str(), r.r#impl.as_str())).collect();
+        assert_eq!(keys, [("a", "tessera"), ("a", "torch"), ("b", "tessera")]);
+        // ours: 1.0, 1.2, 1.1 -> the round of 1.1, with that round's other fields.
+        assert_eq!(merged[0].ms, Some(1.1));
+        assert_eq!(merged[0].tflops, Some(100.0 / 1.1));
+        assert_eq!(merged[0].rounds_ms, Some(vec![Some(1.0), Some(1.2), Some(1.1)]));
+        // torch measured twice (2.4, 2.0; failed once): the lower middle, 2.0; no error carried.
+        assert_eq!(merged[1].ms, Some(2.0));
+        assert_eq!(merged[1].error, None);
+        assert_eq!(merged[1].rounds_ms, Some(vec![Some(2.4), Some(2.0), None]));
+        // b only in round 2.
+        assert_eq!(merged[2].ms, Some(5.0));
+        assert_eq!(merged[2].rounds_ms, Some(vec![None, Some(5.0), None]));
+    }
+
+    #[test]
+    fn a_row_no_round_measured_keeps_its_reason() {
+        let rounds = vec![vec![timed("a", "torch", None)], vec![timed("a", "torch", None)]];
+        let merged = merge_rounds(rounds);
+        assert_eq!(merged.len(), 1);
+        assert_eq!(merged[0].ms, None);
+        assert_eq!(merged[0].error.as_deref(), Some("torch failed"));
+        assert_eq!(merged[0].rounds_ms, Some(vec![None, None]));
+        let json = serde_json::to_string(&merged[0]).unwrap();
+        assert!(json.contains("\"rounds_ms\":[null,null]"), "{json}");
+        let single = serde_json::to_string(&timed("a", "torch", Some(1.0))).unwrap();
+        assert!(!single.contains("rounds_ms"), "{single}");
     }
 }
