@@ -30,9 +30,9 @@
 #
 # Environment: TESSERA_BIN (default .bundle/bin/tessera), TESSERA_STEP_TIMEOUT (seconds per
 # step, 0 = none; a hung step is then killed and counted as failed), TESSERA_BENCH_ROUNDS
-# (`bench --rounds N`: N passes of ours and the baselines, each row the median pass), PYTHON (default python3),
-# FLASHINFER_WORKSPACE_BASE (FlashInfer's JIT cache; default .bundle/flashinfer-jit), and
-# bench_attention.py's TESSERA_BASELINE_IMPLS, TESSERA_FLASHINFER_ALL=1 (FlashInfer on every
+# (`bench --rounds N`: N passes of ours and the baselines, each row the median pass), PYTHON
+# (default python3), FLASHINFER_WORKSPACE_BASE (FlashInfer's JIT cache; default
+# .bundle/flashinfer-jit), and bench_attention.py's TESSERA_BASELINE_IMPLS, TESSERA_FLASHINFER_ALL=1 (FlashInfer on every
 # attention case, not only the seed table's), TESSERA_FLASHINFER_MAX_JIT (default 4).
 set -uo pipefail
 export PYTHONUNBUFFERED=1

@@ -473,6 +473,13 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
             .filter(|j| matches_filter(&j.name, filter.as_deref()))
             .collect();
         let impls = ops::baseline_impls(op);
+        let baseline_cases: Vec<(String, serde_json::Value)> = jobs.iter().filter_map(|j| j.baseline.clone()).collect();
+        let script = report::baseline_script(ops::baseline_script(op));
+        let python: Vec<&str> = impls
+            .iter()
+            .copied()
+            .filter(|i| !ops::IN_PROCESS_IMPLS.contains(i))
+            .collect();
         let mut round_rows = Vec::with_capacity(rounds);
         for round in 0..rounds {
             let mut rows = Vec::new();
@@ -507,15 +514,8 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
             }
             pb.finish_and_clear();
             if baselines {
-                let cases: Vec<(String, serde_json::Value)> = jobs.iter().filter_map(|j| j.baseline.clone()).collect();
-                let script = report::baseline_script(ops::baseline_script(op));
-                let python: Vec<&str> = impls
-                    .iter()
-                    .copied()
-                    .filter(|i| !ops::IN_PROCESS_IMPLS.contains(i))
-                    .collect();
                 println!("bench: running baselines {python:?} for {op} with {}", script.display());
-                match report::run_python_baseline(&script, op, &cases) {
+                match report::run_python_baseline(&script, op, &baseline_cases) {
                     report::BaselineOutcome::Rows(r) => rows.extend(r),
                     report::BaselineOutcome::Missing(why) => println!("bench: baselines for {op} missing: {why}"),
                 }

@@ -127,8 +127,8 @@ pub fn merge_rounds(rounds: Vec<Vec<BenchRow>>) -> Vec<BenchRow> {
         }
     }
     keys.into_iter()
-        .map(|key| {
-            let slots = per_key.remove(&key).unwrap_or_default();
+        .filter_map(|key| {
+            let slots = per_key.remove(&key)?;
             let times: Vec<Option<f64>> = slots.iter().map(|s| s.as_ref().and_then(|r| r.ms)).collect();
             let mut measured: Vec<(f64, usize)> = times
                 .iter()
@@ -140,9 +140,9 @@ pub fn merge_rounds(rounds: Vec<Vec<BenchRow>>) -> Vec<BenchRow> {
                 Some(&(_, i)) => i,
                 None => slots.iter().position(|s| s.is_some()).unwrap_or(0),
             };
-            let mut row = slots.into_iter().nth(pick).flatten().expect("a round with this row");
+            let mut row = slots.into_iter().nth(pick).flatten()?;
             row.rounds_ms = Some(times);
-            row
+            Some(row)
         })
         .collect()
 }

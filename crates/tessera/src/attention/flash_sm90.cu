@@ -369,6 +369,10 @@ constexpr bool kIntraOverlap = false;
 /// tile_exp).
 constexpr bool kLazyRescale = kConsumers == 2 && !kSoftcap;
 
+/// The factor that takes a tile's S to log2-domain logits in tile_max (row maxima) and tile_exp:
+/// the softmax scale, or 1 with a softcap (tile_max has applied the scale and the cap to S then).
+TS_DEVICE float exp_scale(const ts::AttentionParams& p) { return kSoftcap ? 1.0f : p.scale_log2; }
+
 /// First half of the online softmax of key tile t: masks S (softcap first), moves each row's
 /// reference max and rescales its l. Returns the factors 2^(m_old - m_new) that the output
 /// accumulator must be multiplied by (exactly 1 where the reference max stayed) and the shifts
@@ -376,7 +380,7 @@ constexpr bool kLazyRescale = kConsumers == 2 && !kSoftcap;
 TS_DEVICE void tile_max(const ts::AttentionParams& p, float (&s)[kSRegs], RowState& st, const TileMask& tm, int t,
                         float (&factor)[2], float (&neg_shift)[2]) {
   const int lane = threadIdx.x % 32;
-  const float scale = kSoftcap ? 1.0f : p.scale_log2;
+  const float scale = exp_scale(p);
   if (kSoftcap) {
 #pragma unroll
     for (int i = 0; i < kSRegs; ++i) s[i] = ts::attn_score_log2(p, s[i]);
@@ -411,7 +415,7 @@ TS_DEVICE void tile_max(const ts::AttentionParams& p, float (&s)[kSRegs], RowSta
 
 /// Second half: turns S into P = 2^(S * scale - m) in place and adds it to the row sums l.
 TS_DEVICE void tile_exp(const ts::AttentionParams& p, float (&s)[kSRegs], RowState& st, const float (&neg_shift)[2]) {
-  const float scale = kSoftcap ? 1.0f : p.scale_log2;
+  const float scale = exp_scale(p);
 #pragma unroll
   for (int i = 0; i < kSRegs; ++i) {
     const int r = (i % 4) / 2;

@@ -3,7 +3,7 @@
 //
 // Defines: ts::TensorMap (the 128-byte CUtensorMap, built on the host by cuTensorMapEncodeTiled
 //          and passed inside a `__grid_constant__` kernel parameter), ts::tma_prefetch_map,
-//          ts::tma_load_4d (optionally with an L2 cache policy: ts::L2Evict, ts::l2_policy),
+//          ts::tma_load_4d (with an L2 cache policy: ts::L2Evict, ts::l2_policy),
 //          ts::tma_store_4d, ts::tma_store_commit, ts::tma_store_wait_read.
 //
 // Coordinates are element indices per tensor-map dimension, innermost first; boxes that run past
@@ -34,22 +34,12 @@ TS_DEVICE void tma_prefetch_map(const TensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
-/// Copies the box at (c0, c1, c2, c3) of a 4-D tensor map into shared `dst`; its bytes complete
-/// on `bar`.
-TS_DEVICE void tma_load_4d(void* dst, const TensorMap* map, uint64_t* bar, int c0, int c1, int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-      : "memory");
-}
-
 /// The eviction priority an L2 cache policy gives the lines it covers: kLast for data many CTAs
 /// re-read (attention's K and V), kFirst for data read once, kNormal the default.
 enum class L2Evict { kFirst, kNormal, kLast };
 
 /// An L2 cache policy for tma_load_4d (createpolicy.fractional with fraction 1: it applies to
-/// every line the copy brings in).
+/// every line the copy brings in; kNormal for a copy with no preference).
 template <L2Evict kEvict>
 TS_DEVICE uint64_t l2_policy() {
   uint64_t policy;
@@ -63,7 +53,8 @@ TS_DEVICE uint64_t l2_policy() {
   return policy;
 }
 
-/// tma_load_4d with an L2 cache policy (l2_policy).
+/// Copies the box at (c0, c1, c2, c3) of a 4-D tensor map into shared `dst`; its bytes complete
+/// on `bar`; the lines it brings into L2 take `policy` (l2_policy).
 TS_DEVICE void tma_load_4d(void* dst, const TensorMap* map, uint64_t* bar, int c0, int c1, int c2, int c3,
                            uint64_t policy) {
   asm volatile(
