@@ -6,7 +6,7 @@ run `python3 scripts/gen_wgmma.py` after changing the shapes or dtypes below.
 """
 import pathlib
 
-SHAPES = [64, 128, 192, 256]
+SHAPES = [64, 128, 176, 192, 256]
 TYPES = [("f16", "f16"), ("bf16", "bf16")]
 
 out = [

@@ -113,6 +113,7 @@ fn attention_options(
         path,
         num_splits: None,
         sm80_block_n: None,
+        hopper_block_n: None,
         sm80_heads_per_section: None,
     })
 }

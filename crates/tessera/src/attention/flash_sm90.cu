@@ -3,7 +3,8 @@
 //
 // Preamble (attention/plan.rs, Variant::spec): Elem, kHeadDim (64, 128, 192 or 256; the real D is
 // p.head_dim, the tensor maps zero-fill columns past it and the epilogue never stores them),
-// kBlockM (64 query rows per consumer warpgroup: 128 or 192), kBlockN (keys per tile), kThreads
+// kBlockM (64 query rows per consumer warpgroup: 128 or 192), kBlockN (keys per tile: 128 at
+// D = 64, 128 or 176 at D = 128 as hopper::choose_block_n picks, 64 beyond), kThreads
 // (128 per warpgroup: 384 or 512),
 // kStages (K/V ring depth), kMasked, kSoftcap, kSplit.
 //
@@ -102,7 +103,8 @@ constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
 static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * kLaunchRegs,
               "setmaxnreg budgets exceed the registers held at launch");
 static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "compiled head dim: multiple of 64, <= 256");
-static_assert(kBlockN == 64 || kBlockN == 128, "key tile: 64 or 128");
+static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 176 && kHeadDim == 128),
+              "key tile: 64 or 128, or 176 at D = 128");
 static_assert(sizeof(Elem) == 2, "f16 or bf16");
 static_assert(sizeof(ts::AttentionParams) == 248, "AttentionParams layout (plan.rs)");
 static_assert(sizeof(HopperParams) == 704, "HopperParams layout (hopper.rs)");

@@ -46,17 +46,84 @@ pub fn head_dim(d: usize) -> u32 {
     (d.max(1).div_ceil(64) * 64) as u32
 }
 
-/// Tiles for a compiled head dim: `(block_m, block_n, threads, stages)`.
+/// Keys per tile of the long-key tiling of compiled head dim 128 (FlashAttention-3's
+/// non-causal D = 128 tile): fewer softmax steps and turn hand-overs per key than 128.
+pub const LONG_BLOCK_N: u32 = 176;
+
+/// Key tiles (`block_n`) the Hopper kernel has for a compiled head dim: 128 or
+/// [`LONG_BLOCK_N`] at D = 128 ([`choose_block_n`] picks), one elsewhere.
+pub fn block_n_choices(head_dim: u32) -> &'static [u32] {
+    match head_dim {
+        0..=64 => &[128],
+        65..=128 => &[128, LONG_BLOCK_N],
+        _ => &[64],
+    }
+}
+
+/// Tiles for a compiled head dim and one of its [`block_n_choices`]: `(block_m, block_n,
+/// threads, stages)`.
 ///
 /// D = 64 runs three consumer warpgroups (192-row query tiles, 160 registers each): with half
 /// the GEMM work of D = 128 per key tile, the exponentials dominate and a third warpgroup's
-/// softmax fills the tensor cores' idle time. Larger D need the registers of two.
-pub fn tiles(head_dim: u32) -> (u32, u32, u32, u32) {
+/// softmax fills the tensor cores' idle time. Larger D need the registers of two. The 176-key
+/// tiles of D = 128 keep two K/V stages (208 KiB of shared memory).
+pub fn tiles(head_dim: u32, block_n: u32) -> (u32, u32, u32, u32) {
+    debug_assert!(block_n_choices(head_dim).contains(&block_n), "d {head_dim} n {block_n}");
     match head_dim {
         0..=64 => (192, 128, threads(192), 3),
-        65..=128 => (128, 128, threads(128), 2),
+        65..=128 => (128, block_n, threads(128), 2),
         _ => (128, 64, threads(128), 2),
     }
+}
+
+/// Per-key time of the 176-key tiling relative to 128 where both process the same keys (H200,
+/// bench/NOTES.md run 108: non-causal N = 8192 and causal N = 32768, whose padding is <= 1%,
+/// ran 2-3% faster).
+const LONG_TILE_KEY_COST: f64 = 0.97;
+
+/// The key tile for a problem of compiled head dim `head_dim`: at D = 128, [`LONG_BLOCK_N`]
+/// where the keys it processes (each query tile's visible key range rounded out to whole key
+/// tiles, summed over the query tiles of a sequence) cost less than 98.5% of what the 128-key
+/// tiles process; 128 otherwise. The wider tile pads more at the causal diagonal and at the
+/// sequence end, so short and causal sequences keep 128: on the H200 (run 108) 176 won 3.1% at
+/// causal N = 32768, 1.4% at 16384, 2.1% non-causal at 8192, and lost 1-6% at causal N <= 4096.
+/// Variable-length batches keep 128 (the plan knows only their longest sequence; mixed lengths
+/// lost 1.1%). `window` is [`AttentionOptions::window_for`]'s (`-1` = unbounded).
+pub fn choose_block_n(head_dim: u32, seqlen_q: usize, seqlen_k: usize, window: (i32, i32), varlen: bool) -> u32 {
+    let choices = block_n_choices(head_dim);
+    if varlen || !choices.contains(&LONG_BLOCK_N) {
+        return choices[0];
+    }
+    let (block_m, ..) = tiles(head_dim, choices[0]);
+    let long = padded_keys(seqlen_q, seqlen_k, window, block_m as usize, LONG_BLOCK_N as usize);
+    let short = padded_keys(seqlen_q, seqlen_k, window, block_m as usize, choices[0] as usize);
+    if short > 0 && LONG_TILE_KEY_COST * long as f64 <= 0.985 * short as f64 {
+        LONG_BLOCK_N
+    } else {
+        choices[0]
+    }
+}
+
+/// Keys the kernel processes for one sequence: per query tile of `block_m` rows, its visible
+/// keys (as flash_sm90.cu's key_tiles) rounded out to key tiles of `block_n`.
+fn padded_keys(seqlen_q: usize, seqlen_k: usize, window: (i32, i32), block_m: usize, block_n: usize) -> u64 {
+    let shift = seqlen_k as i64 - seqlen_q as i64;
+    let (left, right) = (window.0 as i64, window.1 as i64);
+    let mut keys = 0u64;
+    for m0 in (0..seqlen_q).step_by(block_m) {
+        let last = (m0 + block_m).min(seqlen_q) as i64 - 1;
+        let lo = if left < 0 { 0 } else { (m0 as i64 + shift - left).max(0) };
+        let hi = if right < 0 {
+            seqlen_k as i64
+        } else {
+            (last + shift + right + 1).min(seqlen_k as i64)
+        };
+        if hi > lo {
+            let b = block_n as i64;
+            keys += ((hi + b - 1) / b - lo / b) as u64 * block_n as u64;
+        }
+    }
+    keys
 }
 
 /// Debugging knob: with `TESSERA_ATTN_HOPPER_SIMPLE=1` in the environment the Hopper kernel is
@@ -253,12 +320,51 @@ mod tests {
     #[test]
     fn tiles_fit_in_shared_memory() {
         for d in [64, 128, 192, 256] {
-            let (m, n, _, s) = tiles(d);
-            assert!(shared_bytes(m, n, s, d) <= 227 * 1024, "d {d}");
+            for &n in block_n_choices(d) {
+                let (m, n, _, s) = tiles(d, n);
+                assert!(shared_bytes(m, n, s, d) <= 227 * 1024, "d {d} n {n}");
+            }
         }
         assert_eq!(head_dim(80), 128);
         assert_eq!(head_dim(64), 64);
         assert_eq!(head_dim(200), 256);
+    }
+
+    #[test]
+    fn long_key_tiles_where_they_pay() {
+        let causal = (-1, 0);
+        let full = (-1, -1);
+        // The measured shapes (run 108): long causal and non-causal sequences take 176 ...
+        assert_eq!(choose_block_n(128, 16384, 16384, causal, false), LONG_BLOCK_N);
+        assert_eq!(choose_block_n(128, 32768, 32768, causal, false), LONG_BLOCK_N);
+        assert_eq!(choose_block_n(128, 8192, 8192, full, false), LONG_BLOCK_N);
+        // ... short causal ones, varlen batches and the other head dims keep their tile.
+        for n in [512, 1024, 2048, 4096, 8192] {
+            assert_eq!(choose_block_n(128, n, n, causal, false), 128, "n {n}");
+        }
+        assert_eq!(choose_block_n(128, 8192, 8192, causal, true), 128);
+        assert_eq!(choose_block_n(64, 32768, 32768, causal, false), 128);
+        assert_eq!(choose_block_n(256, 32768, 32768, causal, false), 64);
+        // Padding decides: 4096 keys pad 3% to 4224, 5632 = 32 x 176 not at all.
+        assert_eq!(choose_block_n(128, 4096, 4096, full, false), 128);
+        assert_eq!(choose_block_n(128, 5632, 5632, full, false), LONG_BLOCK_N);
+        // A narrow sliding window pads every query tile; decode-like rows too.
+        assert_eq!(choose_block_n(128, 32768, 32768, (256, 0), false), 128);
+        assert_eq!(choose_block_n(128, 1, 32768, full, false), LONG_BLOCK_N);
+        assert_eq!(choose_block_n(128, 0, 0, full, false), 128);
+    }
+
+    #[test]
+    fn padded_keys_follow_the_mask() {
+        // Causal 256 x 256, query tiles of 128: keys 0..128 and 0..256.
+        assert_eq!(padded_keys(256, 256, (-1, 0), 128, 128), 128 + 256);
+        assert_eq!(padded_keys(256, 256, (-1, 0), 128, 176), 176 + 352);
+        // Bottom-right alignment: 128 queries over 1000 keys see all 1000 (8 tiles of 128).
+        assert_eq!(padded_keys(128, 1000, (-1, 0), 128, 128), 1024);
+        // Window (100, 0) at 256 x 256: tile 1 (rows 128..255) sees keys 28..255.
+        assert_eq!(padded_keys(256, 256, (100, 0), 128, 128), 128 + 256);
+        // Window (10, 0) at 1000 x 1000: one key tile for the first query tile, two for the rest.
+        assert_eq!(padded_keys(1000, 1000, (10, 0), 128, 128), 15 * 128);
     }
 
     #[test]

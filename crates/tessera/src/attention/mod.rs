@@ -104,6 +104,11 @@ pub struct AttentionOptions {
     /// `Some(n)` (n >= 1) forces sections of n, for tests and benchmarks. The Hopper kernel
     /// ignores it.
     pub sm80_heads_per_section: Option<usize>,
+    /// Keys per tile of the Hopper kernel for head dims 65..=128: `None` lets the plan choose
+    /// ([`hopper::choose_block_n`]: 176 for long sequences, 128 otherwise); `Some(128)` or
+    /// `Some(176)` forces it, for tests and benchmarks. An error for other head dims or values;
+    /// the Ampere kernel ignores it.
+    pub hopper_block_n: Option<u32>,
 }
 
 impl Default for AttentionOptions {
@@ -119,6 +124,7 @@ impl Default for AttentionOptions {
             num_splits: None,
             sm80_block_n: None,
             sm80_heads_per_section: None,
+            hopper_block_n: None,
         }
     }
 }

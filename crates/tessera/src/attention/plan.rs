@@ -386,6 +386,19 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
             ));
         }
     }
+    if let Some(n) = o.hopper_block_n {
+        let dc = hopper::head_dim(d);
+        let choices = hopper::block_n_choices(dc);
+        if choices.len() < 2 || !choices.contains(&n) {
+            return Err(Error::invalid(
+                "hopper_block_n",
+                format!(
+                    "hopper_block_n must be 128 or {} and applies to head dims 65..=128, got {n} at D = {d}",
+                    hopper::LONG_BLOCK_N
+                ),
+            ));
+        }
+    }
     if o.sm80_heads_per_section == Some(0) {
         return Err(Error::invalid(
             "sm80_heads_per_section",
@@ -438,7 +451,16 @@ impl AttentionPlan {
         let (head_dim, (block_m, block_n, threads, stages)) = match path {
             AttentionPath::Hopper => {
                 let d = hopper::head_dim(problem.head_dim);
-                (d, hopper::tiles(d))
+                let block_n = options.hopper_block_n.unwrap_or_else(|| {
+                    hopper::choose_block_n(
+                        d,
+                        problem.seqlen_q,
+                        problem.seqlen_k,
+                        options.window_for(problem.seqlen_q, problem.seqlen_k),
+                        problem.varlen.is_some(),
+                    )
+                });
+                (d, hopper::tiles(d, block_n))
             }
             _ => {
                 let d = compiled_head_dim(problem.head_dim);
@@ -964,7 +986,10 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
         if arch.major == 9 && arch.minor == 0 {
             for head_dim in (64..=256).step_by(64) {
                 push(AttentionPath::Hopper, dtype, head_dim, &|_| {
-                    vec![hopper::tiles(head_dim)]
+                    hopper::block_n_choices(head_dim)
+                        .iter()
+                        .map(|&n| hopper::tiles(head_dim, n))
+                        .collect()
                 });
             }
         }

@@ -348,6 +348,21 @@ fn option_rules() {
         64,
     ));
     assert!(e.contains("sm80_heads_per_section") && e.contains(">= 1"), "{e}");
+    let hkeys = |n| AttentionOptions {
+        hopper_block_n: Some(n),
+        ..ok
+    };
+    for d in [65, 100, 128] {
+        validate_options(&hkeys(128), d).unwrap();
+        validate_options(&hkeys(176), d).unwrap();
+    }
+    for (d, n) in [(128, 64), (128, 192), (64, 176), (64, 128), (192, 176), (256, 64)] {
+        let e = err_text(validate_options(&hkeys(n), d));
+        assert!(
+            e.contains("hopper_block_n") && e.contains("128 or 176") && e.contains("65..=128"),
+            "{e}"
+        );
+    }
     let e = err_text(validate_options(&keys(48, 0.0), 128));
     assert!(e.contains("sm80_block_n") && e.contains("32 or 64"), "{e}");
     for (d, softcap) in [(64, 0.0), (136, 0.0), (128, 30.0)] {

@@ -85,6 +85,8 @@ pub struct Case {
     pub sm80_block_n: Option<u32>,
     /// The Ampere kernel's forced work-order sections (AttentionOptions::sm80_heads_per_section).
     pub sm80_heads_per_section: Option<usize>,
+    /// The Hopper kernel's forced key tile (AttentionOptions::hopper_block_n).
+    pub hopper_block_n: Option<u32>,
     pub return_lse: bool,
 }
 
@@ -110,6 +112,7 @@ impl Default for Case {
             num_splits: None,
             sm80_block_n: None,
             sm80_heads_per_section: None,
+            hopper_block_n: None,
             return_lse: true,
         }
     }
@@ -164,7 +167,7 @@ impl Case {
             Some(n) => s += &format!(" splits{n}"),
             None => s += " splits-auto",
         }
-        if let Some(n) = self.sm80_block_n {
+        if let Some(n) = self.sm80_block_n.or(self.hopper_block_n) {
             s += &format!(" keys{n}");
         }
         if let Some(n) = self.sm80_heads_per_section {
@@ -192,6 +195,7 @@ impl Case {
             "window": [self.window.0, self.window.1], "softcap": self.softcap, "scale": self.scale,
             "num_splits": self.num_splits, "sm80_block_n": self.sm80_block_n,
             "sm80_heads_per_section": self.sm80_heads_per_section,
+            "hopper_block_n": self.hopper_block_n,
             "return_lse": self.return_lse,
         })
     }
@@ -209,6 +213,7 @@ impl Case {
             num_splits: self.num_splits,
             sm80_block_n: self.sm80_block_n,
             sm80_heads_per_section: self.sm80_heads_per_section,
+            hopper_block_n: self.hopper_block_n,
         }
     }
 
@@ -709,6 +714,75 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
                 lengths: Some(vec![(300, 300), (0, 5), (17, 400), (128, 128)]),
                 causal: true,
                 ..keys32.clone()
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            v.push((c, i == 2));
+        }
+    }
+
+    // The Hopper kernel's 176-key tiles for 64 < D <= 128 (what the plan picks for long
+    // sequences, forced here on short ones): key counts off the tile (tails inside and past the
+    // last tile), causal with Nq != Nk, a sliding window with all-masked rows, GQA, forced splits,
+    // softcap, varlen with empty sequences, both dtypes.
+    if path == AttentionPath::Hopper {
+        let keys176 = Case {
+            hopper_block_n: Some(super::hopper::LONG_BLOCK_N),
+            head_dim: 128,
+            ..base.clone()
+        };
+        for (i, c) in [
+            Case {
+                heads_q: 8,
+                heads_kv: 2,
+                seqlen_q: 1000,
+                seqlen_k: 1000,
+                causal: true,
+                ..keys176.clone()
+            },
+            Case {
+                dtype: DType::BF16,
+                seqlen_q: 255,
+                seqlen_k: 700,
+                causal: true,
+                ..keys176.clone()
+            },
+            Case {
+                head_dim: 80,
+                seqlen_q: 300,
+                seqlen_k: 177,
+                causal: true,
+                ..keys176.clone()
+            },
+            Case {
+                dtype: DType::BF16,
+                seqlen_q: 600,
+                seqlen_k: 600,
+                window: (10, 3),
+                ..keys176.clone()
+            },
+            Case {
+                seqlen_q: 17,
+                seqlen_k: 2000,
+                num_splits: Some(3),
+                scale: Some(1.0),
+                ..keys176.clone()
+            },
+            Case {
+                dtype: DType::BF16,
+                seqlen_q: 300,
+                seqlen_k: 700,
+                softcap: 20.0,
+                causal: true,
+                ..keys176.clone()
+            },
+            Case {
+                batch: 4,
+                lengths: Some(vec![(300, 300), (0, 5), (17, 400), (176, 352)]),
+                causal: true,
+                ..keys176.clone()
             },
         ]
         .into_iter()

@@ -96,7 +96,7 @@ TS_DEVICE void wgmma_fence_operand(uint32_t (&a)[K][4]) {
 template <typename E, int N, int kTransB>
 TS_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   static_assert(is_same_v<E, f16> || is_same_v<E, bf16>, "wgmma_ss: f16 or bf16");
-  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "wgmma_ss: N in {64, 128, 192, 256}");
+  static_assert(N == 64 || N == 128 || N == 176 || N == 192 || N == 256, "wgmma_ss: N in {64, 128, 176, 192, 256}");
   constexpr bool h = is_same_v<E, f16>;
   if constexpr (N == 64) {
     if constexpr (h) wgmma_detail::m64n64k16_ss_f16<kTransB>(d, desc_a, desc_b, scale_d);
@@ -104,6 +104,9 @@ TS_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int
   } else if constexpr (N == 128) {
     if constexpr (h) wgmma_detail::m64n128k16_ss_f16<kTransB>(d, desc_a, desc_b, scale_d);
     else wgmma_detail::m64n128k16_ss_bf16<kTransB>(d, desc_a, desc_b, scale_d);
+  } else if constexpr (N == 176) {
+    if constexpr (h) wgmma_detail::m64n176k16_ss_f16<kTransB>(d, desc_a, desc_b, scale_d);
+    else wgmma_detail::m64n176k16_ss_bf16<kTransB>(d, desc_a, desc_b, scale_d);
   } else if constexpr (N == 192) {
     if constexpr (h) wgmma_detail::m64n192k16_ss_f16<kTransB>(d, desc_a, desc_b, scale_d);
     else wgmma_detail::m64n192k16_ss_bf16<kTransB>(d, desc_a, desc_b, scale_d);
@@ -117,7 +120,7 @@ TS_DEVICE void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int
 template <typename E, int N, int kTransB>
 TS_DEVICE void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
   static_assert(is_same_v<E, f16> || is_same_v<E, bf16>, "wgmma_rs: f16 or bf16");
-  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "wgmma_rs: N in {64, 128, 192, 256}");
+  static_assert(N == 64 || N == 128 || N == 176 || N == 192 || N == 256, "wgmma_rs: N in {64, 128, 176, 192, 256}");
   constexpr bool h = is_same_v<E, f16>;
   if constexpr (N == 64) {
     if constexpr (h) wgmma_detail::m64n64k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
@@ -125,6 +128,9 @@ TS_DEVICE void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc
   } else if constexpr (N == 128) {
     if constexpr (h) wgmma_detail::m64n128k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
     else wgmma_detail::m64n128k16_rs_bf16<kTransB>(d, a, desc_b, scale_d);
+  } else if constexpr (N == 176) {
+    if constexpr (h) wgmma_detail::m64n176k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
+    else wgmma_detail::m64n176k16_rs_bf16<kTransB>(d, a, desc_b, scale_d);
   } else if constexpr (N == 192) {
     if constexpr (h) wgmma_detail::m64n192k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
     else wgmma_detail::m64n192k16_rs_bf16<kTransB>(d, a, desc_b, scale_d);
