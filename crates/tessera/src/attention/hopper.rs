@@ -68,7 +68,12 @@ pub fn block_n_choices(head_dim: u32) -> &'static [u32] {
 /// softmax fills the tensor cores' idle time. Larger D need the registers of two. The 176-key
 /// tiles of D = 128 keep two K/V stages (208 KiB of shared memory).
 pub fn tiles(head_dim: u32, block_n: u32) -> (u32, u32, u32, u32) {
-    debug_assert!(block_n_choices(head_dim).contains(&block_n), "d {head_dim} n {block_n}");
+    // Callers pass a validated choice (validate_options, choose_block_n): a broken invariant,
+    // not user input.
+    assert!(
+        block_n_choices(head_dim).contains(&block_n),
+        "no Hopper tiling of {block_n} keys at D = {head_dim}"
+    );
     match head_dim {
         0..=64 => (192, 128, threads(192), 3),
         65..=128 => (128, block_n, threads(128), 2),
@@ -81,17 +86,26 @@ pub fn tiles(head_dim: u32, block_n: u32) -> (u32, u32, u32, u32) {
 /// ran 2-3% faster).
 const LONG_TILE_KEY_COST: f64 = 0.97;
 
-/// The key tile for a problem of compiled head dim `head_dim`: at D = 128, [`LONG_BLOCK_N`]
-/// where the keys it processes (each query tile's visible key range rounded out to whole key
-/// tiles, summed over the query tiles of a sequence) cost less than 98.5% of what the 128-key
-/// tiles process; 128 otherwise. The wider tile pads more at the causal diagonal and at the
-/// sequence end, so short and causal sequences keep 128: on the H200 (run 108) 176 won 3.1% at
-/// causal N = 32768, 1.4% at 16384, 2.1% non-causal at 8192, and lost 1-6% at causal N <= 4096.
-/// Variable-length batches keep 128 (the plan knows only their longest sequence; mixed lengths
-/// lost 1.1%). `window` is [`AttentionOptions::window_for`]'s (`-1` = unbounded).
+/// Fewest queries per sequence for which the plan considers [`LONG_BLOCK_N`]: the per-key gain
+/// was measured on long compute-bound sequences (N >= 8192); shorter query ranges (decode-like
+/// rows, split-KV) keep the 128-key tile, whose behaviour there is the measured one.
+pub const LONG_TILE_MIN_QUERIES: usize = 2048;
+
+/// The key tile for a problem of compiled head dim `head_dim`: at D = 128 with at least
+/// [`LONG_TILE_MIN_QUERIES`] queries per sequence, [`LONG_BLOCK_N`] where the keys it processes
+/// (each query tile's visible key range rounded out to whole key tiles, summed over the query
+/// tiles of a sequence) cost at most 98.5% of what the 128-key tiles process, at 0.97 of their
+/// cost per key; 128 otherwise. The wider tile pads more at the causal diagonal and at the
+/// sequence end: square causal sequences take 176 from N = 10241 on (some N in 9985 .. 10240
+/// already do, as the padding moves with N mod 128 and mod 176), non-causal ones wherever N's
+/// padding to 176 stays within ~1.5% of its padding to 128 (N = 5632 = 32 x 176 exactly, 4097;
+/// not 4096), so the choice alternates with N mod 176 at moderate N. On the H200 (run 108) 176 won 3.1% at causal N = 32768, 1.4% at
+/// 16384, 2.1% non-causal at 8192, and lost 1-6% at causal N <= 4096. Variable-length batches
+/// keep 128 (the plan knows only their longest sequence; mixed lengths lost 1.1%). `window` is
+/// [`AttentionOptions::window_for`]'s (`-1` = unbounded).
 pub fn choose_block_n(head_dim: u32, seqlen_q: usize, seqlen_k: usize, window: (i32, i32), varlen: bool) -> u32 {
     let choices = block_n_choices(head_dim);
-    if varlen || !choices.contains(&LONG_BLOCK_N) {
+    if varlen || seqlen_q < LONG_TILE_MIN_QUERIES || !choices.contains(&LONG_BLOCK_N) {
         return choices[0];
     }
     let (block_m, ..) = tiles(head_dim, choices[0]);
@@ -107,6 +121,10 @@ pub fn choose_block_n(head_dim: u32, seqlen_q: usize, seqlen_k: usize, window: (
 /// Keys the kernel processes for one sequence: per query tile of `block_m` rows, its visible
 /// keys (as flash_sm90.cu's key_tiles) rounded out to key tiles of `block_n`.
 fn padded_keys(seqlen_q: usize, seqlen_k: usize, window: (i32, i32), block_m: usize, block_n: usize) -> u64 {
+    if window == (-1, -1) {
+        // Every query tile sees every key (the loop below in closed form).
+        return seqlen_q.div_ceil(block_m) as u64 * seqlen_k.div_ceil(block_n) as u64 * block_n as u64;
+    }
     let shift = seqlen_k as i64 - seqlen_q as i64;
     let (left, right) = (window.0 as i64, window.1 as i64);
     let mut keys = 0u64;
@@ -345,13 +363,75 @@ mod tests {
         assert_eq!(choose_block_n(128, 8192, 8192, causal, true), 128);
         assert_eq!(choose_block_n(64, 32768, 32768, causal, false), 128);
         assert_eq!(choose_block_n(256, 32768, 32768, causal, false), 64);
-        // Padding decides: 4096 keys pad 3% to 4224, 5632 = 32 x 176 not at all.
+        // Around the causal switch-over (documented on choose_block_n).
+        assert_eq!(choose_block_n(128, 9216, 9216, causal, false), 128);
+        assert_eq!(choose_block_n(128, 12288, 12288, causal, false), LONG_BLOCK_N);
+        // Padding decides: 4096 keys pad 3% to 4224 (33 tiles of 128 hold 4097 .. 4224 keys
+        // as 24 of 176 do), 5632 = 32 x 176 not at all.
         assert_eq!(choose_block_n(128, 4096, 4096, full, false), 128);
+        assert_eq!(choose_block_n(128, 4097, 4097, full, false), LONG_BLOCK_N);
         assert_eq!(choose_block_n(128, 5632, 5632, full, false), LONG_BLOCK_N);
-        // A narrow sliding window pads every query tile; decode-like rows too.
+        assert_eq!(choose_block_n(128, 2112, 2112, full, false), LONG_BLOCK_N);
+        // A narrow sliding window pads every query tile.
         assert_eq!(choose_block_n(128, 32768, 32768, (256, 0), false), 128);
-        assert_eq!(choose_block_n(128, 1, 32768, full, false), LONG_BLOCK_N);
+        // Fewer queries than LONG_TILE_MIN_QUERIES (decode-like rows) keep 128.
+        assert_eq!(choose_block_n(128, 1, 32768, full, false), 128);
+        assert_eq!(choose_block_n(128, 2047, 32768, full, false), 128);
         assert_eq!(choose_block_n(128, 0, 0, full, false), 128);
+    }
+
+    /// padded_keys against a row-by-row construction from the mask's definition (query i sees
+    /// keys j with i + Nk - Nq - left <= j <= i + Nk - Nq + right, within 0..Nk).
+    #[test]
+    fn padded_keys_match_a_row_by_row_count() {
+        let reference = |nq: usize, nk: usize, (left, right): (i32, i32), bm: usize, bn: usize| -> u64 {
+            let mut keys = 0u64;
+            for m0 in (0..nq).step_by(bm) {
+                let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+                for i in m0..(m0 + bm).min(nq) {
+                    let d = i as i64 + nk as i64 - nq as i64;
+                    let first = if left < 0 { 0 } else { (d - left as i64).max(0) };
+                    let end = if right < 0 {
+                        nk as i64
+                    } else {
+                        (d + right as i64 + 1).min(nk as i64)
+                    };
+                    if end > first {
+                        lo = lo.min(first);
+                        hi = hi.max(end);
+                    }
+                }
+                if hi > lo {
+                    let b = bn as i64;
+                    keys += ((hi + b - 1) / b - lo / b) as u64 * bn as u64;
+                }
+            }
+            keys
+        };
+        let sizes = [1, 17, 127, 128, 129, 176, 300, 1000];
+        let windows = [
+            (-1, -1),
+            (-1, 0),
+            (0, 0),
+            (100, 0),
+            (10, 3),
+            (-1, 5),
+            (3, -1),
+            (500, 200),
+        ];
+        for &nq in &sizes {
+            for &nk in &sizes {
+                for &w in &windows {
+                    for (bm, bn) in [(128, 128), (128, 176), (192, 128)] {
+                        assert_eq!(
+                            padded_keys(nq, nk, w, bm, bn),
+                            reference(nq, nk, w, bm, bn),
+                            "nq {nq} nk {nk} window {w:?} tiles {bm} x {bn}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -361,8 +441,13 @@ mod tests {
         assert_eq!(padded_keys(256, 256, (-1, 0), 128, 176), 176 + 352);
         // Bottom-right alignment: 128 queries over 1000 keys see all 1000 (8 tiles of 128).
         assert_eq!(padded_keys(128, 1000, (-1, 0), 128, 128), 1024);
-        // Window (100, 0) at 256 x 256: tile 1 (rows 128..255) sees keys 28..255.
+        // Window (100, 0) at 256 x 256: tile 1 (rows 128..255) sees keys 28..255; at 1000 x
+        // 1000 the left edge drops whole key tiles (tile 7, rows 896..999, sees 796..999).
         assert_eq!(padded_keys(256, 256, (100, 0), 128, 128), 128 + 256);
+        assert_eq!(padded_keys(1000, 1000, (100, 0), 128, 128), 128 + 7 * 256);
+        // Causal 1000 queries over 100 keys (bottom-right): rows < 900 see nothing, so only
+        // the query tiles from 896 on count.
+        assert_eq!(padded_keys(1000, 100, (-1, 0), 128, 128), 128);
         // Window (10, 0) at 1000 x 1000: one key tile for the first query tile, two for the rest.
         assert_eq!(padded_keys(1000, 1000, (10, 0), 128, 128), 15 * 128);
     }

@@ -105,9 +105,9 @@ pub struct AttentionOptions {
     /// ignores it.
     pub sm80_heads_per_section: Option<usize>,
     /// Keys per tile of the Hopper kernel for head dims 65..=128: `None` lets the plan choose
-    /// ([`hopper::choose_block_n`]: 176 for long sequences, 128 otherwise); `Some(128)` or
-    /// `Some(176)` forces it, for tests and benchmarks. An error for other head dims or values;
-    /// the Ampere kernel ignores it.
+    /// ([`hopper::choose_block_n`]: 176 for long sequences of at least 2048 queries where its
+    /// padding costs little, 128 otherwise); `Some(128)` or `Some(176)` forces it, for tests
+    /// and benchmarks. An error for other head dims or values; the Ampere kernel ignores it.
     pub hopper_block_n: Option<u32>,
 }
 

@@ -950,7 +950,8 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
     // `tiles(softcap)` lists the tilings a variant may get. The Ampere kernel's depend on the
     // GPU's shared memory per SM: the one the arch's GPUs take (both for an arch not listed in
     // shared_per_sm_of), plus the 32-key tiling that AttentionOptions::sm80_block_n can force
-    // on any GPU (tests and benchmarks of the smaller GPUs' tiling on a Hopper).
+    // on any GPU (tests and benchmarks of the smaller GPUs' tiling on a Hopper). The Hopper
+    // kernel's: every key tile of hopper::block_n_choices (128 and 176 at D = 128).
     let mut push = |path, dtype, head_dim, tiles: &dyn Fn(bool) -> Vec<(u32, u32, u32, u32)>| {
         for (masked, softcap, split) in flags {
             for (block_m, block_n, threads, stages) in tiles(softcap) {
@@ -1059,6 +1060,25 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// CI compiles every Hopper tiling the plan can choose or be forced to, for every flag set.
+    #[test]
+    fn ci_variants_cover_every_hopper_tiling() {
+        let vs = ci_variants_for(Arch::SM90);
+        for d in [64, 128, 192, 256] {
+            for &n in hopper::block_n_choices(d) {
+                let count = vs
+                    .iter()
+                    .filter(|v| v.path == AttentionPath::Hopper && v.head_dim == d && v.block_n == n)
+                    .count();
+                // 2 dtypes x 8 (masked, softcap, split) flag sets.
+                assert_eq!(count, 16, "d {d} n {n}");
+            }
+        }
+        assert!(vs
+            .iter()
+            .any(|v| v.block_n == hopper::LONG_BLOCK_N && v.split && v.softcap));
     }
 
     /// Every Ampere tiling fits the 99 KiB opt-in shared memory of sm_86 / sm_89, and the

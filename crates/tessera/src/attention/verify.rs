@@ -790,6 +790,21 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
         {
             v.push((c, i == 2));
         }
+        // The plan's own choice of 176 (hopper::choose_block_n: 2112 = 12 x 176 keys pad to
+        // 17 x 128 = 2176 with the 128-key tiles).
+        v.push((
+            Case {
+                dtype: DType::BF16,
+                batch: 1,
+                heads_q: 2,
+                heads_kv: 2,
+                seqlen_q: 2112,
+                seqlen_k: 2112,
+                head_dim: 128,
+                ..base.clone()
+            },
+            false,
+        ));
     }
 
     // Softcap with a mask and no split (a distinct compiled variant: the cases above let the
