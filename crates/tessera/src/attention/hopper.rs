@@ -99,10 +99,11 @@ pub const LONG_TILE_MIN_QUERIES: usize = 2048;
 /// sequence end: square causal sequences take 176 from N = 10241 on (some N in 9985 .. 10240
 /// already do, as the padding moves with N mod 128 and mod 176), non-causal ones wherever N's
 /// padding to 176 stays within ~1.5% of its padding to 128 (N = 5632 = 32 x 176 exactly, 4097;
-/// not 4096), so the choice alternates with N mod 176 at moderate N. On the H200 (run 108) 176 won 3.1% at causal N = 32768, 1.4% at
-/// 16384, 2.1% non-causal at 8192, and lost 1-6% at causal N <= 4096. Variable-length batches
-/// keep 128 (the plan knows only their longest sequence; mixed lengths lost 1.1%). `window` is
-/// [`AttentionOptions::window_for`]'s (`-1` = unbounded).
+/// not 4096), so the choice alternates with N mod 176 at moderate N. On the H200 (run 108) 176
+/// won 3.1% at causal N = 32768, 1.4% at 16384, 2.1% non-causal at 8192, and lost 1-6% at
+/// causal N <= 4096. Variable-length batches keep 128 (the plan knows only their longest
+/// sequence; mixed lengths lost 1.1%). `window` is [`super::AttentionOptions::window_for`]'s (`-1` =
+/// unbounded).
 pub fn choose_block_n(head_dim: u32, seqlen_q: usize, seqlen_k: usize, window: (i32, i32), varlen: bool) -> u32 {
     let choices = block_n_choices(head_dim);
     if varlen || seqlen_q < LONG_TILE_MIN_QUERIES || !choices.contains(&LONG_BLOCK_N) {
