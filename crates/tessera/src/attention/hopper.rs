@@ -102,8 +102,8 @@ pub const LONG_TILE_MIN_QUERIES: usize = 2048;
 /// not 4096), so the choice alternates with N mod 176 at moderate N. On the H200 (run 108) 176
 /// won 3.1% at causal N = 32768, 1.4% at 16384, 2.1% non-causal at 8192, and lost 1-6% at
 /// causal N <= 4096. Variable-length batches keep 128 (the plan knows only their longest
-/// sequence; mixed lengths lost 1.1%). `window` is [`super::AttentionOptions::window_for`]'s (`-1` =
-/// unbounded).
+/// sequence; mixed lengths lost 1.1%). `window` is [`super::AttentionOptions::window_for`]'s
+/// (`-1` = unbounded).
 pub fn choose_block_n(head_dim: u32, seqlen_q: usize, seqlen_k: usize, window: (i32, i32), varlen: bool) -> u32 {
     let choices = block_n_choices(head_dim);
     if varlen || seqlen_q < LONG_TILE_MIN_QUERIES || !choices.contains(&LONG_BLOCK_N) {
