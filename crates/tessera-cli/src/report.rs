@@ -44,6 +44,8 @@ pub struct Roofline {
     pub bf16_tflops: Option<f64>,
 }
 
+/// Checks of our rows against the reference: with `bench --rounds N`, every round's (so N per
+/// case).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VerifySummary {
     pub passed: usize,

@@ -66,19 +66,21 @@ pub fn block_n_choices(head_dim: u32) -> &'static [u32] {
 /// D = 64 runs three consumer warpgroups (192-row query tiles, 160 registers each): with half
 /// the GEMM work of D = 128 per key tile, the exponentials dominate and a third warpgroup's
 /// softmax fills the tensor cores' idle time. Larger D need the registers of two. The 176-key
-/// tiles of D = 128 keep two K/V stages (208 KiB of shared memory).
-pub fn tiles(head_dim: u32, block_n: u32) -> (u32, u32, u32, u32) {
-    // Callers pass a validated choice (validate_options, choose_block_n): a broken invariant,
-    // not user input.
-    assert!(
-        block_n_choices(head_dim).contains(&block_n),
-        "no Hopper tiling of {block_n} keys at D = {head_dim}"
-    );
-    match head_dim {
+/// tiles of D = 128 keep two K/V stages (208 KiB of shared memory). An error for a `block_n`
+/// that is not one of the head dim's choices.
+pub fn tiles(head_dim: u32, block_n: u32) -> Result<(u32, u32, u32, u32), Error> {
+    let choices = block_n_choices(head_dim);
+    if !choices.contains(&block_n) {
+        return Err(Error::Unsupported(format!(
+            "the Hopper attention kernel has no tiling of {block_n} keys at compiled head dim {head_dim} \
+             (it has {choices:?})"
+        )));
+    }
+    Ok(match head_dim {
         0..=64 => (192, 128, threads(192), 3),
         65..=128 => (128, block_n, threads(128), 2),
         _ => (128, 64, threads(128), 2),
-    }
+    })
 }
 
 /// Per-key time of the 176-key tiling relative to 128 where both process the same keys (H200,
@@ -109,7 +111,10 @@ pub fn choose_block_n(head_dim: u32, seqlen_q: usize, seqlen_k: usize, window: (
     if varlen || seqlen_q < LONG_TILE_MIN_QUERIES || !choices.contains(&LONG_BLOCK_N) {
         return choices[0];
     }
-    let (block_m, ..) = tiles(head_dim, choices[0]);
+    // Every head dim's query tile is the same for each of its key tiles.
+    let Ok((block_m, ..)) = tiles(head_dim, choices[0]) else {
+        return choices[0];
+    };
     let long = padded_keys(seqlen_q, seqlen_k, window, block_m as usize, LONG_BLOCK_N as usize);
     let short = padded_keys(seqlen_q, seqlen_k, window, block_m as usize, choices[0] as usize);
     if short > 0 && LONG_TILE_KEY_COST * long as f64 <= 0.985 * short as f64 {
@@ -340,10 +345,12 @@ mod tests {
     fn tiles_fit_in_shared_memory() {
         for d in [64, 128, 192, 256] {
             for &n in block_n_choices(d) {
-                let (m, n, _, s) = tiles(d, n);
+                let (m, n, _, s) = tiles(d, n).unwrap();
                 assert!(shared_bytes(m, n, s, d) <= 227 * 1024, "d {d} n {n}");
             }
         }
+        assert!(matches!(tiles(128, 64), Err(Error::Unsupported(_))));
+        assert!(matches!(tiles(64, 176), Err(Error::Unsupported(_))));
         assert_eq!(head_dim(80), 128);
         assert_eq!(head_dim(64), 64);
         assert_eq!(head_dim(200), 256);

@@ -387,9 +387,9 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
         }
     }
     if let Some(n) = o.hopper_block_n {
-        let dc = hopper::head_dim(d);
-        let choices = hopper::block_n_choices(dc);
-        if choices.len() < 2 || !choices.contains(&n) {
+        // Only head dims that have the long tiling have a choice to force.
+        let choices = hopper::block_n_choices(hopper::head_dim(d));
+        if !choices.contains(&hopper::LONG_BLOCK_N) || !choices.contains(&n) {
             return Err(Error::invalid(
                 "hopper_block_n",
                 format!(
@@ -460,7 +460,7 @@ impl AttentionPlan {
                         problem.varlen.is_some(),
                     )
                 });
-                (d, hopper::tiles(d, block_n))
+                (d, hopper::tiles(d, block_n)?)
             }
             _ => {
                 let d = compiled_head_dim(problem.head_dim);
@@ -989,7 +989,7 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
                 push(AttentionPath::Hopper, dtype, head_dim, &|_| {
                     hopper::block_n_choices(head_dim)
                         .iter()
-                        .map(|&n| hopper::tiles(head_dim, n))
+                        .filter_map(|&n| hopper::tiles(head_dim, n).ok())
                         .collect()
                 });
             }

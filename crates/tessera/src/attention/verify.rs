@@ -725,8 +725,8 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
 
     // The Hopper kernel's 176-key tiles for 64 < D <= 128 (what the plan picks for long
     // sequences, forced here on short ones): key counts off the tile (tails inside and past the
-    // last tile), causal with Nq != Nk, a sliding window with all-masked rows, GQA, forced splits,
-    // softcap, varlen with empty sequences, both dtypes.
+    // last tile), causal with Nq < Nk and with Nq > Nk (all-masked rows), a sliding window, GQA,
+    // forced splits, softcap, varlen with empty sequences, both dtypes.
     if path == AttentionPath::Hopper {
         let keys176 = Case {
             hopper_block_n: Some(super::hopper::LONG_BLOCK_N),

@@ -28,9 +28,8 @@ pub fn cublas_bf16_tflops(ctx: &Context, n: usize) -> Result<f64> {
         ctx,
         TimingOptions {
             warmup: 3,
-            warmup_ms: TimingOptions::default().warmup_ms,
-            groups: 7,
             reps: Some(3),
+            ..TimingOptions::default()
         },
         |_| {
             // SAFETY: a, b, c hold n*n bf16 each; the handle is bound to the context's stream.

@@ -178,9 +178,8 @@ pub fn copy_bandwidth_gbps(ctx: &Context, bytes: usize) -> Result<f64> {
         ctx,
         TimingOptions {
             warmup: 3,
-            warmup_ms: TimingOptions::default().warmup_ms,
-            groups: 7,
             reps: Some(5),
+            ..TimingOptions::default()
         },
         |i| {
             if i % 2 == 0 {
