@@ -20,7 +20,7 @@
 // one head each from HBM. Items whose query tile starts past the sequence do nothing. The
 // producer hands each item to the consumers through the CTA's slot hp.work_slots[blockIdx.x],
 // written before the arrival on full_q that its Q tile completes (release / acquire through the
-// mbarrier); -1 ends. The slot is in global memory, not shared: compute-sanitizer racecheck does
+// mbarrier; CTA-scope relaxed store and load, which L1 may serve); -1 ends. The slot is in global memory, not shared: compute-sanitizer racecheck does
 // not model mbarrier or bar.arrive ordering of ordinary shared-memory data and would report it.
 //
 // Roles (warpgroup = 128 threads):
@@ -47,6 +47,7 @@
 //   one f32 per consumer thread (Smem::sink, see order_max_before_wait).
 #include "tessera/attention_params.cuh"
 #include "tessera/mbarrier.cuh"
+#include "tessera/memory_order.cuh"
 #include "tessera/online_softmax.cuh"
 #include "tessera/tma.cuh"
 #include "tessera/wgmma.cuh"
@@ -215,7 +216,7 @@ TS_DEVICE int finish_draw(const HopperParams& hp, unsigned draw) {
 TS_DEVICE void publish_work(const HopperParams& hp, uint64_t* empty_q, uint32_t& q_phase, int w) {
   ts::mbar_wait(empty_q, q_phase ^ 1);
   q_phase ^= 1;
-  *reinterpret_cast<volatile int*>(hp.work_slots + blockIdx.x) = w;
+  ts::st_relaxed_cta(hp.work_slots + blockIdx.x, w);
 }
 
 /// The producer (one thread).
@@ -602,7 +603,7 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
   // The last consumer lets consumer 0 issue first.
   if (wg == kConsumers - 1) ts::named_barrier_arrive(kTurnBarrier0, kTurnThreads);
 
-  const volatile int* work_slot = hp.work_slots + blockIdx.x;
+  const int* work_slot = hp.work_slots + blockIdx.x;
   Ring ring;
   uint32_t q_phase = 0;
   for (;;) {
@@ -610,7 +611,8 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
     // full_q (with the Q tile, or by a plain arrival when no key is visible or the work is done).
     ts::mbar_wait(full_q, q_phase);
     q_phase ^= 1;
-    const int w = *work_slot;
+    // CTA-scope load: full_q's acquire orders it after the producer's store (memory_order.cuh).
+    const int w = ts::ld_relaxed_cta(work_slot);
     if (w < 0) return;
     const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
