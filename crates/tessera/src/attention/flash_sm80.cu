@@ -83,6 +83,9 @@
 //      with the lazy branch its softcap and split variants spill at D = 32).
 //   5. The work order in sections of batch-heads (plan.rs sm80_head_group): H200 run 33,
 //      causal N = 32768 24.4 -> 23.5 ms (L2 hit rate 63% -> 96%).
+//   6. Sections also where only all heads' K/V together exceed L2 (the divisor of the heads
+//      nearest two waves), in the power-capped state: H200 run 118, 1.005-1.05x from causal
+//      N = 4096 up, non-causal, GQA and varlen.
 //   Shipped for 64 < D <= 128 without softcap on GPUs with >= 194 KiB of shared memory per SM
 //   (plan.rs sm80_tiles; softcap keeps 128 x 32 x 3 stages).
 // D = 64 (non-causal bf16 B=4 H=16 N=8192, bench/NOTES.md run 15): 8 warps x 16 rows over

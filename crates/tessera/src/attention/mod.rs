@@ -100,7 +100,7 @@ pub struct AttentionOptions {
     /// softcap, other values); the Hopper kernel ignores it.
     pub sm80_block_n: Option<u32>,
     /// Batch-heads per section of the Ampere kernel's work order: `None` lets the plan choose
-    /// ([`plan::sm80_head_group`]: sections only where a head's K/V exceeds a quarter of L2);
+    /// ([`plan::sm80_head_group`]: sections where the heads' K/V together exceed L2);
     /// `Some(n)` (n >= 1) forces sections of n, for tests and benchmarks. The Hopper kernel
     /// ignores it.
     pub sm80_heads_per_section: Option<usize>,

@@ -297,30 +297,58 @@ pub fn heads_for_waves(resident_ctas: usize, items_per_head: usize, max_heads: u
         .clamp(1, max_heads.max(1))
 }
 
-/// Batch-heads per section of the Ampere kernel's work order (flash_sm80.cu, `work_tile`).
-/// Where one head's K and V (`kv_bytes_per_head`) exceed a quarter of L2, the CTAs that run
-/// every head's same query tile together drift apart along their heads' keys faster than L2
-/// keeps them: then sections of the fewest heads that hold at least four times the CTAs the GPU
-/// holds at once (`resident_ctas`), so that within a section the longest causal tiles start
-/// first and the next section fills in behind them, while the CTAs running together read the
-/// K/V of few heads and L2 serves it to many of them. Otherwise (and with as few query tiles as
-/// 4 * resident / heads or fewer) one section: every head's same query tile together, globally
-/// longest first. H200, causal fp16 B=1 H=32 D=128 (bench/NOTES.md runs 33 and 40): N = 32768
-/// (16 MiB of K/V per head) 23.5-23.9 ms with sections of 4-8 heads against 24.3-24.4 with one
-/// (L2 hits 96% against 63%); N = 16384 (8 MiB) 5.64 ms with one section against 5.8-6.0 with
-/// 9 heads; sections of less than two waves lose up to 40% at N = 2048.
+/// Waves of resident CTAs an Ampere section aims for where the heads' K/V together exceed L2 but
+/// one head's does not (see [`sm80_head_group`]).
+pub const SM80_SECTION_WAVES: f64 = 2.0;
+
+/// Batch-heads per section of the Ampere kernel's work order (flash_sm80.cu, `work_tile`), for
+/// `batch_heads` query heads of `q_tiles` query tiles each, `kv_group` query heads per K/V head,
+/// `kv_bytes_per_head` bytes of K and V per K/V head and `resident_ctas` CTAs on the GPU at once.
+/// - One head's K/V over a quarter of L2: the CTAs that run every head's same query tile
+///   together drift apart along their heads' keys faster than L2 keeps them, so sections of the
+///   fewest heads that hold [`SECTION_WAVES`] (4) waves: within a section the longest causal
+///   tiles start first and the next section fills in behind them, while the CTAs running
+///   together read the K/V of few heads and L2 serves it to many of them.
+/// - Else, where all heads' K/V exceed L2: sections of the divisor of `batch_heads` nearest (by
+///   ratio) to [`SM80_SECTION_WAVES`] (2) waves, between half and twice that, whose K/V fit L2.
+///   Only divisors: the kernel's last section takes the remainder, and a short last section
+///   leaves the launch's tail to a fraction of a wave (9-head sections of 32 heads lost 4.5-8%
+///   at causal N = 4096 and 8192). No such divisor: one section.
+/// - Else one section: every head's same query tile together, globally longest first.
+///
+/// H200 (132 SMs x 2 CTAs, 60 MiB L2), bench/NOTES.md runs 118-119, one binary, three rounds,
+/// sections of this rule against one section: causal fp16 B=1 H=32 D=128 N = 4096 (16 heads)
+/// 1.015x, 8192 (8) 1.005x, 16384 (4) 1.021x; non-causal bf16 B=4 H=16 N=8192 (8) D64 1.044x,
+/// D128 1.048x; GQA B=4 32/8 N=4096 (16) 1.010x; varlen (8) 1.051x; N = 2048 and below (K/V in
+/// L2) one section as before. Run 33: N = 32768 (16 MiB of K/V per head) 23.5-23.9 ms with
+/// sections of 4-8 heads against 24.3-24.4 with one (L2 hits 96% against 63%). Sections of less
+/// than a wave lose up to 40% at N = 2048.
 pub fn sm80_head_group(
     batch_heads: usize,
     q_tiles: usize,
     resident_ctas: usize,
+    kv_group: usize,
     kv_bytes_per_head: usize,
     l2_bytes: usize,
 ) -> usize {
     let heads = batch_heads.max(1);
-    if kv_bytes_per_head.saturating_mul(4) <= l2_bytes {
+    let group = kv_group.clamp(1, heads);
+    if kv_bytes_per_head.saturating_mul(4) > l2_bytes {
+        return heads_for_waves(resident_ctas, q_tiles, heads);
+    }
+    let kv_bytes_of = |h: usize| h.div_ceil(group).saturating_mul(kv_bytes_per_head);
+    if kv_bytes_of(heads) <= l2_bytes {
         return heads;
     }
-    heads_for_waves(resident_ctas, q_tiles, heads)
+    let ideal = SM80_SECTION_WAVES * resident_ctas.max(1) as f64 / q_tiles.max(1) as f64;
+    (1..heads)
+        .filter(|&h| heads % h == 0 && kv_bytes_of(h) <= l2_bytes)
+        .filter(|&h| (h as f64) >= ideal / 2.0 && (h as f64) <= ideal * 2.0)
+        .min_by(|&a, &b| {
+            let off = |h: usize| (h as f64 / ideal).ln().abs();
+            off(a).total_cmp(&off(b))
+        })
+        .unwrap_or(heads)
 }
 
 /// A plan: the kernels, the split count and the workspace for one problem.
@@ -552,9 +580,10 @@ impl AttentionPlan {
                 let resident = kernel.max_active_blocks_per_sm(ctx, threads, variant.shared_bytes())? as usize
                     * ctx.info().sm_count as usize;
                 let kv_bytes = 2 * problem.seqlen_k * problem.head_dim * problem.dtype.size();
+                let kv_group = problem.heads_q / problem.heads_kv.max(1);
                 match options.sm80_heads_per_section {
                     Some(n) => n.min(bh.max(1)),
-                    None => sm80_head_group(bh, q_tiles, resident, kv_bytes, ctx.info().l2_bytes as usize),
+                    None => sm80_head_group(bh, q_tiles, resident, kv_group, kv_bytes, ctx.info().l2_bytes as usize),
                 }
             }
         };
@@ -1018,20 +1047,35 @@ pub fn params_header() -> &'static str {
 mod tests {
     use super::*;
 
-    /// Sections of the Ampere work order: at least four waves of resident CTAs each, one
-    /// section when a head has few query tiles.
+    /// Sections of the Ampere work order: four waves where one head's K/V exceed a quarter of
+    /// L2; else, where all heads' K/V exceed L2, the divisor of the heads nearest two waves.
     #[test]
     fn sm80_head_group_sizes_sections_by_waves() {
-        // H200: 132 SMs x 2 CTAs, 60 MiB of L2; B = 1, H = 32, D = 128, fp16
+        // H200: 132 SMs x 2 CTAs, 60 MiB of L2; D = 128, fp16
         let l2 = 60 << 20;
         let kv = |n: usize| 2 * n * 128 * 2;
-        assert_eq!(sm80_head_group(32, 256, 264, kv(32768), l2), 5); // 5 heads x 256 tiles >= 4 x 264
-        assert_eq!(sm80_head_group(32, 128, 264, kv(16384), l2), 32); // 8 MiB per head: one section
-        assert_eq!(sm80_head_group(32, 128, 264, kv(16384), 30 << 20), 9); // a smaller L2
-        assert_eq!(sm80_head_group(32, 32, 264, kv(65536), l2), 32); // few query tiles: one section
-        assert_eq!(sm80_head_group(128, 32, 264, kv(65536), l2), 33); // 33 + 33 + 33 + 29
-        assert_eq!(sm80_head_group(0, 1, 0, 1 << 40, l2), 1);
-        assert_eq!(sm80_head_group(7, 1_000_000, 264, 1 << 40, l2), 1);
+        // one head over L2 / 4: four waves
+        assert_eq!(sm80_head_group(32, 256, 264, 1, kv(32768), l2), 5); // 5 x 256 tiles >= 4 x 264
+        assert_eq!(sm80_head_group(32, 32, 264, 1, kv(65536), l2), 32); // few query tiles: one section
+        assert_eq!(sm80_head_group(128, 32, 264, 1, kv(65536), l2), 33); // 33 + 33 + 33 + 29
+                                                                         // all heads over L2: the divisor nearest two waves (run 118's measured sizes)
+        assert_eq!(sm80_head_group(32, 128, 264, 1, kv(16384), l2), 4); // ideal 4.1
+        assert_eq!(sm80_head_group(32, 64, 264, 1, kv(8192), l2), 8); // ideal 8.25
+        assert_eq!(sm80_head_group(32, 32, 264, 1, kv(4096), l2), 16); // ideal 16.5
+        assert_eq!(sm80_head_group(64, 64, 264, 1, kv(8192), l2), 8); // non-causal B4 H16
+        assert_eq!(sm80_head_group(128, 32, 264, 4, kv(4096), l2), 16); // GQA 32/8: 4 K/V heads
+        assert_eq!(sm80_head_group(32, 128, 264, 1, kv(16384), 30 << 20), 9); // smaller L2: 4 waves
+                                                                              // K/V within L2: one section
+        assert_eq!(sm80_head_group(32, 16, 264, 1, kv(2048), l2), 32);
+        assert_eq!(sm80_head_group(32, 32, 264, 4, kv(4096), l2), 32); // GQA: 8 K/V heads, 16 MiB
+                                                                       // no divisor between half and twice the ideal (31 heads, ideal 4.1): one section
+        assert_eq!(sm80_head_group(31, 128, 264, 1, kv(16384), l2), 31);
+        // a divisor whose K/V would not fit L2 is not taken
+        assert_eq!(sm80_head_group(32, 32, 264, 1, kv(16384), l2), 32); // ideal 16.5: 16 x 8 MiB > L2
+                                                                        // degenerate inputs
+        assert_eq!(sm80_head_group(0, 1, 0, 1, 1 << 40, l2), 1);
+        assert_eq!(sm80_head_group(7, 1_000_000, 264, 1, 1 << 40, l2), 1);
+        assert_eq!(sm80_head_group(7, 0, 0, 0, 0, 0), 7);
     }
 
     /// A mirror of flash_sm80.cu's `work_tile`: every (batch-head, tile) pair exactly once, each

@@ -628,7 +628,7 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
     }
 
     // The Ampere kernel's work order in sections of batch-heads (forced: the plan takes them only
-    // for K/V longer than a quarter of L2 per head), with a shorter last section, a split grid
+    // where the heads' K/V exceed L2, sizes that divide the heads), with a shorter last section, a split grid
     // and varlen sequences (the Hopper kernel ignores the option).
     v.push((
         Case {
