@@ -20,8 +20,9 @@
 // one head each from HBM. Items whose query tile starts past the sequence do nothing. The
 // producer hands each item to the consumers through the CTA's slot hp.work_slots[blockIdx.x],
 // written before the arrival on full_q that its Q tile completes (release / acquire through the
-// mbarrier; CTA-scope relaxed store and load, which L1 may serve); -1 ends. The slot is in global memory, not shared: compute-sanitizer racecheck does
-// not model mbarrier or bar.arrive ordering of ordinary shared-memory data and would report it.
+// mbarrier; CTA-scope relaxed store and load, which L1 may serve); -1 ends. The slot is in
+// global memory, not shared: compute-sanitizer racecheck does not model mbarrier or bar.arrive
+// ordering of ordinary shared-memory data and would report it.
 //
 // Roles (warpgroup = 128 threads):
 //   WG0 (producer, 40 registers): one thread draws the work items, publishes them, loads the Q

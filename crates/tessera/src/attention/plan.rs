@@ -1054,25 +1054,29 @@ mod tests {
         // H200: 132 SMs x 2 CTAs, 60 MiB of L2; D = 128, fp16
         let l2 = 60 << 20;
         let kv = |n: usize| 2 * n * 128 * 2;
-        // one head over L2 / 4: four waves
+        // One head over L2 / 4: four waves.
         assert_eq!(sm80_head_group(32, 256, 264, 1, kv(32768), l2), 5); // 5 x 256 tiles >= 4 x 264
         assert_eq!(sm80_head_group(32, 32, 264, 1, kv(65536), l2), 32); // few query tiles: one section
         assert_eq!(sm80_head_group(128, 32, 264, 1, kv(65536), l2), 33); // 33 + 33 + 33 + 29
-                                                                         // all heads over L2: the divisor nearest two waves (run 118's measured sizes)
+        assert_eq!(sm80_head_group(32, 128, 264, 1, kv(16384), 30 << 20), 9); // a smaller L2
+
+        // All heads over L2: the divisor nearest two waves (run 118's measured sizes).
         assert_eq!(sm80_head_group(32, 128, 264, 1, kv(16384), l2), 4); // ideal 4.1
         assert_eq!(sm80_head_group(32, 64, 264, 1, kv(8192), l2), 8); // ideal 8.25
         assert_eq!(sm80_head_group(32, 32, 264, 1, kv(4096), l2), 16); // ideal 16.5
         assert_eq!(sm80_head_group(64, 64, 264, 1, kv(8192), l2), 8); // non-causal B4 H16
         assert_eq!(sm80_head_group(128, 32, 264, 4, kv(4096), l2), 16); // GQA 32/8: 4 K/V heads
-        assert_eq!(sm80_head_group(32, 128, 264, 1, kv(16384), 30 << 20), 9); // smaller L2: 4 waves
-                                                                              // K/V within L2: one section
+
+        // K/V within L2: one section.
         assert_eq!(sm80_head_group(32, 16, 264, 1, kv(2048), l2), 32);
         assert_eq!(sm80_head_group(32, 32, 264, 4, kv(4096), l2), 32); // GQA: 8 K/V heads, 16 MiB
-                                                                       // no divisor between half and twice the ideal (31 heads, ideal 4.1): one section
+
+        // No divisor between half and twice the ideal (31 heads, ideal 4.1): one section.
         assert_eq!(sm80_head_group(31, 128, 264, 1, kv(16384), l2), 31);
-        // a divisor whose K/V would not fit L2 is not taken
-        assert_eq!(sm80_head_group(32, 32, 264, 1, kv(16384), l2), 32); // ideal 16.5: 16 x 8 MiB > L2
-                                                                        // degenerate inputs
+        // The divisor nearest the ideal would not fit L2 (ideal 16.5: 16 x 8 MiB): one section.
+        assert_eq!(sm80_head_group(32, 32, 264, 1, kv(16384), l2), 32);
+
+        // Degenerate inputs.
         assert_eq!(sm80_head_group(0, 1, 0, 1, 1 << 40, l2), 1);
         assert_eq!(sm80_head_group(7, 1_000_000, 264, 1, 1 << 40, l2), 1);
         assert_eq!(sm80_head_group(7, 0, 0, 0, 0, 0), 7);
