@@ -131,17 +131,13 @@ fn padded_keys(seqlen_q: usize, seqlen_k: usize, window: (i32, i32), block_m: us
         // Every query tile sees every key (the loop below in closed form).
         return seqlen_q.div_ceil(block_m) as u64 * seqlen_k.div_ceil(block_n) as u64 * block_n as u64;
     }
-    let shift = seqlen_k as i64 - seqlen_q as i64;
-    let (left, right) = (window.0 as i64, window.1 as i64);
+    let (left, right) = window;
     let mut keys = 0u64;
     for m0 in (0..seqlen_q).step_by(block_m) {
         let last = (m0 + block_m).min(seqlen_q) as i64 - 1;
-        let lo = if left < 0 { 0 } else { (m0 as i64 + shift - left).max(0) };
-        let hi = if right < 0 {
-            seqlen_k as i64
-        } else {
-            (last + shift + right + 1).min(seqlen_k as i64)
-        };
+        // the tile's first row sees the lowest keys, its last row the highest (key_tiles)
+        let (lo, _) = super::visible_keys(m0 as i64, seqlen_q, seqlen_k, left, right);
+        let (_, hi) = super::visible_keys(last, seqlen_q, seqlen_k, left, right);
         if hi > lo {
             let b = block_n as i64;
             keys += ((hi + b - 1) / b - lo / b) as u64 * block_n as u64;

@@ -589,18 +589,26 @@ impl AttentionProblem {
 
 /// Number of (query, key) pairs visible under the bottom-right aligned window.
 pub fn visible_pairs(nq: usize, nk: usize, left: i32, right: i32) -> u64 {
-    let shift = nk as i64 - nq as i64;
     (0..nq as i64)
         .map(|i| {
-            let lo = if left < 0 { 0 } else { (i + shift - left as i64).max(0) };
-            let hi = if right < 0 {
-                nk as i64
-            } else {
-                (i + shift + right as i64 + 1).clamp(0, nk as i64)
-            };
+            let (lo, hi) = visible_keys(i, nq, nk, left, right);
             (hi - lo).max(0) as u64
         })
         .sum()
+}
+
+/// The keys `[lo, hi)` query `i` of `nq` sees among `nk` under the bottom-right aligned window
+/// (`left` / `right` of `-1` unbounded; as ts::AttnMask's first_key / end_key); none when
+/// `hi <= lo`.
+pub(crate) fn visible_keys(i: i64, nq: usize, nk: usize, left: i32, right: i32) -> (i64, i64) {
+    let d = i + nk as i64 - nq as i64;
+    let lo = if left < 0 { 0 } else { (d - left as i64).max(0) };
+    let hi = if right < 0 {
+        nk as i64
+    } else {
+        (d + right as i64 + 1).clamp(0, nk as i64)
+    };
+    (lo, hi)
 }
 
 /// How a varlen batch is known to validation: by its host offsets or by its sizes alone.

@@ -628,8 +628,8 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
     }
 
     // The Ampere kernel's work order in sections of batch-heads (forced: the plan takes them only
-    // where the heads' K/V exceed L2, sizes that divide the heads), with a shorter last section, a split grid
-    // and varlen sequences (the Hopper kernel ignores the option).
+    // where the heads' K/V exceed L2, sizes that divide the heads), with a shorter last section,
+    // a split grid and varlen sequences (the Hopper kernel ignores the option).
     v.push((
         Case {
             batch: 3,
