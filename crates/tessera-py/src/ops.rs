@@ -115,6 +115,8 @@ fn attention_options(
         sm80_block_n: None,
         hopper_block_n: None,
         sm80_heads_per_section: None,
+        hopper_tail_split: true,
+        hopper_max_ctas: None,
     })
 }
 

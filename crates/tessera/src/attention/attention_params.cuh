@@ -21,6 +21,9 @@
 //     o_partial[((s * heads_q + h) * partial_rows + prow) * head_dim_padded + d] and
 //     lse_partial[(s * heads_q + h) * partial_rows + prow], prow = b * seqlen_q + i (padded) or
 //     cu_seqlens_q[b] + i (varlen); the combine kernel merges them into o and lse.
+//   Hopper tail launch (tail_meta != nullptr): partial_rows rows without a head dimension,
+//     o_partial[(s * partial_rows + row) * head_dim_padded + d], lse_partial[s * partial_rows +
+//     row], and tail_meta[3 * row .. 3 * row + 2] = {b, h, i} names the output row.
 #pragma once
 #include "tessera/common.cuh"
 
@@ -56,6 +59,8 @@ struct AttentionParams {
   int num_splits;            // 1 = no split-KV
   int q_tiles;               // query tiles per (batch, head) = ceil(seqlen_q / kernel BLOCK_M)
   int head_group;            // Ampere work order: (batch, head) pairs per section (flash_sm80.cu)
+  int* tail_meta;            // Hopper tail launch (flash_sm90.cu): {b, h, i} per partial row, b < 0
+                             // for rows no item wrote; nullptr otherwise
 };
 
 /// One (batch, head) problem after resolving the batch layout.

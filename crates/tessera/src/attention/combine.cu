@@ -13,7 +13,9 @@
 // [l * kVec, (l + 1) * kVec) of every split's partial row.
 // Partial layout (attention_params.cuh): o_partial[((s * Hq + h) * partial_rows + row) *
 // kHeadDim + d], lse_partial[(s * Hq + h) * partial_rows + row], row = b * seqlen_q + i (padded)
-// or the packed row (varlen).
+// or the packed row (varlen). Hopper tail launch (p.tail_meta != nullptr): one warp per partial
+// row (no head dimension), o_partial[(s * partial_rows + row) * kHeadDim + d], and tail_meta
+// names the row's (b, h, i); rows with b < 0 or i past the sequence are skipped.
 #include "tessera/attention_params.cuh"
 #include "tessera/math.cuh"
 #include "tessera/online_softmax.cuh"
@@ -31,14 +33,23 @@ static_assert(kThreads % kWarpSize == 0, "whole warps");
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads) flash_combine(const __grid_constant__ ts::AttentionParams p) {
+  const bool tail = p.tail_meta != nullptr;
+  const int heads = tail ? 1 : p.heads_q;  // head dimension of the partial layout
   const long long item = (long long)blockIdx.x * (kThreads / kWarpSize) + warp_id();
-  if (item >= p.partial_rows * p.heads_q) return;  // whole warps exit together
-  const long long row = item / p.heads_q;
-  const int h = (int)(item % p.heads_q);
+  if (item >= p.partial_rows * heads) return;  // whole warps exit together
+  const long long row = item / heads;
+  int h = (int)(item % heads);
+  int tail_b = 0, tail_i = 0;
+  if (tail) {
+    tail_b = p.tail_meta[3 * row];
+    h = p.tail_meta[3 * row + 1];
+    tail_i = p.tail_meta[3 * row + 2];
+    if (tail_b < 0) return;  // a row no item wrote (warp-uniform)
+  }
   const int lane = lane_id();
   const int splits = min(p.num_splits, kMaxSplits);
-  const long long split_stride = (long long)p.heads_q * p.partial_rows;  // rows between splits
-  const long long first = (long long)h * p.partial_rows + row;             // split 0's row
+  const long long split_stride = (long long)heads * p.partial_rows;  // rows between splits
+  const long long first = (tail ? 0 : (long long)h * p.partial_rows) + row;  // split 0's row
 
   // lse = m + ln sum_s 2^((lse_s - m) log2 e), in the log2 domain
   float x[2];
@@ -67,10 +78,15 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_combine(const __gri
     }
   }
 
-  // output row: row = b * seqlen_q + i (padded) or the packed row (varlen)
+  // output row: from tail_meta, else row = b * seqlen_q + i (padded) or the packed row (varlen)
   long long o_off;
   long long lse_off;
-  if (p.cu_seqlens_q != nullptr) {
+  if (tail) {
+    const AttnSeq seq = attn_seq(p, tail_b, h);
+    if (tail_i >= seq.len_q) return;  // past the sequence (no shuffles follow)
+    o_off = seq.o_off - h * p.o_stride_h + (long long)tail_i * p.o_stride_n;
+    lse_off = (p.cu_seqlens_q != nullptr ? seq.row_q : (long long)tail_b * p.lse_stride_b) + tail_i;
+  } else if (p.cu_seqlens_q != nullptr) {
     o_off = row * p.o_stride_n;
     lse_off = row;
   } else {

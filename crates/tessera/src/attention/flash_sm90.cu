@@ -42,6 +42,10 @@
 //     another's GEMMs occupy the tensor cores.
 //   Epilogue: O / l stored from registers (rows < len_q, columns < head_dim), LSE; with kSplit the
 //   normalised partial and its LSE go to the split-KV workspace instead (combine.cu merges).
+// Tail launch (kSplit, hp.tail_first >= 0; plan.rs `TailSplit`): where the non-split launch's
+//   items leave a short last wave, that launch stops before its last items and this one runs
+//   them split along the keys over the idle SMs, into a compact workspace (see decode_work and
+//   the epilogue), then combine.cu merges them through p.tail_meta.
 //
 // Shared memory (1024-byte aligned, every tile in 64-column blocks of 128-byte swizzled rows):
 //   Q [kHeadDim/64][kBlockM][64], K[kStages] and V[kStages] [kHeadDim/64][kBlockN][64], mbarriers,
@@ -78,7 +82,9 @@ struct HopperParams {
   int l2_heads;         // batch-heads per L2 section (>= 1)
   unsigned* tile_counter;  // dynamic scheduler: 0 before every launch, left at 0 after it
   int* work_slots;         // [gridDim.x]: the item each CTA's producer published last
-  int pad_[10];
+  int tail_first;          // kSplit tail launch (plan.rs): the first item of the non-split
+                           // launch's order it covers; -1 otherwise (see decode_work)
+  int pad_[9];
 };
 
 #if defined(TS_HAS_WGMMA) && defined(TS_HAS_TMA)
@@ -108,7 +114,7 @@ static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "compiled head dim: multipl
 static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 176 && kHeadDim == 128),
               "key tile: 64 or 128, or 176 at D = 128");
 static_assert(sizeof(Elem) == 2, "f16 or bf16");
-static_assert(sizeof(ts::AttentionParams) == 248, "AttentionParams layout (plan.rs)");
+static_assert(sizeof(ts::AttentionParams) == 256, "AttentionParams layout (plan.rs)");
 static_assert(sizeof(HopperParams) == 704, "HopperParams layout (hopper.rs)");
 
 /// Shared-memory carve-up (offsets from the 1024-aligned base).
@@ -124,15 +130,16 @@ struct Smem {
 };
 static_assert(Smem::end + 1024 <= 227 * 1024, "shared memory of one CTA (hopper::shared_bytes)");
 
-/// One work item.
+/// One work item; `tail` is its index among the tail launch's items, -1 outside that launch.
 struct Work {
-  int b, h, q_tile, split;
+  int b, h, q_tile, split, tail;
 };
 
-TS_DEVICE Work decode_work(const HopperParams& hp, int w) {
+/// Item w of the work order with `splits` KV splits per query tile.
+TS_DEVICE Work decode_order(const HopperParams& hp, int w, int splits) {
   const ts::AttentionParams& p = hp.p;
   const int bh = p.batch * p.heads_q;
-  const int head_items = p.q_tiles * p.num_splits;
+  const int head_items = p.q_tiles * splits;
   // Sections: first bh % l2_heads heads (when not 0), then full sections of l2_heads.
   const int rem = bh % hp.l2_heads;
   int first_head, heads, r;
@@ -147,14 +154,30 @@ TS_DEVICE Work decode_work(const HopperParams& hp, int w) {
     heads = hp.l2_heads;
     r = w2 % section_items;
   }
-  const int per_tile = heads * p.num_splits;
+  const int per_tile = heads * splits;
   Work wk;
   wk.q_tile = p.q_tiles - 1 - r / per_tile;
   wk.split = r % per_tile / heads;
   const int bhi = first_head + r % heads;
   wk.b = bhi / p.heads_q;
   wk.h = bhi % p.heads_q;
+  wk.tail = -1;
   return wk;
+}
+
+/// Item w of this launch. The tail launch (kSplit with hp.tail_first >= 0, plan.rs) covers the
+/// items the non-split launch before it left out, tail_first .. tail_first + work_items /
+/// num_splits - 1 of that launch's order (one split per query tile, same l2_heads): its item w
+/// is split w % num_splits of item tail_first + w / num_splits there.
+TS_DEVICE Work decode_work(const HopperParams& hp, int w) {
+  if (kSplit && hp.tail_first >= 0) {
+    const int splits = hp.p.num_splits;
+    Work wk = decode_order(hp, hp.tail_first + w / splits, 1);
+    wk.split = w % splits;
+    wk.tail = w / splits;
+    return wk;
+  }
+  return decode_order(hp, w, hp.p.num_splits);
 }
 
 /// Key tiles [t0, t1) the rows m0 .. min(m0 + kBlockM, len_q) - 1 of a sequence see in split
@@ -669,9 +692,20 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int i = row[r];
+      // Tail launch: partial rows item-major (t * kBlockM + i - m0, no head dimension), and split
+      // 0 names each row's place for the combine, rows past the sequence included (it skips them).
+      const bool tail = kSplit && wk.tail >= 0;
+      const long long tail_row = (long long)wk.tail * kBlockM + (i - m0);
+      if (tail && wk.split == 0 && lane % 4 == 0) {
+        int* meta = p.tail_meta + 3 * tail_row;
+        meta[0] = wk.b;
+        meta[1] = wk.h;
+        meta[2] = i;
+      }
       if (i >= seq.len_q) continue;
       if (kSplit) {
-        const long long prow = (long long)(wk.split * p.heads_q + wk.h) * p.partial_rows + seq.row_q + i;
+        const long long prow = tail ? wk.split * p.partial_rows + tail_row
+                                    : (long long)(wk.split * p.heads_q + wk.h) * p.partial_rows + seq.row_q + i;
         float* dst = p.o_partial + prow * kHeadDim;
 #pragma unroll
         for (int c = 0; c < kORegs / 4; ++c) {

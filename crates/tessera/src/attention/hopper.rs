@@ -183,7 +183,10 @@ pub struct HopperParams {
     pub tile_counter: u64,
     /// Device address of `grid` `i32` slots: the item each CTA's producer hands its consumers.
     pub work_slots: u64,
-    pub pad_: [i32; 10],
+    /// The tail launch (the split-KV variant after a non-split launch that left out its last
+    /// items): the first of those items in the non-split launch's order; -1 otherwise.
+    pub tail_first: i32,
+    pub pad_: [i32; 9],
 }
 
 // SAFETY: plain data with the C layout of `HopperParams` in flash_sm90.cu (the kernel
@@ -321,13 +324,41 @@ pub fn grid(work_items: usize, sm_count: u32) -> u32 {
     work_items.min(sm_count.max(1) as usize).max(1) as u32
 }
 
+/// The tail split's longest last wave, as a fraction of the grid: 1 / TAIL_MAX_WAVE_DIV.
+pub const TAIL_MAX_WAVE_DIV: usize = 4;
+
+/// Key tiles each split of the tail launch gets at least.
+pub const TAIL_MIN_TILES_PER_SPLIT: usize = 3;
+
+/// The tail split of `work_items` equal items on a persistent grid of `grid` CTAs, `key_tiles`
+/// key tiles each: `Some((tail_items, splits))` where the items leave a last wave of
+/// `tail_items = work_items % grid` CTAs, at most `grid / TAIL_MAX_WAVE_DIV`, while the others
+/// idle for a whole item time. The plan then runs the other items as usual and these in a
+/// second launch, each split along its keys `splits` ways (as many as the grid holds, with at
+/// least [`TAIL_MIN_TILES_PER_SPLIT`] key tiles each, at most `max_splits`), and merges them:
+/// the last wave then takes about `1 / splits` of an item time plus a launch and the merge.
+/// H200, bench/NOTES.md run 121: non-causal B4 H16 N8192 D128, 4096 items on 132 CTAs (31.03
+/// waves), 606 TFLOP/s against 628 for 32.0 waves (N8448). `None` where there is no short last
+/// wave or too few key tiles to split.
+pub fn tail_split(work_items: usize, grid: usize, key_tiles: usize, max_splits: usize) -> Option<(usize, usize)> {
+    if grid == 0 || work_items <= grid {
+        return None;
+    }
+    let tail = work_items % grid;
+    if tail == 0 || tail * TAIL_MAX_WAVE_DIV > grid {
+        return None;
+    }
+    let splits = (grid / tail).min(key_tiles / TAIL_MIN_TILES_PER_SPLIT).min(max_splits);
+    (splits >= 2).then_some((tail, splits))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn params_layout_matches_the_kernel() {
-        assert_eq!(std::mem::size_of::<AttentionParams>(), 248);
+        assert_eq!(std::mem::size_of::<AttentionParams>(), 256);
         assert_eq!(std::mem::size_of::<TensorMap>(), 128);
         assert_eq!(std::mem::size_of::<HopperParams>(), 704);
         assert_eq!(std::mem::offset_of!(HopperParams, q_map), 256);
@@ -335,6 +366,42 @@ mod tests {
         assert_eq!(std::mem::offset_of!(HopperParams, l2_heads), 644);
         assert_eq!(std::mem::offset_of!(HopperParams, tile_counter), 648);
         assert_eq!(std::mem::offset_of!(HopperParams, work_slots), 656);
+        assert_eq!(std::mem::offset_of!(HopperParams, tail_first), 664);
+    }
+
+    /// The tail split's rule, and the plans of verify.rs's tail cases (work items, capped grid,
+    /// key tiles).
+    #[test]
+    fn tail_split_takes_short_last_waves_only() {
+        let max = crate::attention::plan::MAX_SPLITS;
+        // H200's non-causal B4 H16 N8192 D128 (176-key tiles): 4096 items on 132 CTAs
+        assert_eq!(tail_split(4096, 132, 47, max), Some((4, 15)));
+        // whole waves, a long last wave, one wave, no grid: none
+        assert_eq!(tail_split(4224, 132, 47, max), None);
+        assert_eq!(tail_split(2048, 132, 64, max), None); // 68 of 132 in the last wave
+        assert_eq!(tail_split(100, 132, 64, max), None);
+        assert_eq!(tail_split(100, 0, 64, max), None);
+        // too few key tiles to split
+        assert_eq!(tail_split(133, 132, 5, max), None);
+        assert_eq!(tail_split(133, 132, 6, max), Some((1, 2)));
+        // splits capped by max_splits
+        assert_eq!(tail_split(133, 132, 1000, 64), Some((1, 64)));
+        // verify.rs's tail cases
+        assert_eq!(tail_split(27, 12, 9, max), Some((3, 3))); // B1 H3 N1100 D128
+        assert_eq!(tail_split(13, 12, 8, max), Some((1, 2))); // B1 H13 Nq100 Nk1000 D128
+        assert_eq!(tail_split(36, 16, 8, max), Some((4, 2))); // B2 H3 N1000 D64 (192 rows)
+        assert_eq!(tail_split(30, 14, 11, max), Some((2, 3))); // B1 H5 N700 D256 (64 keys)
+        assert_eq!(tail_split(56, 18, 7, max), Some((2, 2))); // B1 H8/2 N800 D128
+        for (n, d, q_tiles) in [
+            (1100usize, 128usize, 9usize),
+            (100, 128, 1),
+            (1000, 64, 6),
+            (700, 256, 6),
+            (800, 128, 7),
+        ] {
+            let (block_m, _, _, _) = tiles(head_dim(d), block_n_choices(head_dim(d))[0]).unwrap();
+            assert_eq!(n.div_ceil(block_m as usize), q_tiles, "N {n} D {d}");
+        }
     }
 
     #[test]

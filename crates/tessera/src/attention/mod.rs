@@ -109,6 +109,16 @@ pub struct AttentionOptions {
     /// padding costs little, 128 otherwise); `Some(128)` or `Some(176)` forces it, for tests
     /// and benchmarks. An error for other head dims or values; the Ampere kernel ignores it.
     pub hopper_block_n: Option<u32>,
+    /// The Hopper plan's tail split (default `true`): where a problem without masks, varlen or
+    /// split-KV leaves its persistent CTAs a short last wave of equal work items, the plan runs
+    /// those last items in a second launch, split along the keys over the SMs the first one
+    /// leaves idle, and merges them ([`hopper::tail_split`]). `false` runs every item whole.
+    /// The Ampere kernel ignores it.
+    pub hopper_tail_split: bool,
+    /// Caps the Hopper kernel's persistent grid (default `None`: one CTA per SM), so that tests
+    /// reach the tail split and other whole-wave effects on small problems. At least 1; the
+    /// Ampere kernel ignores it.
+    pub hopper_max_ctas: Option<usize>,
 }
 
 impl Default for AttentionOptions {
@@ -125,6 +135,8 @@ impl Default for AttentionOptions {
             sm80_block_n: None,
             sm80_heads_per_section: None,
             hopper_block_n: None,
+            hopper_tail_split: true,
+            hopper_max_ctas: None,
         }
     }
 }

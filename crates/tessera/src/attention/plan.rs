@@ -99,6 +99,8 @@ pub struct AttentionParams {
     pub num_splits: i32,
     pub q_tiles: i32,
     pub head_group: i32,
+    /// Hopper tail launch: `{b, h, i}` per partial row (see [`TailSplit`]); 0 otherwise.
+    pub tail_meta: u64,
 }
 
 // SAFETY: plain data matching the C layout of ts::AttentionParams (checked by a test that
@@ -351,6 +353,23 @@ pub fn sm80_head_group(
         .unwrap_or(heads)
 }
 
+/// The second launch of a Hopper plan whose work items leave a short last wave
+/// ([`hopper::tail_split`]): the split-KV variant of the plan's kernel runs the last `items`
+/// items of the first launch's order, `splits` ways each, into its own workspace, and the
+/// combine kernel merges them through `meta` (flash_sm90.cu, combine.cu).
+struct TailSplit {
+    items: usize,
+    splits: usize,
+    kernel: Arc<Kernel>,
+    combine: Arc<Kernel>,
+    /// `splits * rows * (head_dim + 1)` f32: partial outputs, then LSEs (rows = items * block_m).
+    workspace: DeviceBuffer<f32>,
+    /// `{b, h, i}` per partial row, written by the tail launch (b = -1 until then).
+    meta: DeviceBuffer<i32>,
+    /// Its own scheduler state: the first launch's last draw resets that one's counter.
+    scheduler: DeviceBuffer<i32>,
+}
+
 /// A plan: the kernels, the split count and the workspace for one problem.
 pub struct AttentionPlan {
     ctx: Context,
@@ -369,6 +388,8 @@ pub struct AttentionPlan {
     /// tile counter (zeroed here; every launch leaves it at zero) and the CTAs' work slots.
     /// Launches of one plan are ordered on its context's stream.
     scheduler: Option<DeviceBuffer<i32>>,
+    /// Hopper path: the tail split ([`hopper::tail_split`]), when the plan takes it.
+    tail: Option<TailSplit>,
     /// Under `Auto` on Hopper: the Ampere plan used for views that TMA cannot describe
     /// (misaligned base or strides), built on first need.
     fallback: std::sync::OnceLock<Box<AttentionPlan>>,
@@ -433,6 +454,9 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
             "sm80_heads_per_section must be >= 1, got 0",
         ));
     }
+    if o.hopper_max_ctas == Some(0) {
+        return Err(Error::invalid("hopper_max_ctas", "hopper_max_ctas must be >= 1, got 0"));
+    }
     if let Some(n) = o.sm80_block_n {
         if n != 32 && n != 64 {
             return Err(Error::invalid(
@@ -451,6 +475,13 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The Hopper kernel's persistent grid: [`hopper::grid`], capped by
+/// `AttentionOptions::hopper_max_ctas`.
+fn hopper_grid(work_items: usize, sm_count: u32, max_ctas: Option<usize>) -> u32 {
+    let g = hopper::grid(work_items, sm_count);
+    max_ctas.map_or(g, |m| g.min(m.clamp(1, u32::MAX as usize) as u32))
 }
 
 /// FlashAttention-2's rule: split only while the CTAs do not fill the GPU, choosing the
@@ -595,6 +626,44 @@ impl AttentionPlan {
             }
             _ => None,
         };
+        // The tail split: Hopper, equal items (no mask, no varlen), no split-KV of its own.
+        let tail = match path {
+            AttentionPath::Hopper
+                if options.hopper_tail_split && splits == 1 && !variant.masked && problem.varlen.is_none() =>
+            {
+                let work = work.unwrap_or(0);
+                let grid = hopper_grid(work, ctx.info().sm_count, options.hopper_max_ctas) as usize;
+                match hopper::tail_split(work, grid, k_tiles, MAX_SPLITS) {
+                    Some((items, tail_splits)) => {
+                        let kernel = ctx.kernel(&Variant { split: true, ..variant }.spec())?;
+                        let combine = ctx.kernel(
+                            &CombineVariant {
+                                dtype: problem.dtype,
+                                head_dim,
+                            }
+                            .spec(),
+                        )?;
+                        let rows = items * block_m as usize;
+                        let workspace = ctx.alloc::<f32>(tail_splits * rows * (head_dim as usize + 1))?;
+                        let mut meta = ctx.alloc::<i32>(3 * rows)?;
+                        meta.fill_bytes(0xff)?; // b = -1: rows no item writes stay skipped
+                        let mut scheduler = ctx.alloc::<i32>(hopper::scheduler_len(ctx.info().sm_count))?;
+                        scheduler.fill_bytes(0)?;
+                        Some(TailSplit {
+                            items,
+                            splits: tail_splits,
+                            kernel,
+                            combine,
+                            workspace,
+                            meta,
+                            scheduler,
+                        })
+                    }
+                    None => None,
+                }
+            }
+            _ => None,
+        };
         Ok(AttentionPlan {
             ctx: ctx.clone(),
             problem: *problem,
@@ -607,6 +676,7 @@ impl AttentionPlan {
             head_group,
             workspace,
             scheduler,
+            tail,
             fallback: std::sync::OnceLock::new(),
         })
     }
@@ -622,18 +692,32 @@ impl AttentionPlan {
     }
     /// Bytes of device memory the plan holds besides the caller's tensors.
     pub fn workspace_bytes(&self) -> usize {
-        self.workspace.as_ref().map_or(0, |w| w.bytes()) + self.scheduler.as_ref().map_or(0, |c| c.bytes())
+        self.workspace.as_ref().map_or(0, |w| w.bytes())
+            + self.scheduler.as_ref().map_or(0, |c| c.bytes())
+            + self
+                .tail
+                .as_ref()
+                .map_or(0, |t| t.workspace.bytes() + t.meta.bytes() + t.scheduler.bytes())
     }
-    /// A readable description (`sm80 d128 m128 n64 splits 1`).
+    /// A readable description (`sm80 d128 m128 n64 splits 1`, `... tail 4x15` with a tail split).
     pub fn describe(&self) -> String {
-        format!(
+        let mut s = format!(
             "{} d{} m{} n{} splits {}",
             self.variant.path.name(),
             self.variant.head_dim,
             self.variant.block_m,
             self.variant.block_n,
             self.splits
-        )
+        );
+        if let Some(t) = &self.tail {
+            s += &format!(" tail {}x{}", t.items, t.splits);
+        }
+        s
+    }
+
+    /// The tail split this plan runs, `(items, splits)` ([`hopper::tail_split`]), if any.
+    pub fn tail_split(&self) -> Option<(usize, usize)> {
+        self.tail.as_ref().map(|t| (t.items, t.splits))
     }
 
     /// The LSE shape this plan writes: `[B, Hq, Nq]`, or `[Hq, total_q]` for varlen.
@@ -794,6 +878,7 @@ impl AttentionPlan {
             num_splits: self.splits as i32,
             q_tiles: self.q_tiles as i32,
             head_group: self.head_group as i32,
+            tail_meta: 0,
         };
         if self.problem.batch == 0 || rows == 0 {
             return Ok(());
@@ -805,34 +890,71 @@ impl AttentionPlan {
                 .ok_or_else(|| Error::Unsupported("internal: a Hopper plan without its scheduler buffer".into()))?
                 .device_ptr();
             let work = self.q_tiles * self.splits * self.problem.batch * self.problem.heads_q;
+            let sms = self.ctx.info().sm_count;
+            let grid = hopper_grid(work, sms, self.options.hopper_max_ctas);
+            // One section size for both launches: the tail launch decodes its items in the
+            // first one's order.
+            let l2_heads = hopper::l2_section_heads(
+                self.ctx.info().l2_bytes,
+                self.problem.seqlen_k,
+                self.problem.head_dim,
+                self.problem.group(),
+                self.problem.batch * self.problem.heads_q,
+                self.q_tiles * self.splits,
+                grid as usize,
+            );
+            let tail_items = self.tail.as_ref().map_or(0, |t| t.items);
             let hp = HopperParams {
                 p: params,
                 q_map,
                 k_map,
                 v_map,
-                work_items: work as i32,
-                l2_heads: hopper::l2_section_heads(
-                    self.ctx.info().l2_bytes,
-                    self.problem.seqlen_k,
-                    self.problem.head_dim,
-                    self.problem.group(),
-                    self.problem.batch * self.problem.heads_q,
-                    self.q_tiles * self.splits,
-                    hopper::grid(work, self.ctx.info().sm_count) as usize,
-                ),
+                work_items: (work - tail_items) as i32,
+                l2_heads,
                 tile_counter: scheduler,
                 work_slots: scheduler + (hopper::SCHEDULER_SLOTS_OFFSET * 4) as u64,
-                pad_: [0; 10],
+                tail_first: -1,
+                pad_: [0; 9],
             };
-            let cfg = LaunchConfig::linear(
-                hopper::grid(work, self.ctx.info().sm_count),
-                self.variant.threads,
-                self.variant.shared_bytes(),
-            );
+            let cfg = LaunchConfig::linear(grid, self.variant.threads, self.variant.shared_bytes());
             // SAFETY: `hp` mirrors HopperParams of flash_sm90.cu; the tensor maps describe the
             // validated q/k/v views (TMA clips every box to their extents) and every other
             // pointer is as for the Ampere launch below.
             unsafe { self.kernel.launch(&self.ctx, cfg, &hp)? };
+            if let Some(t) = &self.tail {
+                let rows = t.items * self.variant.block_m as usize;
+                let o_len = t.splits * rows * self.variant.head_dim as usize;
+                let tp = AttentionParams {
+                    o_partial: t.workspace.device_ptr(),
+                    lse_partial: t.workspace.device_ptr() + (o_len * 4) as u64,
+                    partial_rows: rows as i64,
+                    num_splits: t.splits as i32,
+                    tail_meta: t.meta.device_ptr(),
+                    ..params
+                };
+                let thp = HopperParams {
+                    p: tp,
+                    work_items: (t.items * t.splits) as i32,
+                    tile_counter: t.scheduler.device_ptr(),
+                    work_slots: t.scheduler.device_ptr() + (hopper::SCHEDULER_SLOTS_OFFSET * 4) as u64,
+                    tail_first: (work - t.items) as i32,
+                    ..hp
+                };
+                let cfg = LaunchConfig::linear(
+                    hopper_grid(t.items * t.splits, sms, self.options.hopper_max_ctas),
+                    self.variant.threads,
+                    self.variant.shared_bytes(),
+                );
+                // SAFETY: as above; the split variant writes only the tail workspace and meta
+                // rows (sized for items * block_m rows and splits) and reads what the first
+                // launch reads. Stream order puts it after the first launch.
+                unsafe { t.kernel.launch(&self.ctx, cfg, &thp)? };
+                let warps = (CombineVariant::THREADS / 32) as usize;
+                let cfg = LaunchConfig::linear(rows.div_ceil(warps) as u32, CombineVariant::THREADS, 0);
+                // SAFETY: the combine reads the tail workspace and meta the launch before wrote
+                // (same stream) and writes out/lse rows of the validated views that meta names.
+                unsafe { t.combine.launch(&self.ctx, cfg, &tp)? };
+            }
         } else {
             let cfg = LaunchConfig {
                 grid: (

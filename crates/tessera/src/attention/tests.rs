@@ -348,6 +348,23 @@ fn option_rules() {
         64,
     ));
     assert!(e.contains("sm80_heads_per_section") && e.contains(">= 1"), "{e}");
+    let e = err_text(validate_options(
+        &AttentionOptions {
+            hopper_max_ctas: Some(0),
+            ..ok
+        },
+        64,
+    ));
+    assert!(e.contains("hopper_max_ctas") && e.contains(">= 1"), "{e}");
+    validate_options(
+        &AttentionOptions {
+            hopper_max_ctas: Some(1),
+            hopper_tail_split: false,
+            ..ok
+        },
+        64,
+    )
+    .unwrap();
     let hkeys = |n| AttentionOptions {
         hopper_block_n: Some(n),
         ..ok

@@ -87,6 +87,8 @@ pub struct Case {
     pub sm80_heads_per_section: Option<usize>,
     /// The Hopper kernel's forced key tile (AttentionOptions::hopper_block_n).
     pub hopper_block_n: Option<u32>,
+    /// The Hopper kernel's capped persistent grid (AttentionOptions::hopper_max_ctas).
+    pub hopper_max_ctas: Option<usize>,
     pub return_lse: bool,
 }
 
@@ -113,6 +115,7 @@ impl Default for Case {
             sm80_block_n: None,
             sm80_heads_per_section: None,
             hopper_block_n: None,
+            hopper_max_ctas: None,
             return_lse: true,
         }
     }
@@ -173,6 +176,9 @@ impl Case {
         if let Some(n) = self.sm80_heads_per_section {
             s += &format!(" sections{n}");
         }
+        if let Some(n) = self.hopper_max_ctas {
+            s += &format!(" ctas{n}");
+        }
         if self.return_lse {
             s += " lse";
         }
@@ -196,6 +202,7 @@ impl Case {
             "num_splits": self.num_splits, "sm80_block_n": self.sm80_block_n,
             "sm80_heads_per_section": self.sm80_heads_per_section,
             "hopper_block_n": self.hopper_block_n,
+            "hopper_max_ctas": self.hopper_max_ctas,
             "return_lse": self.return_lse,
         })
     }
@@ -214,6 +221,8 @@ impl Case {
             sm80_block_n: self.sm80_block_n,
             sm80_heads_per_section: self.sm80_heads_per_section,
             hopper_block_n: self.hopper_block_n,
+            hopper_tail_split: true,
+            hopper_max_ctas: self.hopper_max_ctas,
         }
     }
 
@@ -805,6 +814,81 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
             },
             false,
         ));
+        // The tail split (hopper::tail_split): a capped grid leaves a short last wave, whose
+        // items a second launch runs split along the keys and the combine merges. The plans
+        // (num_splits 1, grid cap, tail items x splits; hopper.rs tests check these numbers):
+        // 27 items on 12 CTAs, 3 x 3; one query tile of 100 rows, 13 items on 12, 1 x 2 (rows
+        // past the sequence in the tail item); D64 (192-row tiles) 36 items on 16, 4 x 2, the
+        // tail across two sequences; D256 softcap 30 items on 14, 2 x 3; GQA 56 items on 18,
+        // 2 x 2.
+        // (None is quick: a split of at least TAIL_MIN_TILES_PER_SPLIT tiles needs more keys
+        // than the quick set's 300; `verify attention --filter ctas` selects them.)
+        for c in [
+            Case {
+                batch: 1,
+                heads_q: 3,
+                heads_kv: 3,
+                seqlen_q: 1100,
+                seqlen_k: 1100,
+                head_dim: 128,
+                hopper_max_ctas: Some(12),
+                ..base.clone()
+            },
+            Case {
+                dtype: DType::BF16,
+                batch: 1,
+                heads_q: 13,
+                heads_kv: 13,
+                seqlen_q: 100,
+                seqlen_k: 1000,
+                head_dim: 128,
+                hopper_max_ctas: Some(12),
+                ..base.clone()
+            },
+            Case {
+                batch: 2,
+                heads_q: 3,
+                heads_kv: 3,
+                seqlen_q: 1000,
+                seqlen_k: 1000,
+                head_dim: 64,
+                layout: QkvLayout::Bhnd,
+                hopper_max_ctas: Some(16),
+                ..base.clone()
+            },
+            Case {
+                dtype: DType::BF16,
+                batch: 1,
+                heads_q: 5,
+                heads_kv: 5,
+                seqlen_q: 700,
+                seqlen_k: 700,
+                head_dim: 256,
+                softcap: 30.0,
+                hopper_max_ctas: Some(14),
+                ..base.clone()
+            },
+            Case {
+                dtype: DType::BF16,
+                batch: 1,
+                heads_q: 8,
+                heads_kv: 2,
+                seqlen_q: 800,
+                seqlen_k: 800,
+                head_dim: 128,
+                hopper_max_ctas: Some(18),
+                return_lse: false,
+                ..base.clone()
+            },
+        ] {
+            v.push((
+                Case {
+                    num_splits: Some(1),
+                    ..c
+                },
+                false,
+            ));
+        }
     }
 
     // Softcap with a mask and no split (a distinct compiled variant: the cases above let the
