@@ -39,12 +39,17 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_combine(const __gri
   if (item >= p.partial_rows * heads) return;  // whole warps exit together
   const long long row = item / heads;
   int h = (int)(item % heads);
-  int tail_b = 0, tail_i = 0;
+  long long tail_o_off = 0, tail_lse_off = 0;
   if (tail) {
-    tail_b = p.tail_meta[3 * row];
+    // the row's place; rows no item wrote (b < 0) or past their sequence hold no partials
+    const int b = p.tail_meta[3 * row];
     h = p.tail_meta[3 * row + 1];
-    tail_i = p.tail_meta[3 * row + 2];
-    if (tail_b < 0) return;  // a row no item wrote (warp-uniform)
+    const int i = p.tail_meta[3 * row + 2];
+    if (b < 0) return;  // warp-uniform, like every exit here
+    const AttnSeq seq = attn_seq(p, b, h);
+    if (i >= seq.len_q) return;
+    tail_o_off = seq.o_off - h * p.o_stride_h + (long long)i * p.o_stride_n;
+    tail_lse_off = (p.cu_seqlens_q != nullptr ? seq.row_q : (long long)b * p.lse_stride_b) + i;
   }
   const int lane = lane_id();
   const int splits = min(p.num_splits, kMaxSplits);
@@ -82,10 +87,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_combine(const __gri
   long long o_off;
   long long lse_off;
   if (tail) {
-    const AttnSeq seq = attn_seq(p, tail_b, h);
-    if (tail_i >= seq.len_q) return;  // past the sequence (no shuffles follow)
-    o_off = seq.o_off - h * p.o_stride_h + (long long)tail_i * p.o_stride_n;
-    lse_off = (p.cu_seqlens_q != nullptr ? seq.row_q : (long long)tail_b * p.lse_stride_b) + tail_i;
+    o_off = tail_o_off;
+    lse_off = tail_lse_off;
   } else if (p.cu_seqlens_q != nullptr) {
     o_off = row * p.o_stride_n;
     lse_off = row;
