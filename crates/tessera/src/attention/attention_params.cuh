@@ -44,7 +44,7 @@ struct AttentionParams {
   long long v_stride_b, v_stride_n, v_stride_h;
   long long o_stride_b, o_stride_n, o_stride_h;
   long long lse_stride_b, lse_stride_h;
-  long long partial_rows;    // B * seqlen_q (padded) or total_q (varlen)
+  long long partial_rows;    // B * seqlen_q (padded) or total_q (varlen); tail launch: its rows
   int batch;
   int heads_q;
   int heads_kv;

@@ -8,8 +8,8 @@
 // (128 per warpgroup: 384 or 512),
 // kStages (K/V ring depth), kMasked, kSoftcap, kSplit.
 //
-// Work: item w of hp.work_items (grid = min(work_items, SMs)). CTA c starts with item c and then
-// takes items grid, grid + 1, ... in the order its producer draws them from a global counter
+// Work: item w of hp.work_items (grid = min(all items, SMs), plan.rs). CTA c starts with item
+// c and then takes items grid, grid + 1, ... in the order its producer draws them from a counter
 // (hp.tile_counter; dynamic scheduling: a CTA that finished short items takes the next long one,
 // and the CTAs running together stay on neighbouring items, which a fixed stride loses after the
 // first round). The last draw of a launch resets the counter to 0 for the next launch. The
@@ -78,7 +78,8 @@ struct HopperParams {
   ts::TensorMap q_map;  // (D, rows, heads_q, batch), box (64, kBlockM, 1, 1), 128-byte swizzle
   ts::TensorMap k_map;  // (D, rows, heads_kv, batch), box (64, kBlockN, 1, 1)
   ts::TensorMap v_map;
-  int work_items;       // q_tiles * num_splits * batch * heads_q
+  int work_items;       // this launch's items: q_tiles * num_splits * batch * heads_q, less the
+                        // tail items (tail split), or tail items * num_splits (tail launch)
   int l2_heads;         // batch-heads per L2 section (>= 1)
   unsigned* tile_counter;  // dynamic scheduler: 0 before every launch, left at 0 after it
   int* work_slots;         // [gridDim.x]: the item each CTA's producer published last

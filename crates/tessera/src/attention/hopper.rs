@@ -2,8 +2,10 @@
 //! the kernel parameter struct and the persistent grid.
 //!
 //! Grid convention of this path (differs from the `(B * Hq, q_tiles, splits)` grid of the
-//! others): a persistent 1-D grid of `min(work_items, SMs)` CTAs, `work_items = q_tiles *
-//! splits * B * Hq`. The batch-heads are cut into L2 sections of `S` ([`l2_section_heads`]:
+//! others): a persistent 1-D grid of `min(work, SMs)` CTAs (capped by
+//! `AttentionOptions::hopper_max_ctas`), `work = q_tiles * splits * B * Hq`; with a tail split
+//! ([`tail_split`]) the first launch runs `work - tail` of them on that grid and the second
+//! `tail * tail_splits` split items. The batch-heads are cut into L2 sections of `S` ([`l2_section_heads`]:
 //! enough heads for four waves of the grid, as long as their K and V fit the L2). The first
 //! section holds the `B * Hq % S` remainder heads (when not 0), every later one `S`: the launch
 //! then ends on a full section, whose short causal tiles fill the tail (a small last section
@@ -334,9 +336,11 @@ pub const TAIL_MIN_TILES_PER_SPLIT: usize = 3;
 /// key tiles each: `Some((tail_items, splits))` where the items leave a last wave of
 /// `tail_items = work_items % grid` CTAs, at most `grid / TAIL_MAX_WAVE_DIV`, while the others
 /// idle for a whole item time. The plan then runs the other items as usual and these in a
-/// second launch, each split along its keys `splits` ways (as many as the grid holds, with at
-/// least [`TAIL_MIN_TILES_PER_SPLIT`] key tiles each, at most `max_splits`), and merges them:
-/// the last wave then takes about `1 / splits` of an item time plus a launch and the merge.
+/// second launch after it, each split along its keys `splits` ways (as many as the grid holds,
+/// with at least [`TAIL_MIN_TILES_PER_SPLIT`] key tiles each, at most `max_splits`; then the
+/// fewest splits that give each split the same ceil(key_tiles / splits) tiles, so that none is
+/// left empty by the kernel's partition), and merges them: the last wave then takes about
+/// `1 / splits` of an item time plus a launch and the merge.
 /// H200, bench/NOTES.md run 121: non-causal B4 H16 N8192 D128, 4096 items on 132 CTAs (31.03
 /// waves), 606 TFLOP/s against 628 for 32.0 waves (N8448). `None` where there is no short last
 /// wave or too few key tiles to split.
@@ -349,6 +353,12 @@ pub fn tail_split(work_items: usize, grid: usize, key_tiles: usize, max_splits: 
         return None;
     }
     let splits = (grid / tail).min(key_tiles / TAIL_MIN_TILES_PER_SPLIT).min(max_splits);
+    if splits < 2 {
+        return None;
+    }
+    // key_tiles (flash_sm90.cu) gives split s tiles [s * per, (s + 1) * per), per =
+    // ceil(key_tiles / splits): more splits than ceil(key_tiles / per) would be empty.
+    let splits = key_tiles.div_ceil(key_tiles.div_ceil(splits));
     (splits >= 2).then_some((tail, splits))
 }
 
@@ -375,7 +385,8 @@ mod tests {
     fn tail_split_takes_short_last_waves_only() {
         let max = crate::attention::plan::MAX_SPLITS;
         // H200's non-causal B4 H16 N8192 D128 (176-key tiles): 4096 items on 132 CTAs
-        assert_eq!(tail_split(4096, 132, 47, max), Some((4, 15)));
+        // (15 splits of ceil(47 / 15) = 4 tiles would leave 3 empty: 12)
+        assert_eq!(tail_split(4096, 132, 47, max), Some((4, 12)));
         // whole waves, a long last wave, one wave, no grid: none
         assert_eq!(tail_split(4224, 132, 47, max), None);
         assert_eq!(tail_split(2048, 132, 64, max), None); // 68 of 132 in the last wave
@@ -385,8 +396,8 @@ mod tests {
         assert_eq!(tail_split(133, 132, 5, max), None);
         assert_eq!(tail_split(133, 132, 6, max), Some((1, 2)));
         // splits capped by max_splits
-        assert_eq!(tail_split(133, 132, 1000, 64), Some((1, 64)));
-        // verify.rs's tail cases
+        assert_eq!(tail_split(133, 132, 1000, 64), Some((1, 63))); // 16 tiles each
+                                                                   // verify.rs's tail cases
         assert_eq!(tail_split(27, 12, 9, max), Some((3, 3))); // B1 H3 N1100 D128
         assert_eq!(tail_split(13, 12, 8, max), Some((1, 2))); // B1 H13 Nq100 Nk1000 D128
         assert_eq!(tail_split(36, 16, 8, max), Some((4, 2))); // B2 H3 N1000 D64 (192 rows)
@@ -402,6 +413,82 @@ mod tests {
             let (block_m, _, _, _) = tiles(head_dim(d), block_n_choices(head_dim(d))[0]).unwrap();
             assert_eq!(n.div_ceil(block_m as usize), q_tiles, "N {n} D {d}");
         }
+    }
+
+    /// A mirror of flash_sm90.cu's `decode_order`: item `w` of `bh` batch-heads with `q_tiles`
+    /// query tiles and `splits` splits each, in L2 sections of `l2_heads` (the remainder first).
+    /// Returns (batch-head, query tile, split).
+    fn decode_order(w: usize, bh: usize, q_tiles: usize, splits: usize, l2_heads: usize) -> (usize, usize, usize) {
+        let head_items = q_tiles * splits;
+        let rem = bh % l2_heads;
+        let (first, heads, r) = if w < rem * head_items {
+            (0, rem, w)
+        } else {
+            let w2 = w - rem * head_items;
+            (
+                rem + w2 / (l2_heads * head_items) * l2_heads,
+                l2_heads,
+                w2 % (l2_heads * head_items),
+            )
+        };
+        let per_tile = heads * splits;
+        (first + r % heads, q_tiles - 1 - r / per_tile, r % per_tile / heads)
+    }
+
+    /// The first launch (work - tail items in its order) and the tail launch (the rest, each
+    /// split tail_splits ways, decoded as flash_sm90.cu's `decode_work` does) cover every
+    /// (batch-head, query tile) and every key tile of it exactly once, with no split left empty.
+    #[test]
+    fn tail_split_covers_every_item_and_key_once() {
+        let mut seen_tail = 0;
+        for bh in [1usize, 3, 5, 13, 32, 64] {
+            for q_tiles in [1usize, 2, 7, 64] {
+                for grid in [4usize, 12, 18, 132] {
+                    for key_tiles in [6usize, 7, 11, 47] {
+                        let work = bh * q_tiles;
+                        let Some((tail, splits)) = tail_split(work, grid, key_tiles, 64) else {
+                            continue;
+                        };
+                        seen_tail += 1;
+                        assert!(tail * splits <= grid && work - tail >= grid);
+                        for l2_heads in [1usize, 2, 5, bh] {
+                            let l2_heads = l2_heads.clamp(1, bh);
+                            let mut items = vec![0u32; work];
+                            for w in 0..work - tail {
+                                let (b, q, s) = decode_order(w, bh, q_tiles, 1, l2_heads);
+                                assert_eq!(s, 0);
+                                items[b * q_tiles + q] += 1;
+                            }
+                            let mut tiles = vec![vec![0u32; key_tiles]; work];
+                            for w in 0..tail * splits {
+                                let (b, q, _) = decode_order(work - tail + w / splits, bh, q_tiles, 1, l2_heads);
+                                let split = w % splits;
+                                if split == 0 {
+                                    items[b * q_tiles + q] += 1;
+                                }
+                                // key_tiles with kSplit and no mask
+                                let per = key_tiles.div_ceil(splits);
+                                let t0 = split * per;
+                                let t1 = key_tiles.min(t0 + per);
+                                assert!(t0 < t1, "empty split {split} of {splits} over {key_tiles} tiles");
+                                for t in tiles[b * q_tiles + q].iter_mut().take(t1).skip(t0) {
+                                    *t += 1;
+                                }
+                            }
+                            assert!(items.iter().all(|&n| n == 1), "bh {bh} q_tiles {q_tiles} grid {grid}");
+                            for (i, t) in tiles.iter().enumerate() {
+                                let in_tail = t.iter().any(|&n| n > 0);
+                                if in_tail {
+                                    assert!(t.iter().all(|&n| n == 1), "item {i}: key tiles {t:?}");
+                                }
+                            }
+                            assert_eq!(tiles.iter().filter(|t| t[0] > 0).count(), tail);
+                        }
+                    }
+                }
+            }
+        }
+        assert!(seen_tail > 20, "the sweep reaches the tail split ({seen_tail} plans)");
     }
 
     #[test]

@@ -109,11 +109,11 @@ pub struct AttentionOptions {
     /// padding costs little, 128 otherwise); `Some(128)` or `Some(176)` forces it, for tests
     /// and benchmarks. An error for other head dims or values; the Ampere kernel ignores it.
     pub hopper_block_n: Option<u32>,
-    /// The Hopper plan's tail split (default `true`): where a problem without masks, varlen or
-    /// split-KV leaves its persistent CTAs a short last wave of equal work items, the plan runs
-    /// those last items in a second launch, split along the keys over the SMs the first one
-    /// leaves idle, and merges them ([`hopper::tail_split`]). `false` runs every item whole.
-    /// The Ampere kernel ignores it.
+    /// The Hopper plan's tail split (default `true`): where a problem without masks or varlen,
+    /// for which the plan chose no split-KV itself (`num_splits: None`), leaves its persistent
+    /// CTAs a short last wave of equal work items, the plan runs those last items in a second
+    /// launch after the first, each split along the keys over the whole GPU, and merges them
+    /// ([`hopper::tail_split`]). `false` runs every item whole. The Ampere kernel ignores it.
     pub hopper_tail_split: bool,
     /// Caps the Hopper kernel's persistent grid (default `None`: one CTA per SM), so that tests
     /// reach the tail split and other whole-wave effects on small problems. At least 1; the

@@ -544,9 +544,13 @@ impl AttentionPlan {
         let k_tiles = problem.seqlen_k.div_ceil(block_n as usize);
         let splits = match options.num_splits {
             Some(s) => s.min(k_tiles.max(1)),
+            // (the Hopper grid cap stands for a smaller GPU here too)
             None => choose_splits(
                 problem.batch.saturating_mul(problem.heads_q).saturating_mul(q_tiles),
-                ctx.info().sm_count as usize,
+                match (path, options.hopper_max_ctas) {
+                    (AttentionPath::Hopper, Some(m)) => m.min(ctx.info().sm_count as usize),
+                    _ => ctx.info().sm_count as usize,
+                },
                 k_tiles,
             ),
         };
@@ -626,10 +630,15 @@ impl AttentionPlan {
             }
             _ => None,
         };
-        // The tail split: Hopper, equal items (no mask, no varlen), no split-KV of its own.
+        // The tail split: Hopper, equal items (no mask, no varlen), and no split-KV, neither the
+        // plan's own nor forced (num_splits: Some(1) disables split-KV, the tail's included).
         let tail = match path {
             AttentionPath::Hopper
-                if options.hopper_tail_split && splits == 1 && !variant.masked && problem.varlen.is_none() =>
+                if options.hopper_tail_split
+                    && options.num_splits.is_none()
+                    && splits == 1
+                    && !variant.masked
+                    && problem.varlen.is_none() =>
             {
                 let work = work.unwrap_or(0);
                 let grid = hopper_grid(work, ctx.info().sm_count, options.hopper_max_ctas) as usize;

@@ -816,7 +816,8 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
         ));
         // The tail split (hopper::tail_split): a capped grid leaves a short last wave, whose
         // items a second launch runs split along the keys and the combine merges. The plans
-        // (num_splits 1, grid cap, tail items x splits; hopper.rs tests check these numbers):
+        // (grid cap, tail items x splits; hopper.rs tests check these numbers, and the run
+        // fails a case whose plan takes no tail split):
         // 27 items on 12 CTAs, 3 x 3; one query tile of 100 rows, 13 items on 12, 1 x 2 (rows
         // past the sequence in the tail item); D64 (192-row tiles) 36 items on 16, 4 x 2, the
         // tail across two sequences; D256 softcap 30 items on 14, 2 x 3; GQA 56 items on 18,
@@ -881,13 +882,7 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
                 ..base.clone()
             },
         ] {
-            v.push((
-                Case {
-                    num_splits: Some(1),
-                    ..c
-                },
-                false,
-            ));
+            v.push((c, false));
         }
     }
 
@@ -1273,6 +1268,14 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
 
     let problem = AttentionProblem::of_views(&q, &k, &v, case.layout, varlen.as_ref())?;
     let plan = AttentionPlan::new(ctx, &problem, &opts)?;
+    // The capped-grid cases exist to reach the Hopper tail split; a plan without one would
+    // pass while testing the plain path.
+    if case.path == AttentionPath::Hopper && case.hopper_max_ctas.is_some() && plan.tail_split().is_none() {
+        return Err(crate::Error::Unsupported(format!(
+            "verify: this case should plan a tail split (hopper::tail_split), the plan is {}",
+            plan.describe()
+        )));
+    }
 
     let out_pitch = if case.out_padded { d + HEAD_PAD } else { d };
     let o_at = placement(case, case.seqlen_q, tq, hq, out_pitch);
