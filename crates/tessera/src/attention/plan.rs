@@ -15,6 +15,8 @@
 //! of at most one CTA per SM walking a static list of (query tile, split, batch-head) items,
 //! longest first (see [`super::hopper`]). With `splits > 1` each split writes normalised
 //! partial outputs and LSEs to a workspace that `combine.cu` merges with the online-softmax rule.
+//! A Hopper plan whose equal items leave a short last wave runs those items in a second,
+//! split-KV launch with its own small workspace and merge (the tail split, [`TailSplit`]).
 
 use std::sync::Arc;
 
