@@ -16,7 +16,7 @@
 //! longest first (see [`super::hopper`]). With `splits > 1` each split writes normalised
 //! partial outputs and LSEs to a workspace that `combine.cu` merges with the online-softmax rule.
 //! A Hopper plan whose equal items leave a short last wave runs those items in a second,
-//! split-KV launch with its own small workspace and merge (the tail split, [`TailSplit`]).
+//! split-KV launch with its own small workspace and merge (the tail split, `TailSplit`).
 
 use std::sync::Arc;
 
@@ -101,7 +101,7 @@ pub struct AttentionParams {
     pub num_splits: i32,
     pub q_tiles: i32,
     pub head_group: i32,
-    /// Hopper tail launch: `{b, h, i}` per partial row (see [`TailSplit`]); 0 otherwise.
+    /// Hopper tail launch: `{b, h, i}` per partial row (see `TailSplit`); 0 otherwise.
     pub tail_meta: u64,
 }
 
