@@ -399,7 +399,8 @@ mod tests {
         assert_eq!(tail_split(133, 132, 6, max), Some((1, 2)));
         // splits capped by max_splits
         assert_eq!(tail_split(133, 132, 1000, 64), Some((1, 63))); // 16 tiles each
-                                                                   // verify.rs's tail cases
+
+        // verify.rs's tail cases
         assert_eq!(tail_split(27, 12, 9, max), Some((3, 3))); // B1 H3 N1100 D128
         assert_eq!(tail_split(13, 12, 8, max), Some((1, 2))); // B1 H13 Nq100 Nk1000 D128
         assert_eq!(tail_split(36, 16, 8, max), Some((4, 2))); // B2 H3 N1000 D64 (192 rows)

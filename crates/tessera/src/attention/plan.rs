@@ -486,6 +486,25 @@ fn hopper_grid(work_items: usize, sm_count: u32, max_ctas: Option<usize>) -> u32
     max_ctas.map_or(g, |m| g.min(m.clamp(1, u32::MAX as usize) as u32))
 }
 
+/// Device addresses of a split-KV workspace's partial outputs and of its LSEs, which follow
+/// `o_len` output floats.
+fn partial_ptrs(workspace: &DeviceBuffer<f32>, o_len: usize) -> (u64, u64) {
+    (workspace.device_ptr(), workspace.device_ptr() + (o_len * 4) as u64)
+}
+
+/// Device addresses of a Hopper scheduler buffer's tile counter and work slots
+/// ([`hopper::scheduler_len`]).
+fn scheduler_ptrs(scheduler: &DeviceBuffer<i32>) -> (u64, u64) {
+    let base = scheduler.device_ptr();
+    (base, base + (hopper::SCHEDULER_SLOTS_OFFSET * 4) as u64)
+}
+
+/// The combine kernel's launch: one warp per partial row (and head) of `warp_items`.
+fn combine_config(warp_items: usize) -> LaunchConfig {
+    let warps = (CombineVariant::THREADS / 32) as usize;
+    LaunchConfig::linear(warp_items.div_ceil(warps) as u32, CombineVariant::THREADS, 0)
+}
+
 /// FlashAttention-2's rule: split only while the CTAs do not fill the GPU, choosing the
 /// smallest split count whose wave efficiency is within 85% of the best.
 pub fn choose_splits(ctas: usize, sms: usize, k_tiles: usize) -> usize {
@@ -710,7 +729,7 @@ impl AttentionPlan {
                 .as_ref()
                 .map_or(0, |t| t.workspace.bytes() + t.meta.bytes() + t.scheduler.bytes())
     }
-    /// A readable description (`sm80 d128 m128 n64 splits 1`, `... tail 4x15` with a tail split).
+    /// A readable description (`sm80 d128 m128 n64 splits 1`, `... tail 4x12` with a tail split).
     pub fn describe(&self) -> String {
         let mut s = format!(
             "{} d{} m{} n{} splits {}",
@@ -843,10 +862,10 @@ impl AttentionPlan {
         let (left, right) = self.options.window_for(self.problem.seqlen_q, self.problem.seqlen_k);
         let rows = partial_rows(&self.problem);
         let (o_partial, lse_partial) = match &self.workspace {
-            Some(w) => {
-                let o_len = self.splits * self.problem.heads_q * rows * self.variant.head_dim as usize;
-                (w.device_ptr(), w.device_ptr() + (o_len * 4) as u64)
-            }
+            Some(w) => partial_ptrs(
+                w,
+                self.splits * self.problem.heads_q * rows * self.variant.head_dim as usize,
+            ),
             None => (0, 0),
         };
         let softcap = self.options.softcap;
@@ -895,11 +914,10 @@ impl AttentionPlan {
             return Ok(());
         }
         if let Some((q_map, k_map, v_map)) = maps {
-            let scheduler = self
-                .scheduler
-                .as_ref()
-                .ok_or_else(|| Error::Unsupported("internal: a Hopper plan without its scheduler buffer".into()))?
-                .device_ptr();
+            let (tile_counter, work_slots) =
+                scheduler_ptrs(self.scheduler.as_ref().ok_or_else(|| {
+                    Error::Unsupported("internal: a Hopper plan without its scheduler buffer".into())
+                })?);
             let work = self.q_tiles * self.splits * self.problem.batch * self.problem.heads_q;
             let sms = self.ctx.info().sm_count;
             let grid = hopper_grid(work, sms, self.options.hopper_max_ctas);
@@ -922,8 +940,8 @@ impl AttentionPlan {
                 v_map,
                 work_items: (work - tail_items) as i32,
                 l2_heads,
-                tile_counter: scheduler,
-                work_slots: scheduler + (hopper::SCHEDULER_SLOTS_OFFSET * 4) as u64,
+                tile_counter,
+                work_slots,
                 tail_first: -1,
                 pad_: [0; 9],
             };
@@ -934,10 +952,12 @@ impl AttentionPlan {
             unsafe { self.kernel.launch(&self.ctx, cfg, &hp)? };
             if let Some(t) = &self.tail {
                 let rows = t.items * self.variant.block_m as usize;
-                let o_len = t.splits * rows * self.variant.head_dim as usize;
+                let (o_partial, lse_partial) =
+                    partial_ptrs(&t.workspace, t.splits * rows * self.variant.head_dim as usize);
+                let (tile_counter, work_slots) = scheduler_ptrs(&t.scheduler);
                 let tp = AttentionParams {
-                    o_partial: t.workspace.device_ptr(),
-                    lse_partial: t.workspace.device_ptr() + (o_len * 4) as u64,
+                    o_partial,
+                    lse_partial,
                     partial_rows: rows as i64,
                     num_splits: t.splits as i32,
                     tail_meta: t.meta.device_ptr(),
@@ -946,8 +966,8 @@ impl AttentionPlan {
                 let thp = HopperParams {
                     p: tp,
                     work_items: (t.items * t.splits) as i32,
-                    tile_counter: t.scheduler.device_ptr(),
-                    work_slots: t.scheduler.device_ptr() + (hopper::SCHEDULER_SLOTS_OFFSET * 4) as u64,
+                    tile_counter,
+                    work_slots,
                     tail_first: (work - t.items) as i32,
                     ..hp
                 };
@@ -960,11 +980,9 @@ impl AttentionPlan {
                 // rows (sized for items * block_m rows and splits) and reads what the first
                 // launch reads. Stream order puts it after the first launch.
                 unsafe { t.kernel.launch(&self.ctx, cfg, &thp)? };
-                let warps = (CombineVariant::THREADS / 32) as usize;
-                let cfg = LaunchConfig::linear(rows.div_ceil(warps) as u32, CombineVariant::THREADS, 0);
                 // SAFETY: the combine reads the tail workspace and meta the launch before wrote
                 // (same stream) and writes out/lse rows of the validated views that meta names.
-                unsafe { t.combine.launch(&self.ctx, cfg, &tp)? };
+                unsafe { t.combine.launch(&self.ctx, combine_config(rows), &tp)? };
             }
         } else {
             let cfg = LaunchConfig {
@@ -986,12 +1004,9 @@ impl AttentionPlan {
             unsafe { self.kernel.launch(&self.ctx, cfg, &params)? };
         }
         if let Some(combine) = &self.combine {
-            let work = rows * self.problem.heads_q;
-            let warps = (CombineVariant::THREADS / 32) as usize;
-            let cfg = LaunchConfig::linear(work.div_ceil(warps) as u32, CombineVariant::THREADS, 0);
             // SAFETY: as above; the combine kernel reads the workspace the forward kernel just
             // wrote (same stream) and writes out/lse within their validated extents.
-            unsafe { combine.launch(&self.ctx, cfg, &params)? };
+            unsafe { combine.launch(&self.ctx, combine_config(rows * self.problem.heads_q), &params)? };
         }
         Ok(())
     }
