@@ -9,6 +9,8 @@
 // is visible to other threads only after a barrier that follows the wait.
 //
 // Both addresses must be 16-byte aligned. `.cg` caches the line in L2 only (streamed data).
+// `prefetch_l2_bulk` (sm_90+) asks for a contiguous range to be brought into L2, without a
+// destination or a wait.
 #pragma once
 
 #include "tessera/common.cuh"
@@ -77,6 +79,18 @@ TS_DEVICE void cp_async_wait_pending(int n) {
       else cp_async_wait<0>();
       break;
   }
+}
+
+/// Starts an L2 prefetch of `bytes` (a multiple of 16) of global memory at `src` (16-byte
+/// aligned): one bulk request the SM's copy engine splits (cp.async.bulk.prefetch, sm_90+; no
+/// effect on older GPUs). A hint: nothing waits for it and nothing is guaranteed to stay in L2.
+TS_DEVICE void prefetch_l2_bulk(const void* src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
+#else
+  (void)src;
+  (void)bytes;
+#endif
 }
 
 }  // namespace ts

@@ -91,7 +91,8 @@
 // launch's parameters. Row schedule: group g takes rows g, g + groups, ... (static), or, in the
 // kClaimRows variant, row g and then the rows its rank 0 claims from a counter (one atomic per
 // row, issued at the top of the row; the claimed row travels to the other ranks in rank 0's
-// slot), so every resident group works and faster groups take more rows. The plan takes the
+// slot), so every resident group works and faster groups take more rows; rank 0 also starts an
+// L2 prefetch of the claimed row while its group waits in the exchange (prefetch_claimed_row). The plan takes the
 // claiming variant where the static schedule would leave many resident groups unused (plan.rs
 // split_claims_rows; H200, bench/NOTES.md run 87: +4% on fp16 256 x 262144, 43 of 49 groups
 // static, but 1-3.5% behind static where it uses every group). Workspace: three counters and
@@ -449,6 +450,20 @@ struct CopyGroups {
   }
 };
 
+/// kClaimRows, rank 0's thread 0 after its reduction pass: one L2 prefetch of the row its group
+/// claimed (up to 1 MB of it), so HBM reads the row while the group waits in the exchange and
+/// the other ranks learn which row it is (they copy it in the store pass). H200, bench/NOTES.md
+/// run 126 (same binary, three rounds): +1.2% on fp16 256 x 262144 (the claiming kernel). Not
+/// in the static schedule: every CTA prefetching its own next share there cost 10-16% (the
+/// prefetched lines did not stay in L2 until the copies; fp16 1024 x 131072, fp32 1024 x 131072
+/// and 256 x 262144), and prefetching at the top of the row cost 1%.
+TS_DEVICE void prefetch_claimed_row(const SoftmaxClusterParams& p, unsigned next) {
+  if ((long long)next >= p.rows) return;
+  long long bytes = (p.cols * (long long)sizeof(InT)) & ~15ll;  // (the row starts 16-byte aligned)
+  if (bytes > (1ll << 20)) bytes = 1ll << 20;
+  if (bytes > 0) ts::prefetch_l2_bulk(static_cast<const InT*>(p.in) + (long long)next * p.in_stride, (uint32_t)bytes);
+}
+
 /// The pipelined schedule (kPipe) of one cluster's rows, its copies in kCopyGroups groups per
 /// row (CopyGroups). rank, cluster, clusters, c0, n: as in rows().
 TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int rank, int cluster, int clusters,
@@ -511,6 +526,7 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
       t[0] = ts::to_float(share[tail]);
       st.update_chunk_fma(t, s, __fmul_rn(t[0], s));
     }
+    if (kClaimRows && rank == 0 && threadIdx.x == 0) prefetch_claimed_row(p, split_claim);
     const int parity = (int)(iter & 1);
     st = ts::block_allreduce_softmax<kBlockThreads>(st, red_state[parity]);
     if constexpr (kGlobalExchange) {
