@@ -92,8 +92,8 @@
 // kClaimRows variant, row g and then the rows its rank 0 claims from a counter (one atomic per
 // row, issued at the top of the row; the claimed row travels to the other ranks in rank 0's
 // slot), so every resident group works and faster groups take more rows; rank 0 also starts an
-// L2 prefetch of the claimed row while its group waits in the exchange (prefetch_claimed_row). The plan takes the
-// claiming variant where the static schedule would leave many resident groups unused (plan.rs
+// L2 prefetch of the claimed row while its group waits in the exchange (prefetch_claimed_row).
+// The plan takes the claiming variant where the static schedule would leave many resident groups unused (plan.rs
 // split_claims_rows; H200, bench/NOTES.md run 87: +4% on fp16 256 x 262144, 43 of 49 groups
 // static, but 1-3.5% behind static where it uses every group). Workspace: three counters and
 // rows * kCluster slots of 32 bytes, zeroed once by the plan (tag 0 is never valid).
@@ -453,10 +453,12 @@ struct CopyGroups {
 /// kClaimRows, rank 0's thread 0 after its reduction pass: one L2 prefetch of the row its group
 /// claimed (up to 1 MB of it), so HBM reads the row while the group waits in the exchange and
 /// the other ranks learn which row it is (they copy it in the store pass). H200, bench/NOTES.md
-/// run 126 (same binary, three rounds): +1.2% on fp16 256 x 262144 (the claiming kernel). Not
-/// in the static schedule: every CTA prefetching its own next share there cost 10-16% (the
-/// prefetched lines did not stay in L2 until the copies; fp16 1024 x 131072, fp32 1024 x 131072
-/// and 256 x 262144), and prefetching at the top of the row cost 1%.
+/// runs 126-134 (same binary, three rounds each): +1.2-1.5% on fp16 256 x 262144, whose mostly
+/// empty last round of claimed rows leaves HBM idle; issued at the top of the row instead, -1%.
+/// Not in the static schedule: every placement tried there (each CTA its next share, rank 0 the
+/// group's whole next row, only the second row, only the last one or two rows) was level or
+/// 1-16% slower on fp16 / fp32 1024 x 131072 and fp32 256 x 262144: its full rounds keep HBM
+/// busy and the prefetched lines compete with the copies for L2.
 TS_DEVICE void prefetch_claimed_row(const SoftmaxClusterParams& p, unsigned next) {
   if ((long long)next >= p.rows) return;
   long long bytes = (p.cols * (long long)sizeof(InT)) & ~15ll;  // (the row starts 16-byte aligned)
