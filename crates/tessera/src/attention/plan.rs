@@ -355,6 +355,19 @@ pub fn sm80_head_group(
         .unwrap_or(heads)
 }
 
+/// The Hopper kernel's persistent launch, fixed by the problem (computed once by the plan).
+struct HopperLaunch {
+    /// Persistent CTAs ([`hopper_grid`]).
+    grid: u32,
+    /// Batch-heads per L2 section ([`hopper::l2_section_heads`]); the tail launch decodes its
+    /// items in this launch's order, so it passes the same value.
+    l2_heads: i32,
+    /// The scheduler state ([`hopper::scheduler_len`]): the tile counter (zeroed by the plan;
+    /// every launch leaves it at zero) and the CTAs' work slots. Launches of one plan are
+    /// ordered on its context's stream.
+    scheduler: DeviceBuffer<i32>,
+}
+
 /// The second launch of a Hopper plan whose work items leave a short last wave
 /// ([`hopper::tail_split`]): the split-KV variant of the plan's kernel runs the last `items`
 /// items of the first launch's order, `splits` ways each, into its own workspace, and the
@@ -370,6 +383,8 @@ struct TailSplit {
     meta: DeviceBuffer<i32>,
     /// Its own scheduler state: the first launch's last draw resets that one's counter.
     scheduler: DeviceBuffer<i32>,
+    /// Its persistent CTAs ([`hopper_grid`] of `items * splits`).
+    grid: u32,
 }
 
 /// A plan: the kernels, the split count and the workspace for one problem.
@@ -386,10 +401,8 @@ pub struct AttentionPlan {
     head_group: usize,
     /// Split-KV workspace: partial outputs then partial LSEs (f32).
     workspace: Option<DeviceBuffer<f32>>,
-    /// Hopper path: the persistent kernel's scheduler state ([`hopper::scheduler_len`]): the
-    /// tile counter (zeroed here; every launch leaves it at zero) and the CTAs' work slots.
-    /// Launches of one plan are ordered on its context's stream.
-    scheduler: Option<DeviceBuffer<i32>>,
+    /// Hopper path: the persistent launch's shape and scheduler state.
+    hopper: Option<HopperLaunch>,
     /// Hopper path: the tail split ([`hopper::tail_split`]), when the plan takes it.
     tail: Option<TailSplit>,
     /// Under `Auto` on Hopper: the Ampere plan used for views that TMA cannot describe
@@ -643,27 +656,39 @@ impl AttentionPlan {
                 }
             }
         };
-        let scheduler = match path {
+        let sms = ctx.info().sm_count;
+        let hopper = match path {
             AttentionPath::Hopper => {
-                let mut s = ctx.alloc::<i32>(hopper::scheduler_len(ctx.info().sm_count))?;
-                s.fill_bytes(0)?; // stream-ordered, before any launch of this plan
-                Some(s)
+                let grid = hopper_grid(work.unwrap_or(0), sms, options.hopper_max_ctas);
+                let mut scheduler = ctx.alloc::<i32>(hopper::scheduler_len(sms))?;
+                scheduler.fill_bytes(0)?; // stream-ordered, before any launch of this plan
+                Some(HopperLaunch {
+                    grid,
+                    l2_heads: hopper::l2_section_heads(
+                        ctx.info().l2_bytes,
+                        problem.seqlen_k,
+                        problem.head_dim,
+                        problem.group(),
+                        bh,
+                        q_tiles * splits,
+                        grid as usize,
+                    ),
+                    scheduler,
+                })
             }
             _ => None,
         };
         // The tail split: Hopper, equal items (no mask, no varlen), and no split-KV, neither the
         // plan's own nor forced (num_splits: Some(1) disables split-KV, the tail's included).
-        let tail = match path {
-            AttentionPath::Hopper
+        let tail = match &hopper {
+            Some(launch)
                 if options.hopper_tail_split
                     && options.num_splits.is_none()
                     && splits == 1
                     && !variant.masked
                     && problem.varlen.is_none() =>
             {
-                let work = work.unwrap_or(0);
-                let grid = hopper_grid(work, ctx.info().sm_count, options.hopper_max_ctas) as usize;
-                match hopper::tail_split(work, grid, k_tiles, MAX_SPLITS) {
+                match hopper::tail_split(work.unwrap_or(0), launch.grid as usize, k_tiles, MAX_SPLITS) {
                     Some((items, tail_splits)) => {
                         let kernel = ctx.kernel(&Variant { split: true, ..variant }.spec())?;
                         let combine = ctx.kernel(
@@ -677,7 +702,7 @@ impl AttentionPlan {
                         let workspace = ctx.alloc::<f32>(tail_splits * rows * (head_dim as usize + 1))?;
                         let mut meta = ctx.alloc::<i32>(3 * rows)?;
                         meta.fill_bytes(0xff)?; // b = -1: rows no item writes stay skipped
-                        let mut scheduler = ctx.alloc::<i32>(hopper::scheduler_len(ctx.info().sm_count))?;
+                        let mut scheduler = ctx.alloc::<i32>(hopper::scheduler_len(sms))?;
                         scheduler.fill_bytes(0)?;
                         Some(TailSplit {
                             items,
@@ -687,6 +712,7 @@ impl AttentionPlan {
                             workspace,
                             meta,
                             scheduler,
+                            grid: hopper_grid(items * tail_splits, sms, options.hopper_max_ctas),
                         })
                     }
                     None => None,
@@ -705,7 +731,7 @@ impl AttentionPlan {
             q_tiles,
             head_group,
             workspace,
-            scheduler,
+            hopper,
             tail,
             fallback: std::sync::OnceLock::new(),
         })
@@ -723,7 +749,7 @@ impl AttentionPlan {
     /// Bytes of device memory the plan holds besides the caller's tensors.
     pub fn workspace_bytes(&self) -> usize {
         self.workspace.as_ref().map_or(0, |w| w.bytes())
-            + self.scheduler.as_ref().map_or(0, |c| c.bytes())
+            + self.hopper.as_ref().map_or(0, |h| h.scheduler.bytes())
             + self
                 .tail
                 .as_ref()
@@ -914,24 +940,12 @@ impl AttentionPlan {
             return Ok(());
         }
         if let Some((q_map, k_map, v_map)) = maps {
-            let (tile_counter, work_slots) =
-                scheduler_ptrs(self.scheduler.as_ref().ok_or_else(|| {
-                    Error::Unsupported("internal: a Hopper plan without its scheduler buffer".into())
-                })?);
+            let launch = self
+                .hopper
+                .as_ref()
+                .ok_or_else(|| Error::Unsupported("internal: a Hopper plan without its launch state".into()))?;
+            let (tile_counter, work_slots) = scheduler_ptrs(&launch.scheduler);
             let work = self.q_tiles * self.splits * self.problem.batch * self.problem.heads_q;
-            let sms = self.ctx.info().sm_count;
-            let grid = hopper_grid(work, sms, self.options.hopper_max_ctas);
-            // One section size for both launches: the tail launch decodes its items in the
-            // first one's order.
-            let l2_heads = hopper::l2_section_heads(
-                self.ctx.info().l2_bytes,
-                self.problem.seqlen_k,
-                self.problem.head_dim,
-                self.problem.group(),
-                self.problem.batch * self.problem.heads_q,
-                self.q_tiles * self.splits,
-                grid as usize,
-            );
             let tail_items = self.tail.as_ref().map_or(0, |t| t.items);
             let hp = HopperParams {
                 p: params,
@@ -939,13 +953,13 @@ impl AttentionPlan {
                 k_map,
                 v_map,
                 work_items: (work - tail_items) as i32,
-                l2_heads,
+                l2_heads: launch.l2_heads,
                 tile_counter,
                 work_slots,
                 tail_first: -1,
                 pad_: [0; 9],
             };
-            let cfg = LaunchConfig::linear(grid, self.variant.threads, self.variant.shared_bytes());
+            let cfg = LaunchConfig::linear(launch.grid, self.variant.threads, self.variant.shared_bytes());
             // SAFETY: `hp` mirrors HopperParams of flash_sm90.cu; the tensor maps describe the
             // validated q/k/v views (TMA clips every box to their extents) and every other
             // pointer is as for the Ampere launch below.
@@ -971,11 +985,7 @@ impl AttentionPlan {
                     tail_first: (work - t.items) as i32,
                     ..hp
                 };
-                let cfg = LaunchConfig::linear(
-                    hopper_grid(t.items * t.splits, sms, self.options.hopper_max_ctas),
-                    self.variant.threads,
-                    self.variant.shared_bytes(),
-                );
+                let cfg = LaunchConfig::linear(t.grid, self.variant.threads, self.variant.shared_bytes());
                 // SAFETY: as above; the split variant writes only the tail workspace and meta
                 // rows (sized for items * block_m rows and splits) and reads what the first
                 // launch reads. Stream order puts it after the first launch.
