@@ -117,6 +117,10 @@
 //      torch, log_softmax fp32 cols 1024 at 0.98x), H200 runs 6-7: the load hint alone changes
 //      nothing; the prefetch of tuning 2 gains 2-6% on 128-column rows (fp32 2845 -> 3011 GB/s)
 //      and nothing on 1024 columns, so Auto takes it for short rows only.
+//   7. evict-first output stores (st.global.cs) on paths 0-2, runs 136-137: +4% at cols 1024
+//      (f16 89% -> 92%, f32 91% -> 95%), +3-4% at cols 4096 (path 1), +1% at cols 128. In the
+//      same runs more waves per grid, 256/512-thread CTAs or two rows per warp were level or
+//      slower (cols 1024: 0.76-1.005x).
 //
 // Launch contract (the Rust side upholds it; see the static_asserts below):
 //   * kPack > 1 only when in and out are 16-byte aligned and in_stride, out_stride are multiples
@@ -192,11 +196,16 @@ namespace softmax {
 constexpr int kWarps = kBlockThreads / ts::kWarpSize;
 /// Packs loaded per thread before any is consumed (block paths): 4 x 16 B in flight per thread.
 constexpr int kUnroll = 4;
-/// Cache hints: inputs read once are evict-first; outputs use the default write-back policy so
-/// the next kernel can find them in L2.
+/// Cache hints: inputs read once are evict-first. Outputs are stored evict-first too
+/// (st.global.cs): they still land in L2, where a small output stays for the next kernel, but a
+/// large one is the first to leave, before lines still to be read. Against the default
+/// write-back policy (H200, bench/NOTES.md runs 136-137, three alternating rounds): +3.8-4.0% on
+/// 32768 x 1024 (fp16 3776 -> 3920 GB/s, fp32 3886 -> 4041), +2.8-4.1% on 16384 x 4096, +1% on
+/// 32768 x 128. The cluster kernels (softmax_cluster.cu) keep write-back stores: evict-first
+/// measured 0.985-1.007x there.
 constexpr ts::CacheLoad kLoadOnce = ts::CacheLoad::kStreaming;
 constexpr ts::CacheLoad kLoadKeep = ts::CacheLoad::kNoAllocate;
-constexpr ts::CacheStore kStoreHint = ts::CacheStore::kDefault;
+constexpr ts::CacheStore kStoreHint = ts::CacheStore::kStreaming;
 /// Warp-path tunings (Rust: the "warp", "warp-nc" and "warp-v2" paths): 0 loads evict-first
 /// (.cs); 1 loads with L1::no_allocate and the default L2 policy; 2 as 1, and for rows of at
 /// most kMaxPrefetchBytes per lane each lane group also loads its rows of the next grid-stride
