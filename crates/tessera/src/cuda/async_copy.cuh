@@ -9,6 +9,8 @@
 // is visible to other threads only after a barrier that follows the wait.
 //
 // Both addresses must be 16-byte aligned. `.cg` caches the line in L2 only (streamed data).
+// `cp_async_16_hint` gives the lines it brings into L2 an eviction priority (`l2_policy`: evict
+// first for data read once, evict last for data many CTAs re-read; createpolicy, sm_80+).
 // `prefetch_l2_bulk` (sm_90+) asks for a contiguous range to be brought into L2, without a
 // destination or a wait.
 #pragma once
@@ -40,6 +42,32 @@ TS_DEVICE void cp_async_16(uint32_t dst, const void* src) {
 /// past the tensor (no select of a safe address per copy).
 TS_DEVICE void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+
+/// The eviction priority an L2 cache policy gives the lines it covers: kLast for data many CTAs
+/// re-read (attention's K and V), kFirst for data read once, kNormal the default.
+enum class L2Evict { kFirst, kNormal, kLast };
+
+/// An L2 cache policy for tma_load_4d and cp_async_16_hint (createpolicy.fractional with fraction
+/// 1: it applies to every line the copy brings in; kNormal for a copy with no preference).
+template <L2Evict kEvict>
+TS_DEVICE uint64_t l2_policy() {
+  uint64_t policy;
+  if constexpr (kEvict == L2Evict::kLast) {
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  } else if constexpr (kEvict == L2Evict::kFirst) {
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  } else {
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
+  }
+  return policy;
+}
+
+/// As cp_async_16 to the shared address `dst`; the lines it brings into L2 take `policy`
+/// (l2_policy).
+TS_DEVICE void cp_async_16_hint(uint32_t dst, const void* src, uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(policy)
                : "memory");
 }
 

@@ -3,7 +3,7 @@
 //
 // Defines: ts::TensorMap (the 128-byte CUtensorMap, built on the host by cuTensorMapEncodeTiled
 //          and passed inside a `__grid_constant__` kernel parameter), ts::tma_prefetch_map,
-//          ts::tma_load_4d (with an L2 cache policy: ts::L2Evict, ts::l2_policy),
+//          ts::tma_load_4d (with an L2 cache policy: ts::L2Evict, ts::l2_policy of async_copy.cuh),
 //          ts::tma_store_4d, ts::tma_store_commit, ts::tma_store_wait_read.
 //
 // Coordinates are element indices per tensor-map dimension, innermost first; boxes that run past
@@ -14,6 +14,7 @@
 
 #include "tessera/common.cuh"
 #include "tessera/mbarrier.cuh"
+#include "tessera/async_copy.cuh"  // ts::L2Evict, ts::l2_policy
 
 namespace ts {
 
@@ -32,25 +33,6 @@ namespace ts {
 /// Prefetches the tensor map (a `__grid_constant__` parameter) into the descriptor cache.
 TS_DEVICE void tma_prefetch_map(const TensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
-/// The eviction priority an L2 cache policy gives the lines it covers: kLast for data many CTAs
-/// re-read (attention's K and V), kFirst for data read once, kNormal the default.
-enum class L2Evict { kFirst, kNormal, kLast };
-
-/// An L2 cache policy for tma_load_4d (createpolicy.fractional with fraction 1: it applies to
-/// every line the copy brings in; kNormal for a copy with no preference).
-template <L2Evict kEvict>
-TS_DEVICE uint64_t l2_policy() {
-  uint64_t policy;
-  if constexpr (kEvict == L2Evict::kLast) {
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  } else if constexpr (kEvict == L2Evict::kFirst) {
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  } else {
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
-  }
-  return policy;
 }
 
 /// Copies the box at (c0, c1, c2, c3) of a 4-D tensor map into shared `dst`; its bytes complete

@@ -459,6 +459,15 @@ struct CopyGroups {
 /// group's whole next row, only the second row, only the last one or two rows) was level or
 /// 1-16% slower on fp16 / fp32 1024 x 131072 and fp32 256 x 262144: its full rounds keep HBM
 /// busy and the prefetched lines compete with the copies for L2.
+/// Split-row kernels read their input and write their output evict-first: the input copies take
+/// an evict-first L2 policy and the outputs are stored with st.global.cs (kPipeStore). H200,
+/// bench/NOTES.md run 139 (three alternating rounds, same binary): both together +1.7% on fp16
+/// 1024 x 131072 and 256 x 262144, +0.3-0.4% on the fp32 ones; either alone 0.94-0.99x. The
+/// cluster and cluster-pipe kernels keep the default policies (both: 0.995-1.002x on 4096 x
+/// 32768; evict-first stores alone 0.98-0.99x, against +3-4% in softmax.cu's kernels, run 137).
+constexpr bool kStreamingSplit = kGlobalExchange;
+constexpr ts::CacheStore kPipeStore = kStreamingSplit ? ts::CacheStore::kStreaming : ts::CacheStore::kDefault;
+
 TS_DEVICE void prefetch_claimed_row(const SoftmaxClusterParams& p, unsigned next) {
   if ((long long)next >= p.rows) return;
   long long bytes = (p.cols * (long long)sizeof(InT)) & ~15ll;  // (the row starts 16-byte aligned)
@@ -487,11 +496,20 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
   // Thread 0 reading it after the prologue into shared memory (commit 6e2074a) cost 6-8% on
   // every split-row shape (H200, bench/NOTES.md runs 68-71, same machine).
   const unsigned tag = kGlobalExchange ? split_tag(p) : 0u;
+  // One 16-byte input copy into the share (kStreamingSplit: evict-first in L2).
+  const uint64_t in_policy = kStreamingSplit ? ts::l2_policy<ts::L2Evict::kFirst>() : 0;
+  auto copy_in = [&](InT* dst, const InT* src) {
+    if constexpr (kStreamingSplit) {
+      ts::cp_async_16_hint(ts::smem_addr(dst), src, in_policy);
+    } else {
+      ts::cp_async_16(dst, src);
+    }
+  };
 
   // Prologue: the first row's copies.
   if (cluster < p.rows) {
     const InT* src = in + cluster * p.in_stride + c0;
-    groups.copy([&](int q) { ts::cp_async_16(share + q * kPack, src + q * kPack); });
+    groups.copy([&](int q) { copy_in(share + q * kPack, src + q * kPack); });
     if (has_tail) share[tail] = ts::load_scalar(src + tail);
   }
   if constexpr (kAsyncExchange) async_exchange_init();
@@ -562,15 +580,13 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
         ts::Array<float, kPack> o;
 #pragma unroll
         for (int k = 0; k < kPack; ++k) o[k] = finish<decltype(clamp)::value>(f[k], s, neg_shift, coef);
-        // Write-back stores (the default policy): evict-first ones, which gain 3-4% in softmax.cu's
-        // kernels, measured 0.985-1.007x on these paths (bench/NOTES.md run 137).
         if constexpr (kOutPack > 1) {
-          ts::store_floats(dst + q * kPack, o);   // dst + q * kPack is aligned: see the launch contract
+          ts::store_floats<kPipeStore>(dst + q * kPack, o);   // aligned: see the launch contract
         } else {
 #pragma unroll
-          for (int k = 0; k < kPack; ++k) ts::store_scalar(dst + q * kPack + k, ts::from_float<OutT>(o[k]));
+          for (int k = 0; k < kPack; ++k) ts::store_scalar<kPipeStore>(dst + q * kPack + k, ts::from_float<OutT>(o[k]));
         }
-        if (more) ts::cp_async_16(share + q * kPack, next + q * kPack);
+        if (more) copy_in(share + q * kPack, next + q * kPack);
       });
     };
     if (!kClampFreeStores || ts::clamp_may_act(m)) {
@@ -580,7 +596,7 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
     }
     if (has_tail) {
       const float v = ts::to_float(share[tail]);
-      ts::store_scalar(dst + tail, ts::from_float<OutT>(finish(v, s, neg_shift, coef)));
+      ts::store_scalar<kPipeStore>(dst + tail, ts::from_float<OutT>(finish(v, s, neg_shift, coef)));
       if (more) share[tail] = ts::load_scalar(next + tail);
     }
   }
