@@ -98,7 +98,20 @@ enum Command {
     ServeSim(serve_sim::ServeSimArgs),
 }
 
+/// Restores the default action of SIGPIPE (Rust's runtime ignores it), so that output piped into
+/// a reader that exits early (`tessera bench | head`) ends the process quietly, as other
+/// command-line tools do, instead of a panic on the next `println!`.
+fn restore_default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: called first in main, before any other thread exists; SIG_DFL is a valid action
+    // for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    restore_default_sigpipe();
     let cli = Cli::parse();
     let command_line = std::env::args().collect::<Vec<_>>().join(" ");
     let result = match cli.command {
