@@ -19,12 +19,19 @@ it (an H200 does so within ~100-200 ms; bench/NOTES.md run 100); then CUDA event
 calls per group (about 2 ms), 7 groups, median of the group means. The calls rotate among
 enough input buffers that they span more than 2x the L2 cache (60 MB on H200), so the cache is
 not what gets measured.
+
+With TESSERA_BENCH_TIMING=burst (set by `tessera bench --burst`; TimingOptions::burst) the
+runner times short bursts from a rested board instead: after the first warm-up batch it idles
+BURST_PAUSE_S so the board falls back below its power cap, warms up for BURST_WARMUP_MS, then
+times 7 groups of about 2 ms with at least 1 call each.
 """
 
 import json
 import math
+import os
 import statistics
 import sys
+import time
 import traceback
 
 L2_BYTES = 60 * 1024 * 1024
@@ -36,6 +43,8 @@ MIN_REPS, MAX_REPS = 5, 100
 TARGET_GROUP_MS = 2.0  # choose reps so a group takes about this long (within the bounds)
 WARMUP_MS = 500.0  # device time the warm-up fills, at least (TimingOptions::warmup_ms)
 MAX_WARMUP_BATCHES = 64  # bounds the warm-up when a call takes no measurable time
+BURST_PAUSE_S = 2.0  # burst timing: idle after the first batch (timing::BURST_PAUSE_MS)
+BURST_WARMUP_MS = 20.0  # burst timing: warm-up after the idle (TimingOptions::burst)
 MIB = 1024.0 * 1024.0
 
 torch = None  # set by import_torch(), so that a missing torch becomes {"missing": ...}
@@ -98,8 +107,20 @@ def rotation_count(bytes_per_input):
     return n
 
 
-def time_ms(fn, inputs):
-    """Median over GROUPS of the mean time (ms) of fn(x), x rotating over `inputs`."""
+def timing_mode():
+    """'burst' or 'sustained' (the default), from TESSERA_BENCH_TIMING."""
+    mode = os.environ.get("TESSERA_BENCH_TIMING", "sustained")
+    if mode not in ("burst", "sustained"):
+        raise ValueError(f"TESSERA_BENCH_TIMING={mode!r}: expected 'burst' or 'sustained'")
+    return mode
+
+
+def time_ms(fn, inputs, mode=None):
+    """Median over GROUPS of the mean time (ms) of fn(x), x rotating over `inputs`, timed
+    as `mode` ('sustained' or 'burst'; default: timing_mode())."""
+    burst = (mode or timing_mode()) == "burst"
+    warmup_ms = BURST_WARMUP_MS if burst else WARMUP_MS
+    min_reps = 1 if burst else MIN_REPS
     n = len(inputs)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     k = 0
@@ -119,15 +140,17 @@ def time_ms(fn, inputs):
     # device time (batches sized from the last one's time per call)
     first = max(3, n)
     per_call = max(batch(first) / first, 1e-4)
+    if burst:
+        time.sleep(BURST_PAUSE_S)
     warm = 0.0
     for _ in range(MAX_WARMUP_BATCHES):
-        if warm >= WARMUP_MS:
+        if warm >= warmup_ms:
             break
-        count = min(1000, max(1, math.ceil((WARMUP_MS - warm) / per_call)))
+        count = min(1000, max(1, math.ceil((warmup_ms - warm) / per_call)))
         t = batch(count)
         warm += t
         per_call = max(t / count, 1e-4)
-    reps = int(min(MAX_REPS, max(MIN_REPS, math.ceil(TARGET_GROUP_MS / per_call))))
+    reps = int(min(MAX_REPS, max(min_reps, math.ceil(TARGET_GROUP_MS / per_call))))
     means = [batch(reps) / reps for _ in range(GROUPS)]
     return statistics.median(means)
 

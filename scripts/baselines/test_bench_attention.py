@@ -401,6 +401,38 @@ class BenchAttentionTest(unittest.TestCase):
         self.assertEqual(len(out["rows"]), 4)
         self.assertTrue(all("multiple of Hkv" in r["error"] for r in out["rows"]))
 
+    def test_burst_timing_rests_then_times_single_long_calls(self):
+        import bench_common as common
+
+        calls, sleeps = [], []
+
+        def call(x):
+            calls.append(x)
+            FakeDevice.clock_ms += 3.5
+
+        saved_sleep, saved_torch = common.time.sleep, common.torch
+        common.time.sleep = sleeps.append
+        common.torch = sys.modules["torch"]
+        try:
+            ms = common.time_ms(call, [None], mode="burst")
+            self.assertEqual(sleeps, [common.BURST_PAUSE_S])
+            # 3 calls, 20 ms of warm-up (6 calls), then 7 groups of 1 call
+            self.assertEqual(len(calls), 3 + 6 + 7)
+            self.assertAlmostEqual(ms, 3.5)
+            calls.clear()
+            sleeps.clear()
+            os.environ["TESSERA_BENCH_TIMING"] = "sustained"
+            common.time_ms(call, [None])
+            self.assertEqual(sleeps, [])
+            # 3 calls, 500 ms of warm-up (143 calls), then 7 groups of 5 calls
+            self.assertEqual(len(calls), 3 + 143 + 35)
+            os.environ["TESSERA_BENCH_TIMING"] = "fast"
+            with self.assertRaises(ValueError):
+                common.time_ms(call, [None])
+        finally:
+            common.time.sleep, common.torch = saved_sleep, saved_torch
+            os.environ.pop("TESSERA_BENCH_TIMING", None)
+
     def test_parse_impls(self):
         self.assertEqual(self.ba.parse_impls("flashinfer,torch-math"),
                          ["torch-math", "flashinfer-fa3", "flashinfer-fa2"])

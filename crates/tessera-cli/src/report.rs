@@ -22,6 +22,24 @@ use serde::{Deserialize, Serialize};
 /// Impl name of our default dispatch; forced paths are `tessera-<path>`.
 pub const OURS: &str = "tessera";
 
+/// [`BenchReport::timing`] of the default rules: warmed up past the board's power cap.
+pub const TIMING_SUSTAINED: &str = "sustained";
+/// [`BenchReport::timing`] of `bench --burst`: short bursts from a rested board.
+pub const TIMING_BURST: &str = "burst";
+
+/// One line on what a timing mode measures, for the bench's first line.
+pub fn describe_timing(timing: &str) -> &'static str {
+    if timing == TIMING_BURST {
+        "burst (2 s idle, 20 ms warm-up, 7 groups of ~2 ms: boost clocks, before the power cap acts)"
+    } else {
+        "sustained (500 ms warm-up first: the clocks the power cap leaves under steady load)"
+    }
+}
+
+fn timing_sustained() -> String {
+    TIMING_SUSTAINED.to_string()
+}
+
 /// One benchmark run of one operator family: what `bench/results/<gpu>/<op>.json` holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BenchReport {
@@ -31,6 +49,11 @@ pub struct BenchReport {
     pub commit: String,
     /// The command line that produced the report.
     pub command: String,
+    /// How ours and the baselines were timed: [`TIMING_SUSTAINED`] (the default) or
+    /// [`TIMING_BURST`] (`bench --burst`). Reports written before the field existed were
+    /// sustained.
+    #[serde(default = "timing_sustained")]
+    pub timing: String,
     pub roofline: Roofline,
     pub rows: Vec<BenchRow>,
     pub verify: VerifySummary,
@@ -157,6 +180,7 @@ impl BenchReport {
             date: utc_now_iso8601(),
             commit: detect_commit(),
             command: command.into(),
+            timing: timing_sustained(),
             roofline: Roofline::default(),
             rows: Vec::new(),
             verify: VerifySummary::default(),
@@ -885,9 +909,16 @@ pub fn parse_baseline_output(text: &str) -> BaselineOutcome {
 }
 
 /// Runs `python3 SCRIPT --op OP --cases IN.json --out OUT.json` (python from `$TESSERA_PYTHON`,
-/// default `python3`) with `cases` as `[{"case", "params"}]`; the script's stderr (one line per
-/// case) passes through to ours. Never fails: anything that goes wrong becomes `Missing`.
-pub fn run_python_baseline(script: &Path, op: &str, cases: &[(String, serde_json::Value)]) -> BaselineOutcome {
+/// default `python3`) with `cases` as `[{"case", "params"}]` and `TESSERA_BENCH_TIMING=timing`
+/// (the runner times as ours does: `scripts/baselines/bench_common.py`); the script's stderr
+/// (one line per case) passes through to ours. Never fails: anything that goes wrong becomes
+/// `Missing`.
+pub fn run_python_baseline(
+    script: &Path,
+    op: &str,
+    cases: &[(String, serde_json::Value)],
+    timing: &str,
+) -> BaselineOutcome {
     if !script.is_file() {
         return BaselineOutcome::Missing(format!("{} not found", script.display()));
     }
@@ -917,6 +948,7 @@ pub fn run_python_baseline(script: &Path, op: &str, cases: &[(String, serde_json
             .arg("--out")
             .arg(&out_path)
             .env("PYTHONUNBUFFERED", "1")
+            .env("TESSERA_BENCH_TIMING", timing)
             .stdin(std::process::Stdio::null())
             .status()
             .map_err(|e| format!("cannot run {python}: {e}"))?;
@@ -943,6 +975,7 @@ mod tests {
             date: "2025-01-31T12:00:00Z".into(),
             commit: "0123456789abcdef".into(),
             command: "tessera bench softmax --baselines".into(),
+            timing: TIMING_SUSTAINED.into(),
             roofline: Roofline {
                 copy_gbps: Some(4100.0),
                 bf16_tflops: Some(720.0),
@@ -1003,6 +1036,14 @@ mod tests {
         }
         assert_eq!(v["roofline"]["copy_gbps"], 4100.0);
         assert_eq!(v["verify"]["passed"], 12);
+        assert_eq!(v["timing"], TIMING_SUSTAINED);
+
+        // Reports written before the timing field were timed in the sustained state.
+        let mut old = v.clone();
+        old.as_object_mut().unwrap().remove("timing");
+        let old: BenchReport = serde_json::from_value(old).unwrap();
+        assert_eq!(old.timing, TIMING_SUSTAINED);
+        assert!(describe_timing(TIMING_BURST).starts_with("burst"));
     }
 
     #[test]
@@ -1078,7 +1119,7 @@ mod tests {
             let script = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../scripts/baselines")
                 .join(crate::ops::baseline_script(op));
-            match run_python_baseline(&script, op, std::slice::from_ref(case)) {
+            match run_python_baseline(&script, op, std::slice::from_ref(case), TIMING_SUSTAINED) {
                 BaselineOutcome::Missing(m) => assert!(
                     m.contains("torch not importable") || m.contains("CUDA not available"),
                     "{op}: {m}"
@@ -1086,7 +1127,7 @@ mod tests {
                 BaselineOutcome::Rows(r) => panic!("a GPU here? {r:?}"),
             }
         }
-        let absent = run_python_baseline(Path::new("/nonexistent/x.py"), "softmax", &[softmax]);
+        let absent = run_python_baseline(Path::new("/nonexistent/x.py"), "softmax", &[softmax], TIMING_SUSTAINED);
         assert!(matches!(absent, BaselineOutcome::Missing(_)));
     }
 
