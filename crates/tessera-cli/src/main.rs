@@ -482,16 +482,12 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
     );
     let copy_bytes = if quick { 256 << 20 } else { 1 << 30 };
     let copy = timing::copy_bandwidth_gbps(ctx, copy_bytes).map_err(|e| e.to_string())?;
-    let gemm_timing = if *burst {
-        timing
+    let gemm = if *burst {
+        tessera::runtime::gemm::cublas_bf16_tflops_timed(ctx, 8192, timing)
     } else {
-        TimingOptions {
-            warmup: 3,
-            reps: Some(3),
-            ..TimingOptions::default()
-        }
+        tessera::runtime::gemm::cublas_bf16_tflops(ctx, 8192)
     };
-    let gemm = match tessera::runtime::gemm::cublas_bf16_tflops_timed(ctx, 8192, gemm_timing) {
+    let gemm = match gemm {
         Ok(t) => Some(t),
         Err(e) => {
             eprintln!("bench: cuBLAS roofline unavailable: {e}");

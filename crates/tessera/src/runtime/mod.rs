@@ -14,4 +14,4 @@ pub use buffer::{DeviceBuffer, TensorView, TensorViewMut};
 pub use context::{Context, DeviceInfo, PoolStats};
 pub use jit::{compile_only, Arch, Compiled, KernelResources, KernelSpec};
 pub use launch::{Kernel, KernelParams, LaunchConfig};
-pub use timing::{time_median, EventTimer, Timing, TimingOptions, BURST_PAUSE_MS};
+pub use timing::{time_median, EventTimer, Timing, TimingOptions};

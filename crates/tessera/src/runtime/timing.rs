@@ -3,7 +3,7 @@
 use cudarc::driver::sys;
 
 use super::context::{check, Context};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A pair of CUDA events recorded on the context's stream.
 pub struct EventTimer {
@@ -173,7 +173,13 @@ fn run_schedule(opts: TimingOptions, mut batch: impl FnMut(usize) -> Result<f64>
     let first = opts.warmup.max(1);
     let mut per_call = (batch(first)? / first as f64).max(1e-4);
     if opts.pause_ms > 0.0 {
-        std::thread::sleep(std::time::Duration::from_secs_f64(opts.pause_ms * 1e-3));
+        let pause = std::time::Duration::try_from_secs_f64(opts.pause_ms * 1e-3).map_err(|_| {
+            Error::invalid(
+                "pause_ms",
+                format!("{} ms is not a pause the host can sleep", opts.pause_ms),
+            )
+        })?;
+        std::thread::sleep(pause);
     }
     let mut warm_ms = 0.0;
     for _ in 0..MAX_WARMUP_BATCHES {
@@ -309,6 +315,16 @@ mod tests {
         // Short calls still fill about 2 ms per group.
         let short = run_schedule(opts, |n| Ok(n as f64 * 0.25)).unwrap();
         assert_eq!(short.reps, 8);
+    }
+
+    #[test]
+    fn a_pause_too_long_to_sleep_is_an_error() {
+        let opts = TimingOptions {
+            pause_ms: f64::INFINITY,
+            ..TimingOptions::burst()
+        };
+        let err = run_schedule(opts, |n| Ok(n as f64)).unwrap_err();
+        assert!(err.to_string().contains("pause_ms"), "{err}");
     }
 
     #[test]
