@@ -110,20 +110,13 @@ def rotation_count(bytes_per_input):
 TIMING_MODES = ("sustained", "burst")
 
 
-def timing_mode():
-    """'burst' or 'sustained' (the default), from TESSERA_BENCH_TIMING."""
-    mode = os.environ.get("TESSERA_BENCH_TIMING", "sustained")
-    if mode not in TIMING_MODES:
-        raise ValueError(f"TESSERA_BENCH_TIMING={mode!r}: expected 'burst' or 'sustained'")
-    return mode
-
-
 def time_ms(fn, inputs, mode=None):
     """Median over GROUPS of the mean time (ms) of fn(x), x rotating over `inputs`, timed
-    as `mode` ('sustained' or 'burst'; default: timing_mode())."""
-    mode = mode or timing_mode()
+    as `mode` ('sustained' or 'burst'; default: $TESSERA_BENCH_TIMING, else 'sustained')."""
+    mode = mode or os.environ.get("TESSERA_BENCH_TIMING", "sustained")
     if mode not in TIMING_MODES:
-        raise ValueError(f"timing mode {mode!r}: expected 'burst' or 'sustained'")
+        raise ValueError(f"timing mode {mode!r} (mode= or TESSERA_BENCH_TIMING): "
+                         "expected 'burst' or 'sustained'")
     burst = mode == "burst"
     warmup_ms = BURST_WARMUP_MS if burst else WARMUP_MS
     min_reps = 1 if burst else MIN_REPS
