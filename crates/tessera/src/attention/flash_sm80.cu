@@ -48,7 +48,8 @@
 // with cp.async (zero-filled beyond len_k and p.head_dim); exactly one commit group per
 // iteration (empty near the end) so that cp_async_wait<kStages - 2> always means "tile i has
 // landed". The barrier after the wait also guarantees that every warp has finished tile
-// i - 1, whose stage is refilled next.
+// i - 1, whose stage is refilled next. The refill is issued right after the barrier, or, with
+// kTwoBodies (unmasked D = 64 and D = 128 / 64-key variants), behind the tile's Q K^T MMAs.
 //
 // Invariants the host upholds (plan.rs): q/k/v/o 16-byte aligned with row and head strides
 // that are multiples of 8 elements; p.head_dim a multiple of 8 and <= kHeadDim; q_tiles =
@@ -86,6 +87,9 @@
 //   6. Sections also where only all heads' K/V together exceed L2 (the divisor of the heads
 //      nearest two waves), in the power-capped state: H200 run 118, 1.005-1.05x from causal
 //      N = 4096 up, non-causal, GQA and varlen.
+//   7. Unmasked variants (D = 64, D = 128 with 64-key tiles): the tile body compiled twice, with
+//      and without the per-element mask, and the next K/V copy issued behind Q K^T (kTwoBodies):
+//      H200 runs 149-151, non-causal bf16 D = 64 3.41 -> 3.33 ms, D = 128 5.92 -> 5.81 ms.
 //   Shipped for 64 < D <= 128 without softcap on GPUs with >= 194 KiB of shared memory per SM
 //   (plan.rs sm80_tiles; softcap keeps 128 x 32 x 3 stages).
 // D = 64 (non-causal bf16 B=4 H=16 N=8192, bench/NOTES.md run 15): 8 warps x 16 rows over
@@ -122,6 +126,15 @@ constexpr bool kQInRegs = kMBlocks * kHeadDim <= 64;
 /// in the D = 32 split and softcap variants), and D = 64 did not gain from it (bench/NOTES.md
 /// run 31).
 constexpr bool kLazyRescale = !kSoftcap && kHeadDim > 64;
+/// The tile's work compiled twice, with and without the per-element mask (so that the common,
+/// unmasked copy runs from Q K^T to the row maxima without a branch), and the next K/V copy
+/// issued behind the Q K^T MMAs (branch-free: a zero-fill past the last tile). H200, runs
+/// 149-151 (bench/NOTES.md): non-causal D = 64 2.4-4% and D = 128 1.5-1.8% faster in all three
+/// runs. Not for masked variants: at causal D = 128 it moved nothing at N >= 16384 in run 151
+/// (it had gained 1-1.7% in runs 149-150 with a 4-byte epilogue spill: a ptxas schedule, not a
+/// property of the code) and cost 2-5% at N = 512-1024. Where the longer live ranges made ptxas
+/// spill (D = 96, 160, 256, the 32-key tiles, split-KV partials), not either.
+constexpr bool kTwoBodies = !kMasked && !kSplit && (kHeadDim == 64 || (kHeadDim == 128 && kBlockN == 64));
 
 static_assert(kBlockM == kWarpRows * kWarps, "kBlockM: whole m16 row blocks per warp");
 static_assert(kHeadDim % 32 == 0 && kHeadDim <= 256, "compiled head dim: a multiple of 32, <= 256");
@@ -314,11 +327,12 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
   const Elem* g_k = static_cast<const Elem*>(p.k) + seq.k_off;
   const Elem* g_v = static_cast<const Elem*>(p.v) + seq.v_off;
   const int d_chunks = p.head_dim / 8;
-  auto load_kv = [&](int t) {
+  auto load_kv = [&](int t, bool live = true) {  // !live: zero-fills the stage, reads nothing
     const int n0 = t * kBlockN;
     const int stage = (t - t_begin) % kStages;
-    load_tile<kBlockN>(s_k + stage * kStageElems, g_k + n0 * p.k_stride_n, p.k_stride_n, seq.len_k - n0, d_chunks);
-    load_tile<kBlockN>(s_v + stage * kStageElems, g_v + n0 * p.v_stride_n, p.v_stride_n, seq.len_k - n0, d_chunks);
+    const int n_valid = live ? seq.len_k - n0 : 0;
+    load_tile<kBlockN>(s_k + stage * kStageElems, g_k + n0 * p.k_stride_n, p.k_stride_n, n_valid, d_chunks);
+    load_tile<kBlockN>(s_v + stage * kStageElems, g_v + n0 * p.v_stride_n, p.v_stride_n, n_valid, d_chunks);
   };
 
   // prologue: Q, then the first kStages - 1 K/V tiles, one commit group each
@@ -361,21 +375,33 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
   for (int t = t_begin; t < t_end; ++t) {
     cp_async_wait<kStages - 2>();  // tile t (and Q before it) landed for this thread ...
     __syncthreads();               // ... for every thread; every warp is done with tile t - 1
-    if (t + kStages - 1 < t_end) load_kv(t + kStages - 1);
-    cp_async_commit();
+    if constexpr (!kTwoBodies) {
+      if (t + kStages - 1 < t_end) load_kv(t + kStages - 1);
+      cp_async_commit();
+    }
     const int stage = (t - t_begin) % kStages;
     const uint32_t sk = smem_addr(s_k + stage * kStageElems);
     const uint32_t sv = smem_addr(s_v + stage * kStageElems);
+    const int n0 = t * kBlockN;
+    // per-element mask only where the tile crosses a window edge or the end of the keys
+    bool edge = n0 + kBlockN > seq.len_k;
+    if constexpr (kMasked) edge = edge || n0 < mask.first_key(m0 + rows - 1) || n0 + kBlockN > mask.end_key(m0);
 
+    // The tile's work: with kTwoBodies, called once with the mask compiled in (edge tiles) and
+    // once without; otherwise one body that masks behind a runtime branch.
+    auto tile = [&](auto masked) {
     // S = Q K^T of the tile's keys n0 .. n0 + kBlockN - 1 (16 independent accumulators per
     // k step at D = 128 keep the tensor cores busy)
-    const int n0 = t * kBlockN;
     float s[kMBlocks][kSBlocks][4];
 #pragma unroll
     for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
       for (int nb = 0; nb < kSBlocks; ++nb) s[mb][nb][0] = s[mb][nb][1] = s[mb][nb][2] = s[mb][nb][3] = 0.0f;
     qk_tile(s, qf, q_addr, sk);
+    if constexpr (kTwoBodies) {  // the next copy behind the MMAs, branch-free (zero-fill past t_end)
+      load_kv(t + kStages - 1, t + kStages - 1 < t_end);
+      cp_async_commit();
+    }
 
     if constexpr (kSoftcap) {
 #pragma unroll
@@ -386,10 +412,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
           for (int e = 0; e < 4; ++e) s[mb][nb][e] = attn_score_log2(p, s[mb][nb][e]);
     }
 
-    // per-element mask only where the tile crosses a window edge or the end of the keys
-    bool edge = n0 + kBlockN > seq.len_k;
-    if constexpr (kMasked) edge = edge || n0 < mask.first_key(m0 + rows - 1) || n0 + kBlockN > mask.end_key(m0);
-    if (edge) {
+    if (decltype(masked)::value && edge) {
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
@@ -429,6 +452,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
         // softcapped scores are bounded: the clamp never acts, it only keeps ptxas from spilling
         st.d += exp2_row<kSoftcap>(s[mb], r, score_scale, -softmax_shift(st.m));
       }
+    if constexpr (kTwoBodies) {
+      // never true: makes the vote wait for the row sums, so that ptxas keeps the exponentials
+      // ahead of the branch (sunk into the P V block they cost 3%, bench/NOTES.md run 148)
+#pragma unroll
+      for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) moved = moved || state[mb][r].d < 0.0f;
+    }
     if (kLazyRescale && __any_sync(kFullMask, moved)) {  // a row's first keys; rare after them
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
@@ -438,11 +469,20 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
 
     // O += P V, P packed to Elem as the A fragments
     pv_tile(acc, sv, [&](int mb, int kk, uint32_t (&a)[4]) { pack_a_fragment<Elem>(a, s[mb], kk); });
+    };
+    if (!kTwoBodies || edge) {
+      tile(bool_constant<true>{});
+    } else {
+      tile(bool_constant<false>{});
+    }
   }
 
   // ---- epilogue ---------------------------------------------------------------------------
-  const int batch_head = work_tile(p.head_group).batch_head;  // re-derived, see work_tile
+  const WorkTile w_out = work_tile(p.head_group);  // re-derived, see work_tile
+  const int batch_head = w_out.batch_head;
   const int head = batch_head % p.heads_q;
+  // the lane's first row, re-derived as well with kTwoBodies (held across the loop it spilled)
+  const int row_out = kTwoBodies ? (p.q_tiles - 1 - w_out.tile) * kBlockM + wrow + (lane >> 2) : row0;
   cp_async_wait_all();  // no copy may land in the Q tile after it is reused below
   __syncthreads();
   float inv_l[kMBlocks][2];
@@ -465,7 +505,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
     for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const int i = row0 + mb * 16 + r * 8;
+        const int i = row_out + mb * 16 + r * 8;
         if (i >= seq.len_q) continue;
         float* dst = p.o_partial + (base + i) * kHeadDim;
 #pragma unroll
@@ -511,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int i = row0 + mb * 16 + r * 8;
+          const int i = row_out + mb * 16 + r * 8;
           if (i < seq.len_q) p.lse[head * p.lse_stride_h + batch_head / p.heads_q * p.lse_stride_b + lse_row + i] = lse[mb][r];
         }
     }
