@@ -129,7 +129,7 @@ constexpr bool kLazyRescale = !kSoftcap && kHeadDim > 64;
 /// The tile's work compiled twice, with and without the per-element mask (so that the common,
 /// unmasked copy runs from Q K^T to the row maxima without a branch), and the next K/V copy
 /// issued behind the Q K^T MMAs (branch-free: a zero-fill past the last tile). H200, runs
-/// 149-151 (bench/NOTES.md): non-causal D = 64 2.4-4% and D = 128 1.5-1.8% faster in all three
+/// 149-151 (bench/NOTES.md): non-causal D = 64 2.2-4.1% and D = 128 1.5-1.8% faster in all three
 /// runs. Not for masked variants: at causal D = 128 it moved nothing at N >= 16384 in run 151
 /// (it had gained 1-1.7% in runs 149-150 with a 4-byte epilogue spill: a ptxas schedule, not a
 /// property of the code) and cost 2-5% at N = 512-1024. Where the longer live ranges made ptxas
