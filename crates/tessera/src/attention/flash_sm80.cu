@@ -131,7 +131,7 @@ constexpr bool kLazyRescale = !kSoftcap && kHeadDim > 64;
 /// issued behind the Q K^T MMAs (branch-free: a zero-fill past the last tile). H200, runs
 /// 149-151 (bench/NOTES.md): non-causal D = 64 2.2-4.1% and D = 128 1.5-1.8% faster in all three
 /// runs. Not for masked variants: at causal D = 128 it moved nothing at N >= 16384 in run 151
-/// (it had gained 1-1.7% in runs 149-150 with a 4-byte epilogue spill: a ptxas schedule, not a
+/// (it had gained 1.0-2.1% in runs 149-150 with a 4-byte epilogue spill: a ptxas schedule, not a
 /// property of the code) and cost 2-5% at N = 512-1024. Where the longer live ranges made ptxas
 /// spill (D = 96, 160, 256, the 32-key tiles, split-KV partials), not either.
 constexpr bool kTwoBodies = !kMasked && !kSplit && (kHeadDim == 64 || (kHeadDim == 128 && kBlockN == 64));
@@ -390,85 +390,85 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
     // The tile's work: with kTwoBodies, called once with the mask compiled in (edge tiles) and
     // once without; otherwise one body that masks behind a runtime branch.
     auto tile = [&](auto masked) {
-    // S = Q K^T of the tile's keys n0 .. n0 + kBlockN - 1 (16 independent accumulators per
-    // k step at D = 128 keep the tensor cores busy)
-    float s[kMBlocks][kSBlocks][4];
-#pragma unroll
-    for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-      for (int nb = 0; nb < kSBlocks; ++nb) s[mb][nb][0] = s[mb][nb][1] = s[mb][nb][2] = s[mb][nb][3] = 0.0f;
-    qk_tile(s, qf, q_addr, sk);
-    if constexpr (kTwoBodies) {  // the next copy behind the MMAs, branch-free (zero-fill past t_end)
-      load_kv(t + kStages - 1, t + kStages - 1 < t_end);
-      cp_async_commit();
-    }
-
-    if constexpr (kSoftcap) {
+      // S = Q K^T of the tile's keys n0 .. n0 + kBlockN - 1 (16 independent accumulators per
+      // k step at D = 128 keep the tensor cores busy)
+      float s[kMBlocks][kSBlocks][4];
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-        for (int nb = 0; nb < kSBlocks; ++nb)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mb][nb][e] = attn_score_log2(p, s[mb][nb][e]);
-    }
+        for (int nb = 0; nb < kSBlocks; ++nb) s[mb][nb][0] = s[mb][nb][1] = s[mb][nb][2] = s[mb][nb][3] = 0.0f;
+      qk_tile(s, qf, q_addr, sk);
+      if constexpr (kTwoBodies) {  // the next copy behind the MMAs, branch-free (zero-fill past t_end)
+        load_kv(t + kStages - 1, t + kStages - 1 < t_end);
+        cp_async_commit();
+      }
 
-    if (decltype(masked)::value && edge) {
+      if constexpr (kSoftcap) {
+#pragma unroll
+        for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+          for (int nb = 0; nb < kSBlocks; ++nb)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mb][nb][e] = attn_score_log2(p, s[mb][nb][e]);
+      }
+
+      if (decltype(masked)::value && edge) {
+#pragma unroll
+        for (int mb = 0; mb < kMBlocks; ++mb)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            // the row's visible keys [lo, hi), relative to this lane's first column of the tile
+            const int i = row0 + mb * 16 + r * 8;
+            const int lo = (kMasked ? mask.first_key(i) : 0) - (n0 + col0);
+            const int hi = (kMasked ? mask.end_key(i) : seq.len_k) - (n0 + col0);
+#pragma unroll
+            for (int nb = 0; nb < kSBlocks; ++nb)
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                const int c = nb * 8 + e;
+                if (c < lo || c >= hi) s[mb][nb][2 * r + e] = kNegInf;
+              }
+          }
+      }
+
+      // Online softmax of the lane's rows (r = 0: elements 0, 1; r = 1: elements 2, 3), turning
+      // the scores into probabilities in place. With kLazyRescale a row's max moves only when the
+      // tile raises it by more than kLazyRescaleSlack (ts::lazy_max: P <= 2^8), so its rescale
+      // factor is exactly 1 almost always and O is rescaled only when a row of the warp moved (a
+      // warp-uniform branch: kMBlocks * D / 2 multiplies per lane skipped).
+      bool moved = false;
+      float factor[kMBlocks][2];
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          // the row's visible keys [lo, hi), relative to this lane's first column of the tile
-          const int i = row0 + mb * 16 + r * 8;
-          const int lo = (kMasked ? mask.first_key(i) : 0) - (n0 + col0);
-          const int hi = (kMasked ? mask.end_key(i) : seq.len_k) - (n0 + col0);
-#pragma unroll
-          for (int nb = 0; nb < kSBlocks; ++nb)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int c = nb * 8 + e;
-              if (c < lo || c >= hi) s[mb][nb][2 * r + e] = kNegInf;
-            }
+          const float mx = quad_row_max(s[mb], r);
+          // round(scale * max dot) = max round(scale * dot) as scale > 0 (see shifted_fma)
+          OnlineSoftmax& st = state[mb][r];
+          const float m_cand = max_nan(st.m, mx * score_scale);
+          factor[mb][r] = st.rescale(kLazyRescale ? lazy_max(st.m, m_cand, kLazyRescaleSlack) : m_cand);
+          moved = moved || factor[mb][r] != 1.0f;
+          if constexpr (!kLazyRescale) rescale_row(acc[mb], r, factor[mb][r]);
+          // softcapped scores are bounded: the clamp never acts, it only keeps ptxas from spilling
+          st.d += exp2_row<kSoftcap>(s[mb], r, score_scale, -softmax_shift(st.m));
         }
-    }
-
-    // Online softmax of the lane's rows (r = 0: elements 0, 1; r = 1: elements 2, 3), turning
-    // the scores into probabilities in place. With kLazyRescale a row's max moves only when the
-    // tile raises it by more than kLazyRescaleSlack (ts::lazy_max: P <= 2^8), so its rescale
-    // factor is exactly 1 almost always and O is rescaled only when a row of the warp moved (a
-    // warp-uniform branch: kMBlocks * D / 2 multiplies per lane skipped).
-    bool moved = false;
-    float factor[kMBlocks][2];
+      if constexpr (kTwoBodies) {
+        // never true: makes the vote wait for the row sums, so that ptxas keeps the exponentials
+        // ahead of the branch (sunk into the P V block they cost 3%, bench/NOTES.md run 148)
 #pragma unroll
-    for (int mb = 0; mb < kMBlocks; ++mb)
+        for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float mx = quad_row_max(s[mb], r);
-        // round(scale * max dot) = max round(scale * dot) as scale > 0 (see shifted_fma)
-        OnlineSoftmax& st = state[mb][r];
-        const float m_cand = max_nan(st.m, mx * score_scale);
-        factor[mb][r] = st.rescale(kLazyRescale ? lazy_max(st.m, m_cand, kLazyRescaleSlack) : m_cand);
-        moved = moved || factor[mb][r] != 1.0f;
-        if constexpr (!kLazyRescale) rescale_row(acc[mb], r, factor[mb][r]);
-        // softcapped scores are bounded: the clamp never acts, it only keeps ptxas from spilling
-        st.d += exp2_row<kSoftcap>(s[mb], r, score_scale, -softmax_shift(st.m));
+          for (int r = 0; r < 2; ++r) moved = moved || state[mb][r].d < 0.0f;
       }
-    if constexpr (kTwoBodies) {
-      // never true: makes the vote wait for the row sums, so that ptxas keeps the exponentials
-      // ahead of the branch (sunk into the P V block they cost 3%, bench/NOTES.md run 148)
+      if (kLazyRescale && __any_sync(kFullMask, moved)) {  // a row's first keys; rare after them
 #pragma unroll
-      for (int mb = 0; mb < kMBlocks; ++mb)
+        for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) moved = moved || state[mb][r].d < 0.0f;
-    }
-    if (kLazyRescale && __any_sync(kFullMask, moved)) {  // a row's first keys; rare after them
-#pragma unroll
-      for (int mb = 0; mb < kMBlocks; ++mb)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) rescale_row(acc[mb], r, factor[mb][r]);
-    }
+          for (int r = 0; r < 2; ++r) rescale_row(acc[mb], r, factor[mb][r]);
+      }
 
-    // O += P V, P packed to Elem as the A fragments
-    pv_tile(acc, sv, [&](int mb, int kk, uint32_t (&a)[4]) { pack_a_fragment<Elem>(a, s[mb], kk); });
+      // O += P V, P packed to Elem as the A fragments
+      pv_tile(acc, sv, [&](int mb, int kk, uint32_t (&a)[4]) { pack_a_fragment<Elem>(a, s[mb], kk); });
     };
     if (!kTwoBodies || edge) {
       tile(bool_constant<true>{});
