@@ -171,10 +171,12 @@ TS_DEVICE void copy_row_chunks(uint32_t dst, const Elem* g, int c, bool row_vali
 /// global address per row serves all its chunks (immediate offsets), and at D = 128 half as
 /// many rows per thread need an address as with one chunk per thread. kAllRows (the caller
 /// knows n_valid >= kRows) drops the per-row test: the only predicates left are the chunks'.
-template <int kRows, bool kAllRows = false>
+/// kOneChunk keeps one chunk per thread (kLoadChunks threads per row): the two-body variants'
+/// copy sits behind Q K^T, where more chunks per address cost registers (24 B spilled at D = 128).
+template <int kRows, bool kAllRows = false, bool kOneChunk = false>
 TS_DEVICE void load_tile(Elem* dst, const Elem* src, long long stride, int n_valid, int d_chunks) {
   constexpr int kLoadChunks = next_pow2(kChunks);
-  constexpr int kRowThreads = kLoadChunks < 8 ? kLoadChunks : 8;
+  constexpr int kRowThreads = (kOneChunk || kLoadChunks < 8) ? kLoadChunks : 8;
   constexpr int kThreadChunks = kLoadChunks / kRowThreads;  // chunks per thread and row
   constexpr int kRowsPerPass = kThreads / kRowThreads;
   static_assert(kThreads % kRowThreads == 0 && kRows % kRowsPerPass == 0, "tile load shape");
@@ -352,17 +354,19 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
     const int n_valid = live ? seq.len_k - n0 : 0;
     auto copy = [&](auto all_rows) {
       constexpr bool kAll = decltype(all_rows)::value;
-      load_tile<kBlockN, kAll>(s_k + stage * kStageElems, g_k + n0 * p.k_stride_n, p.k_stride_n, n_valid, d_chunks);
-      load_tile<kBlockN, kAll>(s_v + stage * kStageElems, g_v + n0 * p.v_stride_n, p.v_stride_n, n_valid, d_chunks);
+      load_tile<kBlockN, kAll, kTwoBodies>(s_k + stage * kStageElems, g_k + n0 * p.k_stride_n, p.k_stride_n, n_valid,
+                                           d_chunks);
+      load_tile<kBlockN, kAll, kTwoBodies>(s_v + stage * kStageElems, g_v + n0 * p.v_stride_n, p.v_stride_n, n_valid,
+                                           d_chunks);
     };
     // every tile but the sequence's last has all its rows: no per-row tests (a uniform branch;
-    // not with kTwoBodies, whose copy sits behind Q K^T and then spills 24 bytes at D = 128)
+    // not with kTwoBodies, whose copy sits behind Q K^T and keeps one chunk per thread)
     if (!kTwoBodies && n_valid >= kBlockN) copy(bool_constant<true>{});
     else copy(bool_constant<false>{});
   };
 
   // prologue: Q, then the first kStages - 1 K/V tiles, one commit group each
-  load_tile<kBlockM>(s_q, g_q, p.q_stride_n, rows, d_chunks);
+  load_tile<kBlockM, false, kTwoBodies>(s_q, g_q, p.q_stride_n, rows, d_chunks);
   cp_async_commit();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {

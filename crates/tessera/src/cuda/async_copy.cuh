@@ -52,9 +52,13 @@ TS_DEVICE void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
 template <int kOffset>
 TS_DEVICE void cp_async_16_zfill_at(uint32_t dst, const void* src, bool valid) {
   static_assert(kOffset % 16 == 0, "16-byte chunks");
-  asm volatile("cp.async.cg.shared.global [%0+%3], [%1+%3], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0),
-               "n"(kOffset)
-               : "memory");
+  if constexpr (kOffset == 0) {
+    cp_async_16_zfill(dst, src, valid);
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0+%3], [%1+%3], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0),
+                 "n"(kOffset)
+                 : "memory");
+  }
 }
 
 /// The eviction priority an L2 cache policy gives the lines it covers: kLast for data many CTAs
