@@ -150,18 +150,38 @@ TS_DEVICE int chunk_offset(int c, int x) { return ((c & ~7) | ((c & 7) ^ x)) << 
 /// Element offset of chunk c of row r in a swizzled shared tile.
 TS_DEVICE int swizzle(int r, int c) { return r * kRowElems + chunk_offset(c, r & 7); }
 
+/// The chunks c + 8 j, kJ <= j < kN, of one row (load_tile): each 128 j bytes past `dst` and `g`,
+/// zero-filled unless the row is valid and the chunk lies below d_chunks; the padding chunks of
+/// a generic head dim (>= kChunks) are skipped.
+template <int kJ, int kN>
+TS_DEVICE void copy_row_chunks(uint32_t dst, const Elem* g, int c, bool row_valid, int d_chunks) {
+  if constexpr (kJ < kN) {
+    const int chunk = c + 8 * kJ;
+    if (kChunks == next_pow2(kChunks) || chunk < kChunks)
+      cp_async_16_zfill_at<128 * kJ>(dst, g, row_valid && chunk < d_chunks);  // g unread unless valid
+    copy_row_chunks<kJ + 1, kN>(dst, g, c, row_valid, d_chunks);
+  }
+}
+
 /// Starts the copy of a kRows x kHeadDim tile from `src` (row stride `stride` elements) into
 /// the shared tile `dst`: rows >= n_valid and chunks >= d_chunks are zero-filled instead.
-/// kLoadChunks (a power of two >= kChunks) threads share a row, so every thread keeps one chunk
-/// column and steps over rows: its addresses advance by a constant per copy.
-template <int kRows>
+/// kRowThreads (8, or fewer for a row of fewer chunks) threads share a row; each keeps the
+/// chunk columns c, c + 8, c + 16, ... of that row (128 bytes apart in global and, the swizzle
+/// permuting only within groups of 8 chunks, in shared memory too) and steps over rows. So one
+/// global address per row serves all its chunks (immediate offsets), and at D = 128 half as
+/// many rows per thread need an address as with one chunk per thread. kAllRows (the caller
+/// knows n_valid >= kRows) drops the per-row test: the only predicates left are the chunks'.
+/// kOneChunk keeps one chunk per thread (kLoadChunks threads per row): the two-body variants'
+/// copy sits behind Q K^T, where more chunks per address cost registers (24 B spilled at D = 128).
+template <int kRows, bool kAllRows = false, bool kOneChunk = false>
 TS_DEVICE void load_tile(Elem* dst, const Elem* src, long long stride, int n_valid, int d_chunks) {
   constexpr int kLoadChunks = next_pow2(kChunks);
-  constexpr int kRowsPerPass = kThreads / kLoadChunks;
-  static_assert(kThreads % kLoadChunks == 0 && kRows % kRowsPerPass == 0, "tile load shape");
-  const int c = thread_id() % kLoadChunks;
-  const int r0 = thread_id() / kLoadChunks;
-  if (kChunks != kLoadChunks && c >= kChunks) return;  // padding lanes of a generic head dim
+  constexpr int kRowThreads = (kOneChunk || kLoadChunks < 8) ? kLoadChunks : 8;
+  constexpr int kThreadChunks = kLoadChunks / kRowThreads;  // chunks per thread and row
+  constexpr int kRowsPerPass = kThreads / kRowThreads;
+  static_assert(kThreads % kRowThreads == 0 && kRows % kRowsPerPass == 0, "tile load shape");
+  const int c = thread_id() % kRowThreads;
+  const int r0 = thread_id() / kRowThreads;
   // With kRowsPerPass a multiple of 8 every row of this thread has the swizzle term of r0, so
   // its shared addresses are one register plus compile-time offsets.
   constexpr bool kSameSwizzle = kRowsPerPass % 8 == 0;
@@ -170,9 +190,10 @@ TS_DEVICE void load_tile(Elem* dst, const Elem* src, long long stride, int n_val
 #pragma unroll
   for (int i = 0; i < kRows / kRowsPerPass; ++i) {
     const int r = r0 + i * kRowsPerPass;
-    const bool valid = r < n_valid && c < d_chunks;
-    const uint32_t offset = kSameSwizzle ? i * kRowsPerPass * kRowElems : swizzle(r, c);
-    cp_async_16_zfill(base + offset * (int)sizeof(Elem), g, valid);  // g unread unless valid
+    const bool row_valid = kAllRows || r < n_valid;
+    const uint32_t row_dst =
+        base + (kSameSwizzle ? i * kRowsPerPass * kRowElems : swizzle(r, c)) * (int)sizeof(Elem);
+    copy_row_chunks<0, kThreadChunks>(row_dst, g, c, row_valid, d_chunks);
     g += kRowsPerPass * stride;
   }
 }
@@ -329,14 +350,23 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
   const int d_chunks = p.head_dim / 8;
   auto load_kv = [&](int t, bool live = true) {  // !live: zero-fills the stage, reads nothing
     const int n0 = t * kBlockN;
-    const int stage = (t - t_begin) % kStages;
+    const int stage = (unsigned)(t - t_begin) % kStages;
     const int n_valid = live ? seq.len_k - n0 : 0;
-    load_tile<kBlockN>(s_k + stage * kStageElems, g_k + n0 * p.k_stride_n, p.k_stride_n, n_valid, d_chunks);
-    load_tile<kBlockN>(s_v + stage * kStageElems, g_v + n0 * p.v_stride_n, p.v_stride_n, n_valid, d_chunks);
+    auto copy = [&](auto all_rows) {
+      constexpr bool kAll = decltype(all_rows)::value;
+      load_tile<kBlockN, kAll, kTwoBodies>(s_k + stage * kStageElems, g_k + n0 * p.k_stride_n, p.k_stride_n, n_valid,
+                                           d_chunks);
+      load_tile<kBlockN, kAll, kTwoBodies>(s_v + stage * kStageElems, g_v + n0 * p.v_stride_n, p.v_stride_n, n_valid,
+                                           d_chunks);
+    };
+    // every tile but the sequence's last has all its rows: no per-row tests (a uniform branch;
+    // not with kTwoBodies, whose copy sits behind Q K^T and keeps one chunk per thread)
+    if (!kTwoBodies && n_valid >= kBlockN) copy(bool_constant<true>{});
+    else copy(bool_constant<false>{});
   };
 
   // prologue: Q, then the first kStages - 1 K/V tiles, one commit group each
-  load_tile<kBlockM>(s_q, g_q, p.q_stride_n, rows, d_chunks);
+  load_tile<kBlockM, false, kTwoBodies>(s_q, g_q, p.q_stride_n, rows, d_chunks);
   cp_async_commit();
 #pragma unroll
   for (int i = 0; i < kStages - 1; ++i) {
@@ -379,7 +409,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
       if (t + kStages - 1 < t_end) load_kv(t + kStages - 1);
       cp_async_commit();
     }
-    const int stage = (t - t_begin) % kStages;
+    const int stage = (unsigned)(t - t_begin) % kStages;
     const uint32_t sk = smem_addr(s_k + stage * kStageElems);
     const uint32_t sv = smem_addr(s_v + stage * kStageElems);
     const int n0 = t * kBlockN;

@@ -5,7 +5,8 @@
 // `cp_async_commit` closes the group of copies started so far; `cp_async_wait_all` waits for
 // every group of this thread, cp_async_wait<N> for all but the N most recent groups
 // (cp_async_wait_pending(n) the same with n folded to a constant in an unrolled loop).
-// cp_async_16_zfill zero-fills a chunk whose source lies beyond a tensor's end. The copied data
+// cp_async_16_zfill zero-fills a chunk whose source lies beyond a tensor's end (cp_async_16_zfill_at:
+// at a compile-time offset from both addresses). The copied data
 // is visible to other threads only after a barrier that follows the wait.
 //
 // Both addresses must be 16-byte aligned. `.cg` caches the line in L2 only (streamed data).
@@ -43,6 +44,21 @@ TS_DEVICE void cp_async_16(uint32_t dst, const void* src) {
 TS_DEVICE void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
+}
+
+/// cp_async_16_zfill of the chunk kOffset bytes past both `dst` and `src` (kOffset a multiple
+/// of 16). The offset is an immediate of the instruction, so chunks of one row share a single
+/// 64-bit source address (ptxas does not always fold `src + kOffset` itself).
+template <int kOffset>
+TS_DEVICE void cp_async_16_zfill_at(uint32_t dst, const void* src, bool valid) {
+  static_assert(kOffset % 16 == 0, "16-byte chunks");
+  if constexpr (kOffset == 0) {
+    cp_async_16_zfill(dst, src, valid);
+  } else {
+    asm volatile("cp.async.cg.shared.global [%0+%3], [%1+%3], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0),
+                 "n"(kOffset)
+                 : "memory");
+  }
 }
 
 /// The eviction priority an L2 cache policy gives the lines it covers: kLast for data many CTAs
