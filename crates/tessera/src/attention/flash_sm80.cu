@@ -171,8 +171,9 @@ TS_DEVICE void copy_row_chunks(uint32_t dst, const Elem* g, int c, bool row_vali
 /// global address per row serves all its chunks (immediate offsets), and at D = 128 half as
 /// many rows per thread need an address as with one chunk per thread. kAllRows (the caller
 /// knows n_valid >= kRows) drops the per-row test: the only predicates left are the chunks'.
-/// kOneChunk keeps one chunk per thread (kLoadChunks threads per row): the two-body variants'
-/// copy sits behind Q K^T, where more chunks per address cost registers (24 B spilled at D = 128).
+/// kOneChunk keeps one chunk per thread (kLoadChunks threads per row). The two-body variants
+/// load Q, K and V that way: with pairs their D = 128 / 64-key tile spilled 24 bytes on sm_90a
+/// (pairs for Q alone were enough; pairs for K/V alone were not tried).
 template <int kRows, bool kAllRows = false, bool kOneChunk = false>
 TS_DEVICE void load_tile(Elem* dst, const Elem* src, long long stride, int n_valid, int d_chunks) {
   constexpr int kLoadChunks = next_pow2(kChunks);
@@ -360,7 +361,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
                                            d_chunks);
     };
     // every tile but the sequence's last has all its rows: no per-row tests (a uniform branch;
-    // not with kTwoBodies, whose copy sits behind Q K^T and keeps one chunk per thread)
+    // not with kTwoBodies, whose copy sits behind Q K^T, one chunk per thread)
     if (!kTwoBodies && n_valid >= kBlockN) copy(bool_constant<true>{});
     else copy(bool_constant<false>{});
   };
