@@ -391,23 +391,24 @@ constexpr bool kIntraOverlap = false;
 
 /// Lazy rescaling (ts::LazyStep): a row's reference max moves only when a key tile raises it by
 /// more than 8 (log2 units), so after a row's first tiles O and l are almost never rescaled (64
-/// multiplies per tile and thread less at D = 128), and their factors are computed only then.
-/// P <= 2^8 then, exact in f16/bf16 as any P.
+/// multiplies per tile and thread less at D = 128). P <= 2^8 then, exact in f16/bf16 as any P.
 /// Two consumers only: it gains 2-3.5% there and costs three consumers (D = 64) 4% (H200, runs
 /// 10 and 11 in bench/NOTES.md). Off with a softcap: its exp2 keeps the clamp at 2^1 (see
-/// tile_exp).
+/// tile_exp). The factors are computed every tile: computing them only where a row moved (as
+/// the Ampere kernel does, 9 instructions less per 176-key tile) measured -1.4% to +0.8% by row
+/// (run 157), so not here.
 constexpr bool kLazyRescale = kConsumers == 2 && !kSoftcap;
 
 /// The factor that takes a tile's S to log2-domain logits in tile_max (row maxima) and tile_exp:
 /// the softmax scale, or 1 with a softcap (tile_max has applied the scale and the cap to S then).
 TS_DEVICE float exp_scale(const ts::AttentionParams& p) { return kSoftcap ? 1.0f : p.scale_log2; }
 
-/// First half of the online softmax of key tile t: masks S (softcap first) and moves each row's
-/// reference max. Returns the shifts -m that tile_exp subtracts and, for rescale_o, each row's
-/// step: with kLazyRescale its ts::LazyStep rise (the factor is computed there, only where a row
-/// moved), otherwise the factor 2^(m_old - m_new) itself, by which l is already rescaled here.
+/// First half of the online softmax of key tile t: masks S (softcap first), moves each row's
+/// reference max and rescales its l. Returns the factors 2^(m_old - m_new) that the output
+/// accumulator must be multiplied by (exactly 1 where the reference max stayed) and the shifts
+/// -m that tile_exp subtracts.
 TS_DEVICE void tile_max(const ts::AttentionParams& p, float (&s)[kSRegs], RowState& st, const TileMask& tm, int t,
-                        float (&step)[2], float (&neg_shift)[2]) {
+                        float (&factor)[2], float (&neg_shift)[2]) {
   const int lane = threadIdx.x % 32;
   const float scale = exp_scale(p);
   if (kSoftcap) {
@@ -434,16 +435,11 @@ TS_DEVICE void tile_max(const ts::AttentionParams& p, float (&s)[kSRegs], RowSta
       if ((i % 4) / 2 == r) mx = ts::max_nan(mx, s[i]);  // NaN scores propagate
     mx = ts::warp_allreduce_max<4>(mx);
     const float m_cand = ts::max_nan(st.m[r], mx * scale);
-    if constexpr (kLazyRescale) {
-      const ts::LazyStep lazy = ts::LazyStep::of(st.m[r], m_cand);
-      step[r] = lazy.rise;
-      st.m[r] = lazy.max(st.m[r], m_cand);
-    } else {
-      step[r] = ts::exp2_shifted(st.m[r], ts::softmax_shift(m_cand));
-      st.m[r] = m_cand;
-      st.l[r] *= step[r];
-    }
-    neg_shift[r] = -ts::softmax_shift(st.m[r]);
+    const float m_new = kLazyRescale ? ts::LazyStep::of(st.m[r], m_cand).max(st.m[r], m_cand) : m_cand;
+    factor[r] = ts::exp2_shifted(st.m[r], ts::softmax_shift(m_new));
+    st.m[r] = m_new;
+    st.l[r] *= factor[r];
+    neg_shift[r] = -ts::softmax_shift(m_new);
   }
 }
 
@@ -460,33 +456,20 @@ TS_DEVICE void tile_exp(const ts::AttentionParams& p, float (&s)[kSRegs], RowSta
   }
 }
 
-/// O times its rows' factors 2^(m_old - m_new) from tile_max's `step`. With kLazyRescale the
-/// factors are computed here and l is rescaled too, and neither happens when neither of the
-/// thread's rows moved its max (the common case: a branch, taken by a warp only when one of its
-/// rows moved).
-TS_DEVICE void rescale_o(float (&o)[kORegs], RowState& st, const float (&step)[2]) {
-  float factor[2] = {step[0], step[1]};
-  if constexpr (kLazyRescale) {
-    const ts::LazyStep lazy[2] = {{step[0]}, {step[1]}};
-    if (!lazy[0].moved() && !lazy[1].moved()) return;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      factor[r] = lazy[r].factor();
-      st.l[r] *= factor[r];
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < kORegs; ++i) o[i] *= factor[(i % 4) / 2];
+/// Both halves: S of key tile t becomes P, `factor` the rescale of O (see tile_max).
+TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], RowState& st, const TileMask& tm, int t,
+                            float (&factor)[2]) {
+  float neg_shift[2];
+  tile_max(p, s, st, tm, t, factor, neg_shift);
+  tile_exp(p, s, st, neg_shift);
 }
 
-/// The whole online softmax of key tile t: S becomes P, O and l are rescaled, except on the
-/// item's first tile (`first`: O and l are still 0).
-TS_DEVICE void softmax_tile(const ts::AttentionParams& p, float (&s)[kSRegs], RowState& st, const TileMask& tm, int t,
-                            float (&o)[kORegs], bool first) {
-  float step[2], neg_shift[2];
-  tile_max(p, s, st, tm, t, step, neg_shift);
-  if (!first) rescale_o(o, st, step);
-  tile_exp(p, s, st, neg_shift);
+/// o *= factor of its row; skipped when neither of the thread's rows moved its max (the
+/// common case with kLazyRescale: a branch, taken by a warp only when one of its rows moved).
+TS_DEVICE void rescale_o(float (&o)[kORegs], const float (&factor)[2]) {
+  if (kLazyRescale && factor[0] == 1.0f && factor[1] == 1.0f) return;
+#pragma unroll
+  for (int i = 0; i < kORegs; ++i) o[i] *= factor[(i % 4) / 2];
 }
 
 /// P (S registers after tile_exp) packed to Elem pairs: the A fragments of O += P V.
@@ -499,9 +482,9 @@ TS_DEVICE void pack_p(const float (&s)[kSRegs], uint32_t (&pa)[kPSteps][4]) {
 }
 
 /// S = Q K(t)^T in this consumer's turn, waited for; then the K slot (and after the last tile
-/// the Q tile) is released and the online softmax turns S into P and rescales O (softmax_tile).
+/// the Q tile) is released and the online softmax turns S into P, with `factor` the rescale of O.
 TS_DEVICE void score_tile(const ts::AttentionParams& p, const Barriers& bs, const Ring& ring, RowState& st,
-                          const TileMask& tm, int t, int t0, float (&s)[kSRegs], float (&o)[kORegs], bool first,
+                          const TileMask& tm, int t, int t0, float (&s)[kSRegs], float (&factor)[2],
                           uint32_t q_base, uint32_t smem_base, uint32_t my_turn, uint32_t next_turn,
                           bool warp_leader) {
   const uint32_t k_tile = tile_addr(smem_base + Smem::k, ring.slot);
@@ -518,7 +501,7 @@ TS_DEVICE void score_tile(const ts::AttentionParams& p, const Barriers& bs, cons
     ts::mbar_arrive(&bs.empty_k[ring.slot]);
     if (t == t0) ts::mbar_arrive(bs.empty_q);
   }
-  softmax_tile(p, s, st, tm, t, o, first);
+  softmax_tile(p, s, st, tm, t, factor);
 }
 
 /// O += P V of ring slot `slot`, waited for; then the V slot is released.
@@ -542,7 +525,9 @@ TS_DEVICE void mainloop_simple(const ts::AttentionParams& p, const Barriers& bs,
                                uint32_t smem_base, uint32_t my_turn, uint32_t next_turn, bool warp_leader) {
   for (int t = t1 - 1; t >= t0; --t) {
     float s[kSRegs];
-    score_tile(p, bs, ring, st, tm, t, t0, s, o, t == t1 - 1, q_base, smem_base, my_turn, next_turn, warp_leader);
+    float factor[2];
+    score_tile(p, bs, ring, st, tm, t, t0, s, factor, q_base, smem_base, my_turn, next_turn, warp_leader);
+    rescale_o(o, factor);
     uint32_t pa[kPSteps][4];
     pack_p(s, pa);
     accumulate_pv(bs, ring.slot, ring.phase, o, pa, smem_base, warp_leader);
@@ -580,7 +565,8 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
   {
     // First tile: S only (o is still 0: no rescale).
     float s[kSRegs];
-    score_tile(p, bs, ring, st, tm, t1 - 1, t0, s, o, true, q_base, smem_base, my_turn, next_turn, warp_leader);
+    float factor[2];
+    score_tile(p, bs, ring, st, tm, t1 - 1, t0, s, factor, q_base, smem_base, my_turn, next_turn, warp_leader);
     pack_p(s, pa);
   }
   int prev_slot = ring.slot;
@@ -605,8 +591,8 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
     ts::named_barrier_arrive(next_turn, kTurnThreads);
     ts::wgmma_wait<1>();  // S(t) done; P V of the previous tile may still run
     ts::wgmma_fence_acc(s);
-    float step[2], neg_shift[2];
-    tile_max(p, s, st, tm, t, step, neg_shift);
+    float factor[2], neg_shift[2];
+    tile_max(p, s, st, tm, t, factor, neg_shift);
     if (kOrderMaxBeforeWait) order_max_before_wait(sink, neg_shift);
     ts::wgmma_wait<0>();
     ts::wgmma_fence_acc(o);
@@ -614,7 +600,7 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
     ts::mbar_arrive_if(&bs.empty_k[ring.slot], warp_leader);
     ts::mbar_arrive_if(bs.empty_q, warp_leader && t == t0);
     ts::mbar_arrive_if(&bs.empty_v[prev_slot], warp_leader);
-    rescale_o(o, st, step);
+    rescale_o(o, factor);
     tile_exp(p, s, st, neg_shift);
     pack_p(s, pa);
     prev_slot = ring.slot;
