@@ -90,6 +90,11 @@
 //   7. Unmasked variants (D = 64, D = 128 with 64-key tiles): the tile body compiled twice, with
 //      and without the per-element mask, and the next K/V copy issued behind Q K^T (kTwoBodies):
 //      H200 runs 149-151, non-causal bf16 D = 64 3.41 -> 3.33 ms, D = 128 5.92 -> 5.81 ms.
+//   8. The lazy factors computed only inside the rescale branch (ts::LazyStep: per row a compare
+//      and a select instead of an exponential, a multiply of l and a test of the factor) and the
+//      row sums started with their first term instead of 0 + x: 829 -> 803 SASS instructions per
+//      masked D = 128 64-key tile. H200 run 157 (A/B, four rounds): causal N = 512 +1.5%,
+//      2048-32768 +2.2-2.6% (N = 32768 23.71 -> 23.11 ms), GQA +1.6%, varlen +2.6%, in every round.
 //   Shipped for 64 < D <= 128 without softcap on GPUs with >= 194 KiB of shared memory per SM
 //   (plan.rs sm80_tiles; softcap keeps 128 x 32 x 3 stages).
 // D = 64 (non-causal bf16 B=4 H=16 N=8192, bench/NOTES.md run 15): 8 warps x 16 rows over
