@@ -11,7 +11,7 @@
 //                      the running state (ts::OnlineSoftmax::rescale), P = 2^(s * scale - m)
 //                      (ts::exp2_fma_unclamped: a +inf score gives a NaN row), per-lane partial
 //                      row sums. With kLazyRescale (D > 64, no softcap) the max moves only by
-//                      more than 2^8 (ts::lazy_max; a row's first keys always move it), so the
+//                      more than 2^8 (ts::LazyStep; a row's first keys always move it), so the
 //                      factor is exactly 1 almost always and O is rescaled only when a row of
 //                      the warp moved (a warp-uniform branch that skips kMBlocks * D / 2
 //                      multiplies per lane); otherwise O is rescaled every tile.
@@ -90,6 +90,11 @@
 //   7. Unmasked variants (D = 64, D = 128 with 64-key tiles): the tile body compiled twice, with
 //      and without the per-element mask, and the next K/V copy issued behind Q K^T (kTwoBodies):
 //      H200 runs 149-151, non-causal bf16 D = 64 3.41 -> 3.33 ms, D = 128 5.92 -> 5.81 ms.
+//   8. The lazy factors computed only inside the rescale branch (ts::LazyStep: per row a compare
+//      and a select instead of an exponential, a multiply of l and a test of the factor) and the
+//      row sums started with their first term instead of 0 + x: 829 -> 803 SASS instructions per
+//      masked D = 128 64-key tile. H200 run 157 (A/B, four rounds): causal N = 512 +1.5%,
+//      2048-32768 +2.2-2.6% (N = 32768 23.71 -> 23.11 ms), GQA +1.6%, varlen +2.6%, in every round.
 //   Shipped for 64 < D <= 128 without softcap on GPUs with >= 194 KiB of shared memory per SM
 //   (plan.rs sm80_tiles; softcap keeps 128 x 32 x 3 stages).
 // D = 64 (non-causal bf16 B=4 H=16 N=8192, bench/NOTES.md run 15): 8 warps x 16 rows over
@@ -464,11 +469,12 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
 
       // Online softmax of the lane's rows (r = 0: elements 0, 1; r = 1: elements 2, 3), turning
       // the scores into probabilities in place. With kLazyRescale a row's max moves only when the
-      // tile raises it by more than kLazyRescaleSlack (ts::lazy_max: P <= 2^8), so its rescale
-      // factor is exactly 1 almost always and O is rescaled only when a row of the warp moved (a
-      // warp-uniform branch: kMBlocks * D / 2 multiplies per lane skipped).
+      // tile raises it by more than kLazyRescaleSlack (ts::LazyStep: P <= 2^8), so O and d are
+      // rescaled only when a row of the warp moved (a warp-uniform branch, rare after a row's
+      // first keys: kMBlocks * D / 2 multiplies per lane skipped), and the factors are computed
+      // only there. Otherwise every tile rescales.
       bool moved = false;
-      float factor[kMBlocks][2];
+      float rise[kMBlocks][2];  // kLazyRescale: each row's LazyStep, for the branch
 #pragma unroll
       for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
@@ -477,9 +483,14 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
           // round(scale * max dot) = max round(scale * dot) as scale > 0 (see shifted_fma)
           OnlineSoftmax& st = state[mb][r];
           const float m_cand = max_nan(st.m, mx * score_scale);
-          factor[mb][r] = st.rescale(kLazyRescale ? lazy_max(st.m, m_cand, kLazyRescaleSlack) : m_cand);
-          moved = moved || factor[mb][r] != 1.0f;
-          if constexpr (!kLazyRescale) rescale_row(acc[mb], r, factor[mb][r]);
+          if constexpr (kLazyRescale) {
+            const LazyStep step = LazyStep::of(st.m, m_cand);
+            rise[mb][r] = step.rise;
+            moved = moved || step.moved();
+            st.m = step.max(st.m, m_cand);
+          } else {
+            rescale_row(acc[mb], r, st.rescale(m_cand));
+          }
           // softcapped scores are bounded: the clamp never acts, it only keeps ptxas from spilling
           st.d += exp2_row<kSoftcap>(s[mb], r, score_scale, -softmax_shift(st.m));
         }
@@ -495,7 +506,18 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
 #pragma unroll
         for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll
-          for (int r = 0; r < 2; ++r) rescale_row(acc[mb], r, factor[mb][r]);
+          for (int r = 0; r < 2; ++r) {
+            const LazyStep step{rise[mb][r]};
+            const float factor = step.factor();
+            rescale_row(acc[mb], r, factor);
+            if (step.moved()) {
+              // d holds d_old + the tile's terms: their sum is taken out again (recomputed from P,
+              // not held in registers through the branch) and d_old alone rescaled, off by the
+              // rounding of that addition (half an ulp of d) times factor <= 2^-8
+              const float sum = lane_row_sum(s[mb], r);
+              state[mb][r].d = fmaf(state[mb][r].d - sum, factor, sum);
+            }
+          }
       }
 
       // O += P V, P packed to Elem as the A fragments

@@ -612,7 +612,7 @@ fn path_cases(path: AttentionPath) -> Vec<(Case, bool)> {
         (0.0, Some(0.5), true, (-1, -1), 128),
         // Large scales spread the scores (std ~11-23 instead of ~2): a later key tile then often
         // raises a row's max by more than 2^8, which takes the rescale branch of the kernels'
-        // lazy rescaling (ts::lazy_max), in both dtypes.
+        // lazy rescaling (ts::LazyStep), in both dtypes.
         (0.0, Some(0.5), true, (-1, -1), 128),
         (0.0, Some(1.0), true, (-1, -1), 128),
         (0.0, Some(1.0), false, (64, 0), 96),

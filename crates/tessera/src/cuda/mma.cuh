@@ -7,7 +7,8 @@
 //          ts::pack_a_fragment<Elem> (an accumulator pair packed as the A fragment of the next
 //          MMA), ts::quad_row_max (a row's max over the accumulator tile and its lane quad),
 //          ts::movmatrix_trans (transposes an 8x8 b16 matrix held in registers),
-//          ts::exp2_row<kClamp> (a row of score accumulators to probabilities, in place).
+//          ts::exp2_row<kClamp> (a row of score accumulators to probabilities, in place),
+//          ts::lane_row_sum (the lane's part of a row's sum).
 //
 // Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with g = lane / 4 and
 // t = lane % 4:
@@ -124,9 +125,23 @@ TS_DEVICE float exp2_row(float (&c)[kBlocks][4], int r, float scale, float neg_s
 #pragma unroll
     for (int e = 2 * r; e < 2 * r + 2; ++e) {
       c[nb][e] = kClamp ? exp2_fma(c[nb][e], scale, neg_shift) : exp2_fma_unclamped(c[nb][e], scale, neg_shift);
-      sum += c[nb][e];
+      // the first term starts the sum (0 + x is an FADD that ptxas keeps: 0 + -0 is +0)
+      sum = nb == 0 && e == 2 * r ? c[nb][e] : sum + c[nb][e];
       then(nb, c[nb][e]);
     }
+  return sum;
+}
+
+/// The lane's part of row r's sum over one row block's accumulator tile, in exp2_row's order (so
+/// the same value bit for bit as exp2_row returned for these probabilities).
+template <int kBlocks>
+TS_DEVICE float lane_row_sum(const float (&c)[kBlocks][4], int r) {
+  float sum = c[0][2 * r];
+#pragma unroll
+  for (int nb = 0; nb < kBlocks; ++nb)
+#pragma unroll
+    for (int e = 2 * r; e < 2 * r + 2; ++e)
+      if (nb > 0 || e > 2 * r) sum += c[nb][e];
   return sum;
 }
 

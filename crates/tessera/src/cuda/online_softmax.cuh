@@ -5,7 +5,7 @@
 //          rescale / merge / lse,
 //          ts::softmax_shift(m), ts::exp2_shifted(x, shift), ts::shifted_fma / ts::exp2_fma /
 //          ts::exp2_fma_unclamped, ts::clamp_may_act(m), ts::softmax_prob_bias<OutT> /
-//          ts::softmax_prob_scale<OutT>, ts::lazy_max / ts::kLazyRescaleSlack,
+//          ts::softmax_prob_scale<OutT>, ts::LazyStep / ts::kLazyRescaleSlack,
 //          ts::shfl_xor(OnlineSoftmax, int), ts::warp_allreduce_softmax<kWidth>,
 //          ts::block_allreduce_softmax<kThreads>.
 //
@@ -86,19 +86,37 @@ TS_DEVICE float exp2_fma(float x, float s, float neg_shift) { return exp2_approx
 /// in torch's softmax; -inf (masked) scores still give 0.
 TS_DEVICE float exp2_fma_unclamped(float x, float s, float neg_shift) { return exp2_approx(fmaf(x, s, neg_shift)); }
 
-/// Lazy rescaling, for kernels that keep an accumulator beside the state (attention): the
-/// running max m moves to a chunk's candidate max m_cand (>= m) only when m_cand exceeds m by
-/// more than `slack` (log2 units). Otherwise m stays, nothing needs rescaling (the factor
-/// exp2_shifted(m, m) is exactly 1), and the chunk's terms 2^(x - m) may reach 2^slack, which
-/// f32 sums and f16/bf16 P operands hold exactly as well as terms <= 1 (same relative
-/// precision). An empty state (m = -inf) or a NaN candidate always moves (NaN <= slack is
-/// false), so the special-value rules above are unchanged. The normalised output and the LSE
-/// (m + log2 d) do not depend on which reference max was used.
-TS_DEVICE float lazy_max(float m, float m_cand, float slack) { return m_cand - m <= slack ? m : m_cand; }
 /// The slack of the attention kernels (terms up to 2^8). Each skips its accumulator's rescale
 /// when no row of a warp moved (a warp-uniform branch; a per-row branch cost the Ampere kernel
 /// more than it saved, bench/NOTES.md run 10).
 constexpr float kLazyRescaleSlack = 8.0f;
+
+/// Lazy rescaling, for kernels that keep an accumulator beside the state (attention): the
+/// running max m moves to a chunk's candidate max m_cand (>= m) only when m_cand exceeds m by
+/// more than kLazyRescaleSlack (log2 units). Otherwise m stays, nothing needs rescaling (the
+/// factor is exactly 1), and the chunk's terms 2^(x - m) may reach 2^slack, which f32 sums and
+/// f16/bf16 P operands hold exactly as well as terms <= 1 (same relative precision). An empty
+/// state (m = -inf), a NaN candidate or +inf twice always moves (the rise is +inf or NaN, and
+/// NaN <= slack is false), so the special-value rules above are unchanged. The normalised output
+/// and the LSE (m + log2 d) do not depend on which reference max was used.
+///
+/// LazyStep is one row's step, split so that a kernel computes the factor only in the rare
+/// branch that rescales its accumulator: on the common path a row costs the rise, one compare
+/// and one select (max), not an exponential and a multiply of d.
+struct LazyStep {
+  float rise;  // m_cand - m
+
+  TS_DEVICE static LazyStep of(float m, float m_cand) { return LazyStep{m_cand - m}; }
+  /// Whether the reference max moves to m_cand.
+  TS_DEVICE bool moved() const { return !(rise <= kLazyRescaleSlack); }
+  /// The reference max after the step: m_cand where it moved, else m.
+  TS_DEVICE float max(float m, float m_cand) const { return moved() ? m_cand : m; }
+  /// 2^(m - m_new), by which d and the accumulator are scaled: exactly 1 where the max stayed,
+  /// and where it moved OnlineSoftmax::rescale's factor bit for bit (m - m_new is exactly
+  /// -rise; +inf rises give 0, NaN rises 1), except for an empty row that stays empty (rise
+  /// -inf - -inf = NaN): 1 instead of 0, where d and the accumulator are 0 either way.
+  TS_DEVICE float factor() const { return moved() ? exp2_approx(fminf(-rise, 0.0f)) : 1.0f; }
+};
 
 struct OnlineSoftmax {
   float m;  // running max, log2 domain (-inf: empty)
