@@ -511,9 +511,11 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
             const float factor = step.factor();
             rescale_row(acc[mb], r, factor);
             if (step.moved()) {
-              // d holds d_old + the tile's terms: their sum is taken out again (recomputed from P,
-              // not held in registers through the branch) and d_old alone rescaled, off by the
-              // rounding of that addition (half an ulp of d) times factor <= 2^-8
+              // d holds d_old + the tile's terms: their sum is taken out again and d_old alone
+              // rescaled, off by the rounding of that addition (half an ulp of d) times the factor
+              // (< 2^-8; 1 only in rows that are empty or NaN anyway). The sum is recomputed from P
+              // so that the source holds no register through the branch (ptxas keeps the first
+              // one where it has room: the same value, exp2_row's order)
               const float sum = lane_row_sum(s[mb], r);
               state[mb][r].d = fmaf(state[mb][r].d - sum, factor, sum);
             }
