@@ -443,7 +443,10 @@ TS_DEVICE void tile_max(const ts::AttentionParams& p, float (&s)[kSRegs], RowSta
   }
 }
 
-/// Second half: turns S into P = 2^(S * scale - m) in place and adds it to the row sums l.
+/// Second half: turns S into P = 2^(S * scale - m) in place and adds it to the row sums l. The
+/// FADDs stay: summing P on the tensor cores instead (l += P 1, an m64n8k16 wgmma per k-step)
+/// took 76 instructions off a 176-key tile but measured 1-6% slower on every row, the extra
+/// tensor work costing its full time, and put bf16 LSEs over budget (bench/NOTES.md run 160).
 TS_DEVICE void tile_exp(const ts::AttentionParams& p, float (&s)[kSRegs], RowState& st, const float (&neg_shift)[2]) {
   const float scale = exp_scale(p);
 #pragma unroll
