@@ -155,11 +155,18 @@ pub fn simple_mainloop() -> bool {
     std::env::var_os("TESSERA_ATTN_HOPPER_SIMPLE").is_some_and(|v| v == "1")
 }
 
-/// Dynamic shared memory: Q, `stages` K and V tiles, the mbarriers, one f32 per consumer thread
-/// (`Smem::sink`: two per query row), and 1024 bytes of slack for aligning the base to the
-/// 128-byte swizzle's 1024-byte period.
+/// Dynamic shared memory: Q, `stages` K and V tiles, the mbarriers, the CTA pair's mailbox (8
+/// bytes), one f32 per consumer thread (`Smem::sink`: two per query row), and 1024 bytes of slack
+/// for aligning the base to the 128-byte swizzle's 1024-byte period.
 pub fn shared_bytes(block_m: u32, block_n: u32, stages: u32, head_dim: u32) -> u32 {
-    (block_m + 2 * stages * block_n) * head_dim * 2 + 8 * (2 + 4 * stages) + 8 * block_m + 1024
+    (block_m + 2 * stages * block_n) * head_dim * 2 + 8 * (4 + 4 * stages) + 8 + 8 * block_m + 1024
+}
+
+/// Experiment: with `TESSERA_ATTN_HOPPER_PAIRS=1` in the environment the non-split Hopper kernel
+/// runs as clusters of two CTAs on neighbouring query tiles of one head, each loading half of
+/// every K/V tile into both (TMA multicast): half the L2 reads of K and V.
+pub fn cta_pairs() -> bool {
+    std::env::var_os("TESSERA_ATTN_HOPPER_PAIRS").is_some_and(|v| v == "1")
 }
 
 /// A `CUtensorMap` (128 opaque bytes, 64-byte aligned), as `ts::TensorMap`.

@@ -1270,7 +1270,11 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
     let plan = AttentionPlan::new(ctx, &problem, &opts)?;
     // The capped-grid cases exist to reach the Hopper tail split; a plan without one would
     // pass while testing the plain path.
-    if case.path == AttentionPath::Hopper && case.hopper_max_ctas.is_some() && plan.tail_split().is_none() {
+    if case.path == AttentionPath::Hopper
+        && case.hopper_max_ctas.is_some()
+        && !plan.variant().pair
+        && plan.tail_split().is_none()
+    {
         return Err(crate::Error::Unsupported(format!(
             "verify: this case should plan a tail split (hopper::tail_split), the plan is {}",
             plan.describe()

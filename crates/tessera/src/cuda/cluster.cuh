@@ -57,6 +57,14 @@ TS_DEVICE void cluster_sync() {
       "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+/// cluster_sync for threads that may arrive from divergent paths (no `.aligned`): every thread
+/// of the cluster still calls it once.
+TS_DEVICE void cluster_sync_unaligned() {
+  asm volatile(
+      "barrier.cluster.arrive.release;\n\t"
+      "barrier.cluster.wait.acquire;" ::: "memory");
+}
+
 /// The 32-bit shared-memory address of a generic pointer into this CTA's shared memory.
 TS_DEVICE uint32_t shared_address(const void* p) {
   uint64_t a;
@@ -92,6 +100,13 @@ TS_DEVICE void st_async_cluster(uint32_t cluster_address, float a, float b, uint
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
                    cluster_address),
                "f"(a), "f"(b), "r"(bar)
+               : "memory");
+}
+
+/// st_async_cluster of one 32-bit word: 4 bytes complete on the barrier at cluster address `bar`.
+TS_DEVICE void st_async_cluster_u32(uint32_t cluster_address, uint32_t v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(cluster_address),
+               "r"(v), "r"(bar)
                : "memory");
 }
 
