@@ -92,6 +92,40 @@ struct HopperParams {
 
 #if defined(TS_HAS_WGMMA) && defined(TS_HAS_TMA)
 
+#ifdef TS_PAIR_DEBUG
+// Debugging aid (TESSERA_ATTN_PAIR_DEBUG=1): a wait that lasts over ~2 s prints where it is and
+// lets every later wait through, so the launch ends and the printout reaches the host.
+__device__ unsigned g_pair_debug_prints;
+__device__ int g_pair_debug_abort;
+__device__ int g_pair_debug_item[1024];
+namespace ts {
+TS_DEVICE void mbar_wait_dbg(uint64_t* bar, uint32_t parity, int line) {
+  const long long start = clock64();
+  for (;;) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(parity)
+        : "memory");
+    if (done) return;
+    if (*(volatile int*)&g_pair_debug_abort) return;
+    if (clock64() - start > 4000000000LL) {
+      if (atomicAdd(&g_pair_debug_prints, 1) < 200)
+        printf("stuck: line %d block %d rank %u thread %d parity %u bar %u item %d\n", line, blockIdx.x,
+               cluster_rank(), threadIdx.x, parity, smem_addr(bar) & 0x3ffff,
+               *(volatile int*)&g_pair_debug_item[blockIdx.x]);
+      atomicExch(&g_pair_debug_abort, 1);
+      return;
+    }
+  }
+}
+}  // namespace ts
+#define mbar_wait(b, p) mbar_wait_dbg(b, p, __LINE__)
+#define mbar_wait_cluster(b, p) mbar_wait_dbg(b, p, __LINE__)
+#endif
+
 namespace {
 
 constexpr int kColBlocks = kHeadDim / 64;        // 64-column (128-byte) blocks of a row
@@ -348,6 +382,9 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   int w = first_item();
   while (w < hp.work_items) {
     const Work wk = decode_work(hp, w);
+#ifdef TS_PAIR_DEBUG
+    g_pair_debug_item[blockIdx.x] = w;
+#endif
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
     int m0, t0, t1, u0, u1;
     item_tiles(p, seq, wk, rank, m0, t0, t1, u0, u1);
@@ -871,12 +908,15 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) flash_fwd_sm90(const _
   if (wg == 0) {
     ts::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) producer(hp, smem, bars);
+    // The producer's warp meets again before the cluster barrier below: a lane that reached it
+    // early could hold the warp there while lane 0 still spins in the producer (run 164's hang).
+    if (kPair) __syncwarp();
   } else {
     ts::setmaxnreg_inc<kConsumerRegs>();
     consumer(hp, smem, bars, wg - 1);
   }
   // No CTA of a pair leaves while the other may still arrive on its barriers.
-  if (kPair) ts::cluster_sync_unaligned();
+  if (kPair) ts::cluster_sync();
 }
 
 #else

@@ -179,6 +179,13 @@ impl Variant {
                 preamble: format!("{preamble}#define TS_ATTN_SIMPLE_MAINLOOP 1\n"),
                 entry: "flash_fwd_sm90",
             },
+            AttentionPath::Hopper if self.pair && std::env::var_os("TESSERA_ATTN_PAIR_DEBUG").is_some() => KernelSpec {
+                name: format!("{name}_dbg"),
+                file: "flash_sm90.cu",
+                source: SM90_SOURCE,
+                preamble: format!("{preamble}#define TS_PAIR_DEBUG 1\n"),
+                entry: "flash_fwd_sm90",
+            },
             AttentionPath::Hopper => KernelSpec {
                 name,
                 file: "flash_sm90.cu",
@@ -674,7 +681,11 @@ impl AttentionPlan {
                         .max_active_clusters(ctx, LaunchConfig::clustered(2, threads, variant.shared_bytes(), 2))?
                         as usize;
                     let cap = options.hopper_max_ctas.map_or(usize::MAX, |m| (m / 2).max(1));
-                    (units, 2 * items.min(resident).min(cap).max(1) as u32)
+                    let grid = 2 * items.min(resident).min(cap).max(1) as u32;
+                    if std::env::var_os("TESSERA_ATTN_HOPPER_PAIRS_DEBUG").is_some() {
+                        eprintln!("pairs: {items} items, {resident} resident clusters, grid {grid}");
+                    }
+                    (units, grid)
                 } else {
                     (q_tiles, hopper_grid(work.unwrap_or(0), sms, options.hopper_max_ctas))
                 };

@@ -57,14 +57,6 @@ TS_DEVICE void cluster_sync() {
       "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-/// cluster_sync for threads that may arrive from divergent paths (no `.aligned`): every thread
-/// of the cluster still calls it once.
-TS_DEVICE void cluster_sync_unaligned() {
-  asm volatile(
-      "barrier.cluster.arrive.release;\n\t"
-      "barrier.cluster.wait.acquire;" ::: "memory");
-}
-
 /// The 32-bit shared-memory address of a generic pointer into this CTA's shared memory.
 TS_DEVICE uint32_t shared_address(const void* p) {
   uint64_t a;
