@@ -135,8 +135,8 @@ constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
 constexpr int kConsumers = kBlockM / kConsumerRows;  // consumer warpgroups
 constexpr uint32_t kConsumerWarps = 4 * kConsumers;  // arrivals that release a slot
 // setmaxnreg budgets: 128 * (producer + kConsumers * consumer) <= 65536.
-constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32;
-constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
+constexpr int kProducerRegs = kConsumers == 2 ? (kPair ? 56 : 40) : 32;
+constexpr int kConsumerRegs = kConsumers == 2 ? (kPair ? 224 : 232) : 160;
 static_assert(kBlockM % kConsumerRows == 0 && (kConsumers == 2 || kConsumers == 3),
               "two or three consumer warpgroups of 64 rows");
 static_assert(kThreads == 128 * (1 + kConsumers), "one producer warpgroup and the consumers");
@@ -152,6 +152,7 @@ static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 176 && kHeadDim == 
               "key tile: 64 or 128, or 176 at D = 128");
 static_assert(sizeof(Elem) == 2, "f16 or bf16");
 static_assert(!(kPair && kSplit), "CTA pairs run the non-split launch only");
+static_assert(!kPair || kConsumers == 2, "CTA pairs: two consumer warpgroups (the producer needs 56 registers)");
 static_assert(!kPair || (kBlockN / 2) % 8 == 0, "a pair's half key tile: whole 1024-byte swizzle periods");
 static_assert(sizeof(ts::AttentionParams) == 256, "AttentionParams layout (plan.rs)");
 static_assert(sizeof(HopperParams) == 704, "HopperParams layout (hopper.rs)");

@@ -638,7 +638,7 @@ impl AttentionPlan {
             masked: options.window_for(problem.seqlen_q, problem.seqlen_k) != (-1, -1),
             softcap: options.softcap > 0.0,
             split: splits > 1,
-            pair: path == AttentionPath::Hopper && splits == 1 && hopper::cta_pairs(),
+            pair: path == AttentionPath::Hopper && splits == 1 && block_m == 128 && hopper::cta_pairs(),
         };
         let kernel = ctx.kernel(&variant.spec())?;
         let (combine, workspace) = if splits > 1 {
@@ -1206,7 +1206,7 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
                     out.push(v);
                 }
                 // Hopper's non-split variants also run as CTA pairs.
-                if path == AttentionPath::Hopper && !split && hopper::cta_pairs() {
+                if path == AttentionPath::Hopper && !split && block_m == 128 && hopper::cta_pairs() {
                     let v = Variant { pair: true, ..v };
                     if !out.contains(&v) {
                         out.push(v);
