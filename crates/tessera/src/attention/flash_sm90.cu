@@ -6,11 +6,23 @@
 // kBlockM (64 query rows per consumer warpgroup: 128 or 192), kBlockN (keys per tile: 128 at
 // D = 64, 128 or 176 at D = 128 as hopper::choose_block_n picks, 64 beyond), kThreads
 // (128 per warpgroup: 384 or 512),
-// kStages (K/V ring depth), kMasked, kSoftcap, kSplit.
+// kStages (K/V ring depth), kMasked, kSoftcap, kSplit, kPair.
 //
-// Work: item w of hp.work_items (grid = min(all items, SMs), plan.rs). CTA c starts with item
-// c and then takes items grid, grid + 1, ... in the order its producer draws them from a counter
-// (hp.tile_counter; dynamic scheduling: a CTA that finished short items takes the next long one,
+// CTA pairs (kPair; hopper::use_cta_pairs: long sequences, two consumers, no split, no varlen):
+// the grid is clusters of two CTAs, and an item is a pair of neighbouring query tiles of one head,
+// 2 i and 2 i + 1 for rank 0 and 1. Both producers load the hull of the two tiles' key ranges in
+// the same order, each the half of every K/V tile's rows given by its rank, multicast into both
+// CTAs' ring slot (the tensor maps' K/V boxes are half tiles); each full barrier expects the
+// whole tile, and each slot is released by the consumer warps of both CTAs (remote arrivals), so
+// the two rings advance in lockstep. A consumer passes over the hull's tiles outside its own
+// range (skip_tiles: the causal tile the second CTA has more). Rank 0 draws the items and sends
+// each to rank 1 through a one-word mailbox (send_work / receive_work). Half the L2 reads of K and
+// V: on the H200, 2.6-4% faster on causal N >= 8192 (bench/NOTES.md run 167).
+//
+// Work: item w of hp.work_items (grid = min(all items, SMs), plan.rs). CTA c (with kPair,
+// cluster c, and the grid counts clusters) starts with item c and then takes items grid,
+// grid + 1, ... in the order its producer draws them from a counter (hp.tile_counter; dynamic
+// scheduling: a CTA that finished short items takes the next long one,
 // and the CTAs running together stay on neighbouring items, which a fixed stride loses after the
 // first round). The last draw of a launch resets the counter to 0 for the next launch. The
 // batch-heads are cut into sections of hp.l2_heads whose K and V fit in L2 together (the first
@@ -25,14 +37,14 @@
 // ordering of ordinary shared-memory data and would report it.
 //
 // Roles (warpgroup = 128 threads):
-//   WG0 (producer, 40 registers): one thread draws the work items, publishes them, loads the Q
+//   WG0 (producer, 40 registers, 56 with kPair): one thread draws the work items, publishes them, loads the Q
 //     tile of each item once (after the consumers released the previous one) and the K and V
 //     tiles of its key range, newest first, into a kStages-deep ring (K and V with an
 //     evict-last L2 policy, Q evict-first unless split-KV reads it once per split); every load
 //     completes on a "full" mbarrier, every slot is handed back on an "empty" mbarrier (one
 //     arrival per consumer warp).
-//   WG1 .. WGc (c = kBlockM / 64 consumers, 232 registers each for two, 160 for three; the
-//     producer then keeps 40 or 32): rows 64 (i - 1) .. 64 i - 1 of the query tile. Per key tile:
+//   WG1 .. WGc (c = kBlockM / 64 consumers, 232 registers each for two (224 with kPair), 160
+//     for three; the producer then keeps 40 (56) or 32): rows 64 (i - 1) .. 64 i - 1 of the query tile. Per key tile:
 //     S = Q K^T (wgmma, both from shared memory), mask, online softmax in registers (log2 domain,
 //     ts::OnlineSoftmax rules: a row that has seen no key keeps m = -inf, its P and output are 0;
 //     P = 2^(S * scale - m) unclamped, ts::exp2_fma_unclamped: a +inf score gives a NaN row),
@@ -92,39 +104,6 @@ struct HopperParams {
 
 #if defined(TS_HAS_WGMMA) && defined(TS_HAS_TMA)
 
-#ifdef TS_PAIR_DEBUG
-// Debugging aid (TESSERA_ATTN_PAIR_DEBUG=1): a wait that lasts over ~2 s prints where it is and
-// lets every later wait through, so the launch ends and the printout reaches the host.
-__device__ unsigned g_pair_debug_prints;
-__device__ int g_pair_debug_abort;
-__device__ int g_pair_debug_item[1024];
-namespace ts {
-TS_DEVICE void mbar_wait_dbg(uint64_t* bar, uint32_t parity, int line) {
-  const long long start = clock64();
-  for (;;) {
-    uint32_t done;
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-    if (done) return;
-    if (*(volatile int*)&g_pair_debug_abort) return;
-    if (clock64() - start > 4000000000LL) {
-      if (atomicAdd(&g_pair_debug_prints, 1) < 200)
-        printf("stuck: line %d block %d rank %u thread %d parity %u bar %u item %d\n", line, blockIdx.x,
-               cluster_rank(), threadIdx.x, parity, smem_addr(bar) & 0x3ffff,
-               *(volatile int*)&g_pair_debug_item[blockIdx.x]);
-      atomicExch(&g_pair_debug_abort, 1);
-      return;
-    }
-  }
-}
-}  // namespace ts
-#define mbar_wait(b, p) mbar_wait_dbg(b, p, __LINE__)
-#define mbar_wait_cluster(b, p) mbar_wait_dbg(b, p, __LINE__)
-#endif
 
 namespace {
 
@@ -383,9 +362,6 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   int w = first_item();
   while (w < hp.work_items) {
     const Work wk = decode_work(hp, w);
-#ifdef TS_PAIR_DEBUG
-    g_pair_debug_item[blockIdx.x] = w;
-#endif
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
     int m0, t0, t1, u0, u1;
     item_tiles(p, seq, wk, rank, m0, t0, t1, u0, u1);

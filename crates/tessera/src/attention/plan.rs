@@ -132,7 +132,7 @@ pub struct Variant {
     /// Writes split-KV partials instead of the output.
     pub split: bool,
     /// Hopper: clusters of two CTAs on neighbouring query tiles that share each K/V tile's load
-    /// (TMA multicast, [`hopper::cta_pairs`]).
+    /// (TMA multicast, [`hopper::use_cta_pairs`]).
     pub pair: bool,
 }
 
@@ -177,13 +177,6 @@ impl Variant {
                 file: "flash_sm90.cu",
                 source: SM90_SOURCE,
                 preamble: format!("{preamble}#define TS_ATTN_SIMPLE_MAINLOOP 1\n"),
-                entry: "flash_fwd_sm90",
-            },
-            AttentionPath::Hopper if self.pair && std::env::var_os("TESSERA_ATTN_PAIR_DEBUG").is_some() => KernelSpec {
-                name: format!("{name}_dbg"),
-                file: "flash_sm90.cu",
-                source: SM90_SOURCE,
-                preamble: format!("{preamble}#define TS_PAIR_DEBUG 1\n"),
                 entry: "flash_fwd_sm90",
             },
             AttentionPath::Hopper => KernelSpec {
@@ -638,7 +631,15 @@ impl AttentionPlan {
             masked: options.window_for(problem.seqlen_q, problem.seqlen_k) != (-1, -1),
             softcap: options.softcap > 0.0,
             split: splits > 1,
-            pair: path == AttentionPath::Hopper && splits == 1 && block_m == 128 && hopper::cta_pairs(),
+            pair: path == AttentionPath::Hopper
+                && hopper::use_cta_pairs(
+                    options.hopper_cta_pairs,
+                    block_m,
+                    splits,
+                    problem.varlen.is_some(),
+                    problem.seqlen_q,
+                    problem.seqlen_k,
+                ),
         };
         let kernel = ctx.kernel(&variant.spec())?;
         let (combine, workspace) = if splits > 1 {
@@ -681,11 +682,7 @@ impl AttentionPlan {
                         .max_active_clusters(ctx, LaunchConfig::clustered(2, threads, variant.shared_bytes(), 2))?
                         as usize;
                     let cap = options.hopper_max_ctas.map_or(usize::MAX, |m| (m / 2).max(1));
-                    let grid = 2 * items.min(resident).min(cap).max(1) as u32;
-                    if std::env::var_os("TESSERA_ATTN_HOPPER_PAIRS_DEBUG").is_some() {
-                        eprintln!("pairs: {items} items, {resident} resident clusters, grid {grid}");
-                    }
-                    (units, grid)
+                    (units, 2 * items.min(resident).min(cap).max(1) as u32)
                 } else {
                     (q_tiles, hopper_grid(work.unwrap_or(0), sms, options.hopper_max_ctas))
                 };
@@ -799,7 +796,7 @@ impl AttentionPlan {
             s += &format!(" tail {}x{}", t.items, t.splits);
         }
         if self.variant.pair {
-            s += " pairs";
+            s += &format!(" pairs grid {}", self.hopper.as_ref().map_or(0, |h| h.grid));
         }
         s
     }
@@ -1003,8 +1000,10 @@ impl AttentionPlan {
                 LaunchConfig::linear(launch.grid, self.variant.threads, self.variant.shared_bytes())
             };
             // SAFETY: `hp` mirrors HopperParams of flash_sm90.cu; the tensor maps describe the
-            // validated q/k/v views (TMA clips every box to their extents) and every other
-            // pointer is as for the Ampere launch below.
+            // validated q/k/v views (TMA clips every box to their extents; with pairs the K/V
+            // boxes are the half tiles the kernel loads) and every other pointer is as for the
+            // Ampere launch below. A pair kernel is launched in clusters of two, as its
+            // multicast copies and remote barrier arrivals require.
             unsafe { self.kernel.launch(&self.ctx, cfg, &hp)? };
             if let Some(t) = &self.tail {
                 let rows = t.items * self.variant.block_m as usize;
@@ -1205,8 +1204,8 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
                 if !out.contains(&v) {
                     out.push(v);
                 }
-                // Hopper's non-split variants also run as CTA pairs.
-                if path == AttentionPath::Hopper && !split && block_m == 128 && hopper::cta_pairs() {
+                // Hopper's non-split variants of two consumers also run as CTA pairs.
+                if path == AttentionPath::Hopper && !split && block_m == 2 * hopper::ROWS_PER_CONSUMER {
                     let v = Variant { pair: true, ..v };
                     if !out.contains(&v) {
                         out.push(v);
@@ -1329,17 +1328,22 @@ mod tests {
         let vs = ci_variants_for(Arch::SM90);
         for d in [64, 128, 192, 256] {
             for &n in hopper::block_n_choices(d) {
-                let count = vs
-                    .iter()
-                    .filter(|v| v.path == AttentionPath::Hopper && v.head_dim == d && v.block_n == n)
-                    .count();
-                // 2 dtypes x 8 (masked, softcap, split) flag sets.
-                assert_eq!(count, 16, "d {d} n {n}");
+                let count = |pair| {
+                    vs.iter()
+                        .filter(|v| v.path == AttentionPath::Hopper && v.head_dim == d && v.block_n == n)
+                        .filter(|v| v.pair == pair)
+                        .count()
+                };
+                // 2 dtypes x 8 (masked, softcap, split) flag sets, and the CTA pairs of the
+                // non-split ones where two consumer warpgroups run (hopper::use_cta_pairs).
+                assert_eq!(count(false), 16, "d {d} n {n}");
+                assert_eq!(count(true), if d == 64 { 0 } else { 8 }, "d {d} n {n} pairs");
             }
         }
         assert!(vs
             .iter()
             .any(|v| v.block_n == hopper::LONG_BLOCK_N && v.split && v.softcap));
+        assert!(vs.iter().filter(|v| v.pair).all(|v| !v.split && v.block_m == 128));
     }
 
     /// Every Ampere tiling fits the 99 KiB opt-in shared memory of sm_86 / sm_89, and the
