@@ -117,6 +117,7 @@ fn attention_options(
         sm80_heads_per_section: None,
         hopper_tail_split: true,
         hopper_max_ctas: None,
+        hopper_cta_pairs: None,
     })
 }
 

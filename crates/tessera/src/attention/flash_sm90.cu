@@ -6,11 +6,23 @@
 // kBlockM (64 query rows per consumer warpgroup: 128 or 192), kBlockN (keys per tile: 128 at
 // D = 64, 128 or 176 at D = 128 as hopper::choose_block_n picks, 64 beyond), kThreads
 // (128 per warpgroup: 384 or 512),
-// kStages (K/V ring depth), kMasked, kSoftcap, kSplit.
+// kStages (K/V ring depth), kMasked, kSoftcap, kSplit, kPair.
 //
-// Work: item w of hp.work_items (grid = min(all items, SMs), plan.rs). CTA c starts with item
-// c and then takes items grid, grid + 1, ... in the order its producer draws them from a counter
-// (hp.tile_counter; dynamic scheduling: a CTA that finished short items takes the next long one,
+// CTA pairs (kPair; hopper::use_cta_pairs: long sequences, two consumers, no split, no varlen):
+// the grid is clusters of two CTAs, and an item is a pair of neighbouring query tiles of one head,
+// 2 i and 2 i + 1 for rank 0 and 1. Both producers load the hull of the two tiles' key ranges in
+// the same order, each the half of every K/V tile's rows given by its rank, multicast into both
+// CTAs' ring slot (the tensor maps' K/V boxes are half tiles); each full barrier expects the
+// whole tile, and each slot is released by the consumer warps of both CTAs (remote arrivals), so
+// the two rings advance in lockstep. A consumer passes over the hull's tiles outside its own
+// range (skip_tiles: the causal tile the second CTA has more). Rank 0 draws the items and sends
+// each to rank 1 through a one-word mailbox (send_work / receive_work). Half the L2 reads of K and
+// V: on the H200, 2.6-4% faster on causal N >= 8192 (bench/NOTES.md run 167).
+//
+// Work: item w of hp.work_items (grid = min(all items, SMs), plan.rs). CTA c (with kPair,
+// cluster c, and the grid counts clusters) starts with item c and then takes items grid,
+// grid + 1, ... in the order its producer draws them from a counter (hp.tile_counter; dynamic
+// scheduling: a CTA that finished short items takes the next long one,
 // and the CTAs running together stay on neighbouring items, which a fixed stride loses after the
 // first round). The last draw of a launch resets the counter to 0 for the next launch. The
 // batch-heads are cut into sections of hp.l2_heads whose K and V fit in L2 together (the first
@@ -25,14 +37,14 @@
 // ordering of ordinary shared-memory data and would report it.
 //
 // Roles (warpgroup = 128 threads):
-//   WG0 (producer, 40 registers): one thread draws the work items, publishes them, loads the Q
+//   WG0 (producer, 40 registers, 56 with kPair): one thread draws the work items, publishes them, loads the Q
 //     tile of each item once (after the consumers released the previous one) and the K and V
 //     tiles of its key range, newest first, into a kStages-deep ring (K and V with an
 //     evict-last L2 policy, Q evict-first unless split-KV reads it once per split); every load
 //     completes on a "full" mbarrier, every slot is handed back on an "empty" mbarrier (one
 //     arrival per consumer warp).
-//   WG1 .. WGc (c = kBlockM / 64 consumers, 232 registers each for two, 160 for three; the
-//     producer then keeps 40 or 32): rows 64 (i - 1) .. 64 i - 1 of the query tile. Per key tile:
+//   WG1 .. WGc (c = kBlockM / 64 consumers, 232 registers each for two (224 with kPair), 160
+//     for three; the producer then keeps 40 (56) or 32): rows 64 (i - 1) .. 64 i - 1 of the query tile. Per key tile:
 //     S = Q K^T (wgmma, both from shared memory), mask, online softmax in registers (log2 domain,
 //     ts::OnlineSoftmax rules: a row that has seen no key keeps m = -inf, its P and output are 0;
 //     P = 2^(S * scale - m) unclamped, ts::exp2_fma_unclamped: a +inf score gives a NaN row),
@@ -51,6 +63,7 @@
 //   Q [kHeadDim/64][kBlockM][64], K[kStages] and V[kStages] [kHeadDim/64][kBlockN][64], mbarriers,
 //   one f32 per consumer thread (Smem::sink, see order_max_before_wait).
 #include "tessera/attention_params.cuh"
+#include "tessera/cluster.cuh"
 #include "tessera/mbarrier.cuh"
 #include "tessera/memory_order.cuh"
 #include "tessera/online_softmax.cuh"
@@ -69,6 +82,7 @@ constexpr int kStages = 2;
 constexpr bool kMasked = true;
 constexpr bool kSoftcap = false;
 constexpr bool kSplit = false;
+constexpr bool kPair = false;
 #endif
 
 /// The kernel parameter: the shared attention params plus the Hopper path's tensor maps.
@@ -90,6 +104,7 @@ struct HopperParams {
 
 #if defined(TS_HAS_WGMMA) && defined(TS_HAS_TMA)
 
+
 namespace {
 
 constexpr int kColBlocks = kHeadDim / 64;        // 64-column (128-byte) blocks of a row
@@ -99,8 +114,8 @@ constexpr uint32_t kKVBytes = kBlockN * kHeadDim * 2;
 constexpr int kConsumers = kBlockM / kConsumerRows;  // consumer warpgroups
 constexpr uint32_t kConsumerWarps = 4 * kConsumers;  // arrivals that release a slot
 // setmaxnreg budgets: 128 * (producer + kConsumers * consumer) <= 65536.
-constexpr int kProducerRegs = kConsumers == 2 ? 40 : 32;
-constexpr int kConsumerRegs = kConsumers == 2 ? 232 : 160;
+constexpr int kProducerRegs = kConsumers == 2 ? (kPair ? 56 : 40) : 32;
+constexpr int kConsumerRegs = kConsumers == 2 ? (kPair ? 224 : 232) : 160;
 static_assert(kBlockM % kConsumerRows == 0 && (kConsumers == 2 || kConsumers == 3),
               "two or three consumer warpgroups of 64 rows");
 static_assert(kThreads == 128 * (1 + kConsumers), "one producer warpgroup and the consumers");
@@ -115,6 +130,9 @@ static_assert(kHeadDim % 64 == 0 && kHeadDim <= 256, "compiled head dim: multipl
 static_assert(kBlockN == 64 || kBlockN == 128 || (kBlockN == 176 && kHeadDim == 128),
               "key tile: 64 or 128, or 176 at D = 128");
 static_assert(sizeof(Elem) == 2, "f16 or bf16");
+static_assert(!(kPair && kSplit), "CTA pairs run the non-split launch only");
+static_assert(!kPair || kConsumers == 2, "CTA pairs: two consumer warpgroups (the producer needs 56 registers)");
+static_assert(!kPair || (kBlockN / 2) % 8 == 0, "a pair's half key tile: whole 1024-byte swizzle periods");
 static_assert(sizeof(ts::AttentionParams) == 256, "AttentionParams layout (plan.rs)");
 static_assert(sizeof(HopperParams) == 704, "HopperParams layout (hopper.rs)");
 
@@ -124,14 +142,17 @@ struct Smem {
   static constexpr uint32_t k = q + kQBytes;
   static constexpr uint32_t v = k + kStages * kKVBytes;
   static constexpr uint32_t bars = v + kStages * kKVBytes;
-  // barriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S]
-  static constexpr uint32_t sink = bars + 8 * (2 + 4 * kStages);
+  // barriers: full_q, empty_q, full_k[S], empty_k[S], full_v[S], empty_v[S], mail_full, mail_empty
+  static constexpr uint32_t mail = bars + 8 * (4 + 4 * kStages);  // kPair: the item rank 0 sends
+  static constexpr uint32_t sink = mail + 8;
   // one f32 per consumer thread, written and never read (order_max_before_wait)
   static constexpr uint32_t end = sink + 4 * 128 * kConsumers;
 };
 static_assert(Smem::end + 1024 <= 227 * 1024, "shared memory of one CTA (hopper::shared_bytes)");
 
 /// One work item; `tail` is its index among the tail launch's items, -1 outside that launch.
+/// With kPair, `q_tile` numbers pairs of query tiles: rank r of the cluster takes tile
+/// 2 q_tile + r.
 struct Work {
   int b, h, q_tile, split, tail;
 };
@@ -140,7 +161,8 @@ struct Work {
 TS_DEVICE Work decode_order(const HopperParams& hp, int w, int splits) {
   const ts::AttentionParams& p = hp.p;
   const int bh = p.batch * p.heads_q;
-  const int head_items = p.q_tiles * splits;
+  const int units = kPair ? (p.q_tiles + 1) / 2 : p.q_tiles;  // query tiles, or pairs of them
+  const int head_items = units * splits;
   // Sections: first bh % l2_heads heads (when not 0), then full sections of l2_heads.
   const int rem = bh % hp.l2_heads;
   int first_head, heads, r;
@@ -157,7 +179,7 @@ TS_DEVICE Work decode_order(const HopperParams& hp, int w, int splits) {
   }
   const int per_tile = heads * splits;
   Work wk;
-  wk.q_tile = p.q_tiles - 1 - r / per_tile;
+  wk.q_tile = units - 1 - r / per_tile;
   wk.split = r % per_tile / heads;
   const int bhi = first_head + r % heads;
   wk.b = bhi / p.heads_q;
@@ -213,6 +235,32 @@ TS_DEVICE void map_rows(const int* cu, int b, int& row0, int& bcoord) {
   }
 }
 
+/// The query tile this CTA computes for item `wk` (first row m0), its key tiles [t0, t1) and the
+/// key tiles [u0, u1) its producer loads: its own, or with kPair the hull of both CTAs' ranges
+/// (both load every tile of it, in the same order, and each consumer skips the tiles outside its
+/// own range). Empty ranges have t0 >= t1 (u0 >= u1).
+TS_DEVICE void item_tiles(const ts::AttentionParams& p, const ts::AttnSeq& seq, const Work& wk, uint32_t rank,
+                          int& m0, int& t0, int& t1, int& u0, int& u1) {
+  const ts::AttnMask mask = ts::AttnMask::of(p, seq);
+  m0 = (kPair ? 2 * wk.q_tile + int(rank) : wk.q_tile) * kBlockM;
+  t0 = t1 = 0;
+  if (m0 < seq.len_q) key_tiles(p, mask, m0, seq.len_q, wk.split, t0, t1);
+  u0 = t0;
+  u1 = t1;
+  if (kPair) {
+    const int peer_m0 = (2 * wk.q_tile + int(rank ^ 1)) * kBlockM;
+    int p0 = 0, p1 = 0;
+    if (peer_m0 < seq.len_q) key_tiles(p, mask, peer_m0, seq.len_q, wk.split, p0, p1);
+    if (p0 < p1) {
+      u0 = t0 < t1 ? min(t0, p0) : p0;
+      u1 = t0 < t1 ? max(t1, p1) : p1;
+    }
+  }
+}
+
+/// This CTA's rank in its pair (0 without kPair) and the other's.
+TS_DEVICE uint32_t pair_rank() { return kPair ? ts::cluster_rank() : 0; }
+
 /// A ring position: slot index and the parity of its current phase.
 struct Ring {
   int slot = 0;
@@ -227,13 +275,56 @@ struct Ring {
 
 // ---- producer ------------------------------------------------------------------------------
 
-/// One draw from the global counter: the CTA's next item is gridDim.x + draw. A launch makes
-/// exactly work_items draws (the successful ones plus one failing draw per CTA), so the draw that
-/// returns work_items - 1 is the last one: finish_draw resets the counter there.
+/// Schedulers (CTAs, or with kPair clusters of two): scheduler s starts with item s; every later
+/// item is one draw from the global counter, and the scheduler's next item is schedulers + draw.
+/// A launch makes exactly work_items draws (the successful ones plus one failing draw per
+/// scheduler), so the draw that returns work_items - 1 is the last one: finish_draw resets the
+/// counter there. With kPair rank 0 draws and sends each item to rank 1 (send_work).
+TS_DEVICE int first_item() { return kPair ? int(ts::cluster_index_x()) : int(blockIdx.x); }
 TS_DEVICE unsigned start_draw(const HopperParams& hp) { return atomicAdd(hp.tile_counter, 1u); }
 TS_DEVICE int finish_draw(const HopperParams& hp, unsigned draw) {
   if (draw == unsigned(hp.work_items - 1)) atomicExch(hp.tile_counter, 0u);
-  return int(gridDim.x + draw);
+  return int((kPair ? ts::cluster_count_x() : gridDim.x) + draw);
+}
+
+/// kPair: rank 0's producer hands item w to rank 1's through a one-word mailbox in rank 1's shared
+/// memory (st.async completing on rank 1's mail_full; rank 1 hands the word back on rank 0's
+/// mail_empty once read).
+TS_DEVICE void send_work(uint8_t* smem, uint64_t* mail_full, uint64_t* mail_empty, uint32_t& mail_phase, int w) {
+  ts::mbar_wait_cluster(mail_empty, mail_phase ^ 1);
+  mail_phase ^= 1;
+  ts::st_async_cluster_u32(ts::map_shared_rank(ts::smem_addr(smem + Smem::mail), 1), uint32_t(w),
+                           ts::map_shared_rank(ts::smem_addr(mail_full), 1));
+}
+TS_DEVICE int receive_work(uint8_t* smem, uint64_t* mail_full, uint64_t* mail_empty, uint32_t& mail_phase) {
+  ts::mbar_arrive_expect_tx(mail_full, 4);
+  ts::mbar_wait_cluster(mail_full, mail_phase);
+  mail_phase ^= 1;
+  const int w = *reinterpret_cast<volatile int*>(smem + Smem::mail);
+  ts::mbar_arrive_cluster_if(ts::map_shared_rank(ts::smem_addr(mail_empty), 0), true);
+  return w;
+}
+
+/// Loads key tile `row` of `map` into ring slot `tile`, completing on `full`: the whole tile, or
+/// with kPair this CTA's half of its rows into both CTAs of the pair.
+TS_DEVICE void load_kv_tile(uint8_t* tile, const ts::TensorMap* map, uint64_t* full, int row, int hk, int k_b,
+                            uint32_t rank, uint64_t policy) {
+  ts::mbar_arrive_expect_tx(full, kKVBytes);  // both halves land here with kPair
+  constexpr int kRows = kPair ? kBlockN / 2 : kBlockN;
+  const int r0 = kPair ? int(rank) * kRows : 0;
+#pragma unroll
+  for (int c = 0; c < kColBlocks; ++c) {
+    uint8_t* dst = tile + c * kBlockN * 128 + r0 * 128;
+    if (kPair) ts::tma_load_4d_multicast(dst, map, full, c * 64, row + r0, hk, k_b, uint16_t(0x3), policy);
+    else ts::tma_load_4d(dst, map, full, c * 64, row + r0, hk, k_b, policy);
+  }
+}
+
+/// Waits until ring slot `bar` is free: released by this CTA's consumers, with kPair by both
+/// CTAs' (the other CTA's releases arrive from its shared memory, cluster scope).
+TS_DEVICE void wait_slot_free(uint64_t* bar, uint32_t parity) {
+  if (kPair) ts::mbar_wait_cluster(bar, parity);
+  else ts::mbar_wait(bar, parity);
 }
 
 /// Publishes item w (-1: no more work) once the consumers released the previous Q tile; the
@@ -253,6 +344,10 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   uint64_t* empty_k = full_k + kStages;
   uint64_t* full_v = empty_k + kStages;
   uint64_t* empty_v = full_v + kStages;
+  uint64_t* mail_full = empty_v + kStages;
+  uint64_t* mail_empty = mail_full + 1;
+  const uint32_t rank = pair_rank();
+  uint32_t mail_phase = 0;
   ts::tma_prefetch_map(&hp.q_map);
   ts::tma_prefetch_map(&hp.k_map);
   ts::tma_prefetch_map(&hp.v_map);
@@ -264,22 +359,23 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   // and level elsewhere; FlashAttention-3 loads the same way.
   const uint64_t kv_policy = ts::l2_policy<ts::L2Evict::kLast>();
   const uint64_t q_policy = ts::l2_policy<kSplit ? ts::L2Evict::kNormal : ts::L2Evict::kFirst>();
-  int w = blockIdx.x;
+  int w = first_item();
   while (w < hp.work_items) {
     const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
-    const int m0 = wk.q_tile * kBlockM;
-    int t0 = 0, t1 = 0, k_row0 = 0, k_b = 0, hk = 0;
-    if (m0 < seq.len_q) {
-      key_tiles(p, ts::AttnMask::of(p, seq), m0, seq.len_q, wk.split, t0, t1);
+    int m0, t0, t1, u0, u1;
+    item_tiles(p, seq, wk, rank, m0, t0, t1, u0, u1);
+    int q_row0, q_b, k_row0, k_b;
+    map_rows(p.cu_seqlens_q, wk.b, q_row0, q_b);
+    map_rows(p.cu_seqlens_k, wk.b, k_row0, k_b);
+    const int hk = wk.h / (p.heads_q / p.heads_kv);
+    // Items whose query tile starts past the sequence are not handed over, unless the other CTA
+    // of the pair loads key tiles (which this CTA's consumers then pass over).
+    if (m0 < seq.len_q || u0 < u1) {
       publish_work(hp, empty_q, q_phase, w);
       if (t0 >= t1) {
         ts::mbar_arrive(full_q);  // no visible key: the consumers store zeros and LSE = -inf
       } else {
-        int q_row0, q_b;
-        map_rows(p.cu_seqlens_q, wk.b, q_row0, q_b);
-        map_rows(p.cu_seqlens_k, wk.b, k_row0, k_b);
-        hk = wk.h / (p.heads_q / p.heads_kv);
         ts::mbar_arrive_expect_tx(full_q, kQBytes);
 #pragma unroll
         for (int c = 0; c < kColBlocks; ++c)
@@ -289,24 +385,23 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
     }
     // Drawn after the Q load is issued and used after the K/V loads: the atomic's latency hides
     // behind them.
-    const unsigned draw = start_draw(hp);
-    for (int t = t1 - 1; t >= t0; --t) {
+    const unsigned draw = rank == 0 ? start_draw(hp) : 0u;
+    for (int t = u1 - 1; t >= u0; --t) {
       const int row = k_row0 + t * kBlockN;
-      ts::mbar_wait(&empty_k[ring.slot], ring.phase ^ 1);
-      ts::mbar_arrive_expect_tx(&full_k[ring.slot], kKVBytes);
-      uint8_t* k_tile = smem + Smem::k + ring.slot * kKVBytes;
-#pragma unroll
-      for (int c = 0; c < kColBlocks; ++c)
-        ts::tma_load_4d(k_tile + c * kBlockN * 128, &hp.k_map, &full_k[ring.slot], c * 64, row, hk, k_b, kv_policy);
-      ts::mbar_wait(&empty_v[ring.slot], ring.phase ^ 1);
-      ts::mbar_arrive_expect_tx(&full_v[ring.slot], kKVBytes);
-      uint8_t* v_tile = smem + Smem::v + ring.slot * kKVBytes;
-#pragma unroll
-      for (int c = 0; c < kColBlocks; ++c)
-        ts::tma_load_4d(v_tile + c * kBlockN * 128, &hp.v_map, &full_v[ring.slot], c * 64, row, hk, k_b, kv_policy);
+      wait_slot_free(&empty_k[ring.slot], ring.phase ^ 1);
+      load_kv_tile(smem + Smem::k + ring.slot * kKVBytes, &hp.k_map, &full_k[ring.slot], row, hk, k_b, rank,
+                   kv_policy);
+      wait_slot_free(&empty_v[ring.slot], ring.phase ^ 1);
+      load_kv_tile(smem + Smem::v + ring.slot * kKVBytes, &hp.v_map, &full_v[ring.slot], row, hk, k_b, rank,
+                   kv_policy);
       ring.advance();
     }
-    w = finish_draw(hp, draw);
+    if (rank == 0) {
+      w = finish_draw(hp, draw);
+      if (kPair) send_work(smem, mail_full, mail_empty, mail_phase, w);
+    } else {
+      w = receive_work(smem, mail_full, mail_empty, mail_phase);
+    }
   }
   publish_work(hp, empty_q, q_phase, -1);
   ts::mbar_arrive(full_q);
@@ -484,6 +579,26 @@ TS_DEVICE void pack_p(const float (&s)[kSRegs], uint32_t (&pa)[kPSteps][4]) {
   }
 }
 
+/// Releases a K or V ring slot (`pred`: this thread is its warp's leader): one arrival on this
+/// CTA's barrier and, with kPair, one on the other CTA's, whose producer writes half of the slot.
+TS_DEVICE void release_slot(uint64_t* bar, bool pred) {
+  ts::mbar_arrive_if(bar, pred);
+  if (kPair) ts::mbar_arrive_cluster_if(ts::map_shared_rank(ts::smem_addr(bar), pair_rank() ^ 1), pred);
+}
+
+/// kPair: passes over `n` key tiles the pair loads for the other CTA only (outside this query
+/// tile's range): waits for each to land (the next phase of the slot must not start before) and
+/// releases it.
+TS_DEVICE void skip_tiles(const Barriers& bs, Ring& ring, int n, bool warp_leader) {
+  for (int i = 0; i < n; ++i) {
+    ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
+    release_slot(&bs.empty_k[ring.slot], warp_leader);
+    ts::mbar_wait(&bs.full_v[ring.slot], ring.phase);
+    release_slot(&bs.empty_v[ring.slot], warp_leader);
+    ring.advance();
+  }
+}
+
 /// S = Q K(t)^T in this consumer's turn, waited for; then the K slot (and after the last tile
 /// the Q tile) is released and the online softmax turns S into P, with `factor` the rescale of O.
 TS_DEVICE void score_tile(const ts::AttentionParams& p, const Barriers& bs, const Ring& ring, RowState& st,
@@ -500,10 +615,8 @@ TS_DEVICE void score_tile(const ts::AttentionParams& p, const Barriers& bs, cons
   ts::named_barrier_arrive(next_turn, kTurnThreads);
   ts::wgmma_wait<0>();
   ts::wgmma_fence_acc(s);
-  if (warp_leader) {
-    ts::mbar_arrive(&bs.empty_k[ring.slot]);
-    if (t == t0) ts::mbar_arrive(bs.empty_q);
-  }
+  release_slot(&bs.empty_k[ring.slot], warp_leader);
+  ts::mbar_arrive_if(bs.empty_q, warp_leader && t == t0);
   softmax_tile(p, s, st, tm, t, factor);
 }
 
@@ -518,7 +631,7 @@ TS_DEVICE void accumulate_pv(const Barriers& bs, int slot, uint32_t phase, float
   ts::wgmma_commit();
   ts::wgmma_wait<0>();
   ts::wgmma_fence_acc(o);
-  if (warp_leader) ts::mbar_arrive(&bs.empty_v[slot]);
+  release_slot(&bs.empty_v[slot], warp_leader);
 }
 
 /// One key tile at a time: S = Q K^T, softmax, O += P V, each GEMM waited for before the next
@@ -600,9 +713,9 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
     ts::wgmma_wait<0>();
     ts::wgmma_fence_acc(o);
     ts::wgmma_fence_operand(pa);  // P(t+1) retired: pack_p below may overwrite it
-    ts::mbar_arrive_if(&bs.empty_k[ring.slot], warp_leader);
+    release_slot(&bs.empty_k[ring.slot], warp_leader);
     ts::mbar_arrive_if(bs.empty_q, warp_leader && t == t0);
-    ts::mbar_arrive_if(&bs.empty_v[prev_slot], warp_leader);
+    release_slot(&bs.empty_v[prev_slot], warp_leader);
     rescale_o(o, factor);
     tile_exp(p, s, st, neg_shift);
     pack_p(s, pa);
@@ -634,6 +747,7 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
   if (wg == kConsumers - 1) ts::named_barrier_arrive(kTurnBarrier0, kTurnThreads);
 
   const int* work_slot = hp.work_slots + blockIdx.x;
+  const uint32_t rank = pair_rank();
   Ring ring;
   uint32_t q_phase = 0;
   for (;;) {
@@ -646,10 +760,9 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
     if (w < 0) return;
     const Work wk = decode_work(hp, w);
     const ts::AttnSeq seq = ts::attn_seq(p, wk.b, wk.h);
-    const int m0 = wk.q_tile * kBlockM;
     const ts::AttnMask mask = ts::AttnMask::of(p, seq);
-    int t0, t1;
-    key_tiles(p, mask, m0, seq.len_q, wk.split, t0, t1);
+    int m0, t0, t1, u0, u1;
+    item_tiles(p, seq, wk, rank, m0, t0, t1, u0, u1);
 
     // This thread's two rows (sequence indices) and their visible key ranges.
     const int row[2] = {m0 + wg * kConsumerRows + warp * 16 + lane / 4, m0 + wg * kConsumerRows + warp * 16 + lane / 4 + 8};
@@ -672,15 +785,20 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
     st.l[0] = st.l[1] = 0.0f;
     const TileMask tm{first[0], first[1], end[0], end[1], seq.len_k, full_lo, full_hi};
 
+    const Barriers bs{full_k, empty_k, full_v, empty_v, empty_q};
     if (t0 >= t1) {
       ts::mbar_arrive_if(empty_q, warp_leader);  // no Q tile to release
+      if (kPair && u0 < u1) skip_tiles(bs, ring, u1 - u0, warp_leader);
     } else {
-      const Barriers bs{full_k, empty_k, full_v, empty_v, empty_q};
+      // The pair's tiles run newest first: the other CTA's above this range, then this one's,
+      // then the other's below it.
+      if (kPair) skip_tiles(bs, ring, u1 - t1, warp_leader);
       if (kIntraOverlap)
         mainloop_overlapped(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, next_turn, warp_leader,
                             sink);
       else
         mainloop_simple(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, next_turn, warp_leader);
+      if (kPair) skip_tiles(bs, ring, t0 - u0, warp_leader);
     }
     float (&m)[2] = st.m;
     float (&l)[2] = st.l;
@@ -746,25 +864,36 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) flash_fwd_sm90(const _
   if (threadIdx.x == 0) {
     ts::mbar_init(&bars[0], 1);               // full_q: the producer's expect_tx
     ts::mbar_init(&bars[1], kConsumerWarps);  // empty_q
+    // A pair's K/V slots are written by both producers, so both CTAs' consumers release them.
+    constexpr uint32_t kSlotReleases = (kPair ? 2 : 1) * kConsumerWarps;
     for (int s = 0; s < kStages; ++s) {
       ts::mbar_init(&bars[2 + s], 1);                            // full_k
-      ts::mbar_init(&bars[2 + kStages + s], kConsumerWarps);     // empty_k
+      ts::mbar_init(&bars[2 + kStages + s], kSlotReleases);      // empty_k
       ts::mbar_init(&bars[2 + 2 * kStages + s], 1);              // full_v
-      ts::mbar_init(&bars[2 + 3 * kStages + s], kConsumerWarps); // empty_v
+      ts::mbar_init(&bars[2 + 3 * kStages + s], kSlotReleases);  // empty_v
     }
+    ts::mbar_init(&bars[2 + 4 * kStages], 1);      // mail_full: rank 1's expect_tx
+    ts::mbar_init(&bars[3 + 4 * kStages], 1);      // mail_empty: rank 1's release
     ts::mbar_init_fence();
   }
-  __syncthreads();
+  // A pair signals each other's barriers: both must be initialised first.
+  if (kPair) ts::cluster_sync();
+  else __syncthreads();
   // Broadcast from lane 0: the compiler then knows it is warp-uniform and keeps the wgmma
   // descriptor arithmetic that depends on it in uniform registers (no R2UR per wgmma).
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   if (wg == 0) {
     ts::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) producer(hp, smem, bars);
+    // The producer's warp meets again before the cluster barrier below: a lane that reached it
+    // early could hold the warp there while lane 0 still spins in the producer (run 164's hang).
+    if (kPair) __syncwarp();
   } else {
     ts::setmaxnreg_inc<kConsumerRegs>();
     consumer(hp, smem, bars, wg - 1);
   }
+  // No CTA of a pair leaves while the other may still arrive on its barriers.
+  if (kPair) ts::cluster_sync();
 }
 
 #else

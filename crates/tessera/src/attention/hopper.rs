@@ -155,11 +155,55 @@ pub fn simple_mainloop() -> bool {
     std::env::var_os("TESSERA_ATTN_HOPPER_SIMPLE").is_some_and(|v| v == "1")
 }
 
-/// Dynamic shared memory: Q, `stages` K and V tiles, the mbarriers, one f32 per consumer thread
-/// (`Smem::sink`: two per query row), and 1024 bytes of slack for aligning the base to the
-/// 128-byte swizzle's 1024-byte period.
+/// Dynamic shared memory: Q, `stages` K and V tiles, the mbarriers, the CTA pair's mailbox (8
+/// bytes), one f32 per consumer thread (`Smem::sink`: two per query row), and 1024 bytes of slack
+/// for aligning the base to the 128-byte swizzle's 1024-byte period.
 pub fn shared_bytes(block_m: u32, block_n: u32, stages: u32, head_dim: u32) -> u32 {
-    (block_m + 2 * stages * block_n) * head_dim * 2 + 8 * (2 + 4 * stages) + 8 * block_m + 1024
+    (block_m + 2 * stages * block_n) * head_dim * 2 + 8 * (4 + 4 * stages) + 8 + 8 * block_m + 1024
+}
+
+/// Fewest queries and keys per sequence for which the plan runs CTA pairs by default
+/// ([`use_cta_pairs`]).
+pub const PAIR_MIN_SEQLEN: usize = 4096;
+
+/// Benchmarking knob: `TESSERA_ATTN_HOPPER_PAIRS=1` (or `0`) in the environment stands for
+/// `AttentionOptions::hopper_cta_pairs: Some(true)` (or `Some(false)`) where the options leave it
+/// `None`, so that one binary measures both (bench/NOTES.md run 167).
+pub fn pairs_from_env() -> Option<bool> {
+    match std::env::var("TESSERA_ATTN_HOPPER_PAIRS").ok()?.as_str() {
+        "1" => Some(true),
+        "0" => Some(false),
+        _ => None,
+    }
+}
+
+/// Whether a Hopper plan runs CTA pairs (flash_sm90.cu `kPair`): clusters of two CTAs on
+/// neighbouring query tiles of one head, each loading half of every K/V tile into both by TMA
+/// multicast. The kernel has them for two consumer warpgroups (`block_m` 128: head dims 65..=256;
+/// the three of D = 64 leave the producer too few registers) and the non-split launch only, and
+/// the plan keeps them off varlen batches: a varlen benchmark (16 sequences of 128..8192, 16384
+/// pair items) did not finish with them (runs 162-167), while every verify case did, with and
+/// without varlen; the cause is not found yet. `option` (AttentionOptions::hopper_cta_pairs, else
+/// [`pairs_from_env`]) decides where they apply; by default sequences of at least
+/// [`PAIR_MIN_SEQLEN`] queries and keys take them. H200, run 167 (three rounds of each, one
+/// binary): causal B1 H32 D128 N = 32768 / 16384 / 8192 / 4096 ran 4.0 / 3.4 / 2.6 / 1.5% faster,
+/// non-causal B4 H16 N8192 D128 3.2% (against its tail split), GQA B4 32/8 N4096 level; shorter
+/// causal rows lost (N = 2048 2.3%, 1024 7%, 512 11%: the first CTA of a pair idles while the
+/// second one's extra causal tile loads, which is a large share of a short row).
+pub fn use_cta_pairs(
+    option: Option<bool>,
+    block_m: u32,
+    splits: usize,
+    varlen: bool,
+    seqlen_q: usize,
+    seqlen_k: usize,
+) -> bool {
+    if block_m != 2 * ROWS_PER_CONSUMER || splits != 1 || varlen {
+        return false;
+    }
+    option
+        .or_else(pairs_from_env)
+        .unwrap_or(seqlen_q >= PAIR_MIN_SEQLEN && seqlen_k >= PAIR_MIN_SEQLEN)
 }
 
 /// A `CUtensorMap` (128 opaque bytes, 64-byte aligned), as `ts::TensorMap`.
@@ -492,6 +536,23 @@ mod tests {
             }
         }
         assert!(seen_tail > 20, "the sweep reaches the tail split ({seen_tail} plans)");
+    }
+
+    #[test]
+    fn cta_pairs_where_they_pay_and_the_kernel_has_them() {
+        // Measured rule: long sequences by default, shorter ones only when forced.
+        assert!(use_cta_pairs(None, 128, 1, false, 32768, 32768));
+        assert!(use_cta_pairs(None, 128, 1, false, 4096, 4096));
+        assert!(!use_cta_pairs(None, 128, 1, false, 2048, 2048));
+        assert!(!use_cta_pairs(None, 128, 1, false, 4096, 1000));
+        assert!(use_cta_pairs(Some(true), 128, 1, false, 100, 100));
+        assert!(!use_cta_pairs(Some(false), 128, 1, false, 32768, 32768));
+        // Never: three consumers (D = 64), split-KV, varlen.
+        for forced in [None, Some(true)] {
+            assert!(!use_cta_pairs(forced, 192, 1, false, 32768, 32768));
+            assert!(!use_cta_pairs(forced, 128, 2, false, 32768, 32768));
+            assert!(!use_cta_pairs(forced, 128, 1, true, 32768, 32768));
+        }
     }
 
     #[test]

@@ -119,6 +119,14 @@ pub struct AttentionOptions {
     /// reach the tail split and other whole-wave effects on small problems. At least 1; the
     /// Ampere kernel ignores it.
     pub hopper_max_ctas: Option<usize>,
+    /// CTA pairs on the Hopper kernel: clusters of two CTAs on neighbouring query tiles of one
+    /// head, each loading half of every K/V tile into both by TMA multicast (half the L2 reads
+    /// of K and V). `None` (default) lets the plan choose ([`hopper::use_cta_pairs`]: sequences
+    /// of at least [`hopper::PAIR_MIN_SEQLEN`] queries and keys); `Some(true)` runs pairs
+    /// wherever the kernel has them (no varlen batch, no split-KV, head dims 65..=256),
+    /// `Some(false)` never. `AttentionPlan::describe` says whether a plan took them. The Ampere
+    /// kernel ignores it.
+    pub hopper_cta_pairs: Option<bool>,
 }
 
 impl Default for AttentionOptions {
@@ -137,6 +145,7 @@ impl Default for AttentionOptions {
             hopper_block_n: None,
             hopper_tail_split: true,
             hopper_max_ctas: None,
+            hopper_cta_pairs: None,
         }
     }
 }

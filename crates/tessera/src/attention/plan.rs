@@ -131,13 +131,16 @@ pub struct Variant {
     pub softcap: bool,
     /// Writes split-KV partials instead of the output.
     pub split: bool,
+    /// Hopper: clusters of two CTAs on neighbouring query tiles that share each K/V tile's load
+    /// (TMA multicast, [`hopper::use_cta_pairs`]).
+    pub pair: bool,
 }
 
 impl Variant {
     /// The kernel spec of this variant.
     pub fn spec(&self) -> KernelSpec {
         let name = format!(
-            "flash_fwd_{}_{}_d{}_m{}_n{}_t{}_s{}{}{}{}",
+            "flash_fwd_{}_{}_d{}_m{}_n{}_t{}_s{}{}{}{}{}",
             self.path.name(),
             self.dtype,
             self.head_dim,
@@ -148,6 +151,7 @@ impl Variant {
             if self.masked { "_mask" } else { "" },
             if self.softcap { "_softcap" } else { "" },
             if self.split { "_split" } else { "" },
+            if self.pair { "_pair" } else { "" },
         );
         let preamble = format!(
             "#include \"tessera/dtype.cuh\"\n\
@@ -155,7 +159,7 @@ impl Variant {
              constexpr int kHeadDim = {};\nconstexpr int kBlockM = {};\nconstexpr int kBlockN = {};\n\
              constexpr int kThreads = {};\nconstexpr int kStages = {};\n\
              constexpr bool kMasked = {};\nconstexpr bool kSoftcap = {};\nconstexpr bool kSplit = {};\n\
-             #define TS_GENERATED_PREAMBLE 1\n",
+             constexpr bool kPair = {};\n#define TS_GENERATED_PREAMBLE 1\n",
             self.dtype.cuda_type(),
             self.head_dim,
             self.block_m,
@@ -165,6 +169,7 @@ impl Variant {
             self.masked,
             self.softcap,
             self.split,
+            self.pair,
         );
         match self.path {
             AttentionPath::Hopper if hopper::simple_mainloop() => KernelSpec {
@@ -626,6 +631,15 @@ impl AttentionPlan {
             masked: options.window_for(problem.seqlen_q, problem.seqlen_k) != (-1, -1),
             softcap: options.softcap > 0.0,
             split: splits > 1,
+            pair: path == AttentionPath::Hopper
+                && hopper::use_cta_pairs(
+                    options.hopper_cta_pairs,
+                    block_m,
+                    splits,
+                    problem.varlen.is_some(),
+                    problem.seqlen_q,
+                    problem.seqlen_k,
+                ),
         };
         let kernel = ctx.kernel(&variant.spec())?;
         let (combine, workspace) = if splits > 1 {
@@ -659,7 +673,19 @@ impl AttentionPlan {
         let sms = ctx.info().sm_count;
         let hopper = match path {
             AttentionPath::Hopper => {
-                let grid = hopper_grid(work.unwrap_or(0), sms, options.hopper_max_ctas);
+                // With CTA pairs a work item is a pair of query tiles and the grid counts CTAs,
+                // two per cluster, as many clusters as fit at once.
+                let (units, grid) = if variant.pair {
+                    let units = q_tiles.div_ceil(2);
+                    let items = units * problem.batch * problem.heads_q;
+                    let resident = kernel
+                        .max_active_clusters(ctx, LaunchConfig::clustered(2, threads, variant.shared_bytes(), 2))?
+                        as usize;
+                    let cap = options.hopper_max_ctas.map_or(usize::MAX, |m| (m / 2).max(1));
+                    (units, 2 * items.min(resident).min(cap).max(1) as u32)
+                } else {
+                    (q_tiles, hopper_grid(work.unwrap_or(0), sms, options.hopper_max_ctas))
+                };
                 let mut scheduler = ctx.alloc::<i32>(hopper::scheduler_len(sms))?;
                 scheduler.fill_bytes(0)?; // stream-ordered, before any launch of this plan
                 Some(HopperLaunch {
@@ -670,8 +696,8 @@ impl AttentionPlan {
                         problem.head_dim,
                         problem.group(),
                         bh,
-                        q_tiles * splits,
-                        grid as usize,
+                        units * splits,
+                        if variant.pair { grid as usize / 2 } else { grid as usize },
                     ),
                     scheduler,
                 })
@@ -685,6 +711,7 @@ impl AttentionPlan {
                 if options.hopper_tail_split
                     && options.num_splits.is_none()
                     && splits == 1
+                    && !variant.pair
                     && !variant.masked
                     && problem.varlen.is_none() =>
             {
@@ -767,6 +794,9 @@ impl AttentionPlan {
         );
         if let Some(t) = &self.tail {
             s += &format!(" tail {}x{}", t.items, t.splits);
+        }
+        if self.variant.pair {
+            s += &format!(" pairs grid {}", self.hopper.as_ref().map_or(0, |h| h.grid));
         }
         s
     }
@@ -945,7 +975,12 @@ impl AttentionPlan {
                 .as_ref()
                 .ok_or_else(|| Error::Unsupported("internal: a Hopper plan without its launch state".into()))?;
             let (tile_counter, work_slots) = scheduler_ptrs(&launch.scheduler);
-            let work = self.q_tiles * self.splits * self.problem.batch * self.problem.heads_q;
+            let units = if self.variant.pair {
+                self.q_tiles.div_ceil(2)
+            } else {
+                self.q_tiles
+            };
+            let work = units * self.splits * self.problem.batch * self.problem.heads_q;
             let tail_items = self.tail.as_ref().map_or(0, |t| t.items);
             let hp = HopperParams {
                 p: params,
@@ -959,10 +994,16 @@ impl AttentionPlan {
                 tail_first: -1,
                 pad_: [0; 9],
             };
-            let cfg = LaunchConfig::linear(launch.grid, self.variant.threads, self.variant.shared_bytes());
+            let cfg = if self.variant.pair {
+                LaunchConfig::clustered(launch.grid, self.variant.threads, self.variant.shared_bytes(), 2)
+            } else {
+                LaunchConfig::linear(launch.grid, self.variant.threads, self.variant.shared_bytes())
+            };
             // SAFETY: `hp` mirrors HopperParams of flash_sm90.cu; the tensor maps describe the
-            // validated q/k/v views (TMA clips every box to their extents) and every other
-            // pointer is as for the Ampere launch below.
+            // validated q/k/v views (TMA clips every box to their extents; with pairs the K/V
+            // boxes are the half tiles the kernel loads) and every other pointer is as for the
+            // Ampere launch below. A pair kernel is launched in clusters of two, as its
+            // multicast copies and remote barrier arrivals require.
             unsafe { self.kernel.launch(&self.ctx, cfg, &hp)? };
             if let Some(t) = &self.tail {
                 let rows = t.items * self.variant.block_m as usize;
@@ -1072,7 +1113,12 @@ impl AttentionPlan {
             }
         };
         let bm = self.variant.block_m;
-        let bn = self.variant.block_n;
+        // CTA pairs load half of each key tile each (multicast to both).
+        let bn = if self.variant.pair {
+            self.variant.block_n / 2
+        } else {
+            self.variant.block_n
+        };
         Ok((
             hopper::encode(&shape(q, rows_q, p.heads_q, bm))?,
             hopper::encode(&shape(k, rows_k, p.heads_kv, bn))?,
@@ -1153,9 +1199,17 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
                     masked,
                     softcap,
                     split,
+                    pair: false,
                 };
                 if !out.contains(&v) {
                     out.push(v);
+                }
+                // Hopper's non-split variants of two consumers also run as CTA pairs.
+                if path == AttentionPath::Hopper && !split && block_m == 2 * hopper::ROWS_PER_CONSUMER {
+                    let v = Variant { pair: true, ..v };
+                    if !out.contains(&v) {
+                        out.push(v);
+                    }
                 }
             }
         }
@@ -1274,17 +1328,22 @@ mod tests {
         let vs = ci_variants_for(Arch::SM90);
         for d in [64, 128, 192, 256] {
             for &n in hopper::block_n_choices(d) {
-                let count = vs
-                    .iter()
-                    .filter(|v| v.path == AttentionPath::Hopper && v.head_dim == d && v.block_n == n)
-                    .count();
-                // 2 dtypes x 8 (masked, softcap, split) flag sets.
-                assert_eq!(count, 16, "d {d} n {n}");
+                let count = |pair| {
+                    vs.iter()
+                        .filter(|v| v.path == AttentionPath::Hopper && v.head_dim == d && v.block_n == n)
+                        .filter(|v| v.pair == pair)
+                        .count()
+                };
+                // 2 dtypes x 8 (masked, softcap, split) flag sets, and the CTA pairs of the
+                // non-split ones where two consumer warpgroups run (hopper::use_cta_pairs).
+                assert_eq!(count(false), 16, "d {d} n {n}");
+                assert_eq!(count(true), if d == 64 { 0 } else { 8 }, "d {d} n {n} pairs");
             }
         }
         assert!(vs
             .iter()
             .any(|v| v.block_n == hopper::LONG_BLOCK_N && v.split && v.softcap));
+        assert!(vs.iter().filter(|v| v.pair).all(|v| !v.split && v.block_m == 128));
     }
 
     /// Every Ampere tiling fits the 99 KiB opt-in shared memory of sm_86 / sm_89, and the
@@ -1319,6 +1378,7 @@ mod tests {
             masked: false,
             softcap: false,
             split: false,
+            pair: false,
         };
         assert_eq!(2 * (wide.shared_bytes() + 1024), SM80_WIDE_TILE_MIN_SHARED_PER_SM);
         // H100 / H200: 228 KiB per SM; A100: 164 KiB; sm_86 / sm_89: 100 KiB.

@@ -89,6 +89,8 @@ pub struct Case {
     pub hopper_block_n: Option<u32>,
     /// The Hopper kernel's capped persistent grid (AttentionOptions::hopper_max_ctas).
     pub hopper_max_ctas: Option<usize>,
+    /// The Hopper kernel's CTA pairs (AttentionOptions::hopper_cta_pairs).
+    pub hopper_cta_pairs: Option<bool>,
     pub return_lse: bool,
 }
 
@@ -116,6 +118,7 @@ impl Default for Case {
             sm80_heads_per_section: None,
             hopper_block_n: None,
             hopper_max_ctas: None,
+            hopper_cta_pairs: None,
             return_lse: true,
         }
     }
@@ -179,6 +182,11 @@ impl Case {
         if let Some(n) = self.hopper_max_ctas {
             s += &format!(" ctas{n}");
         }
+        match self.hopper_cta_pairs {
+            Some(true) => s += " pairs",
+            Some(false) => s += " no-pairs",
+            None => {}
+        }
         if self.return_lse {
             s += " lse";
         }
@@ -203,6 +211,7 @@ impl Case {
             "sm80_heads_per_section": self.sm80_heads_per_section,
             "hopper_block_n": self.hopper_block_n,
             "hopper_max_ctas": self.hopper_max_ctas,
+            "hopper_cta_pairs": self.hopper_cta_pairs,
             "return_lse": self.return_lse,
         })
     }
@@ -223,6 +232,7 @@ impl Case {
             hopper_block_n: self.hopper_block_n,
             hopper_tail_split: true,
             hopper_max_ctas: self.hopper_max_ctas,
+            hopper_cta_pairs: self.hopper_cta_pairs,
         }
     }
 
@@ -297,6 +307,16 @@ pub fn cases(quick: bool) -> Vec<Case> {
     for path in [AttentionPath::Sm80, AttentionPath::Hopper] {
         for (c, in_quick) in path_cases(path) {
             if !quick || in_quick {
+                // The Hopper kernel's CTA pairs, forced (the plan takes them on long sequences
+                // only) on every case that can run them: padded batches of head dims 65..=256
+                // without split-KV (forced off: the case's split is covered by the case itself).
+                if pairs_apply(&c) {
+                    out.push(Case {
+                        hopper_cta_pairs: Some(true),
+                        num_splits: Some(1),
+                        ..c.clone()
+                    });
+                }
                 out.push(c);
             }
         }
@@ -339,6 +359,16 @@ pub fn cases(quick: bool) -> Vec<Case> {
 }
 
 const DTYPES: [DType; 2] = [DType::F16, DType::BF16];
+
+/// Whether the Hopper kernel has CTA pairs for a case run without split-KV
+/// (hopper::use_cta_pairs: two consumer warpgroups, no varlen).
+fn pairs_apply(c: &Case) -> bool {
+    c.path == AttentionPath::Hopper
+        && c.lengths.is_none()
+        && c.num_splits.is_none_or(|n| n == 1)
+        && (65..=256).contains(&c.head_dim)
+        && c.hopper_cta_pairs.is_none()
+}
 
 /// Batch and heads that keep a case with `n` keys cheap for the f64 reference.
 fn small_bh(n: usize) -> (usize, usize) {
@@ -1270,7 +1300,17 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
     let plan = AttentionPlan::new(ctx, &problem, &opts)?;
     // The capped-grid cases exist to reach the Hopper tail split; a plan without one would
     // pass while testing the plain path.
-    if case.path == AttentionPath::Hopper && case.hopper_max_ctas.is_some() && plan.tail_split().is_none() {
+    if case.hopper_cta_pairs == Some(true) && pairs_apply(case) && !plan.variant().pair {
+        return Err(crate::Error::Unsupported(format!(
+            "verify: this case forces CTA pairs, the plan is {}",
+            plan.describe()
+        )));
+    }
+    if case.path == AttentionPath::Hopper
+        && case.hopper_max_ctas.is_some()
+        && !plan.variant().pair
+        && plan.tail_split().is_none()
+    {
         return Err(crate::Error::Unsupported(format!(
             "verify: this case should plan a tail split (hopper::tail_split), the plan is {}",
             plan.describe()
@@ -1397,9 +1437,9 @@ mod tests {
     #[test]
     fn case_matrix_covers_the_issue() {
         let all = cases(false);
-        assert!((150..=250).contains(&all.len()), "{} cases", all.len());
+        assert!((150..=330).contains(&all.len()), "{} cases", all.len());
         let q = cases(true);
-        assert!((15..=30).contains(&q.len()), "{} quick cases", q.len());
+        assert!((15..=40).contains(&q.len()), "{} quick cases", q.len());
         for path in [AttentionPath::Sm80, AttentionPath::Hopper] {
             let p: Vec<&Case> = all.iter().filter(|c| c.path == path).collect();
             for n in [1, 17, 128, 255, 1000, 4096] {
@@ -1448,6 +1488,19 @@ mod tests {
             assert!(q.iter().any(|c| c.path == path));
         }
         assert!(all.iter().any(|c| c.path == AttentionPath::Auto));
+        // CTA pairs, forced: causal with all-masked rows, a window, an odd query-tile count,
+        // capped grids (several items per cluster), both key tilings of D = 128, D = 256.
+        let pairs: Vec<&Case> = all.iter().filter(|c| c.hopper_cta_pairs == Some(true)).collect();
+        assert!(pairs.iter().any(|c| c.causal && c.seqlen_q > c.seqlen_k));
+        assert!(pairs.iter().any(|c| c.window != (-1, -1) && !c.causal));
+        assert!(pairs.iter().any(|c| c.seqlen_q.div_ceil(128) % 2 == 1));
+        assert!(pairs.iter().any(|c| c.hopper_max_ctas.is_some()));
+        assert!(pairs
+            .iter()
+            .any(|c| c.hopper_block_n == Some(super::super::hopper::LONG_BLOCK_N)));
+        assert!(pairs.iter().any(|c| c.head_dim == 256));
+        assert!(pairs.iter().all(|c| c.lengths.is_none()));
+        assert!(q.iter().any(|c| c.hopper_cta_pairs == Some(true)));
         // Names are unique (the CLI filters and reports by name) and carry the path.
         let mut names: Vec<String> = all.iter().map(|c| c.name()).collect();
         assert!(names

@@ -95,5 +95,12 @@ TS_DEVICE void st_async_cluster(uint32_t cluster_address, float a, float b, uint
                : "memory");
 }
 
+/// st_async_cluster of one 32-bit word: 4 bytes complete on the barrier at cluster address `bar`.
+TS_DEVICE void st_async_cluster_u32(uint32_t cluster_address, uint32_t v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(cluster_address),
+               "r"(v), "r"(bar)
+               : "memory");
+}
+
 }  // namespace ts
 #endif

@@ -2,7 +2,7 @@
 // pipelines fed by the copy engine (TMA).
 //
 // Defines: ts::mbar_init, ts::mbar_init_fence, ts::mbar_arrive, ts::mbar_arrive_if,
-//          ts::mbar_arrive_expect_tx, ts::mbar_wait, ts::mbar_wait_cluster, ts::fence_proxy_async,
+//          ts::mbar_arrive_expect_tx, ts::mbar_arrive_cluster_if, ts::mbar_wait, ts::mbar_wait_cluster, ts::fence_proxy_async,
 //          ts::named_barrier_sync / named_barrier_arrive.
 //
 // An mbarrier is one 8-byte word in shared memory. It completes a *phase* when `count` arrivals
@@ -46,6 +46,20 @@ TS_DEVICE void mbar_arrive_if(uint64_t* bar, bool pred) {
       "{\n.reg .pred p;\n"
       "setp.ne.b32 p, %1, 0;\n"
       "@p mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n}\n" ::"r"(smem_addr(bar)),
+      "r"((int)pred)
+      : "memory");
+}
+
+/// One arrival when `pred` is true on the barrier at `cluster_bar`, a shared::cluster address
+/// (ts::map_shared_rank: this or another CTA of the cluster). Default semantics (release at CTA
+/// scope), as for a local slot release: `.release.cluster` makes ptxas put a GPU-wide MEMBAR in
+/// front of every arrival. It orders this thread's earlier reads of the slot (waited-for wgmma
+/// operands) before the other CTA's producer overwrites it.
+TS_DEVICE void mbar_arrive_cluster_if(uint32_t cluster_bar, bool pred) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %1, 0;\n"
+      "@p mbarrier.arrive.shared::cluster.b64 _, [%0];\n}\n" ::"r"(cluster_bar),
       "r"((int)pred)
       : "memory");
 }

@@ -4,6 +4,7 @@
 // Defines: ts::TensorMap (the 128-byte CUtensorMap, built on the host by cuTensorMapEncodeTiled
 //          and passed inside a `__grid_constant__` kernel parameter), ts::tma_prefetch_map,
 //          ts::tma_load_4d (with an L2 cache policy: ts::L2Evict, ts::l2_policy of async_copy.cuh),
+//          ts::tma_load_4d_multicast (one copy into several CTAs of a cluster),
 //          ts::tma_store_4d, ts::tma_store_commit, ts::tma_store_wait_read.
 //
 // Coordinates are element indices per tensor-map dimension, innermost first; boxes that run past
@@ -43,6 +44,19 @@ TS_DEVICE void tma_load_4d(void* dst, const TensorMap* map, uint64_t* bar, int c
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
       " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(policy)
+      : "memory");
+}
+
+/// tma_load_4d into every CTA of the cluster whose bit is set in `cta_mask` (bit r: rank r):
+/// the box lands at `dst`'s offset in each of their shared memories and its bytes complete on
+/// the barrier at `bar`'s offset in each (announce them there). One L2 read serves them all.
+TS_DEVICE void tma_load_4d_multicast(void* dst, const TensorMap* map, uint64_t* bar, int c0, int c1, int c2, int c3,
+                                     uint16_t cta_mask, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      ".L2::cache_hint [%0], [%1, {%3, %4, %5, %6}], [%2], %7, %8;" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "h"(cta_mask),
+      "l"(policy)
       : "memory");
 }
 
