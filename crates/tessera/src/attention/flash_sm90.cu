@@ -92,8 +92,9 @@ struct HopperParams {
   ts::TensorMap q_map;  // (D, rows, heads_q, batch), box (64, kBlockM, 1, 1), 128-byte swizzle
   ts::TensorMap k_map;  // (D, rows, heads_kv, batch), box (64, kBlockN, 1, 1)
   ts::TensorMap v_map;
-  int work_items;       // this launch's items: q_tiles * num_splits * batch * heads_q, less the
-                        // tail items (tail split), or tail items * num_splits (tail launch)
+  int work_items;       // this launch's items: q_tiles * num_splits * batch * heads_q (with
+                        // kPair ceil(q_tiles / 2) pairs of query tiles), less the tail items
+                        // (tail split), or tail items * num_splits (tail launch)
   int l2_heads;         // batch-heads per L2 section (>= 1)
   unsigned* tile_counter;  // dynamic scheduler: 0 before every launch, left at 0 after it
   int* work_slots;         // [gridDim.x]: the item each CTA's producer published last

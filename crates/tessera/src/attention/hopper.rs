@@ -2,7 +2,9 @@
 //! the kernel parameter struct and the persistent grid.
 //!
 //! Grid convention of this path (differs from the `(B * Hq, q_tiles, splits)` grid of the
-//! others): a persistent 1-D grid of `min(work, SMs)` CTAs (capped by
+//! others; with CTA pairs ([`use_cta_pairs`]) an item is a pair of query tiles and the grid is
+//! `2 * min(pair items, resident clusters)` CTAs in clusters of two, whose clusters play the
+//! part the CTAs play below): a persistent 1-D grid of `min(work, SMs)` CTAs (capped by
 //! `AttentionOptions::hopper_max_ctas`), `work = q_tiles * splits * B * Hq`; with a tail split
 //! ([`tail_split`]) the first launch runs `work - tail` of them on that grid and the second
 //! `tail * tail_splits` split items. The batch-heads are cut into L2 sections of `S` ([`l2_section_heads`]:

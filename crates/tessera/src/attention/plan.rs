@@ -782,7 +782,8 @@ impl AttentionPlan {
                 .as_ref()
                 .map_or(0, |t| t.workspace.bytes() + t.meta.bytes() + t.scheduler.bytes())
     }
-    /// A readable description (`sm80 d128 m128 n64 splits 1`, `... tail 4x12` with a tail split).
+    /// A readable description (`sm80 d128 m128 n64 splits 1`, `... tail 4x12` with a tail split,
+    /// `... pairs grid 132` with CTA pairs).
     pub fn describe(&self) -> String {
         let mut s = format!(
             "{} d{} m{} n{} splits {}",
