@@ -37,18 +37,19 @@
 // ordering of ordinary shared-memory data and would report it.
 //
 // Roles (warpgroup = 128 threads):
-//   WG0 (producer, 40 registers, 56 with kPair): one thread draws the work items, publishes them, loads the Q
-//     tile of each item once (after the consumers released the previous one) and the K and V
-//     tiles of its key range, newest first, into a kStages-deep ring (K and V with an
-//     evict-last L2 policy, Q evict-first unless split-KV reads it once per split); every load
-//     completes on a "full" mbarrier, every slot is handed back on an "empty" mbarrier (one
-//     arrival per consumer warp).
+//   WG0 (producer, 40 registers, 56 with kPair): one thread draws the work items, publishes
+//     them, loads the Q tile of each item once (after the consumers released the previous one)
+//     and the K and V tiles of its key range, newest first, into a kStages-deep ring (K and V
+//     with an evict-last L2 policy, Q evict-first unless split-KV reads it once per split);
+//     every load completes on a "full" mbarrier, every slot is handed back on an "empty"
+//     mbarrier (one arrival per consumer warp).
 //   WG1 .. WGc (c = kBlockM / 64 consumers, 232 registers each for two (224 with kPair), 160
-//     for three; the producer then keeps 40 (56) or 32): rows 64 (i - 1) .. 64 i - 1 of the query tile. Per key tile:
-//     S = Q K^T (wgmma, both from shared memory), mask, online softmax in registers (log2 domain,
-//     ts::OnlineSoftmax rules: a row that has seen no key keeps m = -inf, its P and output are 0;
-//     P = 2^(S * scale - m) unclamped, ts::exp2_fma_unclamped: a +inf score gives a NaN row),
-//     P packed to Elem as the register A operand of O += P V (V read N-major from shared memory).
+//     for three; the producer then keeps 40 (56) or 32): rows 64 (i - 1) .. 64 i - 1 of the
+//     query tile. Per key tile: S = Q K^T (wgmma, both from shared memory), mask, online
+//     softmax in registers (log2 domain, ts::OnlineSoftmax rules: a row that has seen no key
+//     keeps m = -inf, its P and output are 0; P = 2^(S * scale - m) unclamped,
+//     ts::exp2_fma_unclamped: a +inf score gives a NaN row), P packed to Elem as the register A
+//     operand of O += P V (V read N-major from shared memory).
 //     The consumers take turns issuing their GEMMs in a fixed ring order (named barrier 1 + i
 //     gates consumer i, which then opens the next one's), so one warpgroup's softmax runs while
 //     another's GEMMs occupy the tensor cores.
@@ -259,7 +260,7 @@ TS_DEVICE void item_tiles(const ts::AttentionParams& p, const ts::AttnSeq& seq, 
   }
 }
 
-/// This CTA's rank in its pair (0 without kPair) and the other's.
+/// This CTA's rank in its pair (0 without kPair); the other CTA's is rank ^ 1.
 TS_DEVICE uint32_t pair_rank() { return kPair ? ts::cluster_rank() : 0; }
 
 /// A ring position: slot index and the parity of its current phase.

@@ -362,8 +362,11 @@ pub fn sm80_head_group(
 
 /// The Hopper kernel's persistent launch, fixed by the problem (computed once by the plan).
 struct HopperLaunch {
-    /// Persistent CTAs ([`hopper_grid`]).
+    /// Persistent CTAs ([`hopper_grid`]; with CTA pairs two per cluster).
     grid: u32,
+    /// Work items of the whole problem: `q_tiles * splits * B * Hq`, with CTA pairs
+    /// `ceil(q_tiles / 2) * B * Hq` (the tail split, if any, takes the last ones).
+    work_items: usize,
     /// Batch-heads per L2 section ([`hopper::l2_section_heads`]); the tail launch decodes its
     /// items in this launch's order, so it passes the same value.
     l2_heads: i32,
@@ -675,21 +678,22 @@ impl AttentionPlan {
             AttentionPath::Hopper => {
                 // With CTA pairs a work item is a pair of query tiles and the grid counts CTAs,
                 // two per cluster, as many clusters as fit at once.
-                let (units, grid) = if variant.pair {
-                    let units = q_tiles.div_ceil(2);
-                    let items = units * problem.batch * problem.heads_q;
+                let units = if variant.pair { q_tiles.div_ceil(2) } else { q_tiles };
+                let work_items = units * splits * bh;
+                let grid = if variant.pair {
                     let resident = kernel
                         .max_active_clusters(ctx, LaunchConfig::clustered(2, threads, variant.shared_bytes(), 2))?
                         as usize;
                     let cap = options.hopper_max_ctas.map_or(usize::MAX, |m| (m / 2).max(1));
-                    (units, 2 * items.min(resident).min(cap).max(1) as u32)
+                    2 * work_items.min(resident).min(cap).max(1) as u32
                 } else {
-                    (q_tiles, hopper_grid(work.unwrap_or(0), sms, options.hopper_max_ctas))
+                    hopper_grid(work_items, sms, options.hopper_max_ctas)
                 };
                 let mut scheduler = ctx.alloc::<i32>(hopper::scheduler_len(sms))?;
                 scheduler.fill_bytes(0)?; // stream-ordered, before any launch of this plan
                 Some(HopperLaunch {
                     grid,
+                    work_items,
                     l2_heads: hopper::l2_section_heads(
                         ctx.info().l2_bytes,
                         problem.seqlen_k,
@@ -715,7 +719,7 @@ impl AttentionPlan {
                     && !variant.masked
                     && problem.varlen.is_none() =>
             {
-                match hopper::tail_split(work.unwrap_or(0), launch.grid as usize, k_tiles, MAX_SPLITS) {
+                match hopper::tail_split(launch.work_items, launch.grid as usize, k_tiles, MAX_SPLITS) {
                     Some((items, tail_splits)) => {
                         let kernel = ctx.kernel(&Variant { split: true, ..variant }.spec())?;
                         let combine = ctx.kernel(
@@ -976,12 +980,7 @@ impl AttentionPlan {
                 .as_ref()
                 .ok_or_else(|| Error::Unsupported("internal: a Hopper plan without its launch state".into()))?;
             let (tile_counter, work_slots) = scheduler_ptrs(&launch.scheduler);
-            let units = if self.variant.pair {
-                self.q_tiles.div_ceil(2)
-            } else {
-                self.q_tiles
-            };
-            let work = units * self.splits * self.problem.batch * self.problem.heads_q;
+            let work = launch.work_items;
             let tail_items = self.tail.as_ref().map_or(0, |t| t.items);
             let hp = HopperParams {
                 p: params,

@@ -360,14 +360,16 @@ pub fn cases(quick: bool) -> Vec<Case> {
 
 const DTYPES: [DType; 2] = [DType::F16, DType::BF16];
 
-/// Whether the Hopper kernel has CTA pairs for a case run without split-KV
-/// (hopper::use_cta_pairs: two consumer warpgroups, no varlen).
+/// Whether the Hopper kernel has CTA pairs for a case run without split-KV: the plan's own
+/// rule ([`super::hopper::use_cta_pairs`], forced on) for the case's query tile.
 fn pairs_apply(c: &Case) -> bool {
+    use super::hopper;
+    let d = hopper::head_dim(c.head_dim);
+    let block_m = hopper::tiles(d, hopper::block_n_choices(d)[0]).map_or(0, |t| t.0);
     c.path == AttentionPath::Hopper
-        && c.lengths.is_none()
         && c.num_splits.is_none_or(|n| n == 1)
-        && (65..=256).contains(&c.head_dim)
         && c.hopper_cta_pairs.is_none()
+        && hopper::use_cta_pairs(Some(true), block_m, 1, c.lengths.is_some(), c.seqlen_q, c.seqlen_k)
 }
 
 /// Batch and heads that keep a case with `n` keys cheap for the f64 reference.

@@ -2,7 +2,8 @@
 // pipelines fed by the copy engine (TMA).
 //
 // Defines: ts::mbar_init, ts::mbar_init_fence, ts::mbar_arrive, ts::mbar_arrive_if,
-//          ts::mbar_arrive_expect_tx, ts::mbar_arrive_cluster_if, ts::mbar_wait, ts::mbar_wait_cluster, ts::fence_proxy_async,
+//          ts::mbar_arrive_expect_tx, ts::mbar_arrive_cluster_if, ts::mbar_wait,
+//          ts::mbar_wait_cluster, ts::fence_proxy_async,
 //          ts::named_barrier_sync / named_barrier_arrive.
 //
 // An mbarrier is one 8-byte word in shared memory. It completes a *phase* when `count` arrivals
