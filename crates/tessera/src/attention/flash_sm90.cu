@@ -307,6 +307,13 @@ TS_DEVICE int receive_work(uint8_t* smem, uint64_t* mail_full, uint64_t* mail_em
   return w;
 }
 
+/// kPair: whether neither query tile of pair item w starts inside its sequence (a short varlen
+/// sequence's pairs past its end; padded batches have none).
+TS_DEVICE bool pair_has_no_rows(const HopperParams& hp, int w) {
+  const Work wk = decode_work(hp, w);
+  return 2 * wk.q_tile * kBlockM >= ts::attn_seq(hp.p, wk.b, wk.h).len_q;
+}
+
 /// Loads key tile `row` of `map` into ring slot `tile`, completing on `full`: the whole tile, or
 /// with kPair this CTA's half of its rows into both CTAs of the pair.
 TS_DEVICE void load_kv_tile(uint8_t* tile, const ts::TensorMap* map, uint64_t* full, int row, int hk, int k_b,
@@ -400,7 +407,13 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
     }
     if (rank == 0) {
       w = finish_draw(hp, draw);
-      if (kPair) send_work(smem, mail_full, mail_empty, mail_phase, w);
+      if (kPair) {
+#ifndef TS_PAIR_SEND_EMPTY
+        // Items in which neither CTA has rows are done here: rank 1 never sees them.
+        while (w < hp.work_items && pair_has_no_rows(hp, w)) w = finish_draw(hp, start_draw(hp));
+#endif
+        send_work(smem, mail_full, mail_empty, mail_phase, w);
+      }
     } else {
       w = receive_work(smem, mail_full, mail_empty, mail_phase);
     }

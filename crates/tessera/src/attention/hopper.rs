@@ -200,12 +200,11 @@ pub fn use_cta_pairs(
     seqlen_q: usize,
     seqlen_k: usize,
 ) -> bool {
-    if block_m != 2 * ROWS_PER_CONSUMER || splits != 1 || varlen {
+    let option = option.or_else(pairs_from_env);
+    if block_m != 2 * ROWS_PER_CONSUMER || splits != 1 || (varlen && option != Some(true)) {
         return false;
     }
-    option
-        .or_else(pairs_from_env)
-        .unwrap_or(seqlen_q >= PAIR_MIN_SEQLEN && seqlen_k >= PAIR_MIN_SEQLEN)
+    option.unwrap_or(seqlen_q >= PAIR_MIN_SEQLEN && seqlen_k >= PAIR_MIN_SEQLEN)
 }
 
 /// A `CUtensorMap` (128 opaque bytes, 64-byte aligned), as `ts::TensorMap`.
@@ -553,8 +552,9 @@ mod tests {
         for forced in [None, Some(true)] {
             assert!(!use_cta_pairs(forced, 192, 1, false, 32768, 32768));
             assert!(!use_cta_pairs(forced, 128, 2, false, 32768, 32768));
-            assert!(!use_cta_pairs(forced, 128, 1, true, 32768, 32768));
         }
+        assert!(!use_cta_pairs(None, 128, 1, true, 32768, 32768));
+        assert!(use_cta_pairs(Some(true), 128, 1, true, 32768, 32768));
     }
 
     #[test]

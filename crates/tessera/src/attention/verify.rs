@@ -1491,7 +1491,7 @@ mod tests {
         }
         assert!(all.iter().any(|c| c.path == AttentionPath::Auto));
         // CTA pairs, forced: causal with all-masked rows, a window, an odd query-tile count,
-        // capped grids (several items per cluster), both key tilings of D = 128, D = 256.
+        // capped grids (several items per cluster), both key tilings of D = 128, D = 256, varlen.
         let pairs: Vec<&Case> = all.iter().filter(|c| c.hopper_cta_pairs == Some(true)).collect();
         assert!(pairs.iter().any(|c| c.causal && c.seqlen_q > c.seqlen_k));
         assert!(pairs.iter().any(|c| c.window != (-1, -1) && !c.causal));
@@ -1501,7 +1501,12 @@ mod tests {
             .iter()
             .any(|c| c.hopper_block_n == Some(super::super::hopper::LONG_BLOCK_N)));
         assert!(pairs.iter().any(|c| c.head_dim == 256));
-        assert!(pairs.iter().all(|c| c.lengths.is_none()));
+        // Varlen with pairs: items in which neither CTA of a pair has rows (a sequence at least
+        // two query tiles shorter than the longest), skipped by rank 0's producer.
+        assert!(pairs.iter().any(|c| c.lengths.as_ref().is_some_and(|l| {
+            let longest = l.iter().map(|&(q, _)| q).max().unwrap_or(0);
+            l.iter().any(|&(q, _)| q + 256 <= longest)
+        })));
         assert!(q.iter().any(|c| c.hopper_cta_pairs == Some(true)));
         // Names are unique (the CLI filters and reports by name) and carry the path.
         let mut names: Vec<String> = all.iter().map(|c| c.name()).collect();
