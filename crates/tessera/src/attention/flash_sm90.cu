@@ -303,7 +303,12 @@ TS_DEVICE int receive_work(uint8_t* smem, uint64_t* mail_full, uint64_t* mail_em
   ts::mbar_wait_cluster(mail_full, mail_phase);
   mail_phase ^= 1;
   const int w = *reinterpret_cast<volatile int*>(smem + Smem::mail);
-  ts::mbar_arrive_cluster_if(ts::map_shared_rank(ts::smem_addr(mail_empty), 0), true);
+  // The hand-back lets rank 0 store the next item into the word, so it must not overtake the
+  // load. A plain remote arrival does not wait for it: run 168 caught rank 0's next store landing
+  // first (rank 1 then took that item twice, loaded tiles rank 0 never matched, and the pair
+  // deadlocked; the varlen benchmark's back-to-back empty items made it likely). Release at
+  // cluster scope performs the load first.
+  ts::mbar_arrive_cluster_release(ts::map_shared_rank(ts::smem_addr(mail_empty), 0));
   return w;
 }
 

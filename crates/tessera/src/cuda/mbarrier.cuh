@@ -2,8 +2,8 @@
 // pipelines fed by the copy engine (TMA).
 //
 // Defines: ts::mbar_init, ts::mbar_init_fence, ts::mbar_arrive, ts::mbar_arrive_if,
-//          ts::mbar_arrive_expect_tx, ts::mbar_arrive_cluster_if, ts::mbar_wait,
-//          ts::mbar_wait_cluster, ts::fence_proxy_async,
+//          ts::mbar_arrive_expect_tx, ts::mbar_arrive_cluster_if, ts::mbar_arrive_cluster_release,
+//          ts::mbar_wait, ts::mbar_wait_cluster, ts::fence_proxy_async,
 //          ts::named_barrier_sync / named_barrier_arrive.
 //
 // An mbarrier is one 8-byte word in shared memory. It completes a *phase* when `count` arrivals
@@ -54,8 +54,10 @@ TS_DEVICE void mbar_arrive_if(uint64_t* bar, bool pred) {
 /// One arrival when `pred` is true on the barrier at `cluster_bar`, a shared::cluster address
 /// (ts::map_shared_rank: this or another CTA of the cluster). Default semantics (release at CTA
 /// scope), as for a local slot release: `.release.cluster` makes ptxas put a GPU-wide MEMBAR in
-/// front of every arrival. It orders this thread's earlier reads of the slot (waited-for wgmma
-/// operands) before the other CTA's producer overwrites it.
+/// front of every arrival. Nothing here orders this thread's earlier reads before what the
+/// other CTA does once it sees the arrival (the arrival does not wait for a load in flight):
+/// callers release memory whose reads have completed, e.g. wgmma operands after
+/// wgmma.wait_group. For a word read with an ordinary load use mbar_arrive_cluster_release.
 TS_DEVICE void mbar_arrive_cluster_if(uint32_t cluster_bar, bool pred) {
   asm volatile(
       "{\n.reg .pred p;\n"
@@ -63,6 +65,14 @@ TS_DEVICE void mbar_arrive_cluster_if(uint32_t cluster_bar, bool pred) {
       "@p mbarrier.arrive.shared::cluster.b64 _, [%0];\n}\n" ::"r"(cluster_bar),
       "r"((int)pred)
       : "memory");
+}
+
+/// One arrival on the barrier at `cluster_bar` (shared::cluster address) with release semantics
+/// at cluster scope: this thread's earlier loads and stores are performed before another CTA
+/// that waits on the barrier sees the arrival (ptxas emits a MEMBAR first). For handing back a
+/// word another CTA will overwrite, once per message, not per pipeline slot.
+TS_DEVICE void mbar_arrive_cluster_release(uint32_t cluster_bar) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
 }
 
 /// One arrival that also announces `bytes` of copies that will complete on this barrier.
