@@ -8,7 +8,8 @@
 // (128 per warpgroup: 384 or 512),
 // kStages (K/V ring depth), kMasked, kSoftcap, kSplit, kPair.
 //
-// CTA pairs (kPair; hopper::use_cta_pairs: long sequences, two consumers, no split, no varlen):
+// CTA pairs (kPair; hopper::use_cta_pairs: long sequences, two consumers, no split; varlen when
+// forced):
 // the grid is clusters of two CTAs, and an item is a pair of neighbouring query tiles of one head,
 // 2 i and 2 i + 1 for rank 0 and 1. Both producers load the hull of the two tiles' key ranges in
 // the same order, each the half of every K/V tile's rows given by its rank, multicast into both
@@ -16,8 +17,10 @@
 // whole tile, and each slot is released by the consumer warps of both CTAs (remote arrivals), so
 // the two rings advance in lockstep. A consumer passes over the hull's tiles outside its own
 // range (skip_tiles: the causal tile the second CTA has more). Rank 0 draws the items and sends
-// each to rank 1 through a one-word mailbox (send_work / receive_work). Half the L2 reads of K and
-// V: on the H200, 2.6-4% faster on causal N >= 8192 (bench/NOTES.md run 167).
+// each to rank 1 through a one-word mailbox (send_work / receive_work; rank 1 hands the word back
+// with a cluster-scope release, so that rank 0's next store cannot overtake its load); items in
+// which neither CTA has rows (a short varlen sequence) rank 0 finishes itself. Half the L2 reads
+// of K and V: on the H200, 2.6-4% faster on causal N >= 8192 (bench/NOTES.md run 167).
 //
 // Work: item w of hp.work_items (grid = min(all items, SMs), plan.rs). CTA c (with kPair,
 // cluster c, and the grid counts clusters) starts with item c and then takes items grid,
