@@ -416,10 +416,8 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
     if (rank == 0) {
       w = finish_draw(hp, draw);
       if (kPair) {
-#ifndef TS_PAIR_SEND_EMPTY
         // Items in which neither CTA has rows are done here: rank 1 never sees them.
         while (w < hp.work_items && pair_has_no_rows(hp, w)) w = finish_draw(hp, start_draw(hp));
-#endif
         send_work(smem, mail_full, mail_empty, mail_phase, w);
       }
     } else {

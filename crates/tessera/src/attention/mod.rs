@@ -121,11 +121,11 @@ pub struct AttentionOptions {
     pub hopper_max_ctas: Option<usize>,
     /// CTA pairs on the Hopper kernel: clusters of two CTAs on neighbouring query tiles of one
     /// head, each loading half of every K/V tile into both by TMA multicast (half the L2 reads
-    /// of K and V). `None` (default) lets the plan choose ([`hopper::use_cta_pairs`]: sequences
-    /// of at least [`hopper::PAIR_MIN_SEQLEN`] queries and keys); `Some(true)` runs pairs
-    /// wherever the kernel has them (no varlen batch, no split-KV, head dims 65..=256),
-    /// `Some(false)` never. `AttentionPlan::describe` says whether a plan took them. The Ampere
-    /// kernel ignores it.
+    /// of K and V). `None` (default) lets the plan choose ([`hopper::use_cta_pairs`]: padded
+    /// batches with sequences of at least [`hopper::PAIR_MIN_SEQLEN`] queries and keys);
+    /// `Some(true)` runs pairs wherever the kernel has them (no split-KV, head dims 65..=256),
+    /// varlen batches included, `Some(false)` never. `AttentionPlan::describe` says whether a
+    /// plan took them. The Ampere kernel ignores it.
     pub hopper_cta_pairs: Option<bool>,
 }
 

@@ -179,16 +179,6 @@ impl Variant {
                 preamble: format!("{preamble}#define TS_ATTN_SIMPLE_MAINLOOP 1\n"),
                 entry: "flash_fwd_sm90",
             },
-            // exp/varlen-pairs only: the kernel before the empty-item skip, to locate run 165's hang.
-            AttentionPath::Hopper if self.pair && std::env::var_os("TESSERA_ATTN_PAIR_SEND_EMPTY").is_some() => {
-                KernelSpec {
-                    name: format!("{name}_sendempty"),
-                    file: "flash_sm90.cu",
-                    source: SM90_SOURCE,
-                    preamble: format!("{preamble}#define TS_PAIR_SEND_EMPTY 1\n"),
-                    entry: "flash_fwd_sm90",
-                }
-            }
             AttentionPath::Hopper => KernelSpec {
                 name,
                 file: "flash_sm90.cu",
