@@ -179,10 +179,16 @@ pub fn pairs_from_env() -> Option<bool> {
     }
 }
 
+/// Whether flash_sm90.cu has a CTA-pair variant (`kPair`) for a query tile of `block_m` rows and
+/// `splits` KV splits: two consumer warpgroups (the three of D = 64 leave the producer too few
+/// registers) and the non-split launch.
+pub fn kernel_has_pairs(block_m: u32, splits: usize) -> bool {
+    block_m == 2 * ROWS_PER_CONSUMER && splits == 1
+}
+
 /// Whether a Hopper plan runs CTA pairs (flash_sm90.cu `kPair`): clusters of two CTAs on
 /// neighbouring query tiles of one head, each loading half of every K/V tile into both by TMA
-/// multicast. The kernel has them for two consumer warpgroups (`block_m` 128: head dims 65..=256;
-/// the three of D = 64 leave the producer too few registers) and the non-split launch only.
+/// multicast, where the kernel has them ([`kernel_has_pairs`]: head dims 65..=256, no split-KV).
 /// `option` (AttentionOptions::hopper_cta_pairs, else [`pairs_from_env`]) decides where they
 /// apply; by default padded batches whose sequences have at least [`PAIR_MIN_SEQLEN`] queries and
 /// keys take them, and varlen batches take them only when forced.
@@ -205,7 +211,7 @@ pub fn use_cta_pairs(
     seqlen_k: usize,
 ) -> bool {
     let option = option.or_else(pairs_from_env);
-    if block_m != 2 * ROWS_PER_CONSUMER || splits != 1 || (varlen && option != Some(true)) {
+    if !kernel_has_pairs(block_m, splits) || (varlen && option != Some(true)) {
         return false;
     }
     option.unwrap_or(seqlen_q >= PAIR_MIN_SEQLEN && seqlen_k >= PAIR_MIN_SEQLEN)

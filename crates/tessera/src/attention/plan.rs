@@ -1205,7 +1205,7 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
                     out.push(v);
                 }
                 // Hopper's non-split variants of two consumers also run as CTA pairs.
-                if path == AttentionPath::Hopper && !split && block_m == 2 * hopper::ROWS_PER_CONSUMER {
+                if path == AttentionPath::Hopper && !split && hopper::kernel_has_pairs(block_m, 1) {
                     let v = Variant { pair: true, ..v };
                     if !out.contains(&v) {
                         out.push(v);

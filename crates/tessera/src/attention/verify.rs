@@ -307,10 +307,10 @@ pub fn cases(quick: bool) -> Vec<Case> {
     for path in [AttentionPath::Sm80, AttentionPath::Hopper] {
         for (c, in_quick) in path_cases(path) {
             if !quick || in_quick {
-                // The Hopper kernel's CTA pairs, forced (the plan takes them on long sequences
-                // only) on every case that can run them: padded batches of head dims 65..=256
-                // without split-KV (forced off: the case's split is covered by the case itself).
-                if pairs_apply(&c) {
+                // The Hopper kernel's CTA pairs, forced (the plan takes them on long padded
+                // batches only) on every case that can run them: head dims 65..=256 without
+                // split-KV (forced off: the case's split is covered by the case itself).
+                if c.hopper_cta_pairs.is_none() && pairs_apply(&c) {
                     out.push(Case {
                         hopper_cta_pairs: Some(true),
                         num_splits: Some(1),
@@ -368,7 +368,6 @@ fn pairs_apply(c: &Case) -> bool {
     let block_m = hopper::tiles(d, hopper::block_n_choices(d)[0]).map_or(0, |t| t.0);
     c.path == AttentionPath::Hopper
         && c.num_splits.is_none_or(|n| n == 1)
-        && c.hopper_cta_pairs.is_none()
         && hopper::use_cta_pairs(Some(true), block_m, 1, c.lengths.is_some(), c.seqlen_q, c.seqlen_k)
 }
 
@@ -1300,14 +1299,15 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
 
     let problem = AttentionProblem::of_views(&q, &k, &v, case.layout, varlen.as_ref())?;
     let plan = AttentionPlan::new(ctx, &problem, &opts)?;
-    // The capped-grid cases exist to reach the Hopper tail split; a plan without one would
-    // pass while testing the plain path.
+    // A case that forces CTA pairs where the kernel has them must run them.
     if case.hopper_cta_pairs == Some(true) && pairs_apply(case) && !plan.variant().pair {
         return Err(crate::Error::Unsupported(format!(
             "verify: this case forces CTA pairs, the plan is {}",
             plan.describe()
         )));
     }
+    // The capped-grid cases exist to reach the Hopper tail split; a plan without one would
+    // pass while testing the plain path.
     if case.path == AttentionPath::Hopper
         && case.hopper_max_ctas.is_some()
         && !plan.variant().pair
