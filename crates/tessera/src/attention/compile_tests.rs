@@ -27,6 +27,7 @@ fn params_struct_has_the_size_of_its_rust_mirror() {
         source: PARAMS_SIZE_CHECK,
         preamble: format!("constexpr unsigned long long kRustBytes = {PARAMS_BYTES};\n"),
         entry: "params_size_check",
+        headers: crate::attention::DEVICE_HEADERS,
     };
     if let Err(e) = compile_only(&spec, Arch::SM80) {
         panic!("ts::AttentionParams is not {PARAMS_BYTES} bytes: {e}");

@@ -55,6 +55,9 @@ pub use plan::{AttentionPath, AttentionPlan};
 /// Device source of the shared parameter header (`tessera/attention_params.cuh`).
 pub const PARAMS_HEADER: &str = include_str!("attention_params.cuh");
 
+/// The attention kernels' own device headers, handed to NVRTC beside the shared library.
+pub const DEVICE_HEADERS: &[(&str, &str)] = &[("tessera/attention_params.cuh", PARAMS_HEADER)];
+
 /// Largest supported head dimension.
 pub const MAX_HEAD_DIM: usize = 256;
 

@@ -21,11 +21,11 @@
 use std::sync::Arc;
 
 use super::hopper::{self, HopperParams, MapShape, TmaError};
-use super::{strides_bnh, AttentionOptions, AttentionProblem, QkvLayout, VarlenBatch, PARAMS_HEADER};
+use super::{strides_bnh, AttentionOptions, AttentionProblem, QkvLayout, VarlenBatch, DEVICE_HEADERS, PARAMS_HEADER};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::runtime::{
-    Arch, Context, DeviceBuffer, Kernel, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut,
+    Arch, Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut,
 };
 
 const SM80_SOURCE: &str = include_str!("flash_sm80.cu");
@@ -137,62 +137,39 @@ pub struct Variant {
 }
 
 impl Variant {
+    /// The specialisation of this variant: its name, preamble and cache hash.
+    pub fn key(&self) -> KernelKey {
+        let family = match self.path {
+            AttentionPath::Hopper => "flash_fwd_hopper",
+            _ => "flash_fwd_sm80",
+        };
+        KernelKey::new(family)
+            .ty("Elem", self.dtype)
+            .int("kHeadDim", "d", self.head_dim)
+            .int("kBlockM", "m", self.block_m)
+            .int("kBlockN", "n", self.block_n)
+            .int("kThreads", "t", self.threads)
+            .int("kStages", "s", self.stages)
+            .flag("kMasked", "mask", self.masked)
+            .flag("kSoftcap", "softcap", self.softcap)
+            .flag("kSplit", "split", self.split)
+            .flag("kPair", "pair", self.pair)
+            .define(
+                "TS_ATTN_SIMPLE_MAINLOOP",
+                "simple",
+                self.path == AttentionPath::Hopper && hopper::simple_mainloop(),
+            )
+    }
+
     /// The kernel spec of this variant.
     pub fn spec(&self) -> KernelSpec {
-        let name = format!(
-            "flash_fwd_{}_{}_d{}_m{}_n{}_t{}_s{}{}{}{}{}",
-            self.path.name(),
-            self.dtype,
-            self.head_dim,
-            self.block_m,
-            self.block_n,
-            self.threads,
-            self.stages,
-            if self.masked { "_mask" } else { "" },
-            if self.softcap { "_softcap" } else { "" },
-            if self.split { "_split" } else { "" },
-            if self.pair { "_pair" } else { "" },
-        );
-        let preamble = format!(
-            "#include \"tessera/dtype.cuh\"\n\
-             using Elem = {};\n\
-             constexpr int kHeadDim = {};\nconstexpr int kBlockM = {};\nconstexpr int kBlockN = {};\n\
-             constexpr int kThreads = {};\nconstexpr int kStages = {};\n\
-             constexpr bool kMasked = {};\nconstexpr bool kSoftcap = {};\nconstexpr bool kSplit = {};\n\
-             constexpr bool kPair = {};\n#define TS_GENERATED_PREAMBLE 1\n",
-            self.dtype.cuda_type(),
-            self.head_dim,
-            self.block_m,
-            self.block_n,
-            self.threads,
-            self.stages,
-            self.masked,
-            self.softcap,
-            self.split,
-            self.pair,
-        );
         match self.path {
-            AttentionPath::Hopper if hopper::simple_mainloop() => KernelSpec {
-                name: format!("{name}_simple"),
-                file: "flash_sm90.cu",
-                source: SM90_SOURCE,
-                preamble: format!("{preamble}#define TS_ATTN_SIMPLE_MAINLOOP 1\n"),
-                entry: "flash_fwd_sm90",
-            },
-            AttentionPath::Hopper => KernelSpec {
-                name,
-                file: "flash_sm90.cu",
-                source: SM90_SOURCE,
-                preamble,
-                entry: "flash_fwd_sm90",
-            },
-            _ => KernelSpec {
-                name,
-                file: "flash_sm80.cu",
-                source: SM80_SOURCE,
-                preamble,
-                entry: "flash_fwd_sm80",
-            },
+            AttentionPath::Hopper => self
+                .key()
+                .spec("flash_sm90.cu", SM90_SOURCE, "flash_fwd_sm90", DEVICE_HEADERS),
+            _ => self
+                .key()
+                .spec("flash_sm80.cu", SM80_SOURCE, "flash_fwd_sm80", DEVICE_HEADERS),
         }
     }
 
@@ -221,20 +198,16 @@ pub struct CombineVariant {
 impl CombineVariant {
     /// Threads per CTA of the combine kernel: one warp per (row, head), 4 warps.
     pub const THREADS: u32 = 128;
+    pub fn key(&self) -> KernelKey {
+        KernelKey::new("flash_combine")
+            .ty("Elem", self.dtype)
+            .int("kHeadDim", "d", self.head_dim)
+            .int("kThreads", "t", Self::THREADS)
+    }
+
     pub fn spec(&self) -> KernelSpec {
-        KernelSpec {
-            name: format!("flash_combine_{}_d{}", self.dtype, self.head_dim),
-            file: "combine.cu",
-            source: COMBINE_SOURCE,
-            preamble: format!(
-                "#include \"tessera/dtype.cuh\"\nusing Elem = {};\nconstexpr int kHeadDim = {};\n\
-                 constexpr int kThreads = {};\n#define TS_GENERATED_PREAMBLE 1\n",
-                self.dtype.cuda_type(),
-                self.head_dim,
-                Self::THREADS
-            ),
-            entry: "flash_combine",
-        }
+        self.key()
+            .spec("combine.cu", COMBINE_SOURCE, "flash_combine", DEVICE_HEADERS)
     }
 }
 

@@ -28,6 +28,7 @@ fn params_structs_have_the_sizes_of_their_rust_mirrors() {
             "constexpr unsigned long long kAppendBytes = {a};\nconstexpr unsigned long long kDecodeBytes = {d};\n"
         ),
         entry: "params_size_check",
+        headers: crate::kvcache::DEVICE_HEADERS,
     };
     if let Err(e) = compile_only(&spec, Arch::SM80) {
         panic!("kvcache params differ from their Rust mirrors ({a}, {d} bytes): {e}");

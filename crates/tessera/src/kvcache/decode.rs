@@ -22,6 +22,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::runtime::jit::KernelSpec;
 use crate::runtime::launch::{Kernel, KernelParams, LaunchConfig};
+use crate::runtime::KernelKey;
 use crate::runtime::{Context, DeviceBuffer, TensorView, TensorViewMut};
 
 use super::{KvCacheConfig, PagedBatch, PagedKvCache, PagedTables};
@@ -243,37 +244,32 @@ impl DecodeVariant {
         }
     }
 
-    pub fn spec(&self) -> KernelSpec {
+    /// The specialisation of this variant: its name, preamble and cache hash.
+    pub fn key(&self) -> KernelKey {
         let t = self.tuning;
-        let (kernel, file, source) = match self.layout {
-            DecodeLayout::QueryRows => ("paged_decode", "paged_decode.cu", DECODE_SOURCE),
-            DecodeLayout::KeyRows => ("paged_decode_narrow", "paged_decode_narrow.cu", DECODE_NARROW_SOURCE),
+        let family = match self.layout {
+            DecodeLayout::QueryRows => "paged_decode",
+            DecodeLayout::KeyRows => "paged_decode_narrow",
         };
-        KernelSpec {
-            name: format!(
-                "{kernel}_{}_{}_d{}_p{}_m{}_w{}_k{}_s{}",
-                self.dtype, self.cache, self.head_dim, self.page_size, self.m_blocks, t.warps, t.tile_keys, t.stages
-            ),
-            file,
-            source,
-            preamble: format!(
-                "#include \"tessera/dtype.cuh\"\nusing Elem = {};\nusing Cache = {};\n\
-                 constexpr int kHeadDim = {};\nconstexpr int kPageSize = {};\nconstexpr int kMBlocks = {};\n\
-                 constexpr int kWarps = {};\nconstexpr int kTileKeys = {};\nconstexpr int kStages = {};\n\
-                 constexpr bool kFp8 = {};\nconstexpr int kMinCtasPerSm = {};\n#define TS_GENERATED_PREAMBLE 1\n",
-                self.dtype.cuda_type(),
-                self.cache.cuda_type(),
-                self.head_dim,
-                self.page_size,
-                self.m_blocks,
-                t.warps,
-                t.tile_keys,
-                t.stages,
-                self.cache == DType::F8E4M3,
-                min_ctas_per_sm(self),
-            ),
-            entry: kernel,
-        }
+        KernelKey::new(family)
+            .ty("Elem", self.dtype)
+            .ty("Cache", self.cache)
+            .int("kHeadDim", "d", self.head_dim)
+            .int("kPageSize", "p", self.page_size)
+            .int("kMBlocks", "m", self.m_blocks)
+            .int("kWarps", "w", t.warps)
+            .int("kTileKeys", "k", t.tile_keys)
+            .int("kStages", "s", t.stages)
+            .flag("kFp8", "fp8", self.cache == DType::F8E4M3)
+            .int("kMinCtasPerSm", "o", min_ctas_per_sm(self))
+    }
+
+    pub fn spec(&self) -> KernelSpec {
+        let (file, source, entry) = match self.layout {
+            DecodeLayout::QueryRows => ("paged_decode.cu", DECODE_SOURCE, "paged_decode"),
+            DecodeLayout::KeyRows => ("paged_decode_narrow.cu", DECODE_NARROW_SOURCE, "paged_decode_narrow"),
+        };
+        self.key().spec(file, source, entry, super::DEVICE_HEADERS)
     }
 
     /// Threads per CTA.

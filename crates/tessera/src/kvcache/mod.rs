@@ -65,12 +65,23 @@ use crate::error::{Error, Result};
 use crate::runtime::context::check;
 use crate::runtime::jit::KernelSpec;
 use crate::runtime::launch::{Kernel, KernelParams, LaunchConfig};
+use crate::runtime::KernelKey;
 use crate::runtime::{Context, DeviceBuffer, TensorView};
 
 pub use block_manager::PageCopy;
 
 /// Device source of the shared parameter header (`tessera/kvcache_params.cuh`).
 pub const PARAMS_HEADER: &str = include_str!("kvcache_params.cuh");
+
+/// The paged KV cache kernels' own device headers, handed to NVRTC beside the shared library.
+/// `paged_decode_common.cuh` reads its kernel's preamble constants, so it compiles only there.
+pub const DEVICE_HEADERS: &[(&str, &str)] = &[
+    ("tessera/kvcache_params.cuh", PARAMS_HEADER),
+    (
+        "tessera/paged_decode_common.cuh",
+        include_str!("paged_decode_common.cuh"),
+    ),
+];
 const APPEND_SOURCE: &str = include_str!("append.cu");
 
 /// Largest fp8 scale (the largest finite fp16: the decode rescales probabilities by ratios of
@@ -828,20 +839,16 @@ pub struct AppendVariant {
 
 impl AppendVariant {
     pub const THREADS: u32 = 256;
+    pub fn key(&self) -> KernelKey {
+        KernelKey::new("paged_append")
+            .ty("In", self.input)
+            .ty("Cache", self.cache)
+            .int("kThreads", "t", Self::THREADS)
+    }
+
     pub fn spec(&self) -> KernelSpec {
-        KernelSpec {
-            name: format!("paged_append_{}_{}", self.input, self.cache),
-            file: "append.cu",
-            source: APPEND_SOURCE,
-            preamble: format!(
-                "#include \"tessera/dtype.cuh\"\nusing In = {};\nusing Cache = {};\nconstexpr int kThreads = {};\n\
-                 #define TS_GENERATED_PREAMBLE 1\n",
-                self.input.cuda_type(),
-                self.cache.cuda_type(),
-                Self::THREADS
-            ),
-            entry: "paged_append",
-        }
+        self.key()
+            .spec("append.cu", APPEND_SOURCE, "paged_append", DEVICE_HEADERS)
     }
 }
 

@@ -23,7 +23,8 @@ use sha2::{Digest, Sha256};
 use super::probe;
 use crate::error::{Error, Result};
 
-/// The device library handed to NVRTC as named headers: `(include name, contents)`.
+/// The shared device library handed to NVRTC as named headers: `(include name, contents)`.
+/// An operator's own headers travel with its kernels ([`KernelSpec::headers`]).
 pub const DEVICE_HEADERS: &[(&str, &str)] = &[
     ("tessera/common.cuh", include_str!("../cuda/common.cuh")),
     ("tessera/dtype.cuh", include_str!("../cuda/dtype.cuh")),
@@ -39,23 +40,7 @@ pub const DEVICE_HEADERS: &[(&str, &str)] = &[
     ("tessera/wgmma_ops.cuh", include_str!("../cuda/wgmma_ops.cuh")),
     ("tessera/wgmma.cuh", include_str!("../cuda/wgmma.cuh")),
     ("tessera/mma.cuh", include_str!("../cuda/mma.cuh")),
-    (
-        "tessera/attention_params.cuh",
-        include_str!("../attention/attention_params.cuh"),
-    ),
-    (
-        "tessera/kvcache_params.cuh",
-        include_str!("../kvcache/kvcache_params.cuh"),
-    ),
-    (
-        "tessera/paged_decode_common.cuh",
-        include_str!("../kvcache/paged_decode_common.cuh"),
-    ),
 ];
-
-/// Headers of [`DEVICE_HEADERS`] that belong to one kernel family and read the constants of
-/// its generated preamble (so they compile only after it); every other header compiles alone.
-pub const PREAMBLE_HEADERS: &[&str] = &["tessera/paged_decode_common.cuh"];
 
 /// A GPU architecture to compile for, e.g. `sm_90a`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -111,9 +96,17 @@ pub struct KernelSpec {
     pub preamble: String,
     /// The `extern "C"` entry point to load.
     pub entry: &'static str,
+    /// The operator's own device headers (`(include name, contents)`), handed to NVRTC beside
+    /// [`DEVICE_HEADERS`].
+    pub headers: &'static [(&'static str, &'static str)],
 }
 
 impl KernelSpec {
+    /// Every header this kernel may include: the shared library, then the operator's own.
+    pub fn all_headers(&self) -> impl Iterator<Item = &(&'static str, &'static str)> {
+        DEVICE_HEADERS.iter().chain(self.headers)
+    }
+
     fn full_source(&self) -> String {
         format!(
             "// tessera kernel {}\n{}\n#line 1 \"{}\"\n{}",
@@ -206,12 +199,12 @@ pub fn compile_uncached(spec: &KernelSpec, arch: Arch, extra_options: &[String])
     probe::nvrtc()?;
     let src = cstring(&spec.full_source(), "kernel source")?;
     let prog_name = cstring(spec.file, "file name")?;
-    let header_src: Vec<CString> = DEVICE_HEADERS
-        .iter()
+    let header_src: Vec<CString> = spec
+        .all_headers()
         .map(|(_, s)| cstring(s, "device header"))
         .collect::<Result<_>>()?;
-    let header_names: Vec<CString> = DEVICE_HEADERS
-        .iter()
+    let header_names: Vec<CString> = spec
+        .all_headers()
         .map(|(n, _)| cstring(n, "header name"))
         .collect::<Result<_>>()?;
     let hs: Vec<*const std::ffi::c_char> = header_src.iter().map(|c| c.as_ptr()).collect();
@@ -226,7 +219,7 @@ pub fn compile_uncached(spec: &KernelSpec, arch: Arch, extra_options: &[String])
     let nvrtc_err = |call: &'static str, r: nv::nvrtcResult| Error::cuda(call, format!("{r:?}"));
     let mut raw = std::ptr::null_mut();
     // SAFETY: all pointers point to NUL-terminated strings that outlive the call; the header
-    // arrays have DEVICE_HEADERS.len() entries each.
+    // arrays have one entry per header each.
     let r = unsafe {
         nv::nvrtcCreateProgram(
             &mut raw,
@@ -333,7 +326,7 @@ impl JitCache {
         field(spec.source.as_bytes());
         field(spec.file.as_bytes());
         field(spec.entry.as_bytes());
-        for (n, s) in DEVICE_HEADERS {
+        for (n, s) in spec.all_headers() {
             field(n.as_bytes());
             field(s.as_bytes());
         }
@@ -524,6 +517,7 @@ mod tests {
             source: TINY,
             preamble: format!("constexpr float kValue = {value:?}f;"),
             entry: "tiny",
+            headers: &[],
         }
     }
 
@@ -591,6 +585,7 @@ mod tests {
             source: "extern \"C\" __global__ void broken() { this_is_not_defined(); }",
             preamble: String::new(),
             entry: "broken",
+            headers: &[],
         };
         match compile_uncached(&spec, Arch::SM90, &[]) {
             Err(Error::Compile {
@@ -608,7 +603,7 @@ mod tests {
         }
     }
 
-    /// Every device header (but the kernel-private PREAMBLE_HEADERS) compiles together on every
+    /// Every shared device header compiles together on every
     /// CI architecture, and the cluster wrappers assemble on Hopper.
     #[test]
     fn device_library_compiles_on_every_ci_arch() {
@@ -616,7 +611,7 @@ mod tests {
             return;
         }
         let mut src = String::new();
-        for (name, _) in DEVICE_HEADERS.iter().filter(|(n, _)| !PREAMBLE_HEADERS.contains(n)) {
+        for (name, _) in DEVICE_HEADERS {
             src += &format!("#include \"{name}\"\n");
         }
         src += r#"
@@ -640,6 +635,7 @@ extern "C" __global__ void library_smoke(float* out, const ts::f16* in) {
             source,
             preamble: String::new(),
             entry: "library_smoke",
+            headers: &[],
         };
         for arch in Arch::CI_TARGETS {
             let c = compile_uncached(&spec, arch, &[]).unwrap_or_else(|e| panic!("{arch}: {e}"));

@@ -23,7 +23,7 @@ use super::{SoftmaxKind, SoftmaxOptions, SoftmaxShape};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::runtime::{
-    Context, DeviceBuffer, Kernel, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut,
+    Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut,
 };
 
 /// The kernel source: all three paths, one compiled per variant.
@@ -205,110 +205,40 @@ impl Variant {
         matches!(self.path, SoftmaxPath::ClusterPipe | SoftmaxPath::SplitRow) && self.pack > 1
     }
 
-    /// The kernel spec (name, preamble) of this variant.
-    pub fn spec(&self) -> KernelSpec {
+    /// The specialisation of this variant: its name, preamble and cache hash.
+    pub fn key(&self) -> KernelKey {
+        let key = KernelKey::new("softmax")
+            .flag("kLogSoftmax", "log", self.kind == SoftmaxKind::LogSoftmax)
+            .ty("InT", self.in_dtype)
+            .ty("OutT", self.out_dtype);
         if self.path.is_cluster() {
-            return self.cluster_spec();
+            let split = self.path == SoftmaxPath::SplitRow;
+            return key
+                .int("kBlockThreads", "t", self.block_threads)
+                .int("kPack", "p", self.pack)
+                .int("kOutPack", "o", self.out_pack)
+                .int("kCluster", "k", self.cluster)
+                .flag("kPipeline", "pipe", self.pipelined())
+                .flag("kGlobalExchange", "split", split)
+                .int("kCopyGroups", "g", if self.pipelined() { self.copy_groups } else { 1 })
+                .flag("kClaimRows", "claim", split && self.claim_rows);
         }
-        let path = if self.path.is_warp() {
-            SoftmaxPath::WarpPerRow
-        } else {
-            self.path
-        };
-        let tuning = self.path.warp_tuning();
-        let name = format!(
-            "softmax_{}_{}_{}_{}_t{}_p{}_c{}_r{}_w{}{}",
-            self.kind.name(),
-            self.in_dtype,
-            self.out_dtype,
-            path.name(),
-            self.block_threads,
-            self.pack,
-            self.cols_per_thread,
-            self.rows_per_warp,
-            self.warp_width,
-            if tuning == 0 {
-                String::new()
-            } else {
-                format!("_v{tuning}")
-            }
-        );
-        let preamble = format!(
-            "#include \"tessera/dtype.cuh\"\n\
-             using InT = {};\nusing OutT = {};\n\
-             constexpr bool kLogSoftmax = {};\nconstexpr int kPath = {};\nconstexpr int kBlockThreads = {};\n\
-             constexpr int kPack = {};\nconstexpr int kColsPerThread = {};\nconstexpr int kRowsPerWarp = {};\n\
-             constexpr int kWarpWidth = {};\nconstexpr int kWarpTuning = {};\n#define TS_GENERATED_PREAMBLE 1\n",
-            self.in_dtype.cuda_type(),
-            self.out_dtype.cuda_type(),
-            self.kind == SoftmaxKind::LogSoftmax,
-            self.path.index(),
-            self.block_threads,
-            self.pack,
-            self.cols_per_thread,
-            self.rows_per_warp,
-            self.warp_width,
-            tuning
-        );
-        KernelSpec {
-            name,
-            file: "softmax.cu",
-            source: SOURCE,
-            preamble,
-            entry: "softmax_kernel",
-        }
+        key.choice("kPath", self.path.name(), self.path.index())
+            .int("kBlockThreads", "t", self.block_threads)
+            .int("kPack", "p", self.pack)
+            .int("kColsPerThread", "c", self.cols_per_thread)
+            .int("kRowsPerWarp", "r", self.rows_per_warp)
+            .int("kWarpWidth", "w", self.warp_width)
+            .int("kWarpTuning", "v", self.path.warp_tuning())
     }
 
-    fn cluster_spec(&self) -> KernelSpec {
-        let name = format!(
-            "softmax_{}_{}_{}_cluster_t{}_p{}_o{}_k{}{}{}{}",
-            self.kind.name(),
-            self.in_dtype,
-            self.out_dtype,
-            self.block_threads,
-            self.pack,
-            self.out_pack,
-            self.cluster,
-            if self.pipelined() { "_pipe" } else { "" },
-            if self.path == SoftmaxPath::SplitRow {
-                "_split"
-            } else {
-                ""
-            },
-            if self.pipelined() && self.copy_groups > 1 {
-                format!("_g{}", self.copy_groups)
-            } else {
-                String::new()
-            }
-        ) + if self.path == SoftmaxPath::SplitRow && self.claim_rows {
-            "_claim"
+    /// The kernel spec of this variant.
+    pub fn spec(&self) -> KernelSpec {
+        if self.path.is_cluster() {
+            self.key()
+                .spec("softmax_cluster.cu", CLUSTER_SOURCE, "softmax_cluster_kernel", &[])
         } else {
-            ""
-        };
-        let preamble = format!(
-            "#include \"tessera/dtype.cuh\"\n\
-             using InT = {};\nusing OutT = {};\nconstexpr bool kLogSoftmax = {};\n\
-             constexpr int kBlockThreads = {};\nconstexpr int kPack = {};\nconstexpr int kOutPack = {};\n\
-             constexpr int kCluster = {};\nconstexpr bool kPipeline = {};\nconstexpr bool kGlobalExchange = {};\n\
-             constexpr int kCopyGroups = {};\nconstexpr bool kClaimRows = {};\n#define TS_GENERATED_PREAMBLE 1\n",
-            self.in_dtype.cuda_type(),
-            self.out_dtype.cuda_type(),
-            self.kind == SoftmaxKind::LogSoftmax,
-            self.block_threads,
-            self.pack,
-            self.out_pack,
-            self.cluster,
-            self.pipelined(),
-            self.path == SoftmaxPath::SplitRow,
-            if self.pipelined() { self.copy_groups } else { 1 },
-            self.path == SoftmaxPath::SplitRow && self.claim_rows
-        );
-        KernelSpec {
-            name,
-            file: "softmax_cluster.cu",
-            source: CLUSTER_SOURCE,
-            preamble,
-            entry: "softmax_cluster_kernel",
+            self.key().spec("softmax.cu", SOURCE, "softmax_kernel", &[])
         }
     }
 
