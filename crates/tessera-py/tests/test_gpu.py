@@ -636,6 +636,7 @@ class Interface:
     def __init__(self, t, stream):
         self.t = t  # keeps the memory alive
         cai = dict(t.__cuda_array_interface__)
+        cai["version"] = 3  # torch says 2, whose interface has no stream
         cai["stream"] = stream
         self.__cuda_array_interface__ = cai
 
@@ -682,8 +683,9 @@ def test_paged_decode_lse_is_base_2_and_run_return_lse(kv):
     empty = torch.tensor([n == 0 for n in lens], device=DEV)
     assert torch.isneginf(lse[empty]).all(), f"an empty sequence's LSE is -inf, got {lse[empty]}"
     assert torch.isfinite(lse[~empty]).all() and not torch.isnan(lse).any()
-    err = (lse[~empty].double() - ref[~empty]).abs().max().item()
-    assert err < 2e-3, f"base-2 LSE off by {err:.3g} (seed {SEED})"
+    # the natural-log budget of the other decode tests (1e-3 + 1e-3 * |lse|), in base 2
+    err = (lse[~empty].double() - ref[~empty]).abs()
+    assert (err <= (1e-3 + 1e-3 * ref[~empty].abs()) * LOG2E).all(), f"base-2 LSE off by {err.max():.3g} (seed {SEED})"
     assert torch.equal(out[empty].float(), torch.zeros_like(out[empty].float()))
     # run(return_lse=True), run_return_lse, lse= (a torch tensor and an interface object) agree bitwise
     out2, lse2 = w.run(q, cache, return_lse=True)
@@ -693,16 +695,23 @@ def test_paged_decode_lse_is_base_2_and_run_return_lse(kv):
     assert l3 is given and torch.equal(given, lse) and torch.equal(o3, out)
     if q_dtype != torch.float16:
         return  # torch exports no bfloat16 through __cuda_array_interface__
-    # interface objects on a side stream: the decode and the base-2 scaling both run on that stream
+    # interface objects naming a side stream: the decode and the base-2 scaling both run on it
     o4, l4 = torch.full_like(out, math.nan), torch.full_like(lse, math.nan)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.cuda._sleep(20_000_000)  # the scaling must queue after the decode, not race it
-    w.run(Interface(q, side.cuda_stream), cache, out=Interface(o4, side.cuda_stream),
-          lse=Interface(l4, side.cuda_stream))
+    args = (Interface(q, side.cuda_stream), cache)
+    kw = dict(out=Interface(o4, side.cuda_stream), lse=Interface(l4, side.cuda_stream))
+    w.run(*args, **kw)  # the first run on a stream uploads the tables (synchronising it)
     torch.cuda.synchronize()
     assert torch.equal(o4, out) and torch.equal(l4, lse), "interface objects on a side stream"
+    o4.fill_(math.nan)
+    l4.fill_(math.nan)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # the scaling must queue after the decode, not race it
+    w.run(*args, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(o4, out) and torch.equal(l4, lse), "interface objects on a side stream, second run"
 
 
 def test_paged_append_matches_manual_indexing():
