@@ -667,9 +667,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
             la = as_arg(empty((b, hq), "float32", device), "lse")
         stream = stream_of([qa, oa], device)
         lse_desc = None if la is None else (la.ptr, la.dtype, (b, 1, hq), (hq, hq, 1))
+        # the base-2 scaling needs torch: fail before launching, not with a natural-log LSE written
+        torch = None if la is None else require_torch("the base-2 LSE of BatchDecodeWithPagedKVCacheWrapper")
         self._w.run(device, stream, _as_4d(qa), _as_4d(oa), lse_desc, cache._c, layer)
         if la is not None:
-            _lse_to_base2(la, device, stream)
+            _lse_to_base2(torch, la, device, stream)
         return (oa.obj, la.obj) if return_lse and la is not None else oa.obj
 
     forward = run
@@ -723,11 +725,10 @@ LOG2E = 1.4426950408889634
 """log2(e): tessera's kernels write the natural-log LSE; FlashInfer's API returns it in base 2."""
 
 
-def _lse_to_base2(la: Arg, device: int, stream: int) -> None:
+def _lse_to_base2(torch: Any, la: Arg, device: int, stream: int) -> None:
     """Multiplies the natural-log LSE the kernel wrote into ``la`` by log2(e), in place, queued on
     ``stream`` (the decode's) after the kernel. ``-inf`` (a row that sees no key) stays ``-inf``;
     finite values stay finite: nothing becomes NaN."""
-    torch = require_torch("the base-2 LSE of BatchDecodeWithPagedKVCacheWrapper")
     t = la.obj if la.is_torch else torch.as_tensor(la.obj, device=torch.device("cuda", device))
     if stream_of([], device) == stream:
         t.mul_(LOG2E)
