@@ -77,6 +77,13 @@ find_python() {
     return 1
 }
 
+# the extension crate has no Rust test target (it links no libpython): the std-only plan cache
+# (crates/tessera-py/src/plan_cache.rs) runs its unit tests on its own
+log "plan cache unit tests (rustc --test crates/tessera-py/src/plan_cache.rs)"
+mkdir -p "$OUT"
+rustc --edition 2021 --test "$CRATE/src/plan_cache.rs" -o "$OUT/plan_cache_test"
+"$OUT/plan_cache_test" -q
+
 run_in "$PYTHON" "$CRATE/tests" "$@"
 main_ver="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 for ver in 3.12 3.9; do

@@ -9,8 +9,7 @@
 //! with tessera should call `tessera.clear_plan_cache()` first.)
 
 use std::collections::HashMap;
-use std::hash::Hash;
-use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+use std::sync::{LazyLock, Mutex, MutexGuard};
 
 use cudarc::driver::sys::{self, CUstream};
 use pyo3::prelude::*;
@@ -20,12 +19,11 @@ use tessera::runtime::Context;
 use tessera::softmax::{SoftmaxKind, SoftmaxPlan, SoftmaxShape};
 
 use crate::errors::IntoPy;
+pub use crate::plan_cache::StreamId;
+use crate::plan_cache::{AnyPlanCache, PlanCache};
 
 /// Plans kept per kind (softmax, attention); the least recently used one goes first.
 pub const CAPACITY: usize = 64;
-
-/// A raw `CUstream` as an integer (what torch's `Stream.cuda_stream` gives).
-pub type StreamId = u64;
 
 static DEVICES: LazyLock<Mutex<HashMap<usize, Context>>> = LazyLock::new(Default::default);
 
@@ -117,80 +115,14 @@ fn pointer_ordinal(ptr: u64) -> tessera::Result<usize> {
     Ok(ordinal as usize)
 }
 
-/// A least-recently-used map of at most [`CAPACITY`] plans.
-pub struct PlanCache<K, P> {
-    entries: HashMap<K, (Arc<P>, u64)>,
-    clock: u64,
-    hits: u64,
-    misses: u64,
-}
+/// Softmax plans by (shape, kind) per (device, stream).
+pub type SoftmaxKey = (SoftmaxShape, SoftmaxKind);
+pub static SOFTMAX_PLANS: PlanCache<SoftmaxKey, SoftmaxPlan> = PlanCache::new("softmax", CAPACITY);
 
-impl<K: Eq + Hash + Clone, P> PlanCache<K, P> {
-    fn new() -> Self {
-        PlanCache {
-            entries: HashMap::new(),
-            clock: 0,
-            hits: 0,
-            misses: 0,
-        }
-    }
-
-    /// The cached plan for `key`, marked as just used.
-    pub fn get(&mut self, key: &K) -> Option<Arc<P>> {
-        self.clock += 1;
-        let now = self.clock;
-        match self.entries.get_mut(key) {
-            Some((p, used)) => {
-                *used = now;
-                self.hits += 1;
-                Some(p.clone())
-            }
-            None => {
-                self.misses += 1;
-                None
-            }
-        }
-    }
-
-    /// Caches `plan` under `key` (keeping an entry another thread inserted meanwhile), evicting
-    /// the least recently used plan when full.
-    pub fn insert(&mut self, key: K, plan: P) -> Arc<P> {
-        self.clock += 1;
-        let now = self.clock;
-        if let Some((p, used)) = self.entries.get_mut(&key) {
-            *used = now;
-            return p.clone();
-        }
-        if self.entries.len() >= CAPACITY {
-            if let Some(oldest) = self
-                .entries
-                .iter()
-                .min_by_key(|(_, (_, used))| *used)
-                .map(|(k, _)| k.clone())
-            {
-                self.entries.remove(&oldest);
-            }
-        }
-        let plan = Arc::new(plan);
-        self.entries.insert(key, (plan.clone(), now));
-        plan
-    }
-
-    fn clear(&mut self) {
-        self.entries.clear();
-    }
-}
-
-/// Softmax plans by (device, stream, shape, kind).
-pub type SoftmaxKey = (usize, StreamId, SoftmaxShape, SoftmaxKind);
-pub static SOFTMAX_PLANS: LazyLock<Mutex<PlanCache<SoftmaxKey, SoftmaxPlan>>> =
-    LazyLock::new(|| Mutex::new(PlanCache::new()));
-
-/// The attention options a plan depends on, hashable (floats by their bits).
+/// The attention options a plan depends on besides (device, stream), hashable (floats by their
+/// bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionKey {
-    pub device: usize,
-    pub stream: StreamId,
     pub problem: AttentionProblem,
     pub layout: QkvLayout,
     pub causal: bool,
@@ -199,22 +131,11 @@ pub struct AttentionKey {
     pub scale_bits: Option<u32>,
     pub softcap_bits: u32,
 }
-pub static ATTENTION_PLANS: LazyLock<Mutex<PlanCache<AttentionKey, AttentionPlan>>> =
-    LazyLock::new(|| Mutex::new(PlanCache::new()));
+pub static ATTENTION_PLANS: PlanCache<AttentionKey, AttentionPlan> = PlanCache::new("attention", CAPACITY);
 
-/// Looks `key` up in `cache`, or makes the plan with `make` (outside the lock: planning may
-/// compile kernels for seconds) and caches it.
-pub fn plan_for<K: Eq + Hash + Clone, P>(
-    cache: &Mutex<PlanCache<K, P>>,
-    key: K,
-    make: impl FnOnce() -> tessera::Result<P>,
-) -> tessera::Result<Arc<P>> {
-    if let Some(p) = lock(cache).get(&key) {
-        return Ok(p);
-    }
-    let plan = make()?;
-    Ok(lock(cache).insert(key, plan))
-}
+/// Every plan cache, for [`plan_cache_info`] and [`clear_plan_cache`]: a new plan type is one
+/// `PlanCache` static and one entry here.
+static PLAN_CACHES: [&dyn AnyPlanCache; 2] = [&SOFTMAX_PLANS, &ATTENTION_PLANS];
 
 /// Properties of CUDA device `device` as tessera sees it. Raises `NoGpuError` when there is
 /// no driver, no such device or no NVRTC.
@@ -237,21 +158,16 @@ pub fn device_info(py: Python<'_>, device: usize) -> PyResult<Bound<'_, PyDict>>
     Ok(d)
 }
 
-/// Sizes and hit counts of the plan caches.
+/// Sizes and hit counts of the plan caches: `<name>`, `<name>_hits` and `<name>_misses` per
+/// cache (`softmax`, `attention`), and `capacity` (of each).
 #[pyfunction]
 pub fn plan_cache_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
-    {
-        let s = lock(&SOFTMAX_PLANS);
-        d.set_item("softmax", s.entries.len())?;
-        d.set_item("softmax_hits", s.hits)?;
-        d.set_item("softmax_misses", s.misses)?;
-    }
-    {
-        let a = lock(&ATTENTION_PLANS);
-        d.set_item("attention", a.entries.len())?;
-        d.set_item("attention_hits", a.hits)?;
-        d.set_item("attention_misses", a.misses)?;
+    for cache in PLAN_CACHES {
+        let (name, s) = (cache.name(), cache.stats());
+        d.set_item(name, s.len)?;
+        d.set_item(format!("{name}_hits"), s.hits)?;
+        d.set_item(format!("{name}_misses"), s.misses)?;
     }
     d.set_item("capacity", CAPACITY)?;
     Ok(d)
@@ -265,7 +181,6 @@ pub fn clear_plan_cache(py: Python<'_>) {
         let _keep = tessera::runtime::probe::driver()
             .ok()
             .map(|_| KeepCurrentContext::save());
-        lock(&SOFTMAX_PLANS).clear();
-        lock(&ATTENTION_PLANS).clear();
+        PLAN_CACHES.iter().for_each(|c| c.clear());
     })
 }

@@ -16,6 +16,7 @@ mod desc;
 mod errors;
 mod kvcache;
 mod ops;
+mod plan_cache;
 
 use pyo3::prelude::*;
 

@@ -49,7 +49,7 @@ pub fn softmax(py: Python<'_>, device: usize, stream: StreamId, x: RawDesc, y: R
     py.detach(|| {
         cache::with_device(device, |_| {
             let kind = kind(log);
-            let plan = cache::plan_for(&SOFTMAX_PLANS, (device, stream, shape, kind), || {
+            let plan = SOFTMAX_PLANS.get_or_make(device, stream, (shape, kind), || {
                 // SAFETY: `stream` is the caller's current stream of `device` (torch's, or one the
                 // caller named), which outlives the plan (module docs of `cache`).
                 let ctx = unsafe { cache::context_on(device, stream) }?;
@@ -216,8 +216,6 @@ pub fn flash_attention(
             let problem = AttentionProblem::of_views(&qv, &kv, &vv, QkvLayout::Bnhd, batch.as_ref())?;
             validate_options(&opts, problem.head_dim)?;
             let key = AttentionKey {
-                device,
-                stream,
                 problem,
                 layout: opts.layout,
                 causal,
@@ -226,7 +224,7 @@ pub fn flash_attention(
                 scale_bits: scale.map(f32::to_bits),
                 softcap_bits: softcap.to_bits(),
             };
-            let plan = cache::plan_for(&ATTENTION_PLANS, key, || {
+            let plan = ATTENTION_PLANS.get_or_make(device, stream, key, || {
                 // SAFETY: as in `softmax`.
                 let ctx = unsafe { cache::context_on(device, stream) }?;
                 AttentionPlan::new(&ctx, &problem, &opts)

@@ -400,6 +400,99 @@ def test_decode_plan_validates_on_the_host():
     _planned(q_data_type="bfloat16", kv_data_type="bf16", sm_scale=0.1, disable_split_kv=True)
 
 
+# (plan() keyword arguments, tessera's (q, kv) names): FlashInfer's rule, data_type fills only the
+# dtypes that are None, and q_data_type defaults to "float16"
+PLAN_DTYPES = [
+    ({}, ("float16", "float16")),
+    ({"q_data_type": "bfloat16"}, ("bfloat16", "bfloat16")),
+    ({"kv_data_type": "fp8_e4m3"}, ("float16", "fp8e4m3")),
+    # FlashInfer's own fp8 decode test: data_type for the cache, q_data_type for the query
+    ({"data_type": "float8_e4m3fn", "q_data_type": "float16"}, ("float16", "fp8e4m3")),
+    ({"data_type": "float8_e4m3fn", "q_data_type": "bfloat16"}, ("bfloat16", "fp8e4m3")),
+    ({"data_type": "float8_e4m3fn"}, ("float16", "fp8e4m3")),  # q keeps its default
+    ({"data_type": "float16"}, ("float16", "float16")),
+    ({"data_type": "bfloat16", "q_data_type": "bfloat16"}, ("bfloat16", "bfloat16")),
+    ({"data_type": "bfloat16", "q_data_type": None}, ("bfloat16", "bfloat16")),
+    ({"data_type": "bfloat16", "q_data_type": None, "kv_data_type": "fp8_e4m3"}, ("bfloat16", "fp8e4m3")),
+    # explicit arguments win over data_type
+    ({"data_type": "float16", "q_data_type": "bf16", "kv_data_type": "bf16"}, ("bfloat16", "bfloat16")),
+    ({"data_type": "bfloat16", "kv_data_type": "fp8e4m3"}, ("float16", "fp8e4m3")),
+    ({"q_data_type": "half", "o_data_type": "float16"}, ("float16", "float16")),
+]
+
+
+@pytest.mark.parametrize("kwargs, want", PLAN_DTYPES, ids=lambda x: str(x))
+def test_decode_plan_dtype_resolution_follows_flashinfer(kwargs, want):
+    from tessera._kvcache import resolve_plan_dtypes  # noqa: PLC0415
+
+    assert resolve_plan_dtypes(**kwargs) == want
+    w = _planned(**kwargs)  # plan() resolves the same way (and validates the pair on the host)
+    assert w._q_dtype == want[0]
+
+
+class _Dtype:
+    """A stand-in torch dtype: str() gives ``torch.<name>``, as torch's dtypes do."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return f"torch.{self.name}"
+
+
+def test_decode_plan_dtype_resolution_takes_torch_dtypes():
+    from tessera._kvcache import resolve_plan_dtypes  # noqa: PLC0415
+
+    f16, fp8 = _Dtype("float16"), _Dtype("float8_e4m3fn")
+    assert resolve_plan_dtypes(f16, None, None, fp8) == ("float16", "fp8e4m3")
+    assert resolve_plan_dtypes(None, None, _Dtype("bfloat16"), _Dtype("bfloat16")) == ("bfloat16", "bfloat16")
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, text",
+    [
+        # a 16-bit cache must match q; data_type alone leaves q at its float16 default
+        ({"data_type": "bfloat16"}, ValueError, "`data_type`: sets only the dtypes not given"),
+        ({"q_data_type": None}, ValueError, "`q_data_type`: must be a dtype"),
+        ({"data_type": "float32", "q_data_type": None}, NotImplementedError, "`q_data_type` = float32"),
+        ({"data_type": "float32"}, NotImplementedError, "`kv_data_type` = float32"),
+        ({"data_type": "fp8_e4m3", "q_data_type": None}, NotImplementedError, "`q_data_type` = fp8_e4m3"),
+        ({"data_type": "fp8_e4m3", "o_data_type": "bfloat16"}, NotImplementedError, "`o_data_type`"),
+    ],
+)
+def test_decode_plan_dtype_resolution_errors(kwargs, exc, text):
+    from tessera._kvcache import resolve_plan_dtypes  # noqa: PLC0415
+
+    for call in (lambda: resolve_plan_dtypes(**kwargs), lambda: _planned(**kwargs)):
+        with pytest.raises(exc) as e:
+            call()
+        assert text in str(e.value)
+        assert isinstance(e.value, tessera.TesseraError)
+
+
+def test_decode_lse_convention_is_flashinfers_base_2():
+    import math  # noqa: PLC0415
+
+    from tessera import _kvcache  # noqa: PLC0415
+
+    assert _kvcache.LOG2E == math.log2(math.e)
+    W = tessera.BatchDecodeWithPagedKVCacheWrapper
+    for doc in (W.run.__doc__, W.run_return_lse.__doc__):
+        assert "base 2" in doc and "-inf" in doc
+    assert "natural log" in tessera.flash_attn_func.__doc__ and "-inf" in tessera.flash_attn_func.__doc__
+    assert "-inf" in tessera.flash_attn_varlen_func.__doc__
+    # FlashInfer: run_return_lse = partialmethod(run, return_lse=True): run's arguments, less return_lse
+    run = [p for p in _params(W.run) if p[0] != "return_lse"]
+    assert _params(W.run_return_lse) == run
+    assert W.forward_return_lse is W.run_return_lse
+    w = W()
+    with pytest.raises(ValueError, match=r"call plan\(\.\.\.\) first"):
+        w.run_return_lse(Fake((2, 8, 64)), None)
+    w = _planned()
+    with pytest.raises(NotImplementedError, match="`k_scale`"):
+        w.run_return_lse(Fake((2, 8, 64)), None, k_scale=0.5)
+
+
 @pytest.mark.parametrize(
     "kwargs, exc, text",
     [

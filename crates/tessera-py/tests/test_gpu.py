@@ -29,6 +29,7 @@ DEV = torch.device("cuda", 0)
 SEED = int(os.environ.get("TESSERA_SEED", random.randrange(1 << 31)))
 print(f"test_gpu: seed {SEED} (TESSERA_SEED={SEED} replays)")
 BUDGET = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+LOG2E = 1.4426950408889634  # FlashInfer's decode LSE is base 2: the natural-log LSE times log2(e)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -248,6 +249,56 @@ def test_flash_attn_func_matches_reference(case, dtype):
     check_lse(lse, ref_lse, f"flash_attn_func {tag}")
     plain = tessera.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap)
     assert isinstance(plain, torch.Tensor) and torch.equal(plain, out), "deterministic, same without LSE"
+
+
+# (B, Nq, Nk, causal, window): every case leaves some query rows without a visible key
+NO_KEY_CASES = [
+    (2, 50, 20, True, (-1, -1)),  # bottom-right causal, Nq > Nk: the first 30 rows see nothing
+    (1, 64, 16, False, (5, 0)),  # a window left of the keys for the first 48 rows
+    (1, 300, 44, True, (8, -1)),  # causal and window together, tiles of empty and mixed rows
+    (1, 7, 1, True, (-1, -1)),  # one key: only the last row sees it
+]
+
+
+def no_key_id(c):
+    return "B{}-N{}x{}{}-win{},{}".format(*c[:3], "-causal" if c[3] else "", *c[4])
+
+
+@pytest.mark.parametrize("case", NO_KEY_CASES, ids=no_key_id)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_rows_that_see_no_key_give_zeros_and_lse_minus_inf(case, dtype):
+    b, nq, nk, causal, window = case
+    dt = DTYPES[dtype]
+    tag = f"nokey{case}{dtype}"
+    h, hk, d = 4, 2, 64
+    q = randn((b, nq, h, d), dt, tag + "q")
+    k = randn((b, nk, hk, d), dt, tag + "k")
+    v = randn((b, nk, hk, d), dt, tag + "v")
+    out, lse, _ = tessera.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
+    ref, ref_lse = attention_ref(q, k, v, causal, window)
+    none = torch.isneginf(ref_lse)  # [B, H, Nq]
+    assert none.any() and (~none).any(), "the case must mix rows with and without keys"
+    assert not torch.isnan(lse).any() and not torch.isnan(out).any(), f"NaN (seed {SEED})"
+    assert torch.isneginf(lse[none]).all(), "a row that sees no key has LSE -inf (flash_attn: +inf)"
+    assert torch.isfinite(lse[~none]).all()
+    rows = none.transpose(1, 2)  # [B, Nq, H]
+    assert torch.equal(out[rows].float(), torch.zeros_like(out[rows].float())), "its output is exactly 0"
+    assert_close(out, ref, dt, f"no-key rows {case}")
+    check_lse(lse, ref_lse, f"no-key rows {case}")
+    # the same rows through the varlen API, with a sequence that has no keys at all
+    # sequences (q rows, k rows): (nq, nk), (5, 0), (3, 3)
+    cu_q = torch.tensor([0, nq, nq + 5, nq + 8], dtype=torch.int32, device=DEV)
+    cu_k = torch.tensor([0, nk, nk, nk + 3], dtype=torch.int32, device=DEV)
+    qv = torch.cat([q[0], randn((8, h, d), dt, tag + "qv")])
+    kv_ = torch.cat([k[0], randn((3, hk, d), dt, tag + "kv")])
+    vv = torch.cat([v[0], randn((3, hk, d), dt, tag + "vv")])
+    o2, l2, _ = tessera.flash_attn_varlen_func(qv, kv_, vv, cu_q, cu_k, max(nq, 5), max(nk, 3), causal=causal,
+                                               window_size=window, return_attn_probs=True)
+    assert not torch.isnan(l2).any() and not torch.isnan(o2).any()
+    assert torch.isneginf(l2[:, nq : nq + 5]).all(), "a sequence with no keys: LSE -inf"
+    assert torch.equal(o2[nq : nq + 5].float(), torch.zeros_like(o2[nq : nq + 5].float()))
+    check_lse(l2[:, :nq], ref_lse[0], f"varlen no-key rows {case}")
+    assert_close(o2[:nq], ref[0], dt, f"varlen no-key rows {case}")
 
 
 SDPA_CASES = [(2, 256, 8, 8, 64, False), (1, 1024, 16, 16, 128, True), (2, 333, 8, 2, 128, True), (1, 128, 4, 4, 256, False)]
@@ -547,7 +598,8 @@ def test_paged_decode_matches_torch_sdpa(kv, d, group, page):
     assert out.dtype == q_dtype and out.shape == q.shape and lse.shape == (len(lens), hq) and lse.dtype == torch.float32
     ref, ref_lse = decode_ref(q, cache, indptr, indices, lens)
     assert_close(out.float(), ref, q_dtype, f"paged decode {kv} D{d} g{group} T{page} lens {lens}")
-    assert torch.allclose(lse, ref_lse, rtol=1e-3, atol=1e-3), f"LSE {(lse - ref_lse).abs().max()} (seed {SEED})"
+    ref_lse2 = ref_lse * LOG2E  # FlashInfer's convention: base 2
+    assert torch.allclose(lse, ref_lse2, rtol=1e-3, atol=1e-3), f"LSE {(lse - ref_lse2).abs().max()} (seed {SEED})"
     assert w.describe() and "paged decode" in w.describe()
     # out= and a custom scale, and the split-KV-free path
     o2 = torch.empty_like(q)
@@ -570,10 +622,96 @@ def test_paged_decode_layers_and_zero_length():
     for layer in (0, 1):
         out, lse = w.run(q, cache, layer=layer, return_lse=True)
         ref, ref_lse = decode_ref(q, cache, indptr, indices, lens, layer=layer)
-        assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.isinf(lse[0]).all()
+        assert torch.equal(out[0], torch.zeros_like(out[0])) and torch.isneginf(lse[0]).all()
+        assert not torch.isnan(lse).any() and torch.isfinite(lse[1:]).all()
         assert_close(out[1:].float(), ref[1:], torch.float16, f"layer {layer}")
+        assert torch.allclose(lse[1:], ref_lse[1:] * LOG2E, rtol=1e-3, atol=1e-3), f"layer {layer} LSE (seed {SEED})"
     with pytest.raises(ValueError, match="`layer`: 2 is out of range: the cache has 2 layers"):
         w.run(q, cache, layer=2)
+
+
+class Interface:
+    """A torch tensor seen only through ``__cuda_array_interface__`` (v3), naming ``stream``."""
+
+    def __init__(self, t, stream):
+        self.t = t  # keeps the memory alive
+        cai = dict(t.__cuda_array_interface__)
+        cai["version"] = 3  # torch says 2, whose interface has no stream
+        cai["stream"] = stream
+        self.__cuda_array_interface__ = cai
+
+
+def lse_base2_ref(q, cache, indptr, indices, lens, scale=None):
+    """FlashInfer's decode LSE computed in the base-2 domain directly (float64):
+    ``log2(sum_j 2^(s_j * log2 e))`` of the scaled scores ``s_j``; ``-inf`` for an empty
+    sequence. Independent of :func:`decode_ref`'s natural-log route."""
+    b_, hq, d = q.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    rows = []
+    for b in range(b_):
+        if lens[b] == 0:
+            rows.append(torch.full((hq,), -math.inf, device=DEV, dtype=torch.float64))
+            continue
+        k, _ = gathered(cache, indptr, indices, lens, b)
+        g = hq // k.shape[1]
+        s = torch.einsum("hd,lhd->hl", q[b].double(), k.double().repeat_interleave(g, 1)) * scale
+        x = s * LOG2E
+        m = x.max(-1, keepdim=True).values
+        rows.append((m + torch.log2(torch.exp2(x - m).sum(-1, keepdim=True)))[:, 0])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("kv", ["fp16", "bf16", "fp8"])
+def test_paged_decode_lse_is_base_2_and_run_return_lse(kv):
+    page, hkv, hq, d = 16, 2, 8, 128
+    tag = f"lse2{kv}"
+    q_dtype = torch.bfloat16 if kv == "bf16" else torch.float16
+    lens = [0, 1, 17, 300, 0, 1000]
+    num_pages = sum(-(-n // page) for n in lens) + 3
+    cache = tessera.PagedKVCache(num_pages, page, hkv, d, KV_DTYPES[kv])
+    fill_cache(cache, tag)
+    indptr, indices, last = paged_layout(lens, page, num_pages, tag)
+    w = tessera.BatchDecodeWithPagedKVCacheWrapper()
+    if kv == "fp8":  # FlashInfer's own fp8 tests plan this way: data_type for the cache, q_data_type for q
+        w.plan(indptr, indices, last, hq, hkv, d, page, data_type=torch.float8_e4m3fn, q_data_type=torch.float16)
+    else:
+        w.plan(indptr, indices, last, hq, hkv, d, page, data_type=q_dtype, q_data_type=q_dtype)
+    q = randn((len(lens), hq, d), q_dtype, tag + "q")
+    out, lse = w.run_return_lse(q, cache)
+    assert lse.dtype == torch.float32 and lse.shape == (len(lens), hq)
+    ref = lse_base2_ref(q, cache, indptr, indices, lens)
+    empty = torch.tensor([n == 0 for n in lens], device=DEV)
+    assert torch.isneginf(lse[empty]).all(), f"an empty sequence's LSE is -inf, got {lse[empty]}"
+    assert torch.isfinite(lse[~empty]).all() and not torch.isnan(lse).any()
+    # the natural-log budget of the other decode tests (1e-3 + 1e-3 * |lse|), in base 2
+    err = (lse[~empty].double() - ref[~empty]).abs()
+    assert (err <= (1e-3 + 1e-3 * ref[~empty].abs()) * LOG2E).all(), f"base-2 LSE off by {err.max():.3g} (seed {SEED})"
+    assert torch.equal(out[empty].float(), torch.zeros_like(out[empty].float()))
+    # run(return_lse=True), run_return_lse, lse= (a torch tensor and an interface object) agree bitwise
+    out2, lse2 = w.run(q, cache, return_lse=True)
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    given = torch.full_like(lse, math.nan)
+    o3, l3 = w.run_return_lse(q, cache, lse=given)
+    assert l3 is given and torch.equal(given, lse) and torch.equal(o3, out)
+    if q_dtype != torch.float16:
+        return  # torch exports no bfloat16 through __cuda_array_interface__
+    # interface objects naming a side stream: the decode and the base-2 scaling both run on it
+    o4, l4 = torch.full_like(out, math.nan), torch.full_like(lse, math.nan)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    args = (Interface(q, side.cuda_stream), cache)
+    kw = dict(out=Interface(o4, side.cuda_stream), lse=Interface(l4, side.cuda_stream))
+    w.run(*args, **kw)  # the first run on a stream uploads the tables (synchronising it)
+    torch.cuda.synchronize()
+    assert torch.equal(o4, out) and torch.equal(l4, lse), "interface objects on a side stream"
+    o4.fill_(math.nan)
+    l4.fill_(math.nan)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # the scaling must queue after the decode, not race it
+    w.run(*args, **kw)
+    torch.cuda.synchronize()
+    assert torch.equal(o4, out) and torch.equal(l4, lse), "interface objects on a side stream, second run"
 
 
 def test_paged_append_matches_manual_indexing():

@@ -55,7 +55,12 @@ def flash_attn_func(
     ``seqlen_q != seqlen_k`` (FlashAttention >= 2.1): query ``i`` sees keys
     ``j <= i + seqlen_k - seqlen_q``. With ``window_size=(left, right)`` query ``i`` sees keys
     ``[i + seqlen_k - seqlen_q - left, i + seqlen_k - seqlen_q + right]`` (-1 = unbounded).
-    A query that sees no key gets zeros (and LSE ``-inf``).
+    A query that sees no key (causal with ``seqlen_q > seqlen_k``: the first ``seqlen_q -
+    seqlen_k`` rows; or a window that leaves a row empty) gets an output of zeros and an LSE of
+    ``-inf``, the log of an empty sum, passed through from the kernels unchanged (never NaN).
+    flash_attn itself writes ``+inf`` there (a convention of its backward pass); tessera has no
+    backward and returns the mathematically consistent ``-inf``, so ``exp(lse)`` is 0 and such
+    rows merge correctly with others (log-sum-exp merging of attention states).
 
     Args:
         q: ``(batch_size, seqlen_q, nheads, headdim)``, float16 or bfloat16, on a CUDA device.
@@ -78,7 +83,9 @@ def flash_attn_func(
     Returns:
         ``out`` of shape ``(batch_size, seqlen_q, nheads, headdim)``; with
         ``return_attn_probs``, ``(out, softmax_lse, None)`` with ``softmax_lse`` float32
-        ``(batch_size, nheads, seqlen_q)`` (natural log).
+        ``(batch_size, nheads, seqlen_q)``: natural log, as flash_attn
+        (``logsumexp_j(q_i . k_j * softmax_scale)``, after softcap), ``-inf`` for a row that sees
+        no key (flash_attn: ``+inf``; see above).
 
     Head dims up to 256 are supported; one that is not a multiple of 8 is zero-padded (a copy
     of q, k and v) as flash_attn does. Inputs whose last dimension is not contiguous, or that
@@ -140,7 +147,8 @@ def flash_attn_varlen_func(
 
     Returns:
         ``out`` of shape ``(total_q, nheads, headdim)``; with ``return_attn_probs``,
-        ``(out, softmax_lse, None)`` with ``softmax_lse`` float32 ``(nheads, total_q)``.
+        ``(out, softmax_lse, None)`` with ``softmax_lse`` float32 ``(nheads, total_q)`` (natural
+        log; ``-inf`` for a row that sees no key, as :func:`flash_attn_func`).
     """
     _unsupported_options(dropout_p, alibi_slopes, deterministic)
     if block_table is not None:

@@ -64,6 +64,53 @@ def _dtype_name(d: Any, arg: str, table: dict) -> str:
         raise unsupported(f"`{arg}` = {name}: supported are {', '.join(sorted(set(table)))}") from None
 
 
+_Q_DEFAULT = "float16"  # FlashInfer's default of plan(q_data_type=...)
+
+
+def resolve_plan_dtypes(
+    q_data_type: Any = _Q_DEFAULT,
+    kv_data_type: Any = None,
+    o_data_type: Any = None,
+    data_type: Any = None,
+) -> Tuple[str, str]:
+    """tessera's names ``(q, kv)`` of the dtypes ``BatchDecodeWithPagedKVCacheWrapper.plan()``
+    was given, by FlashInfer's rule (``flashinfer/decode.py``, ``plan``):
+
+    1. ``data_type`` (deprecated) fills only the arguments that are None: ``q_data_type`` if it is
+       None, ``kv_data_type`` if it is None. An explicit ``q_data_type`` / ``kv_data_type`` wins.
+       ``q_data_type`` defaults to ``"float16"`` (not None), so ``data_type`` alone sets only
+       the cache dtype, and ``plan(..., data_type=torch.float8_e4m3fn,
+       q_data_type=torch.float16)`` is an fp16 query over an fp8 cache.
+    2. ``kv_data_type`` still None: ``q_data_type``.
+    3. ``o_data_type`` None: ``q_data_type`` (tessera writes the output in q's dtype only).
+
+    Pure host logic (no device, no torch needed); raises ``UnsupportedError`` for a dtype tessera
+    does not support and ``InvalidArgumentError`` for a combination it refuses, naming the
+    argument.
+    """
+    kv_from_data_type = data_type is not None and kv_data_type is None and q_data_type is not None
+    if data_type is not None:
+        if q_data_type is None:
+            q_data_type = data_type
+        if kv_data_type is None:
+            kv_data_type = data_type
+    if q_data_type is None:
+        raise invalid("q_data_type", "must be a dtype (a torch dtype or its name) when data_type is not given")
+    q_name = _dtype_name(q_data_type, "q_data_type", _Q_DTYPES)
+    kv_name = _dtype_name(q_data_type if kv_data_type is None else kv_data_type, "kv_data_type", _KV_DTYPES)
+    if o_data_type is not None and _dtype_name(o_data_type, "o_data_type", _Q_DTYPES) != q_name:
+        raise unsupported(f"`o_data_type` = {o_data_type}: the output has q's dtype ({q_name})")
+    if kv_from_data_type and kv_name != "fp8e4m3" and kv_name != q_name:
+        # a 16-bit cache must match the query: say why data_type did not set the query dtype
+        raise invalid(
+            "data_type",
+            f"sets only the dtypes not given (as in FlashInfer): q_data_type is {q_name} (its default is "
+            f"{_Q_DEFAULT}) but the cache dtype is {kv_name}, and a 16-bit cache must have q's dtype; pass "
+            f"q_data_type={kv_name} too (or use q_data_type / kv_data_type instead of the deprecated data_type)",
+        )
+    return q_name, kv_name
+
+
 def _host_ints(x: Any, name: str) -> List[int]:
     """The values of an index argument on the host: a list/tuple of ints, or an integer tensor
     (a CUDA tensor is copied to the host: that synchronises with its stream)."""
@@ -494,9 +541,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
             head_dim: 64, 128 or 256. page_size: the cache's page size.
             pos_encoding_mode: must be ``"NONE"`` (apply RoPE to q and k before).
             window_left: must be -1. logits_soft_cap: must be None or 0.
-            q_data_type: ``torch.float16`` or ``torch.bfloat16`` (or their names).
+            q_data_type: ``torch.float16`` (default) or ``torch.bfloat16`` (or their names).
             kv_data_type: the cache dtype; default ``q_data_type`` (fp8: ``torch.float8_e4m3fn``).
-            o_data_type: None or ``q_data_type``. data_type: deprecated alias setting both.
+            o_data_type: None or ``q_data_type``.
+            data_type: deprecated (FlashInfer's rule): fills ``q_data_type`` and ``kv_data_type``
+                only where they are None. Since ``q_data_type`` defaults to ``"float16"``,
+                ``data_type`` alone sets the cache dtype; ``plan(..., data_type=torch.float8_e4m3fn,
+                q_data_type=torch.float16)`` plans an fp16 query over an fp8 cache (see
+                :func:`tessera._kvcache.resolve_plan_dtypes`).
             sm_scale: softmax scale; default ``1 / sqrt(head_dim)``.
             rope_scale, rope_theta, non_blocking: accepted and ignored (as FlashInfer with
                 ``pos_encoding_mode="NONE"``).
@@ -517,12 +569,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         for name, val in (("block_tables", block_tables), ("seq_lens", seq_lens), ("fixed_split_size", fixed_split_size)):
             if val is not None:
                 raise unsupported(f"`{name}`: not supported (pass the CSR tables indptr / indices / last_page_len)")
-        if data_type is not None:
-            q_data_type = kv_data_type = data_type
-        q_name = _dtype_name(q_data_type, "q_data_type", _Q_DTYPES)
-        kv_name = _dtype_name(kv_data_type if kv_data_type is not None else q_data_type, "kv_data_type", _KV_DTYPES)
-        if o_data_type is not None and _dtype_name(o_data_type, "o_data_type", _Q_DTYPES) != q_name:
-            raise unsupported(f"`o_data_type` = {o_data_type}: the output has q's dtype ({q_name})")
+        q_name, kv_name = resolve_plan_dtypes(q_data_type, kv_data_type, o_data_type, data_type)
         for name, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim),
                         ("page_size", page_size)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -558,6 +605,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
         ``out[b, h] = softmax_j(q[b, h] . K[b, j, h // g] * sm_scale) V[b, j, h // g]`` over the
         ``len_b`` tokens of sequence ``b`` (0 tokens: zeros, LSE ``-inf``).
 
+        The LSE follows FlashInfer's convention: base 2, ``lse[b, h] = log2(sum_j 2^(s_j *
+        log2(e)))`` of the scaled scores ``s_j = q[b, h] . K[b, j, h // g] * sm_scale``, i.e. the
+        natural-log LSE times ``log2(e)`` (``torch.logsumexp(s, -1) / math.log(2)``). A sequence
+        of length 0 sees no key: its LSE is ``-inf`` (never NaN) and its output zeros.
+        (:func:`tessera.flash_attn_func`'s LSE is flash_attn's: natural log.)
+
         Args:
             q: ``[batch_size, num_qo_heads, head_dim]`` of the planned ``q_data_type`` (copied
                 when its strides are not multiples of 8 elements or it is not 16-byte aligned).
@@ -567,14 +620,16 @@ class BatchDecodeWithPagedKVCacheWrapper:
             out: write the output here (``q``'s shape and dtype) instead of allocating it.
             lse: write the log-sum-exp here (float32 ``[batch_size, num_qo_heads]``,
                 contiguous); implies ``return_lse``.
-            return_lse: also return the LSE (natural log).
+            return_lse: also return the LSE (base 2, as FlashInfer; see above).
             layer: keyword only, tessera's addition: the layer to read (default 0).
 
         Returns:
-            ``out``, or ``(out, lse)`` with ``return_lse``.
+            ``out``, or ``(out, lse)`` with ``return_lse`` (``lse``: float32 ``[batch_size,
+            num_qo_heads]``, base 2).
 
         Queued on the current stream of q's device; nothing synchronises. The first run after a
         plan() on a new stream or cache uploads the tables and plans (small synchronous copies).
+        The base-2 LSE costs one more small elementwise kernel (torch's), on the same stream.
         """
         for name, val in (("k_scale", k_scale), ("v_scale", v_scale)):
             if val is not None:
@@ -612,10 +667,34 @@ class BatchDecodeWithPagedKVCacheWrapper:
             la = as_arg(empty((b, hq), "float32", device), "lse")
         stream = stream_of([qa, oa], device)
         lse_desc = None if la is None else (la.ptr, la.dtype, (b, 1, hq), (hq, hq, 1))
+        # the base-2 scaling needs torch: fail before launching, not with a natural-log LSE written
+        torch = None if la is None else require_torch("the base-2 LSE of BatchDecodeWithPagedKVCacheWrapper")
         self._w.run(device, stream, _as_4d(qa), _as_4d(oa), lse_desc, cache._c, layer)
+        if la is not None:
+            _lse_to_base2(torch, la, device, stream)
         return (oa.obj, la.obj) if return_lse and la is not None else oa.obj
 
     forward = run
+
+    def run_return_lse(
+        self,
+        q: Any,
+        paged_kv_cache: PagedKVCache,
+        *,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+        out: Any = None,
+        lse: Any = None,
+        layer: int = 0,
+    ) -> Tuple[Any, Any]:
+        """:meth:`run` with ``return_lse=True``, as FlashInfer's ``run_return_lse``: returns
+        ``(out, lse)``, ``lse`` float32 ``[batch_size, num_qo_heads]`` in base 2 (FlashInfer's
+        convention: the natural-log LSE times ``log2(e)``; ``-inf`` for a sequence of length 0).
+        Arguments as :meth:`run`."""
+        return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, out=out, lse=lse, return_lse=True,
+                        layer=layer)
+
+    forward_return_lse = run_return_lse
 
     def append(self, append_key: Any, append_value: Any, paged_kv_cache: PagedKVCache, *, layer: int = 0) -> None:
         """tessera's decode-step append: writes one new K/V row per sequence (``append_key`` /
@@ -640,6 +719,23 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def describe(self) -> Optional[str]:
         """The device plan in one line (kernel, split-KV, CTAs) once ``run()`` built it, else None."""
         return self._w.describe()
+
+
+LOG2E = 1.4426950408889634
+"""log2(e): tessera's kernels write the natural-log LSE; FlashInfer's API returns it in base 2."""
+
+
+def _lse_to_base2(torch: Any, la: Arg, device: int, stream: int) -> None:
+    """Multiplies the natural-log LSE the kernel wrote into ``la`` by log2(e), in place, queued on
+    ``stream`` (the decode's) after the kernel. ``-inf`` (a row that sees no key) stays ``-inf``;
+    finite values stay finite: nothing becomes NaN."""
+    t = la.obj if la.is_torch else torch.as_tensor(la.obj, device=torch.device("cuda", device))
+    if stream_of([], device) == stream:
+        t.mul_(LOG2E)
+        return
+    # the decode ran on another stream (an interface object's): scale on that one, in its order
+    with torch.cuda.stream(torch.cuda.ExternalStream(stream, device=torch.device("cuda", device))):
+        t.mul_(LOG2E)
 
 
 def _as_4d(a: Arg) -> Tuple[int, str, Tuple[int, ...], Tuple[int, ...]]:
