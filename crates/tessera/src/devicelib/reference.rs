@@ -282,6 +282,91 @@ mod tests {
         }
     }
 
+    /// Rust ports of dtype.cuh's portable fp8 code (the spec of the hardware conversions, run
+    /// before sm_89): they must agree with these references over the whole sweep, or the GPU
+    /// case would fail on every target.
+    mod portable {
+        pub fn e4m3_bits_to_float(v: u32) -> f32 {
+            let mag = v & 0x7f;
+            let two_pow_120 = f32::from_bits((127 + 120) << 23);
+            let mut f = f32::from_bits(mag << 20) * two_pow_120;
+            if mag == 0x7f {
+                f = f32::NAN;
+            }
+            f32::from_bits(f.to_bits() | ((v & 0x80) << 24))
+        }
+        pub fn float_to_e4m3_bits(f: f32) -> u32 {
+            let u = f.to_bits();
+            let sign = (u >> 24) & 0x80;
+            let a = u & 0x7fff_ffff;
+            let mag = if a > 0x7f80_0000 {
+                0x7f
+            } else if a > 0x43e0_0000 {
+                0x7e
+            } else if a < 0x3c80_0000 {
+                (f32::from_bits(a) * 512.0).round_ties_even() as u32
+            } else {
+                ((a + 0x7ffff + ((a >> 20) & 1)) >> 20) - ((127 - 7) << 3)
+            };
+            sign | mag
+        }
+        pub fn float_to_e5m2_bits(f: f32) -> u32 {
+            let u = f.to_bits();
+            let sign = (u >> 24) & 0x80;
+            let a = u & 0x7fff_ffff;
+            let mag = if a > 0x7f80_0000 {
+                0x7f
+            } else if a > 0x4760_0000 {
+                0x7b
+            } else if a < 0x3880_0000 {
+                (f32::from_bits(a) * 65536.0).round_ties_even() as u32
+            } else {
+                ((a + 0xfffff + ((a >> 21) & 1)) >> 21) - ((127 - 15) << 2)
+            };
+            sign | mag
+        }
+    }
+
+    #[test]
+    fn references_agree_with_the_portable_device_code() {
+        for code in 0u32..256 {
+            let (d, r) = (portable::e4m3_bits_to_float(code), e4m3_to_f32(code as u8));
+            assert!(
+                d.to_bits() == r.to_bits() || (d.is_nan() && r.is_nan()),
+                "decode {code:#04x}"
+            );
+        }
+        for x in float_sweep(3) {
+            let (d, r) = (portable::float_to_e4m3_bits(x) as u8, f32_to_e4m3(x));
+            assert!(
+                d == r || (e4m3_is_nan(d) && e4m3_is_nan(r)),
+                "e4m3 of {x:e}: {d:#04x} vs {r:#04x}"
+            );
+            let (d, r) = (portable::float_to_e5m2_bits(x) as u8, f32_to_e5m2(x));
+            assert!(
+                d == r || (e5m2_is_nan(d) && e5m2_is_nan(r)),
+                "e5m2 of {x:e}: {d:#04x} vs {r:#04x}"
+            );
+        }
+    }
+
+    /// The `half` crate (the f16 / bf16 reference) rounds to nearest even and overflows to inf.
+    #[test]
+    fn half_crate_rounds_to_nearest_even() {
+        use half::{bf16, f16};
+        assert_eq!(f16::from_f32(1.0 + 2f32.powi(-11)).to_bits(), 0x3c00);
+        assert_eq!(f16::from_f32(1.0 + 3.0 * 2f32.powi(-11)).to_bits(), 0x3c02);
+        assert_eq!(f16::from_f32(65519.0).to_bits(), 0x7bff);
+        assert_eq!(f16::from_f32(65520.0).to_bits(), 0x7c00);
+        assert_eq!(f16::from_f32(2f32.powi(-25)).to_bits(), 0x0000); // tie with 0: even
+        assert_eq!(f16::from_f32(3.0 * 2f32.powi(-26)).to_bits(), 0x0001);
+        assert_eq!(bf16::from_f32(1.0 + 2f32.powi(-8)).to_bits(), 0x3f80);
+        assert_eq!(bf16::from_f32(1.0 + 3.0 * 2f32.powi(-8)).to_bits(), 0x3f82);
+        assert_eq!(bf16::from_f32(f32::from_bits(0x7f7f_8000)).to_bits(), 0x7f80);
+        assert_eq!(bf16::from_f32(f32::from_bits(0x0000_8001)).to_bits(), 0x0001);
+        // subnormal
+    }
+
     #[test]
     fn sweep_is_even_and_covers_the_specials() {
         let s = float_sweep(1);
