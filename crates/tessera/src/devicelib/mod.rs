@@ -33,6 +33,8 @@
 
 #[cfg(test)]
 mod compile_tests;
+#[cfg(test)]
+mod emulate;
 pub mod reference;
 pub mod verify;
 
