@@ -27,6 +27,11 @@
 //! * `wgmma` shapes other than N = 64, `setmaxnreg`, `reduce.cuh`, `vec.cuh`, `math.cuh`,
 //!   `online_softmax.cuh` and `memory_order.cuh`: covered only through the operators built on them.
 //!
+//! Without a GPU, `cargo test` checks the CPU references (every fp8 code round-trips, the
+//! references agree with dtype.cuh's portable device code over the whole float sweep) and emulates
+//! `mma_sync.cu`'s fragment handling from the PTX definitions of ldmatrix / movmatrix / mma
+//! (`emulate.rs`).
+//!
 //! The kernels that need sm_90a are listed by [`ci_variants_for`] only for [`Arch::SM90`] and are
 //! reported as skipped by [`verify::verify_case`] on other GPUs. `compile_tests.rs` compiles every
 //! kernel for every CI architecture and requires it to spill nothing.

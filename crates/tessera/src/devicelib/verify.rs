@@ -5,7 +5,8 @@
 //!
 //! Budgets: copies and conversions must be exact (rel-L2 0, and the conversions bit for bit,
 //! any NaN matching NaN); tensor-core products (f16 / bf16 inputs, f32 accumulators, 16 or 64
-//! terms) are held to [`TENSOR_CORE_BUDGET`].
+//! terms) are held to [`TENSOR_CORE_BUDGET`] and, element by element, to [`TENSOR_CORE_ATOL`] +
+//! [`TENSOR_CORE_RTOL`] |want|.
 
 use half::{bf16, f16};
 use serde_json::json;
@@ -25,6 +26,12 @@ use crate::testdata::{random_matrix, Dist};
 /// ordered (and on some GPUs rounded) differently from the f64 reference, ~1e-7 relative; a
 /// fragment-layout error is of order 1.
 pub const TENSOR_CORE_BUDGET: f64 = 1e-4;
+
+/// Element-wise tolerance of the tensor-core products, `atol + rtol |want|`: the outputs are sums
+/// of 16 or 64 products of N(0, 1) values (|want| up to ~30), whose f32 accumulation errs by
+/// ~1e-5; a misplaced fragment element errs by ~1.
+pub const TENSOR_CORE_ATOL: f64 = 2e-3;
+pub const TENSOR_CORE_RTOL: f64 = 1e-3;
 
 /// How the mma.sync test forms its fragments (`mma_sync.cu`, `p.mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -240,6 +247,23 @@ struct Checked {
 }
 
 impl Checked {
+    /// A tensor-core product: rel-L2 within [`TENSOR_CORE_BUDGET`] and every element within
+    /// [`TENSOR_CORE_ATOL`] + [`TENSOR_CORE_RTOL`] |want| (a single misplaced element fails).
+    fn tensor_core(got: &[f64], want: &[f64]) -> Checked {
+        let comparison = compare(got, want, TENSOR_CORE_ATOL, TENSOR_CORE_RTOL);
+        let note = (!comparison.all_close()).then(|| {
+            format!(
+                "{} elements outside {TENSOR_CORE_ATOL:e} + {TENSOR_CORE_RTOL:e} |want|",
+                comparison.mismatch_count
+            )
+        });
+        Checked {
+            comparison,
+            budget: TENSOR_CORE_BUDGET,
+            note,
+        }
+    }
+
     fn exact(got: &[f64], want: &[f64]) -> Checked {
         Checked {
             comparison: compare(got, want, 0.0, 0.0),
@@ -304,11 +328,7 @@ fn run_mma<E: Element>(ctx: &Context, kernel: TestKernel, mode: MmaMode, tiles: 
     let want: Vec<f64> = (0..tiles)
         .flat_map(|t| matmul(&a[t * 256..(t + 1) * 256], &b[t * 256..(t + 1) * 256], 16, 16, 16))
         .collect();
-    Ok(Checked {
-        comparison: compare(&got, &want, 1e-5, 1e-4),
-        budget: TENSOR_CORE_BUDGET,
-        note: None,
-    })
+    Ok(Checked::tensor_core(&got, &want))
 }
 
 // ---- wgmma ----------------------------------------------------------------------------------
@@ -346,11 +366,7 @@ fn run_wgmma<E: Element>(ctx: &Context, kernel: TestKernel, seed: u64) -> Result
     unsafe { k.launch(ctx, LaunchConfig::linear(1, 128, WGMMA_SMEM), &params)? };
     let got = to_f64(&dd.to_host()?);
     let want = matmul(&to_f64(&a), &to_f64(&b), 64, 64, 64);
-    Ok(Checked {
-        comparison: compare(&got, &want, 1e-5, 1e-4),
-        budget: TENSOR_CORE_BUDGET,
-        note: None,
-    })
+    Ok(Checked::tensor_core(&got, &want))
 }
 
 // ---- TMA --------------------------------------------------------------------------------------
