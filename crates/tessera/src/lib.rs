@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod check;
+pub mod devicelib;
 pub mod dtype;
 pub mod error;
 pub mod harness;
