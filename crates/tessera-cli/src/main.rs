@@ -573,7 +573,12 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
             let jp = dir.join(format!("{op}.json"));
             let pp = dir.join(format!("{op}.png"));
             report.write_json(&jp)?;
-            if let Err(e) = report::plot_op(op, &report, &pp, &format!("{op} on {}", ctx.info().name)) {
+            let style = if op == "attention" {
+                report::PlotStyle::TflopsVsN
+            } else {
+                report::PlotStyle::default()
+            };
+            if let Err(e) = report::plot_op(style, &report, &pp, &format!("{op} on {}", ctx.info().name)) {
                 eprintln!("bench: plot {}: {e}", pp.display());
             }
             println!("bench: wrote {} and {}", jp.display(), pp.display());
