@@ -2,7 +2,6 @@
 //! reference path and say what is missing.
 
 mod cpu;
-mod ops;
 mod report;
 mod serve_sim;
 
@@ -12,6 +11,8 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use tessera::harness::Chart;
+use tessera::registry;
 use tessera::runtime::{probe, timing, Context, TimingOptions};
 
 use report::{BenchReport, BenchRow};
@@ -264,7 +265,7 @@ fn info() -> CliResult<bool> {
 fn compile(ops: &[String], arch: &[String], verbose: bool, filter: &[String]) -> CliResult<bool> {
     use rayon::prelude::*;
     use tessera::runtime::{compile_only, Arch};
-    let ops = ops::select(ops)?;
+    let ops = registry::select(ops)?;
     let archs: Vec<Arch> = if arch.is_empty() {
         Arch::CI_TARGETS.to_vec()
     } else {
@@ -282,10 +283,11 @@ fn compile(ops: &[String], arch: &[String], verbose: bool, filter: &[String]) ->
     );
     let mut ok = true;
     let mut compiled = 0usize;
-    for op in ops {
+    for operator in ops {
+        let op = operator.name();
         let jobs: Vec<_> = archs
             .iter()
-            .flat_map(|&a| ops::kernel_specs(op, a).into_iter().map(move |s| (s, a)))
+            .flat_map(|&a| operator.kernel_specs(a).into_iter().map(move |s| (s, a)))
             .filter(|(s, _)| filter.iter().all(|f| matches_filter(&s.name, Some(f))))
             .collect();
         if jobs.is_empty() {
@@ -365,7 +367,7 @@ fn matches_filter(name: &str, filter: Option<&str>) -> bool {
 
 /// Returns the number of failed cases (skipped cases are neither passed nor failed).
 fn verify(ctx: &Context, ops: &[String], quick: bool, filter: Option<&str>, seed: Option<u64>) -> CliResult<usize> {
-    let ops = ops::select(ops)?;
+    let ops = registry::select(ops)?;
     let seed = seed_or_default(seed)?;
     println!(
         "verify: device {} ({}), seed {seed} (replay with --seed {seed})",
@@ -375,8 +377,10 @@ fn verify(ctx: &Context, ops: &[String], quick: bool, filter: Option<&str>, seed
     let mut failed = 0;
     let mut total = 0;
     let mut skipped: Vec<String> = Vec::new();
-    for op in ops {
-        let jobs: Vec<_> = ops::verify_jobs(op, quick)
+    for operator in ops {
+        let op = operator.name();
+        let jobs: Vec<_> = operator
+            .verify_jobs(quick)
             .into_iter()
             .filter(|j| matches_filter(&j.name, filter))
             .collect();
@@ -467,7 +471,7 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
         burst,
     } = args;
     let (quick, baselines, rounds) = (*quick, *baselines, (*rounds).max(1));
-    let ops = ops::select(ops)?;
+    let ops = registry::select(ops)?;
     let seed = seed_or_default(*seed)?;
     let (timing, timing_name) = if *burst {
         (TimingOptions::burst(), report::TIMING_BURST)
@@ -503,23 +507,23 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
             .unwrap_or_else(|| "unavailable".into())
     );
     let mut all_ok = true;
-    for op in ops {
+    for operator in ops {
+        let op = operator.name();
+        let jobs: Vec<_> = operator
+            .bench_jobs(quick)
+            .into_iter()
+            .filter(|j| matches_filter(&j.name, filter.as_deref()))
+            .collect();
+        if jobs.is_empty() {
+            continue;
+        }
         let mut report = BenchReport::new(ctx.info().name.clone(), command_line);
         report.timing = timing_name.to_string();
         report.roofline.copy_gbps = Some(copy);
         report.roofline.bf16_tflops = gemm;
-        let jobs: Vec<_> = ops::bench_jobs(op, quick)
-            .into_iter()
-            .filter(|j| matches_filter(&j.name, filter.as_deref()))
-            .collect();
-        let impls = ops::baseline_impls(op);
+        let known = operator.baselines();
+        let impls: &[&str] = known.map_or(&[], |b| b.impls);
         let baseline_cases: Vec<(String, serde_json::Value)> = jobs.iter().filter_map(|j| j.baseline.clone()).collect();
-        let script = report::baseline_script(ops::baseline_script(op));
-        let python: Vec<&str> = impls
-            .iter()
-            .copied()
-            .filter(|i| !ops::IN_PROCESS_IMPLS.contains(i))
-            .collect();
         let mut round_rows = Vec::with_capacity(rounds);
         for round in 0..rounds {
             let mut rows = Vec::new();
@@ -553,7 +557,9 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
                 pb.inc(1);
             }
             pb.finish_and_clear();
-            if baselines {
+            if let (true, Some(b)) = (baselines, known) {
+                let script = report::baseline_script(b.script);
+                let python: Vec<&str> = b.impls.iter().copied().filter(|i| !b.in_process.contains(i)).collect();
                 println!("bench: running baselines {python:?} for {op} with {}", script.display());
                 match report::run_python_baseline(&script, op, &baseline_cases, timing_name) {
                     report::BaselineOutcome::Rows(r) => rows.extend(r),
@@ -573,10 +579,9 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
             let jp = dir.join(format!("{op}.json"));
             let pp = dir.join(format!("{op}.png"));
             report.write_json(&jp)?;
-            let style = if op == "attention" {
-                report::PlotStyle::TflopsVsN
-            } else {
-                report::PlotStyle::default()
+            let style = match operator.chart() {
+                Chart::Bars => report::PlotStyle::Bars,
+                Chart::TflopsOverN => report::PlotStyle::TflopsVsN,
             };
             if let Err(e) = report::plot_op(style, &report, &pp, &format!("{op} on {}", ctx.info().name)) {
                 eprintln!("bench: plot {}: {e}", pp.display());

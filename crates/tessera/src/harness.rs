@@ -1,10 +1,13 @@
 //! What `tessera verify` and `tessera bench` need from each operator: its cases, a check of one
 //! case against the CPU reference, and a timing of one case. Operators implement these in their
-//! own folders (`softmax/verify.rs`, `softmax/bench.rs`); the CLI only iterates and reports.
+//! own folders (`softmax/verify.rs`, `softmax/bench.rs`) and hand them to the CLI as boxed jobs
+//! through the [`registry`](crate::registry); the CLI only iterates and reports.
 
 use serde_json::Value;
 
 use crate::check::Comparison;
+use crate::error::Result;
+use crate::runtime::{Context, TimingOptions};
 
 /// One verified case.
 #[derive(Clone, Debug)]
@@ -55,4 +58,78 @@ pub struct BenchOutcome {
     pub extra_mib: Option<f64>,
     pub max_abs_err: Option<f64>,
     pub rel_l2: Option<f64>,
+}
+
+/// Runs one verification case with a seed.
+pub type VerifyFn = Box<dyn Fn(&Context, u64) -> Result<VerifyOutcome> + Send + Sync>;
+/// Verifies and times one benchmark case.
+pub type BenchFn = Box<dyn Fn(&Context, u64, TimingOptions) -> Result<BenchOutcome> + Send + Sync>;
+
+/// A verification case of any operator, boxed so the CLI can iterate them.
+pub struct VerifyJob {
+    /// The case's name (what `--filter` matches).
+    pub name: String,
+    pub run: VerifyFn,
+}
+
+impl VerifyJob {
+    /// A job named `name` that runs `verify(ctx, &case, seed)`.
+    pub fn new<C: Send + Sync + 'static>(
+        name: String,
+        case: C,
+        verify: fn(&Context, &C, u64) -> Result<VerifyOutcome>,
+    ) -> VerifyJob {
+        VerifyJob {
+            name,
+            run: Box::new(move |ctx, seed| verify(ctx, &case, seed)),
+        }
+    }
+}
+
+/// A benchmark case of ours, with what its baseline runner needs.
+pub struct BenchJob {
+    /// The case's name and impl (`causal fp16 ... tessera-sm80`), what `--filter` matches.
+    pub name: String,
+    /// `(case, params)` handed to the operator's baseline runner, for the cases that have
+    /// baselines (one per shape: variants forcing a path share their shape's baseline).
+    pub baseline: Option<(String, Value)>,
+    pub run: BenchFn,
+}
+
+impl BenchJob {
+    /// A job named `name` that runs `bench(ctx, &case, seed, timing)`.
+    pub fn new<C: Send + Sync + 'static>(
+        name: String,
+        baseline: Option<(String, Value)>,
+        case: C,
+        bench: fn(&Context, &C, u64, TimingOptions) -> Result<BenchOutcome>,
+    ) -> BenchJob {
+        BenchJob {
+            name,
+            baseline,
+            run: Box::new(move |ctx, seed, timing| bench(ctx, &case, seed, timing)),
+        }
+    }
+}
+
+/// The baselines an operator's benchmark is compared against.
+#[derive(Clone, Copy, Debug)]
+pub struct Baselines {
+    /// The Python runner in `scripts/baselines/` that times the baselines on the same cases.
+    pub script: &'static str,
+    /// Every baseline `impl` name the runner (or tessera itself) may produce, in table order.
+    pub impls: &'static [&'static str],
+    /// The impls of [`Baselines::impls`] that tessera measures in process (not the runner).
+    pub in_process: &'static [&'static str],
+}
+
+/// How `tessera bench --json` charts an operator's rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Chart {
+    /// A grouped bar per case, of the metric the rows carry (TFLOP/s or GB/s).
+    #[default]
+    Bars,
+    /// TFLOP/s against sequence length over the operator's headline sweep (attention's causal
+    /// fp16 B=1 H=32 D=128 rows), one line per impl; bars when the run has no such rows.
+    TflopsOverN,
 }

@@ -5,14 +5,19 @@
 //! no GPU is a normal state: every GPU entry point returns [`Error`] instead of panicking.
 
 pub mod attention;
+#[cfg(feature = "harness")]
 pub mod check;
 pub mod devicelib;
 pub mod dtype;
 pub mod error;
+#[cfg(feature = "harness")]
 pub mod harness;
 pub mod kvcache;
+#[cfg(feature = "harness")]
+pub mod registry;
 pub mod runtime;
 pub mod softmax;
+#[cfg(feature = "harness")]
 pub mod testdata;
 
 pub use dtype::{DType, Element};

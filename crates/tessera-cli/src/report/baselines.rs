@@ -154,7 +154,11 @@ mod tests {
         for (op, case) in [("softmax", &softmax), ("attention", &attention)] {
             let script = Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("../../scripts/baselines")
-                .join(crate::ops::baseline_script(op));
+                .join(
+                    tessera::registry::find(op)
+                        .and_then(|o| o.baselines())
+                        .map_or("bench_torch.py", |b| b.script),
+                );
             match run_python_baseline(&script, op, std::slice::from_ref(case), TIMING_SUSTAINED) {
                 BaselineOutcome::Missing(m) => assert!(
                     m.contains("torch not importable") || m.contains("CUDA not available"),

@@ -35,12 +35,17 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "harness")]
 pub mod bench;
 pub mod hopper;
+#[cfg(feature = "harness")]
+mod operator;
 pub mod plan;
+#[cfg(feature = "harness")]
 pub mod reference;
 #[cfg(test)]
 mod tests;
+#[cfg(feature = "harness")]
 pub mod verify;
 
 #[cfg(test)]
@@ -50,6 +55,8 @@ use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer, TensorView};
 
+#[cfg(feature = "harness")]
+pub use operator::OPERATOR;
 pub use plan::{AttentionPath, AttentionPlan};
 
 /// Device source of the shared parameter header (`tessera/attention_params.cuh`).

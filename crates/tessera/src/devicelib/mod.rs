@@ -40,12 +40,19 @@
 mod compile_tests;
 #[cfg(test)]
 mod emulate;
+#[cfg(feature = "harness")]
+mod operator;
+#[cfg(feature = "harness")]
 pub mod reference;
+#[cfg(feature = "harness")]
 pub mod verify;
 
 use crate::dtype::DType;
-use crate::runtime::{Arch, KernelSpec};
+use crate::runtime::{Arch, KernelKey, KernelSpec};
 
+#[cfg(feature = "harness")]
+pub use operator::OPERATOR;
+#[cfg(feature = "harness")]
 pub use verify::{cases, verify_case, Case};
 
 const MMA_SYNC_SOURCE: &str = include_str!("mma_sync.cu");
@@ -98,77 +105,43 @@ impl TestKernel {
         )
     }
 
-    /// The kernel spec (name, preamble) of this test kernel.
+    /// The kernel spec of this test kernel (its name and preamble from one [`KernelKey`]).
     pub fn spec(self) -> KernelSpec {
-        let (name, file, source, preamble, entry) = match self {
-            TestKernel::MmaSync { elem } => (
-                format!("devicelib_mma_sync_{elem}"),
+        match self {
+            TestKernel::MmaSync { elem } => KernelKey::new("devicelib_mma_sync").ty("Elem", elem).spec(
                 "mma_sync.cu",
                 MMA_SYNC_SOURCE,
-                format!("#include \"tessera/dtype.cuh\"\nusing Elem = {};\n", elem.cuda_type()),
                 "devicelib_mma_sync",
+                &[],
             ),
-            TestKernel::Wgmma { elem, a_in_registers } => (
-                format!("devicelib_wgmma_{elem}_{}", if a_in_registers { "rs" } else { "ss" }),
-                "wgmma.cu",
-                WGMMA_SOURCE,
-                format!(
-                    "#include \"tessera/dtype.cuh\"\nusing Elem = {};\nconstexpr int kRegsA = {};\n",
-                    elem.cuda_type(),
-                    a_in_registers as i32
-                ),
-                "devicelib_wgmma",
-            ),
+            TestKernel::Wgmma { elem, a_in_registers } => KernelKey::new("devicelib_wgmma")
+                .ty("Elem", elem)
+                .int("kRegsA", "rs", a_in_registers as i64)
+                .spec("wgmma.cu", WGMMA_SOURCE, "devicelib_wgmma", &[]),
             TestKernel::TmaTile { elem } => {
                 let (cols, rows) = tma_tile_box(elem);
-                (
-                    format!("devicelib_tma_tile_{elem}"),
-                    "tma_tile.cu",
-                    TMA_TILE_SOURCE,
-                    format!(
-                        "#include \"tessera/dtype.cuh\"\nusing Elem = {};\nconstexpr int kBoxCols = {cols};\n\
-                         constexpr int kBoxRows = {rows};\nconstexpr bool kSwizzle128 = {};\n",
-                        elem.cuda_type(),
-                        elem == DType::F16
-                    ),
-                    "devicelib_tma_tile",
-                )
+                KernelKey::new("devicelib_tma_tile")
+                    .ty("Elem", elem)
+                    .int("kBoxCols", "c", cols as i64)
+                    .int("kBoxRows", "r", rows as i64)
+                    .flag("kSwizzle128", "swizzle128", elem == DType::F16)
+                    .spec("tma_tile.cu", TMA_TILE_SOURCE, "devicelib_tma_tile", &[])
             }
-            TestKernel::TmaMulticast => (
-                "devicelib_tma_multicast".to_string(),
+            TestKernel::TmaMulticast => KernelKey::new("devicelib_tma_multicast").spec(
                 "tma_multicast.cu",
                 TMA_MULTICAST_SOURCE,
-                String::new(),
                 "devicelib_tma_multicast",
+                &[],
             ),
-            TestKernel::MbarrierRing { stages } => (
-                format!("devicelib_mbarrier_ring_s{stages}"),
-                "mbarrier_ring.cu",
-                MBARRIER_RING_SOURCE,
-                format!("constexpr int kStages = {stages};\n"),
-                "devicelib_mbarrier_ring",
-            ),
-            TestKernel::CpAsync { stages } => (
-                format!("devicelib_cp_async_s{stages}"),
-                "cp_async.cu",
-                CP_ASYNC_SOURCE,
-                format!("constexpr int kStages = {stages};\n"),
-                "devicelib_cp_async",
-            ),
-            TestKernel::Convert => (
-                "devicelib_convert".to_string(),
-                "convert.cu",
-                CONVERT_SOURCE,
-                String::new(),
-                "devicelib_convert",
-            ),
-        };
-        KernelSpec {
-            name,
-            file,
-            source,
-            preamble: format!("{preamble}#define TS_GENERATED_PREAMBLE 1\n"),
-            entry,
+            TestKernel::MbarrierRing { stages } => KernelKey::new("devicelib_mbarrier_ring")
+                .int("kStages", "s", stages as i64)
+                .spec("mbarrier_ring.cu", MBARRIER_RING_SOURCE, "devicelib_mbarrier_ring", &[]),
+            TestKernel::CpAsync { stages } => KernelKey::new("devicelib_cp_async")
+                .int("kStages", "s", stages as i64)
+                .spec("cp_async.cu", CP_ASYNC_SOURCE, "devicelib_cp_async", &[]),
+            TestKernel::Convert => {
+                KernelKey::new("devicelib_convert").spec("convert.cu", CONVERT_SOURCE, "devicelib_convert", &[])
+            }
         }
     }
 }

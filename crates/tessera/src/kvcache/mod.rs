@@ -42,11 +42,16 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "harness")]
 pub mod bench;
 pub mod block_manager;
 pub mod decode;
 pub mod fp8;
+#[cfg(feature = "harness")]
+mod operator;
+#[cfg(feature = "harness")]
 pub mod reference;
+#[cfg(feature = "harness")]
 pub mod verify;
 
 #[cfg(test)]
@@ -69,6 +74,8 @@ use crate::runtime::KernelKey;
 use crate::runtime::{Context, DeviceBuffer, TensorView};
 
 pub use block_manager::PageCopy;
+#[cfg(feature = "harness")]
+pub use operator::OPERATOR;
 
 /// Device source of the shared parameter header (`tessera/kvcache_params.cuh`).
 pub const PARAMS_HEADER: &str = include_str!("kvcache_params.cuh");

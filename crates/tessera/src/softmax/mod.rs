@@ -25,17 +25,24 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(feature = "harness")]
 pub mod bench;
+#[cfg(feature = "harness")]
+mod operator;
 pub mod plan;
+#[cfg(feature = "harness")]
 pub mod reference;
 #[cfg(test)]
 mod tests;
+#[cfg(feature = "harness")]
 pub mod verify;
 
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, TensorView, TensorViewMut};
 
+#[cfg(feature = "harness")]
+pub use operator::OPERATOR;
 pub use plan::{SoftmaxPath, SoftmaxPlan};
 
 /// Which row-wise operator.
