@@ -13,7 +13,9 @@ use rayon::prelude::*;
 use serde_json::json;
 
 use super::reference::{reference_row, RefInputs, RefParams};
-use super::{AttentionOptions, AttentionPath, AttentionPlan, AttentionProblem, QkvLayout, VarlenBatch};
+use super::{
+    AttentionOptions, AttentionPath, AttentionPlan, AttentionProblem, AttentionTuning, QkvLayout, VarlenBatch,
+};
 use crate::check::compare;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -109,9 +111,32 @@ impl BenchCase {
         AttentionOptions {
             layout: QkvLayout::Bnhd,
             causal: self.causal,
-            path: self.path,
+            tuning: tuning_from_env(AttentionTuning {
+                path: self.path,
+                ..AttentionTuning::default()
+            }),
             ..AttentionOptions::default()
         }
+    }
+}
+
+/// The benchmark knobs of the environment applied to `tuning` (read here, by `tessera bench`,
+/// never by the library's plans):
+/// - `TESSERA_ATTN_HOPPER_PAIRS=1` (or `0`) stands for `hopper_cta_pairs: Some(true)` (or
+///   `Some(false)`) where `tuning` leaves it `None`, so that one binary measures both;
+/// - `TESSERA_ATTN_HOPPER_SIMPLE=1` sets `hopper_simple_mainloop` (the Hopper kernel without
+///   intra-warpgroup pipelining, a debugging aid).
+pub fn tuning_from_env(tuning: AttentionTuning) -> AttentionTuning {
+    let pairs = match std::env::var("TESSERA_ATTN_HOPPER_PAIRS").ok().as_deref() {
+        Some("1") => Some(true),
+        Some("0") => Some(false),
+        _ => None,
+    };
+    let simple = std::env::var_os("TESSERA_ATTN_HOPPER_SIMPLE").is_some_and(|v| v == "1");
+    AttentionTuning {
+        hopper_cta_pairs: tuning.hopper_cta_pairs.or(pairs),
+        hopper_simple_mainloop: tuning.hopper_simple_mainloop || simple,
+        ..tuning
     }
 }
 

@@ -5,7 +5,7 @@
 //! others; with CTA pairs ([`use_cta_pairs`]) an item is a pair of query tiles and the grid is
 //! `2 * min(pair items, resident clusters)` CTAs in clusters of two, whose clusters play the
 //! part the CTAs play below): a persistent 1-D grid of `min(work, SMs)` CTAs (capped by
-//! `AttentionOptions::hopper_max_ctas`), `work = q_tiles * splits * B * Hq`; with a tail split
+//! `AttentionTuning::hopper_max_ctas`), `work = q_tiles * splits * B * Hq`; with a tail split
 //! ([`tail_split`]) the first launch runs `work - tail` of them on that grid and the second
 //! `tail * tail_splits` split items. The batch-heads are cut into L2 sections of `S` ([`l2_section_heads`]:
 //! enough heads for four waves of the grid, as long as their K and V fit the L2). The first
@@ -150,13 +150,6 @@ fn padded_keys(seqlen_q: usize, seqlen_k: usize, window: (i32, i32), block_m: us
     keys
 }
 
-/// Debugging knob: with `TESSERA_ATTN_HOPPER_SIMPLE=1` in the environment the Hopper kernel is
-/// built without intra-warpgroup pipelining (one key tile at a time), to tell a pipelining bug
-/// from any other.
-pub fn simple_mainloop() -> bool {
-    std::env::var_os("TESSERA_ATTN_HOPPER_SIMPLE").is_some_and(|v| v == "1")
-}
-
 /// Dynamic shared memory: Q, `stages` K and V tiles, the mbarriers, the CTA pair's mailbox (8
 /// bytes), one f32 per consumer thread (`Smem::sink`: two per query row), and 1024 bytes of slack
 /// for aligning the base to the 128-byte swizzle's 1024-byte period.
@@ -168,17 +161,6 @@ pub fn shared_bytes(block_m: u32, block_n: u32, stages: u32, head_dim: u32) -> u
 /// ([`use_cta_pairs`]).
 pub const PAIR_MIN_SEQLEN: usize = 4096;
 
-/// Benchmarking knob: `TESSERA_ATTN_HOPPER_PAIRS=1` (or `0`) in the environment stands for
-/// `AttentionOptions::hopper_cta_pairs: Some(true)` (or `Some(false)`) where the options leave it
-/// `None`, so that one binary measures both (bench/NOTES.md run 167).
-pub fn pairs_from_env() -> Option<bool> {
-    match std::env::var("TESSERA_ATTN_HOPPER_PAIRS").ok()?.as_str() {
-        "1" => Some(true),
-        "0" => Some(false),
-        _ => None,
-    }
-}
-
 /// Whether flash_sm90.cu has a CTA-pair variant (`kPair`) for a query tile of `block_m` rows and
 /// `splits` KV splits: two consumer warpgroups (the three of D = 64 leave the producer too few
 /// registers) and the non-split launch.
@@ -189,8 +171,7 @@ pub fn kernel_has_pairs(block_m: u32, splits: usize) -> bool {
 /// Whether a Hopper plan runs CTA pairs (flash_sm90.cu `kPair`): clusters of two CTAs on
 /// neighbouring query tiles of one head, each loading half of every K/V tile into both by TMA
 /// multicast, where the kernel has them ([`kernel_has_pairs`]: head dims 65..=256, no split-KV).
-/// `option` (AttentionOptions::hopper_cta_pairs, else [`pairs_from_env`]) decides where they
-/// apply; by default padded batches whose sequences have at least [`PAIR_MIN_SEQLEN`] queries and
+/// `option` ([`super::AttentionTuning::hopper_cta_pairs`]) decides where they apply; by default padded batches whose sequences have at least [`PAIR_MIN_SEQLEN`] queries and
 /// keys take them, and varlen batches take them only when forced.
 ///
 /// H200, run 167 (three rounds of each, one binary): causal B1 H32 D128 N = 32768 / 16384 / 8192
@@ -210,7 +191,6 @@ pub fn use_cta_pairs(
     seqlen_q: usize,
     seqlen_k: usize,
 ) -> bool {
-    let option = option.or_else(pairs_from_env);
     if !kernel_has_pairs(block_m, splits) || (varlen && option != Some(true)) {
         return false;
     }

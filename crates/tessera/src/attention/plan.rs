@@ -21,7 +21,10 @@
 use std::sync::Arc;
 
 use super::hopper::{self, HopperParams, MapShape, TmaError};
-use super::{strides_bnh, AttentionOptions, AttentionProblem, QkvLayout, VarlenBatch, DEVICE_HEADERS, PARAMS_HEADER};
+use super::{
+    strides_bnh, AttentionOptions, AttentionProblem, AttentionTuning, QkvLayout, VarlenBatch, DEVICE_HEADERS,
+    PARAMS_HEADER,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::runtime::{
@@ -134,6 +137,9 @@ pub struct Variant {
     /// Hopper: clusters of two CTAs on neighbouring query tiles that share each K/V tile's load
     /// (TMA multicast, [`hopper::use_cta_pairs`]).
     pub pair: bool,
+    /// Hopper: built without intra-warpgroup pipelining, one key tile at a time
+    /// (`TS_ATTN_SIMPLE_MAINLOOP`; [`AttentionTuning::hopper_simple_mainloop`], a debugging aid).
+    pub simple_mainloop: bool,
 }
 
 impl Variant {
@@ -157,7 +163,7 @@ impl Variant {
             .define(
                 "TS_ATTN_SIMPLE_MAINLOOP",
                 "simple",
-                self.path == AttentionPath::Hopper && hopper::simple_mainloop(),
+                self.path == AttentionPath::Hopper && self.simple_mainloop,
             )
     }
 
@@ -241,7 +247,7 @@ pub fn sm80_tiles(head_dim: u32, softcap: bool, shared_per_sm: u32) -> (u32, u32
 }
 
 /// As [`sm80_tiles`], with the 64-key D <= 128 tile taken when `wide` (no softcap) instead of
-/// by the shared memory: what `AttentionOptions::sm80_block_n` forces.
+/// by the shared memory: what `AttentionTuning::sm80_block_n` forces.
 pub fn sm80_tiles_keyed(head_dim: u32, softcap: bool, wide: bool) -> (u32, u32, u32, u32) {
     match head_dim {
         0..=64 => (128, 64, 128, 3),
@@ -423,7 +429,7 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
             format!("window sizes must be >= -1 (-1 = unbounded), got {:?}", o.window),
         ));
     }
-    if let Some(s) = o.num_splits {
+    if let Some(s) = o.tuning.num_splits {
         if s == 0 || s > MAX_SPLITS {
             return Err(Error::invalid(
                 "num_splits",
@@ -431,7 +437,7 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
             ));
         }
     }
-    if let Some(n) = o.hopper_block_n {
+    if let Some(n) = o.tuning.hopper_block_n {
         // Only head dims that have the long tiling have a choice to force.
         let choices = hopper::block_n_choices(hopper::head_dim(d));
         if !choices.contains(&hopper::LONG_BLOCK_N) || !choices.contains(&n) {
@@ -444,16 +450,16 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
             ));
         }
     }
-    if o.sm80_heads_per_section == Some(0) {
+    if o.tuning.sm80_heads_per_section == Some(0) {
         return Err(Error::invalid(
             "sm80_heads_per_section",
             "sm80_heads_per_section must be >= 1, got 0",
         ));
     }
-    if o.hopper_max_ctas == Some(0) {
+    if o.tuning.hopper_max_ctas == Some(0) {
         return Err(Error::invalid("hopper_max_ctas", "hopper_max_ctas must be >= 1, got 0"));
     }
-    if let Some(n) = o.sm80_block_n {
+    if let Some(n) = o.tuning.sm80_block_n {
         if n != 32 && n != 64 {
             return Err(Error::invalid(
                 "sm80_block_n",
@@ -474,7 +480,7 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
 }
 
 /// The Hopper kernel's persistent grid: [`hopper::grid`], capped by
-/// `AttentionOptions::hopper_max_ctas`.
+/// `AttentionTuning::hopper_max_ctas`.
 fn hopper_grid(work_items: usize, sm_count: u32, max_ctas: Option<usize>) -> u32 {
     let g = hopper::grid(work_items, sm_count);
     max_ctas.map_or(g, |m| g.min(m.clamp(1, u32::MAX as usize) as u32))
@@ -521,11 +527,11 @@ impl AttentionPlan {
         problem.validate()?;
         validate_options(options, problem.head_dim)?;
         let arch = ctx.arch();
-        let path = resolve_path(options.path, arch)?;
+        let path = resolve_path(options.tuning.path, arch)?;
         let (head_dim, (block_m, block_n, threads, stages)) = match path {
             AttentionPath::Hopper => {
                 let d = hopper::head_dim(problem.head_dim);
-                let block_n = options.hopper_block_n.unwrap_or_else(|| {
+                let block_n = options.tuning.hopper_block_n.unwrap_or_else(|| {
                     hopper::choose_block_n(
                         d,
                         problem.seqlen_q,
@@ -539,7 +545,7 @@ impl AttentionPlan {
             _ => {
                 let d = compiled_head_dim(problem.head_dim);
                 let softcap = options.softcap > 0.0;
-                let tiles = match options.sm80_block_n {
+                let tiles = match options.tuning.sm80_block_n {
                     Some(n) => sm80_tiles_keyed(d, softcap, n == 64),
                     None => sm80_tiles(d, softcap, ctx.info().max_shared_per_sm),
                 };
@@ -557,12 +563,12 @@ impl AttentionPlan {
             )));
         }
         let k_tiles = problem.seqlen_k.div_ceil(block_n as usize);
-        let splits = match options.num_splits {
+        let splits = match options.tuning.num_splits {
             Some(s) => s.min(k_tiles.max(1)),
             // (the Hopper grid cap stands for a smaller GPU here too)
             None => choose_splits(
                 problem.batch.saturating_mul(problem.heads_q).saturating_mul(q_tiles),
-                match (path, options.hopper_max_ctas) {
+                match (path, options.tuning.hopper_max_ctas) {
                     (AttentionPath::Hopper, Some(m)) => m.min(ctx.info().sm_count as usize),
                     _ => ctx.info().sm_count as usize,
                 },
@@ -609,13 +615,14 @@ impl AttentionPlan {
             split: splits > 1,
             pair: path == AttentionPath::Hopper
                 && hopper::use_cta_pairs(
-                    options.hopper_cta_pairs,
+                    options.tuning.hopper_cta_pairs,
                     block_m,
                     splits,
                     problem.varlen.is_some(),
                     problem.seqlen_q,
                     problem.seqlen_k,
                 ),
+            simple_mainloop: path == AttentionPath::Hopper && options.tuning.hopper_simple_mainloop,
         };
         let kernel = ctx.kernel(&variant.spec())?;
         let (combine, workspace) = if splits > 1 {
@@ -640,7 +647,7 @@ impl AttentionPlan {
                     * ctx.info().sm_count as usize;
                 let kv_bytes = 2 * problem.seqlen_k * problem.head_dim * problem.dtype.size();
                 let kv_group = problem.heads_q / problem.heads_kv.max(1);
-                match options.sm80_heads_per_section {
+                match options.tuning.sm80_heads_per_section {
                     Some(n) => n.min(bh.max(1)),
                     None => sm80_head_group(bh, q_tiles, resident, kv_group, kv_bytes, ctx.info().l2_bytes as usize),
                 }
@@ -657,10 +664,10 @@ impl AttentionPlan {
                     let resident = kernel
                         .max_active_clusters(ctx, LaunchConfig::clustered(2, threads, variant.shared_bytes(), 2))?
                         as usize;
-                    let cap = options.hopper_max_ctas.map_or(usize::MAX, |m| (m / 2).max(1));
+                    let cap = options.tuning.hopper_max_ctas.map_or(usize::MAX, |m| (m / 2).max(1));
                     2 * work_items.min(resident).min(cap).max(1) as u32
                 } else {
-                    hopper_grid(work_items, sms, options.hopper_max_ctas)
+                    hopper_grid(work_items, sms, options.tuning.hopper_max_ctas)
                 };
                 let mut scheduler = ctx.alloc::<i32>(hopper::scheduler_len(sms))?;
                 scheduler.fill_bytes(0)?; // stream-ordered, before any launch of this plan
@@ -685,8 +692,8 @@ impl AttentionPlan {
         // plan's own nor forced (num_splits: Some(1) disables split-KV, the tail's included).
         let tail = match &hopper {
             Some(launch)
-                if options.hopper_tail_split
-                    && options.num_splits.is_none()
+                if options.tuning.hopper_tail_split
+                    && options.tuning.num_splits.is_none()
                     && splits == 1
                     && !variant.pair
                     && !variant.masked
@@ -716,7 +723,7 @@ impl AttentionPlan {
                             workspace,
                             meta,
                             scheduler,
-                            grid: hopper_grid(items * tail_splits, sms, options.hopper_max_ctas),
+                            grid: hopper_grid(items * tail_splits, sms, options.tuning.hopper_max_ctas),
                         })
                     }
                     None => None,
@@ -852,7 +859,7 @@ impl AttentionPlan {
         let maps = if self.variant.path == AttentionPath::Hopper {
             match self.tensor_maps(q, k, v, layout, is_varlen) {
                 Ok(m) => Some(m),
-                Err(TmaError::Misaligned(why)) if self.options.path == AttentionPath::Auto => {
+                Err(TmaError::Misaligned(why)) if self.options.tuning.path == AttentionPath::Auto => {
                     let _ = why;
                     return self.fallback_plan()?.run(q, k, v, out, lse, varlen);
                 }
@@ -1044,7 +1051,10 @@ impl AttentionPlan {
             return Ok(p);
         }
         let options = AttentionOptions {
-            path: AttentionPath::Sm80,
+            tuning: AttentionTuning {
+                path: AttentionPath::Sm80,
+                ..self.options.tuning
+            },
             ..self.options
         };
         let plan = AttentionPlan::new(&self.ctx, &self.problem, &options)?;
@@ -1155,7 +1165,7 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
     ];
     // `tiles(softcap)` lists the tilings a variant may get. The Ampere kernel's depend on the
     // GPU's shared memory per SM: the one the arch's GPUs take (both for an arch not listed in
-    // shared_per_sm_of), plus the 32-key tiling that AttentionOptions::sm80_block_n can force
+    // shared_per_sm_of), plus the 32-key tiling that AttentionTuning::sm80_block_n can force
     // on any GPU (tests and benchmarks of the smaller GPUs' tiling on a Hopper). The Hopper
     // kernel's: every key tile of hopper::block_n_choices (128 and 176 at D = 128).
     let mut push = |path, dtype, head_dim, tiles: &dyn Fn(bool) -> Vec<(u32, u32, u32, u32)>| {
@@ -1173,6 +1183,7 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
                     softcap,
                     split,
                     pair: false,
+                    simple_mainloop: false,
                 };
                 if !out.contains(&v) {
                     out.push(v);
@@ -1352,6 +1363,7 @@ mod tests {
             softcap: false,
             split: false,
             pair: false,
+            simple_mainloop: false,
         };
         assert_eq!(2 * (wide.shared_bytes() + 1024), SM80_WIDE_TILE_MIN_SHARED_PER_SM);
         // H100 / H200: 228 KiB per SM; A100: 164 KiB; sm_86 / sm_89: 100 KiB.
