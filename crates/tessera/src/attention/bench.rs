@@ -20,7 +20,7 @@ use crate::check::compare;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::harness::BenchOutcome;
-use crate::runtime::{time_median, Context, TimingOptions};
+use crate::runtime::{contiguous_strides, time_median, Context, TimingOptions};
 use crate::testdata::{random_matrix, Dist};
 
 /// One benchmark case: `[B, N, H, D]` tensors (varlen: `[total, H, D]`).
@@ -304,9 +304,9 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
             vec![case.batch, case.seqlen, hkv, d],
         ),
     };
-    let q = q_dev.view(&shape_q, &super::contiguous_strides(&shape_q))?;
-    let k = k_dev.view(&shape_kv, &super::contiguous_strides(&shape_kv))?;
-    let v = v_dev.view(&shape_kv, &super::contiguous_strides(&shape_kv))?;
+    let q = q_dev.view(&shape_q, &contiguous_strides(&shape_q))?;
+    let k = k_dev.view(&shape_kv, &contiguous_strides(&shape_kv))?;
+    let v = v_dev.view(&shape_kv, &contiguous_strides(&shape_kv))?;
     let opts = case.options();
     let problem = AttentionProblem::of_views(&q, &k, &v, opts.layout, varlen.as_ref())?;
     let plan = AttentionPlan::new(ctx, &problem, &opts)?;
@@ -314,7 +314,7 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
     out.fill_bytes(0xff)?; // NaN poison: unwritten outputs fail
                            // Verify the timed kernel on the timed data first.
     {
-        let mut o_view = out.view_mut(&shape_q, &super::contiguous_strides(&shape_q))?;
+        let mut o_view = out.view_mut(&shape_q, &contiguous_strides(&shape_q))?;
         plan.run(&q, &k, &v, &mut o_view, None, varlen.as_ref())?;
     }
     let got_all = out.to_host()?;
@@ -372,7 +372,7 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         )));
     }
 
-    let mut o_view = out.view_mut(&shape_q, &super::contiguous_strides(&shape_q))?;
+    let mut o_view = out.view_mut(&shape_q, &contiguous_strides(&shape_q))?;
     let t = time_median(ctx, timing, |_| {
         plan.run(&q, &k, &v, &mut o_view, None, varlen.as_ref())
     })?;

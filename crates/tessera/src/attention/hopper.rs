@@ -26,13 +26,13 @@
 //! `[B, H, N, D]` and varlen `[total, H, D]` (as `(D, total, H, 1)`); boxes of 64 columns
 //! (128 bytes, 128-byte swizzle) by a tile of rows. Columns past the real D and rows past the
 //! tensor read as zeros. TMA needs 16-byte aligned base addresses and strides; a view that
-//! breaks this cannot take this path ([`TmaError::Misaligned`]).
-
-use cudarc::driver::sys;
+//! breaks this cannot take this path ([`TmaError::Misaligned`]; the encoding is
+//! [`crate::runtime::tma`]'s).
 
 use super::plan::AttentionParams;
 use crate::dtype::DType;
 use crate::error::Error;
+use crate::runtime::tma::{self, L2Promotion, OobFill, Swizzle, TensorMap, TiledMap, TmaError};
 use crate::runtime::KernelParams;
 
 /// Query rows per consumer warpgroup.
@@ -197,13 +197,6 @@ pub fn use_cta_pairs(
     option.unwrap_or(seqlen_q >= PAIR_MIN_SEQLEN && seqlen_k >= PAIR_MIN_SEQLEN)
 }
 
-/// A `CUtensorMap` (128 opaque bytes, 64-byte aligned), as `ts::TensorMap`.
-#[repr(C, align(64))]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TensorMap {
-    pub opaque: [u64; 16],
-}
-
 /// The kernel parameter of `flash_fwd_sm90`, mirrored by `HopperParams` in `flash_sm90.cu`.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug)]
@@ -230,18 +223,10 @@ pub struct HopperParams {
 // static_asserts its size, 704 bytes, and the size test below checks this side).
 unsafe impl KernelParams for HopperParams {}
 
-/// Why a view cannot be described by a tensor map.
-#[derive(Debug)]
-pub enum TmaError {
-    /// Base address or a stride is not a multiple of 16 bytes.
-    Misaligned(String),
-    /// The driver rejected the map.
-    Driver(Error),
-}
-
-/// One tensor's geometry for a map: element strides of rows, heads and batches.
+/// One Q, K or V tensor's geometry for its tensor map: element strides of rows, heads and
+/// batches.
 #[derive(Clone, Copy, Debug)]
-pub struct MapShape {
+pub struct QkvMapShape {
     pub ptr: u64,
     pub dtype: DType,
     /// The real head dim (columns).
@@ -256,73 +241,38 @@ pub struct MapShape {
     pub box_rows: u32,
 }
 
-/// Builds the 4-D tensor map `(cols, rows, heads, batch)` with 64-column boxes and 128-byte
-/// swizzle.
-pub fn encode(s: &MapShape) -> std::result::Result<TensorMap, TmaError> {
-    let es = s.dtype.size() as i64;
-    let data_type = match s.dtype {
-        DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        other => {
-            return Err(TmaError::Driver(Error::Unsupported(format!(
-                "the Hopper attention path takes f16 or bf16, got {other}"
-            ))))
-        }
-    };
-    // A size-1 dimension may carry any stride: give it a valid one.
-    let fix = |stride: i64, extent: usize, fallback: i64| if extent <= 1 { fallback } else { stride };
-    let row_bytes = s.stride_n * es;
-    let head_bytes = fix(s.stride_h, s.heads, s.stride_n * s.rows.max(1) as i64) * es;
-    let batch_bytes = fix(s.stride_b, s.batch, head_bytes / es * s.heads.max(1) as i64) * es;
-    if s.ptr % 16 != 0 {
-        return Err(TmaError::Misaligned(format!(
-            "base address {:#x} is not 16-byte aligned",
-            s.ptr
-        )));
+impl QkvMapShape {
+    /// The 4-D tensor map `(cols, rows, heads, batch)` with 64-column boxes (128 bytes),
+    /// 128-byte swizzle, 256-byte L2 promotion and zeros out of bounds.
+    pub fn encode(&self) -> Result<TensorMap, TmaError> {
+        let s = self;
+        let es = s.dtype.size() as i64;
+        // A size-1 dimension may carry any stride: give it a valid one.
+        let fix = |stride: i64, extent: usize, fallback: i64| if extent <= 1 { fallback } else { stride };
+        let row_bytes = s.stride_n * es;
+        let head_bytes = fix(s.stride_h, s.heads, s.stride_n * s.rows.max(1) as i64) * es;
+        let batch_bytes = fix(s.stride_b, s.batch, head_bytes / es * s.heads.max(1) as i64) * es;
+        // (the views' strides are never negative: usize)
+        let dims: [u64; 4] = [
+            s.cols as u64,
+            s.rows.max(1) as u64,
+            s.heads.max(1) as u64,
+            s.batch.max(1) as u64,
+        ];
+        let strides: [u64; 3] = [row_bytes as u64, head_bytes as u64, batch_bytes as u64];
+        tma::encode_tiled(&TiledMap {
+            ptr: s.ptr,
+            dtype: s.dtype,
+            dims: &dims,
+            byte_strides: &strides,
+            stride_names: &["row", "head", "batch"],
+            box_dims: &[64, s.box_rows, 1, 1],
+            element_strides: &[1, 1, 1, 1],
+            swizzle: Swizzle::B128,
+            l2_promotion: L2Promotion::B256,
+            oob_fill: OobFill::Zeros,
+        })
     }
-    for (name, b) in [("row", row_bytes), ("head", head_bytes), ("batch", batch_bytes)] {
-        if b <= 0 || b % 16 != 0 || b >= 1 << 40 {
-            return Err(TmaError::Misaligned(format!(
-                "{name} stride of {b} bytes is not a positive multiple of 16 below 2^40"
-            )));
-        }
-    }
-    let dims: [u64; 4] = [
-        s.cols as u64,
-        s.rows.max(1) as u64,
-        s.heads.max(1) as u64,
-        s.batch.max(1) as u64,
-    ];
-    let strides: [u64; 3] = [row_bytes as u64, head_bytes as u64, batch_bytes as u64];
-    let boxes: [u32; 4] = [64, s.box_rows, 1, 1];
-    let elem_strides: [u32; 4] = [1, 1, 1, 1];
-    let mut map = TensorMap::default();
-    // SAFETY: `map` is 128 writable bytes with 64-byte alignment (what the driver writes); the
-    // arrays outlive the call and have `rank` entries (strides rank - 1); the address is only
-    // recorded, never dereferenced on the host.
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map as *mut TensorMap as *mut sys::CUtensorMap,
-            data_type,
-            4,
-            s.ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem_strides.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(TmaError::Driver(Error::cuda(
-            "cuTensorMapEncodeTiled",
-            format!("{r:?} for dims {dims:?} byte strides {strides:?} box {boxes:?}"),
-        )));
-    }
-    Ok(map)
 }
 
 /// Batch-heads per L2 section: enough heads for [`super::plan::SECTION_WAVES`] waves of the
@@ -347,8 +297,9 @@ pub fn l2_section_heads(
     super::plan::heads_for_waves(grid, items_per_head, fit.min(batch_heads.max(1))) as i32
 }
 
-/// The scheduler buffer of a Hopper plan (`i32`s): the tile counter at 0, the CTAs' work slots
-/// from this offset on (128 bytes later, off the counter's cache line).
+/// The scheduler buffer of a Hopper plan (a [`crate::runtime::WorkCounters`] of `i32`s): the tile
+/// counter at 0 (the kernel re-arms it), the CTAs' work slots from this offset on (128 bytes
+/// later, off the counter's cache line).
 pub const SCHEDULER_SLOTS_OFFSET: usize = 32;
 
 /// `i32`s of the scheduler buffer for a grid of at most `sm_count` CTAs.

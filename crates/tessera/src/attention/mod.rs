@@ -49,7 +49,7 @@ mod compile_tests;
 
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::runtime::{Context, DeviceBuffer, TensorView};
+use crate::runtime::{contiguous_strides, Context, DeviceBuffer, TensorView};
 
 pub use plan::{AttentionPath, AttentionPlan};
 pub use tuning::AttentionTuning;
@@ -714,13 +714,4 @@ pub fn flash_forward<T: Element>(
         plan.run(q, k, v, &mut o, lse_view.as_mut(), varlen)?;
     }
     Ok((out, lse))
-}
-
-/// Row-major strides of a shape.
-pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut s = vec![1usize; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        s[i] = s[i + 1] * shape[i + 1];
-    }
-    s
 }

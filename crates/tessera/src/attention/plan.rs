@@ -20,15 +20,17 @@
 
 use std::sync::Arc;
 
-use super::hopper::{self, HopperParams, MapShape, TmaError};
+use super::hopper::{self, HopperParams, QkvMapShape};
 use super::{
     strides_bnh, AttentionOptions, AttentionProblem, AttentionTuning, QkvLayout, VarlenBatch, DEVICE_HEADERS,
     PARAMS_HEADER,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::runtime::tma::{TensorMap, TmaError};
 use crate::runtime::{
-    Arch, Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut,
+    contiguous_strides, Arch, Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig,
+    TensorView, TensorViewMut, WorkCounters,
 };
 
 const SM80_SOURCE: &str = include_str!("flash_sm80.cu");
@@ -352,7 +354,7 @@ struct HopperLaunch {
     /// The scheduler state ([`hopper::scheduler_len`]): the tile counter (zeroed by the plan;
     /// every launch leaves it at zero) and the CTAs' work slots. Launches of one plan are
     /// ordered on its context's stream.
-    scheduler: DeviceBuffer<i32>,
+    scheduler: WorkCounters,
 }
 
 /// The second launch of a Hopper plan whose work items leave a short last wave
@@ -369,7 +371,7 @@ struct TailSplit {
     /// `{b, h, i}` per partial row, written by the tail launch (b = -1 until then).
     meta: DeviceBuffer<i32>,
     /// Its own scheduler state: the first launch's last draw resets that one's counter.
-    scheduler: DeviceBuffer<i32>,
+    scheduler: WorkCounters,
     /// Its persistent CTAs ([`hopper_grid`] of `items * splits`).
     grid: u32,
 }
@@ -494,9 +496,8 @@ fn partial_ptrs(workspace: &DeviceBuffer<f32>, o_len: usize) -> (u64, u64) {
 
 /// Device addresses of a Hopper scheduler buffer's tile counter and work slots
 /// ([`hopper::scheduler_len`]).
-fn scheduler_ptrs(scheduler: &DeviceBuffer<i32>) -> (u64, u64) {
-    let base = scheduler.device_ptr();
-    (base, base + (hopper::SCHEDULER_SLOTS_OFFSET * 4) as u64)
+fn scheduler_ptrs(scheduler: &WorkCounters) -> (u64, u64) {
+    (scheduler.ptr(), scheduler.ptr_at(hopper::SCHEDULER_SLOTS_OFFSET))
 }
 
 /// The combine kernel's launch: one warp per partial row (and head) of `warp_items`.
@@ -669,8 +670,8 @@ impl AttentionPlan {
                 } else {
                     hopper_grid(work_items, sms, options.tuning.hopper_max_ctas)
                 };
-                let mut scheduler = ctx.alloc::<i32>(hopper::scheduler_len(sms))?;
-                scheduler.fill_bytes(0)?; // stream-ordered, before any launch of this plan
+                // stream-ordered, before any launch of this plan
+                let scheduler = WorkCounters::new(ctx, hopper::scheduler_len(sms))?;
                 Some(HopperLaunch {
                     grid,
                     work_items,
@@ -713,8 +714,7 @@ impl AttentionPlan {
                         let workspace = ctx.alloc::<f32>(tail_splits * rows * (head_dim as usize + 1))?;
                         let mut meta = ctx.alloc::<i32>(3 * rows)?;
                         meta.fill_bytes(0xff)?; // b = -1: rows no item writes stay skipped
-                        let mut scheduler = ctx.alloc::<i32>(hopper::scheduler_len(sms))?;
-                        scheduler.fill_bytes(0)?;
+                        let scheduler = WorkCounters::new(ctx, hopper::scheduler_len(sms))?;
                         Some(TailSplit {
                             items,
                             splits: tail_splits,
@@ -802,7 +802,7 @@ impl AttentionPlan {
     /// A contiguous LSE view of `buf` in [`AttentionPlan::lse_shape`].
     pub fn lse_view_mut<'a>(&self, buf: &'a mut DeviceBuffer<f32>) -> Result<TensorViewMut<'a>> {
         let shape = self.lse_shape();
-        let strides = super::contiguous_strides(&shape);
+        let strides = contiguous_strides(&shape);
         buf.view_mut(&shape, &strides)
     }
 
@@ -869,7 +869,7 @@ impl AttentionPlan {
                          {why}; use AttentionPath::Auto or Sm80"
                     )))
                 }
-                Err(TmaError::Driver(e)) => return Err(e),
+                Err(TmaError::Driver(e) | TmaError::Invalid(e)) => return Err(e),
             }
         } else {
             None
@@ -1070,10 +1070,10 @@ impl AttentionPlan {
         v: &TensorView,
         layout: QkvLayout,
         varlen: bool,
-    ) -> std::result::Result<(hopper::TensorMap, hopper::TensorMap, hopper::TensorMap), TmaError> {
+    ) -> std::result::Result<(TensorMap, TensorMap, TensorMap), TmaError> {
         let p = &self.problem;
         if p.batch == 0 || partial_rows(p) == 0 {
-            let z = hopper::TensorMap::default();
+            let z = TensorMap::default();
             return Ok((z, z, z)); // nothing is launched
         }
         let (rows_q, rows_k, batch) = match p.varlen {
@@ -1082,7 +1082,7 @@ impl AttentionPlan {
         };
         let shape = |t: &TensorView, rows: usize, heads: usize, box_rows: u32| {
             let (sb, sn, sh) = strides_bnh(t, layout, varlen);
-            MapShape {
+            QkvMapShape {
                 ptr: t.device_ptr(),
                 dtype: p.dtype,
                 cols: p.head_dim,
@@ -1103,9 +1103,9 @@ impl AttentionPlan {
             self.variant.block_n
         };
         Ok((
-            hopper::encode(&shape(q, rows_q, p.heads_q, bm))?,
-            hopper::encode(&shape(k, rows_k, p.heads_kv, bn))?,
-            hopper::encode(&shape(v, rows_k, p.heads_kv, bn))?,
+            shape(q, rows_q, p.heads_q, bm).encode()?,
+            shape(k, rows_k, p.heads_kv, bn).encode()?,
+            shape(v, rows_k, p.heads_kv, bn).encode()?,
         ))
     }
 }

@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use super::plan::{choose_splits, resolve_path, validate_options, MAX_SPLITS};
 use super::reference::{attention_reference, is_visible, RefInputs, RefParams};
 use super::*;
-use crate::runtime::Arch;
+use crate::runtime::{contiguous_strides, Arch};
 use crate::testdata::{random_matrix, Dist};
 
 fn err_text<T: std::fmt::Debug>(r: Result<T>) -> String {
