@@ -1,5 +1,6 @@
 //! Host side of the Hopper attention path (`flash_sm90.cu`): tile choice, the TMA tensor maps,
-//! the kernel parameter struct and the persistent grid.
+//! the kernel parameter struct, the persistent grid, and the Hopper part of a plan
+//! ([`HopperPlan`]: the launch's shape, its scheduler state and the tail split).
 //!
 //! Grid convention of this path (differs from the `(B * Hq, q_tiles, splits)` grid of the
 //! others; with CTA pairs ([`use_cta_pairs`]) an item is a pair of query tiles and the grid is
@@ -29,11 +30,16 @@
 //! breaks this cannot take this path ([`TmaError::Misaligned`]; the encoding is
 //! [`crate::runtime::tma`]'s).
 
-use super::plan::AttentionParams;
+use std::sync::Arc;
+
+use super::plan::{
+    combine_config, partial_ptrs, partial_rows, AttentionParams, CombineVariant, Tiles, Variant, MAX_SPLITS,
+};
+use super::{strides_bnh, AttentionOptions, AttentionProblem, QkvLayout};
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::runtime::tma::{self, L2Promotion, OobFill, Swizzle, TensorMap, TiledMap, TmaError};
-use crate::runtime::KernelParams;
+use crate::runtime::{Context, DeviceBuffer, Kernel, KernelParams, LaunchConfig, TensorView, WorkCounters};
 
 /// Query rows per consumer warpgroup.
 pub const ROWS_PER_CONSUMER: u32 = 64;
@@ -348,6 +354,324 @@ pub fn tail_split(work_items: usize, grid: usize, key_tiles: usize, max_splits: 
     // ceil(key_tiles / splits): more splits than ceil(key_tiles / per) would be empty.
     let splits = key_tiles.div_ceil(key_tiles.div_ceil(splits));
     (splits >= 2).then_some((tail, splits))
+}
+
+/// The compiled head dim and tiles `(block_m, block_n, threads, stages)` of a problem on this
+/// path: [`choose_block_n`]'s key tile, or the one forced by
+/// [`super::AttentionTuning::hopper_block_n`].
+pub fn plan_tiles(problem: &AttentionProblem, options: &AttentionOptions) -> Result<(u32, Tiles), Error> {
+    let d = head_dim(problem.head_dim);
+    let block_n = options.tuning.hopper_block_n.unwrap_or_else(|| {
+        choose_block_n(
+            d,
+            problem.seqlen_q,
+            problem.seqlen_k,
+            options.window_for(problem.seqlen_q, problem.seqlen_k),
+            problem.varlen.is_some(),
+        )
+    });
+    Ok((d, tiles(d, block_n)?))
+}
+
+/// Whether a plan of `block_m`-row query tiles and `splits` KV splits runs CTA pairs:
+/// [`use_cta_pairs`] with [`super::AttentionTuning::hopper_cta_pairs`].
+pub fn plan_pairs(problem: &AttentionProblem, options: &AttentionOptions, block_m: u32, splits: usize) -> bool {
+    use_cta_pairs(
+        options.tuning.hopper_cta_pairs,
+        block_m,
+        splits,
+        problem.varlen.is_some(),
+        problem.seqlen_q,
+        problem.seqlen_k,
+    )
+}
+
+/// The persistent grid: [`grid`], capped by [`super::AttentionTuning::hopper_max_ctas`].
+fn capped_grid(work_items: usize, sm_count: u32, max_ctas: Option<usize>) -> u32 {
+    let g = grid(work_items, sm_count);
+    max_ctas.map_or(g, |m| g.min(m.clamp(1, u32::MAX as usize) as u32))
+}
+
+/// Device addresses of a scheduler buffer's tile counter and work slots ([`scheduler_len`]).
+fn scheduler_ptrs(scheduler: &WorkCounters) -> (u64, u64) {
+    (scheduler.ptr(), scheduler.ptr_at(SCHEDULER_SLOTS_OFFSET))
+}
+
+/// The persistent launch, fixed by the problem (computed once by the plan).
+struct HopperLaunch {
+    /// Persistent CTAs ([`capped_grid`]; with CTA pairs two per cluster).
+    grid: u32,
+    /// Work items of the whole problem: `q_tiles * splits * B * Hq`, with CTA pairs
+    /// `ceil(q_tiles / 2) * B * Hq` (the tail split, if any, takes the last ones).
+    work_items: usize,
+    /// Batch-heads per L2 section ([`l2_section_heads`]); the tail launch decodes its items in
+    /// this launch's order, so it passes the same value.
+    l2_heads: i32,
+    /// The scheduler state ([`scheduler_len`]): the tile counter (zeroed by the plan; every
+    /// launch leaves it at zero) and the CTAs' work slots. Launches of one plan are ordered on
+    /// its context's stream.
+    scheduler: WorkCounters,
+}
+
+/// The second launch of a plan whose work items leave a short last wave ([`tail_split`]): the
+/// split-KV variant of the plan's kernel runs the last `items` items of the first launch's
+/// order, `splits` ways each, into its own workspace, and the combine kernel merges them through
+/// `meta` (flash_sm90.cu, combine.cu).
+struct TailSplit {
+    items: usize,
+    splits: usize,
+    kernel: Arc<Kernel>,
+    combine: Arc<Kernel>,
+    /// `splits * rows * (head_dim + 1)` f32: partial outputs, then LSEs (rows = items * block_m).
+    workspace: DeviceBuffer<f32>,
+    /// `{b, h, i}` per partial row, written by the tail launch (b = -1 until then).
+    meta: DeviceBuffer<i32>,
+    /// Its own scheduler state: the first launch's last draw resets that one's counter.
+    scheduler: WorkCounters,
+    /// Its persistent CTAs ([`capped_grid`] of `items * splits`).
+    grid: u32,
+}
+
+/// The Hopper part of a plan: the persistent launch's shape and scheduler state, and the tail
+/// split when the plan takes it.
+pub struct HopperPlan {
+    launch: HopperLaunch,
+    tail: Option<TailSplit>,
+}
+
+impl HopperPlan {
+    /// Sizes the persistent launch of `kernel` (the plan's compiled `variant`, `splits` KV
+    /// splits of `k_tiles` key tiles, `q_tiles` query tiles per sequence) on `ctx`'s GPU, and
+    /// plans the tail split.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: &Context,
+        problem: &AttentionProblem,
+        options: &AttentionOptions,
+        variant: &Variant,
+        kernel: &Kernel,
+        q_tiles: usize,
+        k_tiles: usize,
+        splits: usize,
+    ) -> Result<HopperPlan, Error> {
+        let bh = problem.batch * problem.heads_q;
+        let sms = ctx.info().sm_count;
+        // With CTA pairs a work item is a pair of query tiles and the grid counts CTAs, two per
+        // cluster, as many clusters as fit at once.
+        let units = if variant.pair { q_tiles.div_ceil(2) } else { q_tiles };
+        let work_items = units * splits * bh;
+        let grid = if variant.pair {
+            let resident = kernel.max_active_clusters(
+                ctx,
+                LaunchConfig::clustered(2, variant.threads, variant.shared_bytes(), 2),
+            )? as usize;
+            let cap = options.tuning.hopper_max_ctas.map_or(usize::MAX, |m| (m / 2).max(1));
+            2 * work_items.min(resident).min(cap).max(1) as u32
+        } else {
+            capped_grid(work_items, sms, options.tuning.hopper_max_ctas)
+        };
+        // stream-ordered, before any launch of this plan
+        let scheduler = WorkCounters::new(ctx, scheduler_len(sms))?;
+        let launch = HopperLaunch {
+            grid,
+            work_items,
+            l2_heads: l2_section_heads(
+                ctx.info().l2_bytes,
+                problem.seqlen_k,
+                problem.head_dim,
+                problem.group(),
+                bh,
+                units * splits,
+                if variant.pair { grid as usize / 2 } else { grid as usize },
+            ),
+            scheduler,
+        };
+        // The tail split: equal items (no mask, no varlen), and no split-KV, neither the plan's
+        // own nor forced (num_splits: Some(1) disables split-KV, the tail's included).
+        let tail = if options.tuning.hopper_tail_split
+            && options.tuning.num_splits.is_none()
+            && splits == 1
+            && !variant.pair
+            && !variant.masked
+            && problem.varlen.is_none()
+        {
+            match tail_split(launch.work_items, launch.grid as usize, k_tiles, MAX_SPLITS) {
+                Some((items, tail_splits)) => {
+                    let kernel = ctx.kernel(
+                        &Variant {
+                            split: true,
+                            ..*variant
+                        }
+                        .spec(),
+                    )?;
+                    let combine = ctx.kernel(
+                        &CombineVariant {
+                            dtype: problem.dtype,
+                            head_dim: variant.head_dim,
+                        }
+                        .spec(),
+                    )?;
+                    let rows = items * variant.block_m as usize;
+                    let workspace = ctx.alloc::<f32>(tail_splits * rows * (variant.head_dim as usize + 1))?;
+                    let mut meta = ctx.alloc::<i32>(3 * rows)?;
+                    meta.fill_bytes(0xff)?; // b = -1: rows no item writes stay skipped
+                    let scheduler = WorkCounters::new(ctx, scheduler_len(sms))?;
+                    Some(TailSplit {
+                        items,
+                        splits: tail_splits,
+                        kernel,
+                        combine,
+                        workspace,
+                        meta,
+                        scheduler,
+                        grid: capped_grid(items * tail_splits, sms, options.tuning.hopper_max_ctas),
+                    })
+                }
+                None => None,
+            }
+        } else {
+            None
+        };
+        Ok(HopperPlan { launch, tail })
+    }
+
+    /// Persistent CTAs of the first launch (with CTA pairs two per cluster).
+    pub fn grid(&self) -> u32 {
+        self.launch.grid
+    }
+
+    /// The tail split this plan runs, `(items, splits)` ([`tail_split`]), if any.
+    pub fn tail_split(&self) -> Option<(usize, usize)> {
+        self.tail.as_ref().map(|t| (t.items, t.splits))
+    }
+
+    /// Bytes of device memory this part holds (scheduler state, the tail's workspace and meta).
+    pub fn workspace_bytes(&self) -> usize {
+        self.launch.scheduler.bytes()
+            + self
+                .tail
+                .as_ref()
+                .map_or(0, |t| t.workspace.bytes() + t.meta.bytes() + t.scheduler.bytes())
+    }
+
+    /// Launches `kernel` (the plan's `variant`) on the persistent grid with the Q, K and V
+    /// tensor maps ([`tensor_maps`]), then the tail split's launch and merge, if any.
+    pub fn launch(
+        &self,
+        ctx: &Context,
+        kernel: &Kernel,
+        variant: &Variant,
+        params: &AttentionParams,
+        (q_map, k_map, v_map): (TensorMap, TensorMap, TensorMap),
+    ) -> Result<(), Error> {
+        let launch = &self.launch;
+        let (tile_counter, work_slots) = scheduler_ptrs(&launch.scheduler);
+        let work = launch.work_items;
+        let tail_items = self.tail.as_ref().map_or(0, |t| t.items);
+        let hp = HopperParams {
+            p: *params,
+            q_map,
+            k_map,
+            v_map,
+            work_items: (work - tail_items) as i32,
+            l2_heads: launch.l2_heads,
+            tile_counter,
+            work_slots,
+            tail_first: -1,
+            pad_: [0; 9],
+        };
+        let cfg = if variant.pair {
+            LaunchConfig::clustered(launch.grid, variant.threads, variant.shared_bytes(), 2)
+        } else {
+            LaunchConfig::linear(launch.grid, variant.threads, variant.shared_bytes())
+        };
+        // SAFETY: `hp` mirrors HopperParams of flash_sm90.cu; the tensor maps describe the
+        // validated q/k/v views (TMA clips every box to their extents; with pairs the K/V
+        // boxes are the half tiles the kernel loads) and every other pointer is as for the
+        // Ampere launch (AttentionPlan::run validated the views against the problem). A pair
+        // kernel is launched in clusters of two, as its multicast copies and remote barrier
+        // arrivals require.
+        unsafe { kernel.launch(ctx, cfg, &hp)? };
+        if let Some(t) = &self.tail {
+            let rows = t.items * variant.block_m as usize;
+            let (o_partial, lse_partial) = partial_ptrs(&t.workspace, t.splits * rows * variant.head_dim as usize);
+            let (tile_counter, work_slots) = scheduler_ptrs(&t.scheduler);
+            let tp = AttentionParams {
+                o_partial,
+                lse_partial,
+                partial_rows: rows as i64,
+                num_splits: t.splits as i32,
+                tail_meta: t.meta.device_ptr(),
+                ..*params
+            };
+            let thp = HopperParams {
+                p: tp,
+                work_items: (t.items * t.splits) as i32,
+                tile_counter,
+                work_slots,
+                tail_first: (work - t.items) as i32,
+                ..hp
+            };
+            let cfg = LaunchConfig::linear(t.grid, variant.threads, variant.shared_bytes());
+            // SAFETY: as above; the split variant writes only the tail workspace and meta
+            // rows (sized for items * block_m rows and splits) and reads what the first
+            // launch reads. Stream order puts it after the first launch.
+            unsafe { t.kernel.launch(ctx, cfg, &thp)? };
+            // SAFETY: the combine reads the tail workspace and meta the launch before wrote
+            // (same stream) and writes out/lse rows of the validated views that meta names.
+            unsafe { t.combine.launch(ctx, combine_config(rows), &tp)? };
+        }
+        Ok(())
+    }
+}
+
+/// The Q, K and V tensor maps of the kernel for the plan's `problem` and `variant` (views
+/// already checked by the plan's alignment rule; all zero when nothing is launched).
+pub fn tensor_maps(
+    problem: &AttentionProblem,
+    variant: &Variant,
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    layout: QkvLayout,
+    varlen: bool,
+) -> Result<(TensorMap, TensorMap, TensorMap), TmaError> {
+    let p = problem;
+    if p.batch == 0 || partial_rows(p) == 0 {
+        let z = TensorMap::default();
+        return Ok((z, z, z)); // nothing is launched
+    }
+    let (rows_q, rows_k, batch) = match p.varlen {
+        Some((tq, tk)) => (tq, tk, 1),
+        None => (p.seqlen_q, p.seqlen_k, p.batch),
+    };
+    let shape = |t: &TensorView, rows: usize, heads: usize, box_rows: u32| {
+        let (sb, sn, sh) = strides_bnh(t, layout, varlen);
+        QkvMapShape {
+            ptr: t.device_ptr(),
+            dtype: p.dtype,
+            cols: p.head_dim,
+            rows,
+            heads,
+            batch,
+            stride_n: sn,
+            stride_h: sh,
+            stride_b: sb,
+            box_rows,
+        }
+    };
+    let bm = variant.block_m;
+    // CTA pairs load half of each key tile each (multicast to both).
+    let bn = if variant.pair {
+        variant.block_n / 2
+    } else {
+        variant.block_n
+    };
+    Ok((
+        shape(q, rows_q, p.heads_q, bm).encode()?,
+        shape(k, rows_k, p.heads_kv, bn).encode()?,
+        shape(v, rows_k, p.heads_kv, bn).encode()?,
+    ))
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod ampere;
 pub mod bench;
 pub mod hopper;
 pub mod plan;
@@ -51,7 +52,7 @@ use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{contiguous_strides, Context, DeviceBuffer, TensorView};
 
-pub use plan::{AttentionPath, AttentionPlan};
+pub use plan::{AttentionPath, AttentionPlan, AttentionPlanKey};
 pub use tuning::AttentionTuning;
 
 /// Device source of the shared parameter header (`tessera/attention_params.cuh`).
