@@ -180,15 +180,12 @@ pub fn kernel_has_pairs(block_m: u32, splits: usize) -> bool {
 /// `option` ([`super::AttentionTuning::hopper_cta_pairs`]) decides where they apply; by default padded batches whose sequences have at least [`PAIR_MIN_SEQLEN`] queries and
 /// keys take them, and varlen batches take them only when forced.
 ///
-/// H200, run 167 (three rounds of each, one binary): causal B1 H32 D128 N = 32768 / 16384 / 8192
-/// / 4096 ran 4.0 / 3.4 / 2.6 / 1.5% faster, non-causal B4 H16 N8192 D128 3.2% (against its tail
-/// split), GQA B4 32/8 N4096 level; shorter causal rows lost (N = 2048 2.3%, 1024 7%, 512 11%: the
+/// Long rows gain (each K/V tile is read from L2 once per pair); short causal rows lose, as the
 /// first CTA of a pair idles while the second one's extra causal tile loads, which is a large
-/// share of a short row). Run 170 (with the mailbox hand-back at cluster scope): 4.5 / 4.5 / 1.5 /
-/// -0.4%, non-causal D128 2.8%, GQA -0.6%. The varlen benchmark (16 sequences of 128..8192) ran
-/// 1.0% faster with pairs forced (2.2% in run 168); the plan sees only the longest and the total
-/// length of a varlen batch, and a batch of many short sequences would leave the second CTA of
-/// most pairs without rows while it still loads its half of every tile, so varlen stays opt-in.
+/// share of a short row (measurements in NOTES.md, CTA pairs). The plan sees only the longest and
+/// the total length of a varlen batch, and a batch of many short sequences would leave the second
+/// CTA of most pairs without rows while it still loads its half of every tile, so varlen stays
+/// opt-in.
 pub fn use_cta_pairs(
     option: Option<bool>,
     block_m: u32,

@@ -99,7 +99,8 @@ pub struct AttentionParams {
     pub num_splits: i32,
     pub q_tiles: i32,
     pub head_group: i32,
-    /// Hopper tail launch: `{b, h, i}` per partial row (see the tail split of `hopper::HopperPlan`); 0 otherwise.
+    /// Hopper tail launch: `{b, h, i}` per partial row (the tail split of `hopper::HopperPlan`);
+    /// 0 otherwise.
     pub tail_meta: u64,
 }
 
