@@ -4,7 +4,9 @@
 //! launches on the caller's stream. The GIL is released while planning and launching.
 
 use pyo3::prelude::*;
-use tessera::attention::{plan::validate_options, AttentionOptions, AttentionPath, AttentionPlan, AttentionProblem};
+use tessera::attention::{
+    plan::validate_options, AttentionOptions, AttentionPath, AttentionPlan, AttentionProblem, AttentionTuning,
+};
 use tessera::attention::{QkvLayout, TensorDesc, VarlenBatch, VarlenShape};
 use tessera::softmax::{SoftmaxKind, SoftmaxOptions, SoftmaxPlan, SoftmaxShape};
 
@@ -109,15 +111,11 @@ fn attention_options(
         window,
         scale,
         softcap,
-        return_lse: false,
-        path,
-        num_splits: None,
-        sm80_block_n: None,
-        hopper_block_n: None,
-        sm80_heads_per_section: None,
-        hopper_tail_split: true,
-        hopper_max_ctas: None,
-        hopper_cta_pairs: None,
+        tuning: AttentionTuning {
+            path,
+            ..Default::default()
+        },
+        ..Default::default()
     })
 }
 
@@ -220,7 +218,7 @@ pub fn flash_attention(
                 layout: opts.layout,
                 causal,
                 window,
-                path: opts.path,
+                path: opts.tuning.path,
                 scale_bits: scale.map(f32::to_bits),
                 softcap_bits: softcap.to_bits(),
             };

@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use tessera::attention::{AttentionOptions, AttentionPlan, AttentionProblem, VarlenBatch};
+use tessera::attention::{AttentionOptions, AttentionPlan, AttentionProblem, AttentionTuning, VarlenBatch};
 use tessera::check::compare;
 use tessera::kvcache::decode::{DecodeOptions, DecodePlan};
 use tessera::kvcache::reference::{decode_reference, gather_sequence};
@@ -189,7 +189,10 @@ impl GpuEngine {
         for splits in [1, 2] {
             let opts = AttentionOptions {
                 causal: true,
-                num_splits: Some(splits),
+                tuning: AttentionTuning {
+                    num_splits: Some(splits),
+                    ..Default::default()
+                },
                 ..Default::default()
             };
             let plan = AttentionPlan::new(&self.ctx, &problem, &opts)?;

@@ -13,12 +13,14 @@ use rayon::prelude::*;
 use serde_json::json;
 
 use super::reference::{reference_row, RefInputs, RefParams};
-use super::{AttentionOptions, AttentionPath, AttentionPlan, AttentionProblem, QkvLayout, VarlenBatch};
+use super::{
+    AttentionOptions, AttentionPath, AttentionPlan, AttentionProblem, AttentionTuning, QkvLayout, VarlenBatch,
+};
 use crate::check::compare;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::harness::BenchOutcome;
-use crate::runtime::{time_median, Context, TimingOptions};
+use crate::runtime::{contiguous_strides, time_median, Context, TimingOptions};
 use crate::testdata::{random_matrix, Dist};
 
 /// One benchmark case: `[B, N, H, D]` tensors (varlen: `[total, H, D]`).
@@ -109,9 +111,32 @@ impl BenchCase {
         AttentionOptions {
             layout: QkvLayout::Bnhd,
             causal: self.causal,
-            path: self.path,
+            tuning: tuning_from_env(AttentionTuning {
+                path: self.path,
+                ..AttentionTuning::default()
+            }),
             ..AttentionOptions::default()
         }
+    }
+}
+
+/// The benchmark knobs of the environment applied to `tuning` (read here, by `tessera bench`,
+/// never by the library's plans):
+/// - `TESSERA_ATTN_HOPPER_PAIRS=1` (or `0`) stands for `hopper_cta_pairs: Some(true)` (or
+///   `Some(false)`) where `tuning` leaves it `None`, so that one binary measures both;
+/// - `TESSERA_ATTN_HOPPER_SIMPLE=1` sets `hopper_simple_mainloop` (the Hopper kernel without
+///   intra-warpgroup pipelining, a debugging aid).
+pub fn tuning_from_env(tuning: AttentionTuning) -> AttentionTuning {
+    let pairs = match std::env::var("TESSERA_ATTN_HOPPER_PAIRS").ok().as_deref() {
+        Some("1") => Some(true),
+        Some("0") => Some(false),
+        _ => None,
+    };
+    let simple = std::env::var_os("TESSERA_ATTN_HOPPER_SIMPLE").is_some_and(|v| v == "1");
+    AttentionTuning {
+        hopper_cta_pairs: tuning.hopper_cta_pairs.or(pairs),
+        hopper_simple_mainloop: tuning.hopper_simple_mainloop || simple,
+        ..tuning
     }
 }
 
@@ -279,9 +304,9 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
             vec![case.batch, case.seqlen, hkv, d],
         ),
     };
-    let q = q_dev.view(&shape_q, &super::contiguous_strides(&shape_q))?;
-    let k = k_dev.view(&shape_kv, &super::contiguous_strides(&shape_kv))?;
-    let v = v_dev.view(&shape_kv, &super::contiguous_strides(&shape_kv))?;
+    let q = q_dev.view(&shape_q, &contiguous_strides(&shape_q))?;
+    let k = k_dev.view(&shape_kv, &contiguous_strides(&shape_kv))?;
+    let v = v_dev.view(&shape_kv, &contiguous_strides(&shape_kv))?;
     let opts = case.options();
     let problem = AttentionProblem::of_views(&q, &k, &v, opts.layout, varlen.as_ref())?;
     let plan = AttentionPlan::new(ctx, &problem, &opts)?;
@@ -289,7 +314,7 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
     out.fill_bytes(0xff)?; // NaN poison: unwritten outputs fail
                            // Verify the timed kernel on the timed data first.
     {
-        let mut o_view = out.view_mut(&shape_q, &super::contiguous_strides(&shape_q))?;
+        let mut o_view = out.view_mut(&shape_q, &contiguous_strides(&shape_q))?;
         plan.run(&q, &k, &v, &mut o_view, None, varlen.as_ref())?;
     }
     let got_all = out.to_host()?;
@@ -347,7 +372,7 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         )));
     }
 
-    let mut o_view = out.view_mut(&shape_q, &super::contiguous_strides(&shape_q))?;
+    let mut o_view = out.view_mut(&shape_q, &contiguous_strides(&shape_q))?;
     let t = time_median(ctx, timing, |_| {
         plan.run(&q, &k, &v, &mut o_view, None, varlen.as_ref())
     })?;

@@ -58,7 +58,7 @@
 //     another's GEMMs occupy the tensor cores.
 //   Epilogue: O / l stored from registers (rows < len_q, columns < head_dim), LSE; with kSplit the
 //   normalised partial and its LSE go to the split-KV workspace instead (combine.cu merges).
-// Tail launch (kSplit, hp.tail_first >= 0; plan.rs `TailSplit`): where the non-split launch's
+// Tail launch (kSplit, hp.tail_first >= 0; hopper.rs `tail_split`): where the non-split launch's
 //   items leave a short last wave, that launch stops before its last items and this one runs
 //   them split along the keys over the idle SMs, into a compact workspace (see decode_work and
 //   the epilogue), then combine.cu merges them through p.tail_meta.

@@ -1,11 +1,12 @@
 //! Host side of the Hopper attention path (`flash_sm90.cu`): tile choice, the TMA tensor maps,
-//! the kernel parameter struct and the persistent grid.
+//! the kernel parameter struct, the persistent grid, and the Hopper part of a plan
+//! ([`HopperPlan`]: the launch's shape, its scheduler state and the tail split).
 //!
 //! Grid convention of this path (differs from the `(B * Hq, q_tiles, splits)` grid of the
 //! others; with CTA pairs ([`use_cta_pairs`]) an item is a pair of query tiles and the grid is
 //! `2 * min(pair items, resident clusters)` CTAs in clusters of two, whose clusters play the
 //! part the CTAs play below): a persistent 1-D grid of `min(work, SMs)` CTAs (capped by
-//! `AttentionOptions::hopper_max_ctas`), `work = q_tiles * splits * B * Hq`; with a tail split
+//! `AttentionTuning::hopper_max_ctas`), `work = q_tiles * splits * B * Hq`; with a tail split
 //! ([`tail_split`]) the first launch runs `work - tail` of them on that grid and the second
 //! `tail * tail_splits` split items. The batch-heads are cut into L2 sections of `S` ([`l2_section_heads`]:
 //! enough heads for four waves of the grid, as long as their K and V fit the L2). The first
@@ -26,14 +27,19 @@
 //! `[B, H, N, D]` and varlen `[total, H, D]` (as `(D, total, H, 1)`); boxes of 64 columns
 //! (128 bytes, 128-byte swizzle) by a tile of rows. Columns past the real D and rows past the
 //! tensor read as zeros. TMA needs 16-byte aligned base addresses and strides; a view that
-//! breaks this cannot take this path ([`TmaError::Misaligned`]).
+//! breaks this cannot take this path ([`TmaError::Misaligned`]; the encoding is
+//! [`crate::runtime::tma`]'s).
 
-use cudarc::driver::sys;
+use std::sync::Arc;
 
-use super::plan::AttentionParams;
+use super::plan::{
+    combine_config, partial_ptrs, partial_rows, AttentionParams, CombineVariant, Tiles, Variant, MAX_SPLITS,
+};
+use super::{strides_bnh, AttentionOptions, AttentionProblem, QkvLayout};
 use crate::dtype::DType;
 use crate::error::Error;
-use crate::runtime::KernelParams;
+use crate::runtime::tma::{self, L2Promotion, OobFill, Swizzle, TensorMap, TiledMap, TmaError};
+use crate::runtime::{Context, DeviceBuffer, Kernel, KernelParams, LaunchConfig, TensorView, WorkCounters};
 
 /// Query rows per consumer warpgroup.
 pub const ROWS_PER_CONSUMER: u32 = 64;
@@ -150,13 +156,6 @@ fn padded_keys(seqlen_q: usize, seqlen_k: usize, window: (i32, i32), block_m: us
     keys
 }
 
-/// Debugging knob: with `TESSERA_ATTN_HOPPER_SIMPLE=1` in the environment the Hopper kernel is
-/// built without intra-warpgroup pipelining (one key tile at a time), to tell a pipelining bug
-/// from any other.
-pub fn simple_mainloop() -> bool {
-    std::env::var_os("TESSERA_ATTN_HOPPER_SIMPLE").is_some_and(|v| v == "1")
-}
-
 /// Dynamic shared memory: Q, `stages` K and V tiles, the mbarriers, the CTA pair's mailbox (8
 /// bytes), one f32 per consumer thread (`Smem::sink`: two per query row), and 1024 bytes of slack
 /// for aligning the base to the 128-byte swizzle's 1024-byte period.
@@ -168,17 +167,6 @@ pub fn shared_bytes(block_m: u32, block_n: u32, stages: u32, head_dim: u32) -> u
 /// ([`use_cta_pairs`]).
 pub const PAIR_MIN_SEQLEN: usize = 4096;
 
-/// Benchmarking knob: `TESSERA_ATTN_HOPPER_PAIRS=1` (or `0`) in the environment stands for
-/// `AttentionOptions::hopper_cta_pairs: Some(true)` (or `Some(false)`) where the options leave it
-/// `None`, so that one binary measures both (bench/NOTES.md run 167).
-pub fn pairs_from_env() -> Option<bool> {
-    match std::env::var("TESSERA_ATTN_HOPPER_PAIRS").ok()?.as_str() {
-        "1" => Some(true),
-        "0" => Some(false),
-        _ => None,
-    }
-}
-
 /// Whether flash_sm90.cu has a CTA-pair variant (`kPair`) for a query tile of `block_m` rows and
 /// `splits` KV splits: two consumer warpgroups (the three of D = 64 leave the producer too few
 /// registers) and the non-split launch.
@@ -189,19 +177,15 @@ pub fn kernel_has_pairs(block_m: u32, splits: usize) -> bool {
 /// Whether a Hopper plan runs CTA pairs (flash_sm90.cu `kPair`): clusters of two CTAs on
 /// neighbouring query tiles of one head, each loading half of every K/V tile into both by TMA
 /// multicast, where the kernel has them ([`kernel_has_pairs`]: head dims 65..=256, no split-KV).
-/// `option` (AttentionOptions::hopper_cta_pairs, else [`pairs_from_env`]) decides where they
-/// apply; by default padded batches whose sequences have at least [`PAIR_MIN_SEQLEN`] queries and
+/// `option` ([`super::AttentionTuning::hopper_cta_pairs`]) decides where they apply; by default padded batches whose sequences have at least [`PAIR_MIN_SEQLEN`] queries and
 /// keys take them, and varlen batches take them only when forced.
 ///
-/// H200, run 167 (three rounds of each, one binary): causal B1 H32 D128 N = 32768 / 16384 / 8192
-/// / 4096 ran 4.0 / 3.4 / 2.6 / 1.5% faster, non-causal B4 H16 N8192 D128 3.2% (against its tail
-/// split), GQA B4 32/8 N4096 level; shorter causal rows lost (N = 2048 2.3%, 1024 7%, 512 11%: the
+/// Long rows gain (each K/V tile is read from L2 once per pair); short causal rows lose, as the
 /// first CTA of a pair idles while the second one's extra causal tile loads, which is a large
-/// share of a short row). Run 170 (with the mailbox hand-back at cluster scope): 4.5 / 4.5 / 1.5 /
-/// -0.4%, non-causal D128 2.8%, GQA -0.6%. The varlen benchmark (16 sequences of 128..8192) ran
-/// 1.0% faster with pairs forced (2.2% in run 168); the plan sees only the longest and the total
-/// length of a varlen batch, and a batch of many short sequences would leave the second CTA of
-/// most pairs without rows while it still loads its half of every tile, so varlen stays opt-in.
+/// share of a short row (measurements in NOTES.md, CTA pairs). The plan sees only the longest and
+/// the total length of a varlen batch, and a batch of many short sequences would leave the second
+/// CTA of most pairs without rows while it still loads its half of every tile, so varlen stays
+/// opt-in.
 pub fn use_cta_pairs(
     option: Option<bool>,
     block_m: u32,
@@ -210,18 +194,10 @@ pub fn use_cta_pairs(
     seqlen_q: usize,
     seqlen_k: usize,
 ) -> bool {
-    let option = option.or_else(pairs_from_env);
     if !kernel_has_pairs(block_m, splits) || (varlen && option != Some(true)) {
         return false;
     }
     option.unwrap_or(seqlen_q >= PAIR_MIN_SEQLEN && seqlen_k >= PAIR_MIN_SEQLEN)
-}
-
-/// A `CUtensorMap` (128 opaque bytes, 64-byte aligned), as `ts::TensorMap`.
-#[repr(C, align(64))]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TensorMap {
-    pub opaque: [u64; 16],
 }
 
 /// The kernel parameter of `flash_fwd_sm90`, mirrored by `HopperParams` in `flash_sm90.cu`.
@@ -250,18 +226,10 @@ pub struct HopperParams {
 // static_asserts its size, 704 bytes, and the size test below checks this side).
 unsafe impl KernelParams for HopperParams {}
 
-/// Why a view cannot be described by a tensor map.
-#[derive(Debug)]
-pub enum TmaError {
-    /// Base address or a stride is not a multiple of 16 bytes.
-    Misaligned(String),
-    /// The driver rejected the map.
-    Driver(Error),
-}
-
-/// One tensor's geometry for a map: element strides of rows, heads and batches.
+/// One Q, K or V tensor's geometry for its tensor map: element strides of rows, heads and
+/// batches.
 #[derive(Clone, Copy, Debug)]
-pub struct MapShape {
+pub struct QkvMapShape {
     pub ptr: u64,
     pub dtype: DType,
     /// The real head dim (columns).
@@ -276,73 +244,38 @@ pub struct MapShape {
     pub box_rows: u32,
 }
 
-/// Builds the 4-D tensor map `(cols, rows, heads, batch)` with 64-column boxes and 128-byte
-/// swizzle.
-pub fn encode(s: &MapShape) -> std::result::Result<TensorMap, TmaError> {
-    let es = s.dtype.size() as i64;
-    let data_type = match s.dtype {
-        DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        DType::BF16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        other => {
-            return Err(TmaError::Driver(Error::Unsupported(format!(
-                "the Hopper attention path takes f16 or bf16, got {other}"
-            ))))
-        }
-    };
-    // A size-1 dimension may carry any stride: give it a valid one.
-    let fix = |stride: i64, extent: usize, fallback: i64| if extent <= 1 { fallback } else { stride };
-    let row_bytes = s.stride_n * es;
-    let head_bytes = fix(s.stride_h, s.heads, s.stride_n * s.rows.max(1) as i64) * es;
-    let batch_bytes = fix(s.stride_b, s.batch, head_bytes / es * s.heads.max(1) as i64) * es;
-    if s.ptr % 16 != 0 {
-        return Err(TmaError::Misaligned(format!(
-            "base address {:#x} is not 16-byte aligned",
-            s.ptr
-        )));
+impl QkvMapShape {
+    /// The 4-D tensor map `(cols, rows, heads, batch)` with 64-column boxes (128 bytes),
+    /// 128-byte swizzle, 256-byte L2 promotion and zeros out of bounds.
+    pub fn encode(&self) -> Result<TensorMap, TmaError> {
+        let s = self;
+        let es = s.dtype.size() as i64;
+        // A size-1 dimension may carry any stride: give it a valid one.
+        let fix = |stride: i64, extent: usize, fallback: i64| if extent <= 1 { fallback } else { stride };
+        let row_bytes = s.stride_n * es;
+        let head_bytes = fix(s.stride_h, s.heads, s.stride_n * s.rows.max(1) as i64) * es;
+        let batch_bytes = fix(s.stride_b, s.batch, head_bytes / es * s.heads.max(1) as i64) * es;
+        // (the views' strides are never negative: usize)
+        let dims: [u64; 4] = [
+            s.cols as u64,
+            s.rows.max(1) as u64,
+            s.heads.max(1) as u64,
+            s.batch.max(1) as u64,
+        ];
+        let strides: [u64; 3] = [row_bytes as u64, head_bytes as u64, batch_bytes as u64];
+        tma::encode_tiled(&TiledMap {
+            ptr: s.ptr,
+            dtype: s.dtype,
+            dims: &dims,
+            byte_strides: &strides,
+            stride_names: &["row", "head", "batch"],
+            box_dims: &[64, s.box_rows, 1, 1],
+            element_strides: &[1, 1, 1, 1],
+            swizzle: Swizzle::B128,
+            l2_promotion: L2Promotion::B256,
+            oob_fill: OobFill::Zeros,
+        })
     }
-    for (name, b) in [("row", row_bytes), ("head", head_bytes), ("batch", batch_bytes)] {
-        if b <= 0 || b % 16 != 0 || b >= 1 << 40 {
-            return Err(TmaError::Misaligned(format!(
-                "{name} stride of {b} bytes is not a positive multiple of 16 below 2^40"
-            )));
-        }
-    }
-    let dims: [u64; 4] = [
-        s.cols as u64,
-        s.rows.max(1) as u64,
-        s.heads.max(1) as u64,
-        s.batch.max(1) as u64,
-    ];
-    let strides: [u64; 3] = [row_bytes as u64, head_bytes as u64, batch_bytes as u64];
-    let boxes: [u32; 4] = [64, s.box_rows, 1, 1];
-    let elem_strides: [u32; 4] = [1, 1, 1, 1];
-    let mut map = TensorMap::default();
-    // SAFETY: `map` is 128 writable bytes with 64-byte alignment (what the driver writes); the
-    // arrays outlive the call and have `rank` entries (strides rank - 1); the address is only
-    // recorded, never dereferenced on the host.
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map as *mut TensorMap as *mut sys::CUtensorMap,
-            data_type,
-            4,
-            s.ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem_strides.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(TmaError::Driver(Error::cuda(
-            "cuTensorMapEncodeTiled",
-            format!("{r:?} for dims {dims:?} byte strides {strides:?} box {boxes:?}"),
-        )));
-    }
-    Ok(map)
 }
 
 /// Batch-heads per L2 section: enough heads for [`super::plan::SECTION_WAVES`] waves of the
@@ -367,8 +300,9 @@ pub fn l2_section_heads(
     super::plan::heads_for_waves(grid, items_per_head, fit.min(batch_heads.max(1))) as i32
 }
 
-/// The scheduler buffer of a Hopper plan (`i32`s): the tile counter at 0, the CTAs' work slots
-/// from this offset on (128 bytes later, off the counter's cache line).
+/// The scheduler buffer of a Hopper plan (a [`crate::runtime::WorkCounters`] of `i32`s): the tile
+/// counter at 0 (the kernel re-arms it), the CTAs' work slots from this offset on (128 bytes
+/// later, off the counter's cache line).
 pub const SCHEDULER_SLOTS_OFFSET: usize = 32;
 
 /// `i32`s of the scheduler buffer for a grid of at most `sm_count` CTAs.
@@ -417,6 +351,324 @@ pub fn tail_split(work_items: usize, grid: usize, key_tiles: usize, max_splits: 
     // ceil(key_tiles / splits): more splits than ceil(key_tiles / per) would be empty.
     let splits = key_tiles.div_ceil(key_tiles.div_ceil(splits));
     (splits >= 2).then_some((tail, splits))
+}
+
+/// The compiled head dim and tiles `(block_m, block_n, threads, stages)` of a problem on this
+/// path: [`choose_block_n`]'s key tile, or the one forced by
+/// [`super::AttentionTuning::hopper_block_n`].
+pub fn plan_tiles(problem: &AttentionProblem, options: &AttentionOptions) -> Result<(u32, Tiles), Error> {
+    let d = head_dim(problem.head_dim);
+    let block_n = options.tuning.hopper_block_n.unwrap_or_else(|| {
+        choose_block_n(
+            d,
+            problem.seqlen_q,
+            problem.seqlen_k,
+            options.window_for(problem.seqlen_q, problem.seqlen_k),
+            problem.varlen.is_some(),
+        )
+    });
+    Ok((d, tiles(d, block_n)?))
+}
+
+/// Whether a plan of `block_m`-row query tiles and `splits` KV splits runs CTA pairs:
+/// [`use_cta_pairs`] with [`super::AttentionTuning::hopper_cta_pairs`].
+pub fn plan_pairs(problem: &AttentionProblem, options: &AttentionOptions, block_m: u32, splits: usize) -> bool {
+    use_cta_pairs(
+        options.tuning.hopper_cta_pairs,
+        block_m,
+        splits,
+        problem.varlen.is_some(),
+        problem.seqlen_q,
+        problem.seqlen_k,
+    )
+}
+
+/// The persistent grid: [`grid`], capped by [`super::AttentionTuning::hopper_max_ctas`].
+fn capped_grid(work_items: usize, sm_count: u32, max_ctas: Option<usize>) -> u32 {
+    let g = grid(work_items, sm_count);
+    max_ctas.map_or(g, |m| g.min(m.clamp(1, u32::MAX as usize) as u32))
+}
+
+/// Device addresses of a scheduler buffer's tile counter and work slots ([`scheduler_len`]).
+fn scheduler_ptrs(scheduler: &WorkCounters) -> (u64, u64) {
+    (scheduler.ptr(), scheduler.ptr_at(SCHEDULER_SLOTS_OFFSET))
+}
+
+/// The persistent launch, fixed by the problem (computed once by the plan).
+struct HopperLaunch {
+    /// Persistent CTAs ([`capped_grid`]; with CTA pairs two per cluster).
+    grid: u32,
+    /// Work items of the whole problem: `q_tiles * splits * B * Hq`, with CTA pairs
+    /// `ceil(q_tiles / 2) * B * Hq` (the tail split, if any, takes the last ones).
+    work_items: usize,
+    /// Batch-heads per L2 section ([`l2_section_heads`]); the tail launch decodes its items in
+    /// this launch's order, so it passes the same value.
+    l2_heads: i32,
+    /// The scheduler state ([`scheduler_len`]): the tile counter (zeroed by the plan; every
+    /// launch leaves it at zero) and the CTAs' work slots. Launches of one plan are ordered on
+    /// its context's stream.
+    scheduler: WorkCounters,
+}
+
+/// The second launch of a plan whose work items leave a short last wave ([`tail_split`]): the
+/// split-KV variant of the plan's kernel runs the last `items` items of the first launch's
+/// order, `splits` ways each, into its own workspace, and the combine kernel merges them through
+/// `meta` (flash_sm90.cu, combine.cu).
+struct TailSplit {
+    items: usize,
+    splits: usize,
+    kernel: Arc<Kernel>,
+    combine: Arc<Kernel>,
+    /// `splits * rows * (head_dim + 1)` f32: partial outputs, then LSEs (rows = items * block_m).
+    workspace: DeviceBuffer<f32>,
+    /// `{b, h, i}` per partial row, written by the tail launch (b = -1 until then).
+    meta: DeviceBuffer<i32>,
+    /// Its own scheduler state: the first launch's last draw resets that one's counter.
+    scheduler: WorkCounters,
+    /// Its persistent CTAs ([`capped_grid`] of `items * splits`).
+    grid: u32,
+}
+
+/// The Hopper part of a plan: the persistent launch's shape and scheduler state, and the tail
+/// split when the plan takes it.
+pub struct HopperPlan {
+    launch: HopperLaunch,
+    tail: Option<TailSplit>,
+}
+
+impl HopperPlan {
+    /// Sizes the persistent launch of `kernel` (the plan's compiled `variant`, `splits` KV
+    /// splits of `k_tiles` key tiles, `q_tiles` query tiles per sequence) on `ctx`'s GPU, and
+    /// plans the tail split.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: &Context,
+        problem: &AttentionProblem,
+        options: &AttentionOptions,
+        variant: &Variant,
+        kernel: &Kernel,
+        q_tiles: usize,
+        k_tiles: usize,
+        splits: usize,
+    ) -> Result<HopperPlan, Error> {
+        let bh = problem.batch * problem.heads_q;
+        let sms = ctx.info().sm_count;
+        // With CTA pairs a work item is a pair of query tiles and the grid counts CTAs, two per
+        // cluster, as many clusters as fit at once.
+        let units = if variant.pair { q_tiles.div_ceil(2) } else { q_tiles };
+        let work_items = units * splits * bh;
+        let grid = if variant.pair {
+            let resident = kernel.max_active_clusters(
+                ctx,
+                LaunchConfig::clustered(2, variant.threads, variant.shared_bytes(), 2),
+            )? as usize;
+            let cap = options.tuning.hopper_max_ctas.map_or(usize::MAX, |m| (m / 2).max(1));
+            2 * work_items.min(resident).min(cap).max(1) as u32
+        } else {
+            capped_grid(work_items, sms, options.tuning.hopper_max_ctas)
+        };
+        // stream-ordered, before any launch of this plan
+        let scheduler = WorkCounters::new(ctx, scheduler_len(sms))?;
+        let launch = HopperLaunch {
+            grid,
+            work_items,
+            l2_heads: l2_section_heads(
+                ctx.info().l2_bytes,
+                problem.seqlen_k,
+                problem.head_dim,
+                problem.group(),
+                bh,
+                units * splits,
+                if variant.pair { grid as usize / 2 } else { grid as usize },
+            ),
+            scheduler,
+        };
+        // The tail split: equal items (no mask, no varlen), and no split-KV, neither the plan's
+        // own nor forced (num_splits: Some(1) disables split-KV, the tail's included).
+        let tail = if options.tuning.hopper_tail_split
+            && options.tuning.num_splits.is_none()
+            && splits == 1
+            && !variant.pair
+            && !variant.masked
+            && problem.varlen.is_none()
+        {
+            match tail_split(launch.work_items, launch.grid as usize, k_tiles, MAX_SPLITS) {
+                Some((items, tail_splits)) => {
+                    let kernel = ctx.kernel(
+                        &Variant {
+                            split: true,
+                            ..*variant
+                        }
+                        .spec(),
+                    )?;
+                    let combine = ctx.kernel(
+                        &CombineVariant {
+                            dtype: problem.dtype,
+                            head_dim: variant.head_dim,
+                        }
+                        .spec(),
+                    )?;
+                    let rows = items * variant.block_m as usize;
+                    let workspace = ctx.alloc::<f32>(tail_splits * rows * (variant.head_dim as usize + 1))?;
+                    let mut meta = ctx.alloc::<i32>(3 * rows)?;
+                    meta.fill_bytes(0xff)?; // b = -1: rows no item writes stay skipped
+                    let scheduler = WorkCounters::new(ctx, scheduler_len(sms))?;
+                    Some(TailSplit {
+                        items,
+                        splits: tail_splits,
+                        kernel,
+                        combine,
+                        workspace,
+                        meta,
+                        scheduler,
+                        grid: capped_grid(items * tail_splits, sms, options.tuning.hopper_max_ctas),
+                    })
+                }
+                None => None,
+            }
+        } else {
+            None
+        };
+        Ok(HopperPlan { launch, tail })
+    }
+
+    /// Persistent CTAs of the first launch (with CTA pairs two per cluster).
+    pub fn grid(&self) -> u32 {
+        self.launch.grid
+    }
+
+    /// The tail split this plan runs, `(items, splits)` ([`tail_split`]), if any.
+    pub fn tail_split(&self) -> Option<(usize, usize)> {
+        self.tail.as_ref().map(|t| (t.items, t.splits))
+    }
+
+    /// Bytes of device memory this part holds (scheduler state, the tail's workspace and meta).
+    pub fn workspace_bytes(&self) -> usize {
+        self.launch.scheduler.bytes()
+            + self
+                .tail
+                .as_ref()
+                .map_or(0, |t| t.workspace.bytes() + t.meta.bytes() + t.scheduler.bytes())
+    }
+
+    /// Launches `kernel` (the plan's `variant`) on the persistent grid with the Q, K and V
+    /// tensor maps ([`tensor_maps`]), then the tail split's launch and merge, if any.
+    pub fn launch(
+        &self,
+        ctx: &Context,
+        kernel: &Kernel,
+        variant: &Variant,
+        params: &AttentionParams,
+        (q_map, k_map, v_map): (TensorMap, TensorMap, TensorMap),
+    ) -> Result<(), Error> {
+        let launch = &self.launch;
+        let (tile_counter, work_slots) = scheduler_ptrs(&launch.scheduler);
+        let work = launch.work_items;
+        let tail_items = self.tail.as_ref().map_or(0, |t| t.items);
+        let hp = HopperParams {
+            p: *params,
+            q_map,
+            k_map,
+            v_map,
+            work_items: (work - tail_items) as i32,
+            l2_heads: launch.l2_heads,
+            tile_counter,
+            work_slots,
+            tail_first: -1,
+            pad_: [0; 9],
+        };
+        let cfg = if variant.pair {
+            LaunchConfig::clustered(launch.grid, variant.threads, variant.shared_bytes(), 2)
+        } else {
+            LaunchConfig::linear(launch.grid, variant.threads, variant.shared_bytes())
+        };
+        // SAFETY: `hp` mirrors HopperParams of flash_sm90.cu; the tensor maps describe the
+        // validated q/k/v views (TMA clips every box to their extents; with pairs the K/V
+        // boxes are the half tiles the kernel loads) and every other pointer is as for the
+        // Ampere launch (AttentionPlan::run validated the views against the problem). A pair
+        // kernel is launched in clusters of two, as its multicast copies and remote barrier
+        // arrivals require.
+        unsafe { kernel.launch(ctx, cfg, &hp)? };
+        if let Some(t) = &self.tail {
+            let rows = t.items * variant.block_m as usize;
+            let (o_partial, lse_partial) = partial_ptrs(&t.workspace, t.splits * rows * variant.head_dim as usize);
+            let (tile_counter, work_slots) = scheduler_ptrs(&t.scheduler);
+            let tp = AttentionParams {
+                o_partial,
+                lse_partial,
+                partial_rows: rows as i64,
+                num_splits: t.splits as i32,
+                tail_meta: t.meta.device_ptr(),
+                ..*params
+            };
+            let thp = HopperParams {
+                p: tp,
+                work_items: (t.items * t.splits) as i32,
+                tile_counter,
+                work_slots,
+                tail_first: (work - t.items) as i32,
+                ..hp
+            };
+            let cfg = LaunchConfig::linear(t.grid, variant.threads, variant.shared_bytes());
+            // SAFETY: as above; the split variant writes only the tail workspace and meta
+            // rows (sized for items * block_m rows and splits) and reads what the first
+            // launch reads. Stream order puts it after the first launch.
+            unsafe { t.kernel.launch(ctx, cfg, &thp)? };
+            // SAFETY: the combine reads the tail workspace and meta the launch before wrote
+            // (same stream) and writes out/lse rows of the validated views that meta names.
+            unsafe { t.combine.launch(ctx, combine_config(rows), &tp)? };
+        }
+        Ok(())
+    }
+}
+
+/// The Q, K and V tensor maps of the kernel for the plan's `problem` and `variant` (views
+/// already checked by the plan's alignment rule; all zero when nothing is launched).
+pub fn tensor_maps(
+    problem: &AttentionProblem,
+    variant: &Variant,
+    q: &TensorView,
+    k: &TensorView,
+    v: &TensorView,
+    layout: QkvLayout,
+    varlen: bool,
+) -> Result<(TensorMap, TensorMap, TensorMap), TmaError> {
+    let p = problem;
+    if p.batch == 0 || partial_rows(p) == 0 {
+        let z = TensorMap::default();
+        return Ok((z, z, z)); // nothing is launched
+    }
+    let (rows_q, rows_k, batch) = match p.varlen {
+        Some((tq, tk)) => (tq, tk, 1),
+        None => (p.seqlen_q, p.seqlen_k, p.batch),
+    };
+    let shape = |t: &TensorView, rows: usize, heads: usize, box_rows: u32| {
+        let (sb, sn, sh) = strides_bnh(t, layout, varlen);
+        QkvMapShape {
+            ptr: t.device_ptr(),
+            dtype: p.dtype,
+            cols: p.head_dim,
+            rows,
+            heads,
+            batch,
+            stride_n: sn,
+            stride_h: sh,
+            stride_b: sb,
+            box_rows,
+        }
+    };
+    let bm = variant.block_m;
+    // CTA pairs load half of each key tile each (multicast to both).
+    let bn = if variant.pair {
+        variant.block_n / 2
+    } else {
+        variant.block_n
+    };
+    Ok((
+        shape(q, rows_q, p.heads_q, bm).encode()?,
+        shape(k, rows_k, p.heads_kv, bn).encode()?,
+        shape(v, rows_k, p.heads_kv, bn).encode()?,
+    ))
 }
 
 #[cfg(test)]

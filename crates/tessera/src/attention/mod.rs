@@ -35,6 +35,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod ampere;
 #[cfg(feature = "harness")]
 pub mod bench;
 pub mod hopper;
@@ -45,6 +46,7 @@ pub mod plan;
 pub mod reference;
 #[cfg(test)]
 mod tests;
+pub mod tuning;
 #[cfg(feature = "harness")]
 pub mod verify;
 
@@ -53,11 +55,12 @@ mod compile_tests;
 
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::runtime::{Context, DeviceBuffer, TensorView};
+use crate::runtime::{contiguous_strides, Context, DeviceBuffer, TensorView};
 
 #[cfg(feature = "harness")]
 pub use operator::OPERATOR;
-pub use plan::{AttentionPath, AttentionPlan};
+pub use plan::{AttentionPath, AttentionPlan, AttentionPlanKey};
+pub use tuning::AttentionTuning;
 
 /// Device source of the shared parameter header (`tessera/attention_params.cuh`).
 pub const PARAMS_HEADER: &str = include_str!("attention_params.cuh");
@@ -78,8 +81,9 @@ pub enum QkvLayout {
     Bhnd,
 }
 
-/// Options of an attention plan. Defaults: no mask, `scale = 1/sqrt(D)`, no softcap, no LSE,
-/// automatic path and split count.
+/// Options of an attention plan: what attention computes. Defaults: no mask,
+/// `scale = 1/sqrt(D)`, no softcap, no LSE, and the dispatcher's choice of kernel
+/// ([`AttentionTuning::default`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttentionOptions {
     /// Layout of padded-batch tensors. Default [`QkvLayout::Bnhd`].
@@ -97,46 +101,8 @@ pub struct AttentionOptions {
     pub softcap: f32,
     /// Also compute the f32 log-sum-exp. Default false.
     pub return_lse: bool,
-    /// Kernel path. Default [`AttentionPath::Auto`].
-    pub path: AttentionPath,
-    /// Split-KV count; `None` lets the plan choose from B, H, N and the SM count; `Some(1)`
-    /// disables split-KV. At most [`plan::MAX_SPLITS`].
-    pub num_splits: Option<usize>,
-    /// Keys per tile of the Ampere kernel for head dims 65..=128 without softcap: `None` lets
-    /// the plan choose by the GPU's shared memory per SM (64 where two of its 96 KiB CTAs fit,
-    /// as on Hopper; else 32); `Some(32)` or `Some(64)` forces it, for tests and benchmarks of
-    /// the other GPUs' tiling (`Some(64)` where two such CTAs do not fit an SM runs one per SM,
-    /// a tiling CI does not compile for those GPUs). An error elsewhere (other head dims,
-    /// softcap, other values); the Hopper kernel ignores it.
-    pub sm80_block_n: Option<u32>,
-    /// Batch-heads per section of the Ampere kernel's work order: `None` lets the plan choose
-    /// ([`plan::sm80_head_group`]: sections where the heads' K/V together exceed L2);
-    /// `Some(n)` (n >= 1) forces sections of n, for tests and benchmarks. The Hopper kernel
-    /// ignores it.
-    pub sm80_heads_per_section: Option<usize>,
-    /// Keys per tile of the Hopper kernel for head dims 65..=128: `None` lets the plan choose
-    /// ([`hopper::choose_block_n`]: 176 for long sequences of at least 2048 queries where its
-    /// padding costs little, 128 otherwise); `Some(128)` or `Some(176)` forces it, for tests
-    /// and benchmarks. An error for other head dims or values; the Ampere kernel ignores it.
-    pub hopper_block_n: Option<u32>,
-    /// The Hopper plan's tail split (default `true`): where a problem without masks or varlen,
-    /// for which the plan chose no split-KV itself (`num_splits: None`), leaves its persistent
-    /// CTAs a short last wave of equal work items, the plan runs those last items in a second
-    /// launch after the first, each split along the keys over the whole GPU, and merges them
-    /// ([`hopper::tail_split`]). `false` runs every item whole. The Ampere kernel ignores it.
-    pub hopper_tail_split: bool,
-    /// Caps the Hopper kernel's persistent grid (default `None`: one CTA per SM), so that tests
-    /// reach the tail split and other whole-wave effects on small problems. At least 1; the
-    /// Ampere kernel ignores it.
-    pub hopper_max_ctas: Option<usize>,
-    /// CTA pairs on the Hopper kernel: clusters of two CTAs on neighbouring query tiles of one
-    /// head, each loading half of every K/V tile into both by TMA multicast (half the L2 reads
-    /// of K and V). `None` (default) lets the plan choose ([`hopper::use_cta_pairs`]: padded
-    /// batches with sequences of at least [`hopper::PAIR_MIN_SEQLEN`] queries and keys);
-    /// `Some(true)` runs pairs wherever the kernel has them (no split-KV, head dims 65..=256),
-    /// varlen batches included, `Some(false)` never. `AttentionPlan::describe` says whether a
-    /// plan took them. The Ampere kernel ignores it.
-    pub hopper_cta_pairs: Option<bool>,
+    /// Kernel choices forced for benchmarks and experiments. Default: the dispatcher's.
+    pub tuning: AttentionTuning,
 }
 
 impl Default for AttentionOptions {
@@ -148,14 +114,7 @@ impl Default for AttentionOptions {
             scale: None,
             softcap: 0.0,
             return_lse: false,
-            path: AttentionPath::Auto,
-            num_splits: None,
-            sm80_block_n: None,
-            sm80_heads_per_section: None,
-            hopper_block_n: None,
-            hopper_tail_split: true,
-            hopper_max_ctas: None,
-            hopper_cta_pairs: None,
+            tuning: AttentionTuning::default(),
         }
     }
 }
@@ -763,13 +722,4 @@ pub fn flash_forward<T: Element>(
         plan.run(q, k, v, &mut o, lse_view.as_mut(), varlen)?;
     }
     Ok((out, lse))
-}
-
-/// Row-major strides of a shape.
-pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
-    let mut s = vec![1usize; shape.len()];
-    for i in (0..shape.len().saturating_sub(1)).rev() {
-        s[i] = s[i + 1] * shape[i + 1];
-    }
-    s
 }

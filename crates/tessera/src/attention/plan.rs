@@ -1,39 +1,37 @@
 //! Attention dispatch: which kernel (path, tiles, head-dim specialisation, mask and softcap
-//! compiled in or not), how many KV splits, and the launch itself.
+//! compiled in or not), how many KV splits, the split-KV workspace and merge, and the plan
+//! ([`AttentionPlan`]) that holds them. What only one path needs lives in its module:
 //!
-//! Paths:
 //! - [`AttentionPath::Hopper`] (`sm_90a` only): TMA + mbarrier pipeline, wgmma, warp-specialised
-//!   producer/consumer warpgroups (`flash_sm90.cu`).
+//!   producer/consumer warpgroups (`flash_sm90.cu`); a persistent 1-D grid of at most one CTA
+//!   per SM walking a static list of (query tile, split, batch-head) items, longest first, and
+//!   a tail split for a short last wave ([`super::hopper`], [`HopperPlan`]).
 //! - [`AttentionPath::Sm80`] (any `sm_80+`): ldmatrix + mma.sync with cp.async double buffering,
-//!   FlashAttention-2 partitioning (`flash_sm80.cu`).
+//!   FlashAttention-2 partitioning (`flash_sm80.cu`) over a `(B * Hq, q_tiles, splits)` grid in
+//!   L2 sections of heads ([`super::ampere`], [`AmperePlan`]).
 //!
-//! Grid of the Ampere kernel: `(B * Hq, q_tiles, splits)`, blocks launched in x-fastest order;
-//! the kernel maps each block's linear index to a (batch-head, query tile) pair in sections of
-//! [`sm80_head_group`] batch-heads, each section's query tiles longest first (causal) with its
-//! heads interleaved: the CTAs resident at once share the K/V of few heads in L2, and the
-//! longest tiles still start early. The Hopper kernel is persistent instead: a 1-D grid
-//! of at most one CTA per SM walking a static list of (query tile, split, batch-head) items,
-//! longest first (see [`super::hopper`]). With `splits > 1` each split writes normalised
-//! partial outputs and LSEs to a workspace that `combine.cu` merges with the online-softmax rule.
-//! A Hopper plan whose equal items leave a short last wave runs those items in a second,
-//! split-KV launch with its own small workspace and merge (the tail split, `TailSplit`).
+//! With `splits > 1` each split writes normalised partial outputs and LSEs to a workspace that
+//! `combine.cu` merges with the online-softmax rule.
 
 use std::sync::Arc;
 
-use super::hopper::{self, HopperParams, MapShape, TmaError};
-use super::{strides_bnh, AttentionOptions, AttentionProblem, QkvLayout, VarlenBatch, DEVICE_HEADERS, PARAMS_HEADER};
+use super::ampere::{self, AmperePlan};
+use super::hopper::{self, HopperPlan};
+use super::{
+    strides_bnh, AttentionOptions, AttentionProblem, AttentionTuning, QkvLayout, VarlenBatch, DEVICE_HEADERS,
+    PARAMS_HEADER,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::runtime::tma::TmaError;
 use crate::runtime::{
-    Arch, Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig, TensorView, TensorViewMut,
+    contiguous_strides, Arch, Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig,
+    TensorView, TensorViewMut,
 };
 
 const SM80_SOURCE: &str = include_str!("flash_sm80.cu");
 const COMBINE_SOURCE: &str = include_str!("combine.cu");
 const SM90_SOURCE: &str = include_str!("flash_sm90.cu");
-
-/// Largest grid y (query tiles per sequence on the Ampere path).
-const MAX_GRID_Y: usize = 65535;
 
 /// Most KV splits a plan uses.
 pub const MAX_SPLITS: usize = 64;
@@ -101,13 +99,17 @@ pub struct AttentionParams {
     pub num_splits: i32,
     pub q_tiles: i32,
     pub head_group: i32,
-    /// Hopper tail launch: `{b, h, i}` per partial row (see `TailSplit`); 0 otherwise.
+    /// Hopper tail launch: `{b, h, i}` per partial row (the tail split of `hopper::HopperPlan`);
+    /// 0 otherwise.
     pub tail_meta: u64,
 }
 
 // SAFETY: plain data matching the C layout of ts::AttentionParams (checked by a test that
 // compiles `sizeof` into a kernel and by the field list above).
 unsafe impl KernelParams for AttentionParams {}
+
+/// Tiles of a forward kernel: `(block_m, block_n, threads, stages)`.
+pub type Tiles = (u32, u32, u32, u32);
 
 /// Size of `ts::AttentionParams` in bytes.
 pub const PARAMS_BYTES: usize = std::mem::size_of::<AttentionParams>();
@@ -134,6 +136,9 @@ pub struct Variant {
     /// Hopper: clusters of two CTAs on neighbouring query tiles that share each K/V tile's load
     /// (TMA multicast, [`hopper::use_cta_pairs`]).
     pub pair: bool,
+    /// Hopper: built without intra-warpgroup pipelining, one key tile at a time
+    /// (`TS_ATTN_SIMPLE_MAINLOOP`; [`AttentionTuning::hopper_simple_mainloop`], a debugging aid).
+    pub simple_mainloop: bool,
 }
 
 impl Variant {
@@ -157,7 +162,7 @@ impl Variant {
             .define(
                 "TS_ATTN_SIMPLE_MAINLOOP",
                 "simple",
-                self.path == AttentionPath::Hopper && hopper::simple_mainloop(),
+                self.path == AttentionPath::Hopper && self.simple_mainloop,
             )
     }
 
@@ -220,54 +225,6 @@ pub fn compiled_head_dim(d: usize) -> u32 {
     }
 }
 
-/// Tiles of the Ampere kernel for a compiled head dim: `(block_m, block_n, threads, stages)`.
-/// Each warp owns `block_m / (threads / 32)` query rows (whole m16 blocks; flash_sm80.cu).
-/// - D <= 64: FlashAttention-2's 4 warps of 32 rows (every K/V fragment feeds two row blocks:
-///   half the ldmatrix traffic per MMA), 64 keys per tile, 3 stages (64 KiB), Q re-read from
-///   shared memory: 236-242 registers, two CTAs per SM. (8 warps of 16 rows over 128 x 128
-///   tiles took 174 registers, so one CTA per SM.)
-/// - D <= 128: the same 4 warps of 32 rows. Where two such CTAs of 96 KiB fit an SM
-///   (`shared_per_sm`, the device's shared memory per multiprocessor: Hopper's 228 KiB), 64 keys
-///   per tile and 2 stages: the 2 x (D / 2) accumulator and the 2 x 32 scores fit in 255
-///   registers with lazy rescaling (flash_sm80.cu, tuning steps 3-4: H200 up to 18% faster than
-///   32-key tiles, bench/NOTES.md runs 25-26 and 32).
-///   Otherwise (A100's 164 KiB would hold one such CTA, sm_86 / sm_89 hold one of either), and
-///   with a softcap (its tanh needs more registers), 32 keys per tile and 3 stages (80 KiB).
-/// - larger D: 64 x 32 over 4 warps, 16 rows each, Q re-read from shared memory.
-///
-/// Every choice keeps the shared memory within 96 KiB, so it also fits sm_86 / sm_89 (99 KiB).
-pub fn sm80_tiles(head_dim: u32, softcap: bool, shared_per_sm: u32) -> (u32, u32, u32, u32) {
-    sm80_tiles_keyed(head_dim, softcap, shared_per_sm >= SM80_WIDE_TILE_MIN_SHARED_PER_SM)
-}
-
-/// As [`sm80_tiles`], with the 64-key D <= 128 tile taken when `wide` (no softcap) instead of
-/// by the shared memory: what `AttentionOptions::sm80_block_n` forces.
-pub fn sm80_tiles_keyed(head_dim: u32, softcap: bool, wide: bool) -> (u32, u32, u32, u32) {
-    match head_dim {
-        0..=64 => (128, 64, 128, 3),
-        65..=128 if !softcap && wide => (128, 64, 128, 2),
-        65..=128 => (128, 32, 128, 3),
-        _ => (64, 32, 128, 2),
-    }
-}
-
-/// Shared memory per SM that holds two CTAs of the Ampere kernel's 64-key D <= 128 tile (96 KiB
-/// each plus the 1 KiB the driver reserves per CTA).
-pub const SM80_WIDE_TILE_MIN_SHARED_PER_SM: u32 = 2 * (96 * 1024 + 1024);
-
-/// The shared memory per SM of the GPUs of `arch` (CUDA C++ Programming Guide, table of
-/// compute capabilities): 164 KiB on sm_80 / sm_87, 228 KiB on sm_90 and sm_100, 100 KiB on
-/// sm_86 / sm_89; None for an architecture not listed. It decides the Ampere kernel's tiling
-/// ([`sm80_tiles`]), so CI compiles for each arch the tilings its GPUs can get.
-pub fn shared_per_sm_of(arch: Arch) -> Option<u32> {
-    match (arch.major, arch.minor) {
-        (8, 0) | (8, 7) => Some(164 * 1024),
-        (8, 6) | (8, 9) => Some(100 * 1024),
-        (9, 0) | (10, 0) => Some(228 * 1024),
-        _ => None,
-    }
-}
-
 /// Waves of resident CTAs one section of a work order aims to fill (both kernels).
 pub const SECTION_WAVES: usize = 4;
 
@@ -279,93 +236,12 @@ pub fn heads_for_waves(resident_ctas: usize, items_per_head: usize, max_heads: u
         .clamp(1, max_heads.max(1))
 }
 
-/// Waves of resident CTAs an Ampere section aims for where the heads' K/V together exceed L2 but
-/// one head's does not (see [`sm80_head_group`]).
-pub const SM80_SECTION_WAVES: f64 = 2.0;
-
-/// Batch-heads per section of the Ampere kernel's work order (flash_sm80.cu, `work_tile`), for
-/// `batch_heads` query heads of `q_tiles` query tiles each, `kv_group` query heads per K/V head,
-/// `kv_bytes_per_head` bytes of K and V per K/V head and `resident_ctas` CTAs on the GPU at once.
-/// - One head's K/V over a quarter of L2: the CTAs that run every head's same query tile
-///   together drift apart along their heads' keys faster than L2 keeps them, so sections of the
-///   fewest heads that hold [`SECTION_WAVES`] (4) waves: within a section the longest causal
-///   tiles start first and the next section fills in behind them, while the CTAs running
-///   together read the K/V of few heads and L2 serves it to many of them.
-/// - Else, where all heads' K/V exceed L2: sections of the divisor of `batch_heads` nearest (by
-///   ratio) to [`SM80_SECTION_WAVES`] (2) waves, between half and twice that, whose K/V fit L2.
-///   Only divisors: the kernel's last section takes the remainder, and a short last section
-///   leaves the launch's tail to a fraction of a wave (9-head sections of 32 heads lost 4.5-8%
-///   at causal N = 4096 and 8192). No such divisor: one section.
-/// - Else one section: every head's same query tile together, globally longest first.
-///
-/// H200 (132 SMs x 2 CTAs, 60 MiB L2), bench/NOTES.md runs 118-119, one binary, three rounds,
-/// sections of this rule against one section: causal fp16 B=1 H=32 D=128 N = 4096 (16 heads)
-/// 1.015x, 8192 (8) 1.005x, 16384 (4) 1.021x; non-causal bf16 B=4 H=16 N=8192 (8) D64 1.044x,
-/// D128 1.048x; GQA B=4 32/8 N=4096 (16) 1.010x; varlen (8) 1.051x; N = 2048 and below (K/V in
-/// L2) one section as before. Run 33: N = 32768 (16 MiB of K/V per head) 23.5-23.9 ms with
-/// sections of 4-8 heads against 24.3-24.4 with one (L2 hits 96% against 63%). Sections of less
-/// than a wave lose up to 40% at N = 2048.
-pub fn sm80_head_group(
-    batch_heads: usize,
-    q_tiles: usize,
-    resident_ctas: usize,
-    kv_group: usize,
-    kv_bytes_per_head: usize,
-    l2_bytes: usize,
-) -> usize {
-    let heads = batch_heads.max(1);
-    let group = kv_group.clamp(1, heads);
-    if kv_bytes_per_head.saturating_mul(4) > l2_bytes {
-        return heads_for_waves(resident_ctas, q_tiles, heads);
-    }
-    let kv_bytes_of = |h: usize| h.div_ceil(group).saturating_mul(kv_bytes_per_head);
-    if kv_bytes_of(heads) <= l2_bytes {
-        return heads;
-    }
-    let ideal = SM80_SECTION_WAVES * resident_ctas.max(1) as f64 / q_tiles.max(1) as f64;
-    (1..heads)
-        .filter(|&h| heads % h == 0 && kv_bytes_of(h) <= l2_bytes)
-        .filter(|&h| (h as f64) >= ideal / 2.0 && (h as f64) <= ideal * 2.0)
-        .min_by(|&a, &b| {
-            let off = |h: usize| (h as f64 / ideal).ln().abs();
-            off(a).total_cmp(&off(b))
-        })
-        .unwrap_or(heads)
-}
-
-/// The Hopper kernel's persistent launch, fixed by the problem (computed once by the plan).
-struct HopperLaunch {
-    /// Persistent CTAs ([`hopper_grid`]; with CTA pairs two per cluster).
-    grid: u32,
-    /// Work items of the whole problem: `q_tiles * splits * B * Hq`, with CTA pairs
-    /// `ceil(q_tiles / 2) * B * Hq` (the tail split, if any, takes the last ones).
-    work_items: usize,
-    /// Batch-heads per L2 section ([`hopper::l2_section_heads`]); the tail launch decodes its
-    /// items in this launch's order, so it passes the same value.
-    l2_heads: i32,
-    /// The scheduler state ([`hopper::scheduler_len`]): the tile counter (zeroed by the plan;
-    /// every launch leaves it at zero) and the CTAs' work slots. Launches of one plan are
-    /// ordered on its context's stream.
-    scheduler: DeviceBuffer<i32>,
-}
-
-/// The second launch of a Hopper plan whose work items leave a short last wave
-/// ([`hopper::tail_split`]): the split-KV variant of the plan's kernel runs the last `items`
-/// items of the first launch's order, `splits` ways each, into its own workspace, and the
-/// combine kernel merges them through `meta` (flash_sm90.cu, combine.cu).
-struct TailSplit {
-    items: usize,
-    splits: usize,
-    kernel: Arc<Kernel>,
-    combine: Arc<Kernel>,
-    /// `splits * rows * (head_dim + 1)` f32: partial outputs, then LSEs (rows = items * block_m).
-    workspace: DeviceBuffer<f32>,
-    /// `{b, h, i}` per partial row, written by the tail launch (b = -1 until then).
-    meta: DeviceBuffer<i32>,
-    /// Its own scheduler state: the first launch's last draw resets that one's counter.
-    scheduler: DeviceBuffer<i32>,
-    /// Its persistent CTAs ([`hopper_grid`] of `items * splits`).
-    grid: u32,
+/// The backend part of a plan: what only one path needs.
+enum Backend {
+    /// The Ampere kernel's work-order sections.
+    Ampere(AmperePlan),
+    /// The Hopper kernel's persistent launch, scheduler state and tail split.
+    Hopper(HopperPlan),
 }
 
 /// A plan: the kernels, the split count and the workspace for one problem.
@@ -373,19 +249,15 @@ pub struct AttentionPlan {
     ctx: Context,
     problem: AttentionProblem,
     options: AttentionOptions,
+    key: AttentionPlanKey,
     variant: Variant,
     kernel: Arc<Kernel>,
     combine: Option<Arc<Kernel>>,
     splits: usize,
     q_tiles: usize,
-    /// The Ampere kernel's work-order section ([`sm80_head_group`]).
-    head_group: usize,
     /// Split-KV workspace: partial outputs then partial LSEs (f32).
     workspace: Option<DeviceBuffer<f32>>,
-    /// Hopper path: the persistent launch's shape and scheduler state.
-    hopper: Option<HopperLaunch>,
-    /// Hopper path: the tail split ([`hopper::tail_split`]), when the plan takes it.
-    tail: Option<TailSplit>,
+    backend: Backend,
     /// Under `Auto` on Hopper: the Ampere plan used for views that TMA cannot describe
     /// (misaligned base or strides), built on first need.
     fallback: std::sync::OnceLock<Box<AttentionPlan>>,
@@ -398,6 +270,46 @@ impl std::fmt::Debug for AttentionPlan {
             .field("variant", &self.variant)
             .field("splits", &self.splits)
             .finish()
+    }
+}
+
+/// Everything an [`AttentionPlan`] was made from, as a hashable value: the problem (shapes,
+/// dtype, varlen totals), every option including the tuning (floats by their bit patterns) and
+/// the device (its ordinal and architecture, which with the options decide the kernels and
+/// tiles). Two plans with equal keys made on contexts of one device are interchangeable, so a
+/// cache of plans can be keyed by it (with the context's stream where plans are per stream).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttentionPlanKey {
+    pub problem: AttentionProblem,
+    pub layout: QkvLayout,
+    pub causal: bool,
+    pub window: (i32, i32),
+    /// `AttentionOptions::scale` by its bits.
+    pub scale_bits: Option<u32>,
+    /// `AttentionOptions::softcap` by its bits.
+    pub softcap_bits: u32,
+    pub return_lse: bool,
+    pub tuning: AttentionTuning,
+    /// The device's ordinal.
+    pub device: usize,
+    pub arch: Arch,
+}
+
+impl AttentionPlanKey {
+    /// The key of a plan for `problem` and `options` on device `device` of architecture `arch`.
+    pub fn new(problem: &AttentionProblem, options: &AttentionOptions, device: usize, arch: Arch) -> AttentionPlanKey {
+        AttentionPlanKey {
+            problem: *problem,
+            layout: options.layout,
+            causal: options.causal,
+            window: options.window,
+            scale_bits: options.scale.map(f32::to_bits),
+            softcap_bits: options.softcap.to_bits(),
+            return_lse: options.return_lse,
+            tuning: options.tuning,
+            device,
+            arch,
+        }
     }
 }
 
@@ -423,7 +335,7 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
             format!("window sizes must be >= -1 (-1 = unbounded), got {:?}", o.window),
         ));
     }
-    if let Some(s) = o.num_splits {
+    if let Some(s) = o.tuning.num_splits {
         if s == 0 || s > MAX_SPLITS {
             return Err(Error::invalid(
                 "num_splits",
@@ -431,7 +343,7 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
             ));
         }
     }
-    if let Some(n) = o.hopper_block_n {
+    if let Some(n) = o.tuning.hopper_block_n {
         // Only head dims that have the long tiling have a choice to force.
         let choices = hopper::block_n_choices(hopper::head_dim(d));
         if !choices.contains(&hopper::LONG_BLOCK_N) || !choices.contains(&n) {
@@ -444,16 +356,16 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
             ));
         }
     }
-    if o.sm80_heads_per_section == Some(0) {
+    if o.tuning.sm80_heads_per_section == Some(0) {
         return Err(Error::invalid(
             "sm80_heads_per_section",
             "sm80_heads_per_section must be >= 1, got 0",
         ));
     }
-    if o.hopper_max_ctas == Some(0) {
+    if o.tuning.hopper_max_ctas == Some(0) {
         return Err(Error::invalid("hopper_max_ctas", "hopper_max_ctas must be >= 1, got 0"));
     }
-    if let Some(n) = o.sm80_block_n {
+    if let Some(n) = o.tuning.sm80_block_n {
         if n != 32 && n != 64 {
             return Err(Error::invalid(
                 "sm80_block_n",
@@ -473,28 +385,14 @@ pub fn validate_options(o: &AttentionOptions, d: usize) -> Result<()> {
     Ok(())
 }
 
-/// The Hopper kernel's persistent grid: [`hopper::grid`], capped by
-/// `AttentionOptions::hopper_max_ctas`.
-fn hopper_grid(work_items: usize, sm_count: u32, max_ctas: Option<usize>) -> u32 {
-    let g = hopper::grid(work_items, sm_count);
-    max_ctas.map_or(g, |m| g.min(m.clamp(1, u32::MAX as usize) as u32))
-}
-
 /// Device addresses of a split-KV workspace's partial outputs and of its LSEs, which follow
 /// `o_len` output floats.
-fn partial_ptrs(workspace: &DeviceBuffer<f32>, o_len: usize) -> (u64, u64) {
+pub(super) fn partial_ptrs(workspace: &DeviceBuffer<f32>, o_len: usize) -> (u64, u64) {
     (workspace.device_ptr(), workspace.device_ptr() + (o_len * 4) as u64)
 }
 
-/// Device addresses of a Hopper scheduler buffer's tile counter and work slots
-/// ([`hopper::scheduler_len`]).
-fn scheduler_ptrs(scheduler: &DeviceBuffer<i32>) -> (u64, u64) {
-    let base = scheduler.device_ptr();
-    (base, base + (hopper::SCHEDULER_SLOTS_OFFSET * 4) as u64)
-}
-
 /// The combine kernel's launch: one warp per partial row (and head) of `warp_items`.
-fn combine_config(warp_items: usize) -> LaunchConfig {
+pub(super) fn combine_config(warp_items: usize) -> LaunchConfig {
     let warps = (CombineVariant::THREADS / 32) as usize;
     LaunchConfig::linear(warp_items.div_ceil(warps) as u32, CombineVariant::THREADS, 0)
 }
@@ -515,54 +413,28 @@ pub fn choose_splits(ctas: usize, sms: usize, k_tiles: usize) -> usize {
 }
 
 impl AttentionPlan {
-    /// Chooses the kernel and split count, compiles (or loads) the kernels and allocates the
-    /// split workspace.
+    /// Chooses the path, kernel and split count, compiles (or loads) the kernels, allocates the
+    /// split workspace and plans the backend's part ([`AmperePlan`], [`HopperPlan`]).
     pub fn new(ctx: &Context, problem: &AttentionProblem, options: &AttentionOptions) -> Result<AttentionPlan> {
         problem.validate()?;
         validate_options(options, problem.head_dim)?;
         let arch = ctx.arch();
-        let path = resolve_path(options.path, arch)?;
+        let path = resolve_path(options.tuning.path, arch)?;
         let (head_dim, (block_m, block_n, threads, stages)) = match path {
-            AttentionPath::Hopper => {
-                let d = hopper::head_dim(problem.head_dim);
-                let block_n = options.hopper_block_n.unwrap_or_else(|| {
-                    hopper::choose_block_n(
-                        d,
-                        problem.seqlen_q,
-                        problem.seqlen_k,
-                        options.window_for(problem.seqlen_q, problem.seqlen_k),
-                        problem.varlen.is_some(),
-                    )
-                });
-                (d, hopper::tiles(d, block_n)?)
-            }
-            _ => {
-                let d = compiled_head_dim(problem.head_dim);
-                let softcap = options.softcap > 0.0;
-                let tiles = match options.sm80_block_n {
-                    Some(n) => sm80_tiles_keyed(d, softcap, n == 64),
-                    None => sm80_tiles(d, softcap, ctx.info().max_shared_per_sm),
-                };
-                (d, tiles)
-            }
+            AttentionPath::Hopper => hopper::plan_tiles(problem, options)?,
+            _ => ampere::tiles(ctx, problem, options),
         };
         let q_tiles = problem.seqlen_q.div_ceil(block_m as usize).max(1);
-        if path != AttentionPath::Hopper && q_tiles > MAX_GRID_Y {
-            // The Ampere grid puts query tiles on y (at most 65535 blocks).
-            return Err(Error::Unsupported(format!(
-                "{} queries per sequence need {q_tiles} query tiles of {block_m} on the {} path, more \
-                 than its {MAX_GRID_Y}; split the sequence",
-                problem.seqlen_q,
-                path.name()
-            )));
+        if path != AttentionPath::Hopper {
+            ampere::check_query_tiles(problem, q_tiles, block_m)?;
         }
         let k_tiles = problem.seqlen_k.div_ceil(block_n as usize);
-        let splits = match options.num_splits {
+        let splits = match options.tuning.num_splits {
             Some(s) => s.min(k_tiles.max(1)),
             // (the Hopper grid cap stands for a smaller GPU here too)
             None => choose_splits(
                 problem.batch.saturating_mul(problem.heads_q).saturating_mul(q_tiles),
-                match (path, options.hopper_max_ctas) {
+                match (path, options.tuning.hopper_max_ctas) {
                     (AttentionPath::Hopper, Some(m)) => m.min(ctx.info().sm_count as usize),
                     _ => ctx.info().sm_count as usize,
                 },
@@ -607,15 +479,8 @@ impl AttentionPlan {
             masked: options.window_for(problem.seqlen_q, problem.seqlen_k) != (-1, -1),
             softcap: options.softcap > 0.0,
             split: splits > 1,
-            pair: path == AttentionPath::Hopper
-                && hopper::use_cta_pairs(
-                    options.hopper_cta_pairs,
-                    block_m,
-                    splits,
-                    problem.varlen.is_some(),
-                    problem.seqlen_q,
-                    problem.seqlen_k,
-                ),
+            pair: path == AttentionPath::Hopper && hopper::plan_pairs(problem, options, block_m, splits),
+            simple_mainloop: path == AttentionPath::Hopper && options.tuning.hopper_simple_mainloop,
         };
         let kernel = ctx.kernel(&variant.spec())?;
         let (combine, workspace) = if splits > 1 {
@@ -632,115 +497,35 @@ impl AttentionPlan {
         } else {
             (None, None)
         };
-        let bh = problem.batch * problem.heads_q;
-        let head_group = match path {
-            AttentionPath::Hopper => bh.max(1),
-            _ => {
-                let resident = kernel.max_active_blocks_per_sm(ctx, threads, variant.shared_bytes())? as usize
-                    * ctx.info().sm_count as usize;
-                let kv_bytes = 2 * problem.seqlen_k * problem.head_dim * problem.dtype.size();
-                let kv_group = problem.heads_q / problem.heads_kv.max(1);
-                match options.sm80_heads_per_section {
-                    Some(n) => n.min(bh.max(1)),
-                    None => sm80_head_group(bh, q_tiles, resident, kv_group, kv_bytes, ctx.info().l2_bytes as usize),
-                }
-            }
-        };
-        let sms = ctx.info().sm_count;
-        let hopper = match path {
-            AttentionPath::Hopper => {
-                // With CTA pairs a work item is a pair of query tiles and the grid counts CTAs,
-                // two per cluster, as many clusters as fit at once.
-                let units = if variant.pair { q_tiles.div_ceil(2) } else { q_tiles };
-                let work_items = units * splits * bh;
-                let grid = if variant.pair {
-                    let resident = kernel
-                        .max_active_clusters(ctx, LaunchConfig::clustered(2, threads, variant.shared_bytes(), 2))?
-                        as usize;
-                    let cap = options.hopper_max_ctas.map_or(usize::MAX, |m| (m / 2).max(1));
-                    2 * work_items.min(resident).min(cap).max(1) as u32
-                } else {
-                    hopper_grid(work_items, sms, options.hopper_max_ctas)
-                };
-                let mut scheduler = ctx.alloc::<i32>(hopper::scheduler_len(sms))?;
-                scheduler.fill_bytes(0)?; // stream-ordered, before any launch of this plan
-                Some(HopperLaunch {
-                    grid,
-                    work_items,
-                    l2_heads: hopper::l2_section_heads(
-                        ctx.info().l2_bytes,
-                        problem.seqlen_k,
-                        problem.head_dim,
-                        problem.group(),
-                        bh,
-                        units * splits,
-                        if variant.pair { grid as usize / 2 } else { grid as usize },
-                    ),
-                    scheduler,
-                })
-            }
-            _ => None,
-        };
-        // The tail split: Hopper, equal items (no mask, no varlen), and no split-KV, neither the
-        // plan's own nor forced (num_splits: Some(1) disables split-KV, the tail's included).
-        let tail = match &hopper {
-            Some(launch)
-                if options.hopper_tail_split
-                    && options.num_splits.is_none()
-                    && splits == 1
-                    && !variant.pair
-                    && !variant.masked
-                    && problem.varlen.is_none() =>
-            {
-                match hopper::tail_split(launch.work_items, launch.grid as usize, k_tiles, MAX_SPLITS) {
-                    Some((items, tail_splits)) => {
-                        let kernel = ctx.kernel(&Variant { split: true, ..variant }.spec())?;
-                        let combine = ctx.kernel(
-                            &CombineVariant {
-                                dtype: problem.dtype,
-                                head_dim,
-                            }
-                            .spec(),
-                        )?;
-                        let rows = items * block_m as usize;
-                        let workspace = ctx.alloc::<f32>(tail_splits * rows * (head_dim as usize + 1))?;
-                        let mut meta = ctx.alloc::<i32>(3 * rows)?;
-                        meta.fill_bytes(0xff)?; // b = -1: rows no item writes stay skipped
-                        let mut scheduler = ctx.alloc::<i32>(hopper::scheduler_len(sms))?;
-                        scheduler.fill_bytes(0)?;
-                        Some(TailSplit {
-                            items,
-                            splits: tail_splits,
-                            kernel,
-                            combine,
-                            workspace,
-                            meta,
-                            scheduler,
-                            grid: hopper_grid(items * tail_splits, sms, options.hopper_max_ctas),
-                        })
-                    }
-                    None => None,
-                }
-            }
-            _ => None,
+        let backend = match path {
+            AttentionPath::Hopper => Backend::Hopper(HopperPlan::new(
+                ctx, problem, options, &variant, &kernel, q_tiles, k_tiles, splits,
+            )?),
+            _ => Backend::Ampere(AmperePlan::new(
+                ctx, problem, options, &variant, &kernel, q_tiles, splits,
+            )?),
         };
         Ok(AttentionPlan {
             ctx: ctx.clone(),
             problem: *problem,
             options: *options,
+            key: AttentionPlanKey::new(problem, options, ctx.info().ordinal, arch),
             variant,
             kernel,
             combine,
             splits,
             q_tiles,
-            head_group,
             workspace,
-            hopper,
-            tail,
+            backend,
             fallback: std::sync::OnceLock::new(),
         })
     }
 
+    /// Everything this plan was made from ([`AttentionPlanKey`]): equal keys (on one device)
+    /// mean interchangeable plans.
+    pub fn key(&self) -> AttentionPlanKey {
+        self.key
+    }
     pub fn problem(&self) -> &AttentionProblem {
         &self.problem
     }
@@ -753,11 +538,10 @@ impl AttentionPlan {
     /// Bytes of device memory the plan holds besides the caller's tensors.
     pub fn workspace_bytes(&self) -> usize {
         self.workspace.as_ref().map_or(0, |w| w.bytes())
-            + self.hopper.as_ref().map_or(0, |h| h.scheduler.bytes())
-            + self
-                .tail
-                .as_ref()
-                .map_or(0, |t| t.workspace.bytes() + t.meta.bytes() + t.scheduler.bytes())
+            + match &self.backend {
+                Backend::Hopper(h) => h.workspace_bytes(),
+                Backend::Ampere(_) => 0,
+            }
     }
     /// A readable description (`sm80 d128 m128 n64 splits 1`, `... tail 4x12` with a tail split,
     /// `... pairs grid 132` with CTA pairs).
@@ -770,18 +554,34 @@ impl AttentionPlan {
             self.variant.block_n,
             self.splits
         );
-        if let Some(t) = &self.tail {
-            s += &format!(" tail {}x{}", t.items, t.splits);
+        if let Some((items, splits)) = self.tail_split() {
+            s += &format!(" tail {items}x{splits}");
         }
         if self.variant.pair {
-            s += &format!(" pairs grid {}", self.hopper.as_ref().map_or(0, |h| h.grid));
+            s += &format!(" pairs grid {}", self.hopper().map_or(0, HopperPlan::grid));
         }
         s
     }
 
     /// The tail split this plan runs, `(items, splits)` ([`hopper::tail_split`]), if any.
     pub fn tail_split(&self) -> Option<(usize, usize)> {
-        self.tail.as_ref().map(|t| (t.items, t.splits))
+        self.hopper().and_then(HopperPlan::tail_split)
+    }
+
+    fn hopper(&self) -> Option<&HopperPlan> {
+        match &self.backend {
+            Backend::Hopper(h) => Some(h),
+            Backend::Ampere(_) => None,
+        }
+    }
+
+    /// The Ampere kernel's work-order section ([`ampere::sm80_head_group`]); the Hopper kernel
+    /// gets all batch-heads as one.
+    fn head_group(&self) -> usize {
+        match &self.backend {
+            Backend::Ampere(a) => a.head_group,
+            Backend::Hopper(_) => (self.problem.batch * self.problem.heads_q).max(1),
+        }
     }
 
     /// The LSE shape this plan writes: `[B, Hq, Nq]`, or `[Hq, total_q]` for varlen.
@@ -795,7 +595,7 @@ impl AttentionPlan {
     /// A contiguous LSE view of `buf` in [`AttentionPlan::lse_shape`].
     pub fn lse_view_mut<'a>(&self, buf: &'a mut DeviceBuffer<f32>) -> Result<TensorViewMut<'a>> {
         let shape = self.lse_shape();
-        let strides = super::contiguous_strides(&shape);
+        let strides = contiguous_strides(&shape);
         buf.view_mut(&shape, &strides)
     }
 
@@ -850,9 +650,9 @@ impl AttentionPlan {
         // TMA can still refuse a view the alignment rule accepts (a zero stride broadcasting K/V,
         // a stride of 2^40 bytes or more): Auto then runs the Ampere kernel.
         let maps = if self.variant.path == AttentionPath::Hopper {
-            match self.tensor_maps(q, k, v, layout, is_varlen) {
+            match hopper::tensor_maps(&self.problem, &self.variant, q, k, v, layout, is_varlen) {
                 Ok(m) => Some(m),
-                Err(TmaError::Misaligned(why)) if self.options.path == AttentionPath::Auto => {
+                Err(TmaError::Misaligned(why)) if self.options.tuning.path == AttentionPath::Auto => {
                     let _ = why;
                     return self.fallback_plan()?.run(q, k, v, out, lse, varlen);
                 }
@@ -862,7 +662,7 @@ impl AttentionPlan {
                          {why}; use AttentionPath::Auto or Sm80"
                     )))
                 }
-                Err(TmaError::Driver(e)) => return Err(e),
+                Err(TmaError::Driver(e) | TmaError::Invalid(e)) => return Err(e),
             }
         } else {
             None
@@ -941,94 +741,24 @@ impl AttentionPlan {
             softcap_log2: softcap * std::f32::consts::LOG2_E,
             num_splits: self.splits as i32,
             q_tiles: self.q_tiles as i32,
-            head_group: self.head_group as i32,
+            head_group: self.head_group() as i32,
             tail_meta: 0,
         };
         if self.problem.batch == 0 || rows == 0 {
             return Ok(());
         }
-        if let Some((q_map, k_map, v_map)) = maps {
-            let launch = self
-                .hopper
-                .as_ref()
-                .ok_or_else(|| Error::Unsupported("internal: a Hopper plan without its launch state".into()))?;
-            let (tile_counter, work_slots) = scheduler_ptrs(&launch.scheduler);
-            let work = launch.work_items;
-            let tail_items = self.tail.as_ref().map_or(0, |t| t.items);
-            let hp = HopperParams {
-                p: params,
-                q_map,
-                k_map,
-                v_map,
-                work_items: (work - tail_items) as i32,
-                l2_heads: launch.l2_heads,
-                tile_counter,
-                work_slots,
-                tail_first: -1,
-                pad_: [0; 9],
-            };
-            let cfg = if self.variant.pair {
-                LaunchConfig::clustered(launch.grid, self.variant.threads, self.variant.shared_bytes(), 2)
-            } else {
-                LaunchConfig::linear(launch.grid, self.variant.threads, self.variant.shared_bytes())
-            };
-            // SAFETY: `hp` mirrors HopperParams of flash_sm90.cu; the tensor maps describe the
-            // validated q/k/v views (TMA clips every box to their extents; with pairs the K/V
-            // boxes are the half tiles the kernel loads) and every other pointer is as for the
-            // Ampere launch below. A pair kernel is launched in clusters of two, as its
-            // multicast copies and remote barrier arrivals require.
-            unsafe { self.kernel.launch(&self.ctx, cfg, &hp)? };
-            if let Some(t) = &self.tail {
-                let rows = t.items * self.variant.block_m as usize;
-                let (o_partial, lse_partial) =
-                    partial_ptrs(&t.workspace, t.splits * rows * self.variant.head_dim as usize);
-                let (tile_counter, work_slots) = scheduler_ptrs(&t.scheduler);
-                let tp = AttentionParams {
-                    o_partial,
-                    lse_partial,
-                    partial_rows: rows as i64,
-                    num_splits: t.splits as i32,
-                    tail_meta: t.meta.device_ptr(),
-                    ..params
-                };
-                let thp = HopperParams {
-                    p: tp,
-                    work_items: (t.items * t.splits) as i32,
-                    tile_counter,
-                    work_slots,
-                    tail_first: (work - t.items) as i32,
-                    ..hp
-                };
-                let cfg = LaunchConfig::linear(t.grid, self.variant.threads, self.variant.shared_bytes());
-                // SAFETY: as above; the split variant writes only the tail workspace and meta
-                // rows (sized for items * block_m rows and splits) and reads what the first
-                // launch reads. Stream order puts it after the first launch.
-                unsafe { t.kernel.launch(&self.ctx, cfg, &thp)? };
-                // SAFETY: the combine reads the tail workspace and meta the launch before wrote
-                // (same stream) and writes out/lse rows of the validated views that meta names.
-                unsafe { t.combine.launch(&self.ctx, combine_config(rows), &tp)? };
+        match (&self.backend, maps) {
+            (Backend::Hopper(h), Some(maps)) => h.launch(&self.ctx, &self.kernel, &self.variant, &params, maps)?,
+            (Backend::Ampere(a), _) => a.launch(&self.ctx, &self.kernel, &self.variant, &params)?,
+            (Backend::Hopper(_), None) => {
+                return Err(Error::Unsupported(
+                    "internal: a Hopper plan without its tensor maps".into(),
+                ))
             }
-        } else {
-            let cfg = LaunchConfig {
-                grid: (
-                    (self.problem.batch * self.problem.heads_q) as u32,
-                    self.q_tiles as u32,
-                    self.splits as u32,
-                ),
-                block: (self.variant.threads, 1, 1),
-                shared_bytes: self.variant.shared_bytes(),
-                cluster_x: 1,
-                dependent_launch: false,
-                cooperative: false,
-            };
-            // SAFETY: `params` mirrors ts::AttentionParams; every pointer is a live device
-            // allocation of the size the validated views and this plan's problem imply
-            // (q/k/v/out and lse were checked against the problem above, the workspace was
-            // sized for it), and the kernel reads and writes only inside those extents.
-            unsafe { self.kernel.launch(&self.ctx, cfg, &params)? };
         }
         if let Some(combine) = &self.combine {
-            // SAFETY: as above; the combine kernel reads the workspace the forward kernel just
+            // SAFETY: `params` mirrors ts::AttentionParams with the views validated above; the
+            // combine kernel reads the workspace (sized for this problem) the forward kernel just
             // wrote (same stream) and writes out/lse within their validated extents.
             unsafe { combine.launch(&self.ctx, combine_config(rows * self.problem.heads_q), &params)? };
         }
@@ -1044,59 +774,14 @@ impl AttentionPlan {
             return Ok(p);
         }
         let options = AttentionOptions {
-            path: AttentionPath::Sm80,
+            tuning: AttentionTuning {
+                path: AttentionPath::Sm80,
+                ..self.options.tuning
+            },
             ..self.options
         };
         let plan = AttentionPlan::new(&self.ctx, &self.problem, &options)?;
         Ok(self.fallback.get_or_init(|| Box::new(plan)))
-    }
-
-    /// The Q, K and V tensor maps of the Hopper kernel (views already checked by
-    /// `check_vector_aligned`).
-    fn tensor_maps(
-        &self,
-        q: &TensorView,
-        k: &TensorView,
-        v: &TensorView,
-        layout: QkvLayout,
-        varlen: bool,
-    ) -> std::result::Result<(hopper::TensorMap, hopper::TensorMap, hopper::TensorMap), TmaError> {
-        let p = &self.problem;
-        if p.batch == 0 || partial_rows(p) == 0 {
-            let z = hopper::TensorMap::default();
-            return Ok((z, z, z)); // nothing is launched
-        }
-        let (rows_q, rows_k, batch) = match p.varlen {
-            Some((tq, tk)) => (tq, tk, 1),
-            None => (p.seqlen_q, p.seqlen_k, p.batch),
-        };
-        let shape = |t: &TensorView, rows: usize, heads: usize, box_rows: u32| {
-            let (sb, sn, sh) = strides_bnh(t, layout, varlen);
-            MapShape {
-                ptr: t.device_ptr(),
-                dtype: p.dtype,
-                cols: p.head_dim,
-                rows,
-                heads,
-                batch,
-                stride_n: sn,
-                stride_h: sh,
-                stride_b: sb,
-                box_rows,
-            }
-        };
-        let bm = self.variant.block_m;
-        // CTA pairs load half of each key tile each (multicast to both).
-        let bn = if self.variant.pair {
-            self.variant.block_n / 2
-        } else {
-            self.variant.block_n
-        };
-        Ok((
-            hopper::encode(&shape(q, rows_q, p.heads_q, bm))?,
-            hopper::encode(&shape(k, rows_k, p.heads_kv, bn))?,
-            hopper::encode(&shape(v, rows_k, p.heads_kv, bn))?,
-        ))
     }
 }
 
@@ -1113,7 +798,7 @@ fn check_vector_aligned(name: &str, ptr: u64, strides: [i64; 3]) -> Result<()> {
 }
 
 /// Rows of the split-KV workspace per (split, head).
-fn partial_rows(p: &AttentionProblem) -> usize {
+pub(super) fn partial_rows(p: &AttentionProblem) -> usize {
     p.varlen.map_or(p.batch * p.seqlen_q, |(t, _)| t)
 }
 
@@ -1155,7 +840,7 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
     ];
     // `tiles(softcap)` lists the tilings a variant may get. The Ampere kernel's depend on the
     // GPU's shared memory per SM: the one the arch's GPUs take (both for an arch not listed in
-    // shared_per_sm_of), plus the 32-key tiling that AttentionOptions::sm80_block_n can force
+    // ampere::shared_per_sm_of), plus the 32-key tiling that AttentionTuning::sm80_block_n can force
     // on any GPU (tests and benchmarks of the smaller GPUs' tiling on a Hopper). The Hopper
     // kernel's: every key tile of hopper::block_n_choices (128 and 176 at D = 128).
     let mut push = |path, dtype, head_dim, tiles: &dyn Fn(bool) -> Vec<(u32, u32, u32, u32)>| {
@@ -1173,6 +858,7 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
                     softcap,
                     split,
                     pair: false,
+                    simple_mainloop: false,
                 };
                 if !out.contains(&v) {
                     out.push(v);
@@ -1191,10 +877,11 @@ pub fn ci_variants_for(arch: Arch) -> Vec<Variant> {
         for head_dim in (32..=256).step_by(32) {
             push(AttentionPath::Sm80, dtype, head_dim, &|softcap| {
                 vec![
-                    sm80_tiles_keyed(head_dim, softcap, false),
-                    shared_per_sm_of(arch).map_or(sm80_tiles_keyed(head_dim, softcap, true), |shared| {
-                        sm80_tiles(head_dim, softcap, shared)
-                    }),
+                    ampere::sm80_tiles_keyed(head_dim, softcap, false),
+                    ampere::shared_per_sm_of(arch)
+                        .map_or(ampere::sm80_tiles_keyed(head_dim, softcap, true), |shared| {
+                            ampere::sm80_tiles(head_dim, softcap, shared)
+                        }),
                 ]
             });
         }
@@ -1232,69 +919,6 @@ pub fn params_header() -> &'static str {
 mod tests {
     use super::*;
 
-    /// Sections of the Ampere work order: four waves where one head's K/V exceed a quarter of
-    /// L2; else, where all heads' K/V exceed L2, the divisor of the heads nearest two waves.
-    #[test]
-    fn sm80_head_group_sizes_sections_by_waves() {
-        // H200: 132 SMs x 2 CTAs, 60 MiB of L2; D = 128, fp16
-        let l2 = 60 << 20;
-        let kv = |n: usize| 2 * n * 128 * 2;
-        // One head over L2 / 4: four waves.
-        assert_eq!(sm80_head_group(32, 256, 264, 1, kv(32768), l2), 5); // 5 x 256 tiles >= 4 x 264
-        assert_eq!(sm80_head_group(32, 32, 264, 1, kv(65536), l2), 32); // few query tiles: one section
-        assert_eq!(sm80_head_group(128, 32, 264, 1, kv(65536), l2), 33); // 33 + 33 + 33 + 29
-        assert_eq!(sm80_head_group(32, 128, 264, 1, kv(16384), 30 << 20), 9); // a smaller L2
-
-        // All heads over L2: the divisor nearest two waves (run 118's measured sizes).
-        assert_eq!(sm80_head_group(32, 128, 264, 1, kv(16384), l2), 4); // ideal 4.1
-        assert_eq!(sm80_head_group(32, 64, 264, 1, kv(8192), l2), 8); // ideal 8.25
-        assert_eq!(sm80_head_group(32, 32, 264, 1, kv(4096), l2), 16); // ideal 16.5
-        assert_eq!(sm80_head_group(64, 64, 264, 1, kv(8192), l2), 8); // non-causal B4 H16
-        assert_eq!(sm80_head_group(128, 32, 264, 4, kv(4096), l2), 16); // GQA 32/8: 4 K/V heads
-
-        // K/V within L2: one section.
-        assert_eq!(sm80_head_group(32, 16, 264, 1, kv(2048), l2), 32);
-        assert_eq!(sm80_head_group(32, 32, 264, 4, kv(4096), l2), 32); // GQA: 8 K/V heads, 16 MiB
-
-        // No divisor between half and twice the ideal (31 heads, ideal 4.1): one section.
-        assert_eq!(sm80_head_group(31, 128, 264, 1, kv(16384), l2), 31);
-        // The divisor nearest the ideal would not fit L2 (ideal 16.5: 16 x 8 MiB): one section.
-        assert_eq!(sm80_head_group(32, 32, 264, 1, kv(16384), l2), 32);
-
-        // Degenerate inputs.
-        assert_eq!(sm80_head_group(0, 1, 0, 1, 1 << 40, l2), 1);
-        assert_eq!(sm80_head_group(7, 1_000_000, 264, 1, 1 << 40, l2), 1);
-        assert_eq!(sm80_head_group(7, 0, 0, 0, 0, 0), 7);
-    }
-
-    /// A mirror of flash_sm80.cu's `work_tile`: every (batch-head, tile) pair exactly once, each
-    /// section tile-major.
-    #[test]
-    fn sm80_work_order_visits_every_tile_once() {
-        let work_tile = |l: usize, heads: usize, tiles: usize, group: usize| {
-            let first = l / (group * tiles) * group;
-            let size = group.min(heads - first);
-            let i = l - first * tiles;
-            (first + i % size, i / size)
-        };
-        for (heads, tiles) in [(1, 1), (32, 256), (128, 32), (7, 5), (96, 16)] {
-            for group in [1, 2, 5, 33, heads] {
-                let mut seen = vec![false; heads * tiles];
-                let mut last_tile = vec![None; heads];
-                for l in 0..heads * tiles {
-                    let (bh, t) = work_tile(l, heads, tiles, group.min(heads));
-                    assert!(
-                        bh < heads && t < tiles && !seen[bh * tiles + t],
-                        "{heads} {tiles} {group} {l}"
-                    );
-                    seen[bh * tiles + t] = true;
-                    assert!(last_tile[bh].is_none_or(|p| p < t), "tiles of a head in order");
-                    last_tile[bh] = Some(t);
-                }
-            }
-        }
-    }
-
     /// CI compiles every Hopper tiling the plan can choose or be forced to, for every flag set.
     #[test]
     fn ci_variants_cover_every_hopper_tiling() {
@@ -1319,47 +943,133 @@ mod tests {
         assert!(vs.iter().filter(|v| v.pair).all(|v| !v.split && v.block_m == 128));
     }
 
-    /// Every Ampere tiling fits the 99 KiB opt-in shared memory of sm_86 / sm_89, and the
-    /// 64-key D <= 128 tile goes only where two of its CTAs fit an SM.
+    /// A plan key holds every input: equal inputs give equal keys (and hashes), and changing
+    /// any option, tuning field, problem size or the device gives another key.
     #[test]
-    fn sm80_tiles_fit_in_shared_memory() {
-        for arch in [Arch::CI_TARGETS.as_slice(), &[Arch { major: 12, minor: 0 }]].concat() {
-            for v in ci_variants_for(arch).iter().filter(|v| v.path == AttentionPath::Sm80) {
-                assert!(v.shared_bytes() <= 99 * 1024, "{v:?}: {} bytes", v.shared_bytes());
-                if v.block_n == 64 && v.head_dim > 64 {
-                    assert!(shared_per_sm_of(arch).is_none_or(|s| s >= SM80_WIDE_TILE_MIN_SHARED_PER_SM));
-                }
-            }
+    fn plan_keys_follow_every_input() {
+        use std::collections::hash_map::DefaultHasher;
+        use std::hash::{Hash, Hasher};
+        let hash = |k: &AttentionPlanKey| {
+            let mut h = DefaultHasher::new();
+            k.hash(&mut h);
+            h.finish()
+        };
+        let p = AttentionProblem::padded(2, 8, 2, 100, 300, 128, DType::F16);
+        let o = AttentionOptions {
+            causal: true,
+            scale: Some(0.1),
+            ..Default::default()
+        };
+        let key = |p: &AttentionProblem, o: &AttentionOptions| AttentionPlanKey::new(p, o, 0, Arch::SM90);
+        let base = key(&p, &o);
+        assert_eq!(base, key(&p.clone(), &o.clone()));
+        assert_eq!(hash(&base), hash(&key(&p, &o)));
+        let t = AttentionTuning::default();
+        let tunings = [
+            AttentionTuning {
+                path: AttentionPath::Sm80,
+                ..t
+            },
+            AttentionTuning {
+                num_splits: Some(1),
+                ..t
+            },
+            AttentionTuning {
+                sm80_block_n: Some(32),
+                ..t
+            },
+            AttentionTuning {
+                sm80_heads_per_section: Some(4),
+                ..t
+            },
+            AttentionTuning {
+                hopper_block_n: Some(176),
+                ..t
+            },
+            AttentionTuning {
+                hopper_tail_split: false,
+                ..t
+            },
+            AttentionTuning {
+                hopper_max_ctas: Some(12),
+                ..t
+            },
+            AttentionTuning {
+                hopper_cta_pairs: Some(false),
+                ..t
+            },
+            AttentionTuning {
+                hopper_simple_mainloop: true,
+                ..t
+            },
+        ];
+        for tuning in tunings {
+            let k = key(&p, &AttentionOptions { tuning, ..o });
+            assert_ne!(k, base, "{tuning:?}");
+            assert_ne!(hash(&k), hash(&base), "{tuning:?}");
         }
-        // The 64-key D <= 128 tile is compiled in CI for Hopper, where the plan takes it; the
-        // 32-key one for every arch (sm80_block_n forces it on Hopper).
-        let tile_on = |arch, block_n| {
-            ci_variants_for(arch)
-                .iter()
-                .any(|v| v.path == AttentionPath::Sm80 && v.block_n == block_n && v.head_dim == 128 && !v.softcap)
+        let options = [
+            AttentionOptions {
+                layout: QkvLayout::Bhnd,
+                ..o
+            },
+            AttentionOptions { causal: false, ..o },
+            AttentionOptions { window: (16, -1), ..o },
+            AttentionOptions { scale: None, ..o },
+            AttentionOptions {
+                scale: Some(0.1000001),
+                ..o
+            },
+            AttentionOptions { softcap: 30.0, ..o },
+            AttentionOptions { return_lse: true, ..o },
+        ];
+        for opts in options {
+            assert_ne!(key(&p, &opts), base, "{opts:?}");
+        }
+        assert_ne!(key(&AttentionProblem { seqlen_k: 301, ..p }, &o), base);
+        assert_ne!(
+            key(
+                &AttentionProblem {
+                    dtype: DType::BF16,
+                    ..p
+                },
+                &o
+            ),
+            base
+        );
+        assert_ne!(AttentionPlanKey::new(&p, &o, 1, Arch::SM90), base);
+        assert_ne!(AttentionPlanKey::new(&p, &o, 0, Arch::SM80), base);
+    }
+
+    /// On a GPU: plans made from equal inputs report equal keys, and a changed tuning field
+    /// another one. Skipped without a device.
+    #[test]
+    fn plans_from_equal_inputs_have_equal_keys_when_a_device_is_present() {
+        let ctx = match Context::new(0) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("plan key test: skipped, {e}");
+                return;
+            }
         };
-        assert!(tile_on(Arch::SM90, 64) && !tile_on(Arch::SM80, 64) && !tile_on(Arch::SM86, 64));
-        assert!(Arch::CI_TARGETS.iter().all(|&a| tile_on(a, 32)));
-        let wide = Variant {
-            path: AttentionPath::Sm80,
-            dtype: DType::F16,
-            head_dim: 128,
-            block_m: 128,
-            block_n: 64,
-            threads: 128,
-            stages: 2,
-            masked: false,
-            softcap: false,
-            split: false,
-            pair: false,
+        let p = AttentionProblem::padded(1, 4, 4, 256, 256, 64, DType::F16);
+        let o = AttentionOptions {
+            causal: true,
+            ..Default::default()
         };
-        assert_eq!(2 * (wide.shared_bytes() + 1024), SM80_WIDE_TILE_MIN_SHARED_PER_SM);
-        // H100 / H200: 228 KiB per SM; A100: 164 KiB; sm_86 / sm_89: 100 KiB.
-        assert_eq!(sm80_tiles(128, false, 228 * 1024), (128, 64, 128, 2));
-        assert_eq!(sm80_tiles(96, false, 228 * 1024), (128, 64, 128, 2));
-        assert_eq!(sm80_tiles(128, true, 228 * 1024), (128, 32, 128, 3));
-        assert_eq!(sm80_tiles(128, false, 164 * 1024), (128, 32, 128, 3));
-        assert_eq!(sm80_tiles(128, false, 100 * 1024), (128, 32, 128, 3));
-        assert_eq!(sm80_tiles(64, false, 228 * 1024), (128, 64, 128, 3));
+        let a = AttentionPlan::new(&ctx, &p, &o).unwrap();
+        let b = AttentionPlan::new(&ctx, &p, &o).unwrap();
+        assert_eq!(a.key(), b.key());
+        assert_eq!(a.key(), AttentionPlanKey::new(&p, &o, ctx.info().ordinal, ctx.arch()));
+        let forced = AttentionOptions {
+            tuning: AttentionTuning {
+                path: AttentionPath::Sm80,
+                num_splits: Some(2),
+                ..o.tuning
+            },
+            ..o
+        };
+        let c = AttentionPlan::new(&ctx, &p, &forced).unwrap();
+        assert_ne!(a.key(), c.key());
     }
 }

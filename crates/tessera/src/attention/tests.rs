@@ -7,7 +7,7 @@ use proptest::prelude::*;
 use super::plan::{choose_splits, resolve_path, validate_options, MAX_SPLITS};
 use super::reference::{attention_reference, is_visible, RefInputs, RefParams};
 use super::*;
-use crate::runtime::Arch;
+use crate::runtime::{contiguous_strides, Arch};
 use crate::testdata::{random_matrix, Dist};
 
 fn err_text<T: std::fmt::Debug>(r: Result<T>) -> String {
@@ -321,7 +321,10 @@ fn option_rules() {
     for n in [0usize, MAX_SPLITS + 1] {
         let e = err_text(validate_options(
             &AttentionOptions {
-                num_splits: Some(n),
+                tuning: AttentionTuning {
+                    num_splits: Some(n),
+                    ..ok.tuning
+                },
                 ..ok
             },
             64,
@@ -332,8 +335,11 @@ fn option_rules() {
         );
     }
     let keys = |n, softcap| AttentionOptions {
-        sm80_block_n: Some(n),
         softcap,
+        tuning: AttentionTuning {
+            sm80_block_n: Some(n),
+            ..ok.tuning
+        },
         ..ok
     };
     for d in [65, 80, 128] {
@@ -342,7 +348,10 @@ fn option_rules() {
     }
     let e = err_text(validate_options(
         &AttentionOptions {
-            sm80_heads_per_section: Some(0),
+            tuning: AttentionTuning {
+                sm80_heads_per_section: Some(0),
+                ..ok.tuning
+            },
             ..ok
         },
         64,
@@ -350,7 +359,10 @@ fn option_rules() {
     assert!(e.contains("sm80_heads_per_section") && e.contains(">= 1"), "{e}");
     let e = err_text(validate_options(
         &AttentionOptions {
-            hopper_max_ctas: Some(0),
+            tuning: AttentionTuning {
+                hopper_max_ctas: Some(0),
+                ..ok.tuning
+            },
             ..ok
         },
         64,
@@ -358,15 +370,21 @@ fn option_rules() {
     assert!(e.contains("hopper_max_ctas") && e.contains(">= 1"), "{e}");
     validate_options(
         &AttentionOptions {
-            hopper_max_ctas: Some(1),
-            hopper_tail_split: false,
+            tuning: AttentionTuning {
+                hopper_max_ctas: Some(1),
+                hopper_tail_split: false,
+                ..ok.tuning
+            },
             ..ok
         },
         64,
     )
     .unwrap();
     let hkeys = |n| AttentionOptions {
-        hopper_block_n: Some(n),
+        tuning: AttentionTuning {
+            hopper_block_n: Some(n),
+            ..ok.tuning
+        },
         ..ok
     };
     for d in [65, 100, 128] {
@@ -391,7 +409,10 @@ fn option_rules() {
     }
     validate_options(
         &AttentionOptions {
-            num_splits: Some(MAX_SPLITS),
+            tuning: AttentionTuning {
+                num_splits: Some(MAX_SPLITS),
+                ..ok.tuning
+            },
             softcap: 30.0,
             scale: Some(0.1),
             window: (-1, 0),

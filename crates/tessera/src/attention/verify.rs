@@ -16,7 +16,9 @@ use half::{bf16, f16};
 use serde_json::json;
 
 use super::reference::{attention_reference, RefInputs, RefOutput, RefParams};
-use super::{AttentionOptions, AttentionPath, AttentionPlan, AttentionProblem, QkvLayout, VarlenBatch};
+use super::{
+    AttentionOptions, AttentionPath, AttentionPlan, AttentionProblem, AttentionTuning, QkvLayout, VarlenBatch,
+};
 use crate::check::{compare, Comparison};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -81,15 +83,15 @@ pub struct Case {
     pub softcap: f32,
     pub scale: Option<f32>,
     pub num_splits: Option<usize>,
-    /// The Ampere kernel's forced key tile (AttentionOptions::sm80_block_n).
+    /// The Ampere kernel's forced key tile (AttentionTuning::sm80_block_n).
     pub sm80_block_n: Option<u32>,
-    /// The Ampere kernel's forced work-order sections (AttentionOptions::sm80_heads_per_section).
+    /// The Ampere kernel's forced work-order sections (AttentionTuning::sm80_heads_per_section).
     pub sm80_heads_per_section: Option<usize>,
-    /// The Hopper kernel's forced key tile (AttentionOptions::hopper_block_n).
+    /// The Hopper kernel's forced key tile (AttentionTuning::hopper_block_n).
     pub hopper_block_n: Option<u32>,
-    /// The Hopper kernel's capped persistent grid (AttentionOptions::hopper_max_ctas).
+    /// The Hopper kernel's capped persistent grid (AttentionTuning::hopper_max_ctas).
     pub hopper_max_ctas: Option<usize>,
-    /// The Hopper kernel's CTA pairs (AttentionOptions::hopper_cta_pairs).
+    /// The Hopper kernel's CTA pairs (AttentionTuning::hopper_cta_pairs).
     pub hopper_cta_pairs: Option<bool>,
     pub return_lse: bool,
 }
@@ -225,14 +227,16 @@ impl Case {
             scale: self.scale,
             softcap: self.softcap,
             return_lse: self.return_lse,
-            path: self.path,
-            num_splits: self.num_splits,
-            sm80_block_n: self.sm80_block_n,
-            sm80_heads_per_section: self.sm80_heads_per_section,
-            hopper_block_n: self.hopper_block_n,
-            hopper_tail_split: true,
-            hopper_max_ctas: self.hopper_max_ctas,
-            hopper_cta_pairs: self.hopper_cta_pairs,
+            tuning: AttentionTuning {
+                path: self.path,
+                num_splits: self.num_splits,
+                sm80_block_n: self.sm80_block_n,
+                sm80_heads_per_section: self.sm80_heads_per_section,
+                hopper_block_n: self.hopper_block_n,
+                hopper_max_ctas: self.hopper_max_ctas,
+                hopper_cta_pairs: self.hopper_cta_pairs,
+                ..AttentionTuning::default()
+            },
         }
     }
 

@@ -13,12 +13,12 @@ use serde_json::json;
 
 use super::reference::{box_of, e5m2_to_f32, f32_to_e5m2, float_sweep, matmul};
 use super::{tma_tile_box, TestKernel};
-use crate::attention::hopper::TensorMap;
 use crate::check::{compare, Comparison};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::harness::VerifyOutcome;
 use crate::kvcache::fp8::{e4m3_to_f32, f32_to_e4m3};
+use crate::runtime::tma::{encode_tiled, L2Promotion, OobFill, Swizzle, TensorMap, TiledMap, TmaError};
 use crate::runtime::{Arch, Context, DeviceBuffer, KernelParams, LaunchConfig};
 use crate::testdata::{random_matrix, Dist};
 
@@ -382,56 +382,26 @@ fn encode_2d(
     box_rows: u32,
     swizzle128: bool,
 ) -> Result<TensorMap> {
-    use cudarc::driver::sys;
-    let data_type = match dtype {
-        DType::F32 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
-        DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        d => return Err(Error::Unsupported(format!("devicelib TMA maps of {d}"))),
-    };
     let row_bytes = (cols * dtype.size()) as u64;
-    if ptr % 16 != 0 || row_bytes % 16 != 0 {
-        return Err(Error::invalid(
-            "tensor map",
-            format!("base {ptr:#x} and row pitch {row_bytes} must be multiples of 16 bytes"),
-        ));
-    }
     let dims: [u64; 4] = [cols as u64, rows as u64, 1, 1];
     // the extent-1 dimensions get the whole matrix as their (valid, unused) stride
     let strides: [u64; 3] = [row_bytes, row_bytes * rows as u64, row_bytes * rows as u64];
-    let boxes: [u32; 4] = [box_cols, box_rows, 1, 1];
-    let elem_strides: [u32; 4] = [1, 1, 1, 1];
-    let swizzle = if swizzle128 {
-        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
-    } else {
-        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE
+    let map = TiledMap {
+        ptr,
+        dtype,
+        dims: &dims,
+        byte_strides: &strides,
+        stride_names: &["row", "plane", "batch"],
+        box_dims: &[box_cols, box_rows, 1, 1],
+        element_strides: &[1; 4],
+        swizzle: if swizzle128 { Swizzle::B128 } else { Swizzle::None },
+        l2_promotion: L2Promotion::None,
+        oob_fill: OobFill::Zeros,
     };
-    let mut map = TensorMap::default();
-    // SAFETY: `map` is 128 writable bytes with 64-byte alignment (what the driver writes); the
-    // arrays outlive the call and have rank (4) entries, strides rank - 1; the address is only
-    // recorded, never dereferenced on the host.
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            &mut map as *mut TensorMap as *mut sys::CUtensorMap,
-            data_type,
-            4,
-            ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem_strides.as_ptr(),
-            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            swizzle,
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
-            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    if r != sys::CUresult::CUDA_SUCCESS {
-        return Err(Error::cuda(
-            "cuTensorMapEncodeTiled",
-            format!("{r:?} for dims {dims:?} byte strides {strides:?} box {boxes:?}"),
-        ));
-    }
-    Ok(map)
+    encode_tiled(&map).map_err(|e| match e {
+        TmaError::Misaligned(why) => Error::invalid("tensor map", why),
+        TmaError::Invalid(e) | TmaError::Driver(e) => e,
+    })
 }
 
 /// `struct TmaTileParams` of tma_tile.cu.

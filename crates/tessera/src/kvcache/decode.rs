@@ -455,7 +455,7 @@ pub struct DecodePlan {
     lse_partial: DeviceBuffer<f32>,
     /// `[B * Hkv * row groups]` arrival counters of split sequences (`unsigned int` on the
     /// device): zero between launches (the last chunk of each sequence re-arms its counter).
-    chunk_counters: DeviceBuffer<i32>,
+    chunk_counters: crate::runtime::WorkCounters,
 }
 
 impl std::fmt::Debug for DecodePlan {
@@ -516,7 +516,7 @@ impl DecodePlan {
         )?;
         let (item_seq, item_indptr, o_partial, lse_partial) = Self::buffers(ctx, &work, cfg, rows)?;
         // zeroed once; every launch leaves the counters at zero (B is fixed for the plan's life)
-        let chunk_counters = ctx.upload(&vec![0i32; seq_lens.len() * cfg.heads_kv * row_groups])?;
+        let chunk_counters = crate::runtime::WorkCounters::new(ctx, seq_lens.len() * cfg.heads_kv * row_groups)?;
         Ok(DecodePlan {
             ctx: ctx.clone(),
             cfg: cfg.clone(),
@@ -609,7 +609,7 @@ impl DecodePlan {
         }
         // re-arm the arrival counters (stream-ordered): a launch that never completed, e.g. a
         // graph replayed with a stale work list, must not poison the launches after an update
-        self.chunk_counters.fill_bytes(0)?;
+        self.chunk_counters.zero()?;
         self.work = work;
         self.dependent_launch = dependent_launch_pays(seq_lens, &self.cfg);
         self.valid = true;
@@ -772,7 +772,7 @@ impl DecodePlan {
             item_indptr: self.item_indptr.device_ptr(),
             o_partial: if splits { self.o_partial.device_ptr() } else { 0 },
             lse_partial: if splits { self.lse_partial.device_ptr() } else { 0 },
-            chunk_counters: if splits { self.chunk_counters.device_ptr() } else { 0 },
+            chunk_counters: if splits { self.chunk_counters.ptr() } else { 0 },
             q_stride_b: qs[0] as i64,
             q_stride_n: qs[1] as i64,
             q_stride_h: qs[2] as i64,
