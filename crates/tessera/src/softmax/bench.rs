@@ -7,7 +7,7 @@ use half::f16;
 use serde_json::json;
 
 use super::reference::softmax_reference;
-use super::{SoftmaxKind, SoftmaxOptions, SoftmaxPath, SoftmaxPlan, SoftmaxShape};
+use super::{SoftmaxKind, SoftmaxOptions, SoftmaxPath, SoftmaxPlan, SoftmaxShape, SoftmaxTuning};
 use crate::check::compare;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -265,7 +265,7 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
     let opts = SoftmaxOptions {
         kind: case.kind,
         scale: 1.0,
-        path: case.path,
+        tuning: SoftmaxTuning { path: case.path },
     };
     let plan = SoftmaxPlan::new(ctx, &shape, &opts)?;
     let (host, inputs, mut outputs) = rotating_sets::<T>(ctx, case, seed)?;

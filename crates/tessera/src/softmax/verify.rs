@@ -8,7 +8,7 @@ use half::{bf16, f16};
 use serde_json::json;
 
 use super::reference::softmax_reference;
-use super::{SoftmaxKind, SoftmaxOptions, SoftmaxPath, SoftmaxPlan, SoftmaxShape};
+use super::{SoftmaxKind, SoftmaxOptions, SoftmaxPath, SoftmaxPlan, SoftmaxShape, SoftmaxTuning};
 use crate::check::{compare, Comparison};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -435,7 +435,7 @@ fn run<I: Element, O: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<
     let opts = SoftmaxOptions {
         kind: case.kind,
         scale: case.scale,
-        path: case.path,
+        tuning: SoftmaxTuning { path: case.path },
     };
     let plan = SoftmaxPlan::new(ctx, &shape, &opts)?;
     let out_len = (case.rows - 1) * case.out_stride + case.cols;
