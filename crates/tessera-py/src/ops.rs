@@ -100,21 +100,15 @@ fn attention_options(
             ))
         }
     };
+    // everything else at its default (no LSE, the dispatcher's tuning)
     Ok(AttentionOptions {
         layout: QkvLayout::Bnhd,
         causal,
         window,
         scale,
         softcap,
-        return_lse: false,
         path,
-        num_splits: None,
-        sm80_block_n: None,
-        hopper_block_n: None,
-        sm80_heads_per_section: None,
-        hopper_tail_split: true,
-        hopper_max_ctas: None,
-        hopper_cta_pairs: None,
+        ..Default::default()
     })
 }
 
