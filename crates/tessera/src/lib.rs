@@ -10,6 +10,7 @@ pub mod dtype;
 pub mod error;
 pub mod harness;
 pub mod kvcache;
+pub mod numeric;
 pub mod runtime;
 pub mod softmax;
 pub mod testdata;

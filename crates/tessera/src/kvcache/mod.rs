@@ -45,7 +45,6 @@
 pub mod bench;
 pub mod block_manager;
 pub mod decode;
-pub mod fp8;
 pub mod reference;
 pub mod verify;
 
