@@ -19,7 +19,6 @@
 //! - `TESSERA_DECODE_TUNING=warps,tile_keys,stages`: the kernel shape;
 //! - `TESSERA_DECODE_LAYOUT=query|key`: the kernel layout.
 
-use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -335,11 +334,12 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
 
 /// Verifies and times one case.
 pub fn bench_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    match case.dtype {
-        DType::F16 | DType::F8E4M3 => run::<f16>(ctx, case, seed, timing),
-        DType::BF16 => run::<bf16>(ctx, case, seed, timing),
-        d => Err(Error::Unsupported(format!("kvcache bench dtype {d}"))),
-    }
+    // an fp8 cache is read with fp16 queries
+    let query = match case.dtype {
+        DType::F8E4M3 => DType::F16,
+        d => d,
+    };
+    crate::dispatch_float!("kvcache bench"; query, [F16, BF16], |T| run::<T>(ctx, case, seed, timing))
 }
 
 /// Bytes the rotated copies of a batch's pages must span together.

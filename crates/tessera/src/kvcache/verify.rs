@@ -11,7 +11,6 @@
 //! buffer whose row padding must stay poisoned) against the reference within the query dtype's
 //! budget; the LSE within 1e-3 absolute, `-inf` exactly where no key is visible.
 
-use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -26,7 +25,7 @@ use super::reference::{append_reference, decode_reference, encode, gather_sequen
 use super::{AppendBatch, KvCacheConfig, PagedBatch, PagedKvCache};
 use crate::check::{compare, to_f64_vec};
 use crate::dtype::{DType, Element};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::harness::VerifyOutcome;
 use crate::runtime::Context;
 use crate::testdata::{random_matrix, Dist};
@@ -319,11 +318,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
 
 /// Runs one case: fills a random cache, optionally appends, decodes and compares.
 pub fn verify_case(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcome> {
-    match case.query {
-        DType::F16 => run::<f16>(ctx, case, seed),
-        DType::BF16 => run::<bf16>(ctx, case, seed),
-        d => Err(Error::Unsupported(format!("kvcache verify for {d} queries"))),
-    }
+    crate::dispatch_float!("kvcache verify query"; case.query, [F16, BF16], |T| run::<T>(ctx, case, seed))
 }
 
 /// The page tables of a case: a random permutation of a pool with spare pages; sequences after
