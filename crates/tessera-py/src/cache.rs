@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tessera::attention::{AttentionPath, AttentionPlan, AttentionProblem, QkvLayout};
 use tessera::runtime::Context;
-use tessera::softmax::{SoftmaxKind, SoftmaxPlan, SoftmaxShape};
+use tessera::softmax::{SoftmaxPlan, SoftmaxPlanKey};
 
 use crate::errors::IntoPy;
 pub use crate::plan_cache::StreamId;
@@ -115,8 +115,8 @@ fn pointer_ordinal(ptr: u64) -> tessera::Result<usize> {
     Ok(ordinal as usize)
 }
 
-/// Softmax plans by (shape, kind) per (device, stream).
-pub type SoftmaxKey = (SoftmaxShape, SoftmaxKind);
+/// Softmax plans by their key (shape, kind, scale, tuning) per (device, stream).
+pub type SoftmaxKey = SoftmaxPlanKey;
 pub static SOFTMAX_PLANS: PlanCache<SoftmaxKey, SoftmaxPlan> = PlanCache::new("softmax", CAPACITY);
 
 /// The attention options a plan depends on besides (device, stream), hashable (floats by their

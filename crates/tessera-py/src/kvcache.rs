@@ -15,7 +15,7 @@
 //! stream's work (`Drop for KvCache`).
 
 use pyo3::prelude::*;
-use tessera::kvcache::decode::{validate_decode, DecodeOptions, DecodePlan};
+use tessera::kvcache::decode::{validate_decode, DecodeOptions, DecodePlan, DecodeTuning};
 use tessera::kvcache::{check_tables, AppendBatch, KvCacheConfig, PageCopy, PagedBatch, PagedKvCache};
 use tessera::runtime::Context;
 use tessera::{DType, Error};
@@ -448,11 +448,14 @@ impl DecodeWrapper {
             num_layers: 1,
             fp8_scale: 1.0,
         };
+        // one query token (the default q_len)
         let options = DecodeOptions {
-            q_len: 1,
             scale,
             query_dtype: Some(q),
-            chunk_tokens: disable_split_kv.then_some(usize::MAX),
+            tuning: DecodeTuning {
+                chunk_tokens: disable_split_kv.then_some(usize::MAX),
+                ..Default::default()
+            },
             ..Default::default()
         };
         check_tables(

@@ -8,7 +8,7 @@ use tessera::attention::{
     plan::validate_options, AttentionOptions, AttentionPath, AttentionPlan, AttentionProblem, AttentionTuning,
 };
 use tessera::attention::{QkvLayout, TensorDesc, VarlenBatch, VarlenShape};
-use tessera::softmax::{SoftmaxKind, SoftmaxOptions, SoftmaxPlan, SoftmaxShape};
+use tessera::softmax::{SoftmaxKind, SoftmaxOptions, SoftmaxPlan, SoftmaxPlanKey, SoftmaxShape};
 
 use crate::cache::{self, AttentionKey, StreamId, ATTENTION_PLANS, SOFTMAX_PLANS};
 use crate::desc::{Desc, RawDesc};
@@ -51,18 +51,15 @@ pub fn softmax(py: Python<'_>, device: usize, stream: StreamId, x: RawDesc, y: R
     py.detach(|| {
         cache::with_device(device, |_| {
             let kind = kind(log);
-            let plan = SOFTMAX_PLANS.get_or_make(device, stream, (shape, kind), || {
+            let opts = SoftmaxOptions {
+                kind,
+                ..Default::default()
+            };
+            let plan = SOFTMAX_PLANS.get_or_make(device, stream, SoftmaxPlanKey::new(&shape, &opts), || {
                 // SAFETY: `stream` is the caller's current stream of `device` (torch's, or one the
                 // caller named), which outlives the plan (module docs of `cache`).
                 let ctx = unsafe { cache::context_on(device, stream) }?;
-                SoftmaxPlan::new(
-                    &ctx,
-                    &shape,
-                    &SoftmaxOptions {
-                        kind,
-                        ..Default::default()
-                    },
-                )
+                SoftmaxPlan::new(&ctx, &shape, &opts)
             })?;
             if x.ptr == y.ptr {
                 plan.run_inplace(&mut yv)
@@ -105,6 +102,7 @@ fn attention_options(
             ))
         }
     };
+    // everything else at its default (no LSE, the dispatcher's tuning)
     Ok(AttentionOptions {
         layout: QkvLayout::Bnhd,
         causal,

@@ -1,4 +1,5 @@
-//! Storage dtypes and the host element trait.
+//! Storage dtypes, the host element trait, the host type of each float dtype ([`host`]) and
+//! the dtype-to-type dispatch ([`dispatch_float!`](crate::dispatch_float)).
 
 use half::{bf16, f16};
 
@@ -85,6 +86,78 @@ impl std::fmt::Display for DType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// The host element type of each float [`DType`], named as its variant, so that
+/// [`dispatch_float!`](crate::dispatch_float) can write `$crate::dtype::host::$variant`.
+pub mod host {
+    /// [`DType::F64`](super::DType::F64).
+    pub type F64 = f64;
+    /// [`DType::F32`](super::DType::F32).
+    pub type F32 = f32;
+    /// [`DType::F16`](super::DType::F16): IEEE binary16.
+    pub type F16 = half::f16;
+    /// [`DType::BF16`](super::DType::BF16): bfloat16.
+    pub type BF16 = half::bf16;
+}
+
+/// Calls generic code with the host element type of a run-time [`DType`](crate::DType): the one
+/// `match` from a dtype to a type parameter, written once.
+///
+/// `dispatch_float!(dtype, [F16, BF16, F32], |T| run::<T>(ctx, case, seed))` expands to a
+/// `match dtype` with one arm per listed variant, each binding `type T =` its host type
+/// ([`dtype::host`](crate::dtype::host): `F64` f64, `F32` f32, `F16` `half::f16`, `BF16`
+/// `half::bf16`) before evaluating the body, and for any other dtype evaluates to
+/// `Err(Error::Unsupported(..))` naming the dtype and the supported list. The body must
+/// therefore be a `Result<_>` (of [`crate::Error`]). An optional leading `"what";` names the
+/// operation in the error: `"{what} dtype {dtype}; supported: fp16, bf16, fp32"` (default
+/// `"this operation"`). Dispatches nest, e.g. for an input and an output dtype.
+///
+/// ```
+/// use tessera::{dispatch_float, DType, Element, Result};
+///
+/// fn bytes_of<T: Element>(n: usize) -> Result<usize> {
+///     Ok(n * std::mem::size_of::<T>())
+/// }
+/// fn bytes(dtype: DType, n: usize) -> Result<usize> {
+///     dispatch_float!("bytes"; dtype, [F16, BF16, F32], |T| bytes_of::<T>(n))
+/// }
+/// assert_eq!(bytes(DType::BF16, 3).unwrap(), 6);
+/// assert_eq!(bytes(DType::F32, 3).unwrap(), 12);
+/// let e = bytes(DType::F8E4M3, 3).unwrap_err().to_string();
+/// assert!(e.contains("bytes dtype fp8e4m3; supported: fp16, bf16, fp32"), "{e}");
+///
+/// // nested: every (input, output) pair of two lists
+/// fn pair(i: DType, o: DType) -> Result<(usize, usize)> {
+///     dispatch_float!(i, [F32, F16], |I| dispatch_float!(o, [F64, BF16], |O| Ok((
+///         std::mem::size_of::<I>(),
+///         std::mem::size_of::<O>()
+///     ))))
+/// }
+/// assert_eq!(pair(DType::F16, DType::F64).unwrap(), (2, 8));
+/// assert!(pair(DType::F16, DType::F32).is_err());
+/// ```
+#[macro_export]
+macro_rules! dispatch_float {
+    ($what:expr; $dtype:expr, [$($variant:ident),+ $(,)?], |$t:ident| $body:expr) => {
+        match $dtype {
+            $($crate::dtype::DType::$variant => {
+                #[allow(dead_code)]
+                type $t = $crate::dtype::host::$variant;
+                $body
+            })+
+            #[allow(unreachable_patterns)]
+            other => Err($crate::Error::Unsupported(format!(
+                "{} dtype {}; supported: {}",
+                $what,
+                other,
+                [$($crate::dtype::DType::$variant.name()),+].join(", ")
+            ))),
+        }
+    };
+    ($dtype:expr, [$($variant:ident),+ $(,)?], |$t:ident| $body:expr) => {
+        $crate::dispatch_float!("this operation"; $dtype, [$($variant),+], |$t| $body)
+    };
 }
 
 /// A host element type that has a device storage dtype.
@@ -186,6 +259,32 @@ unsafe impl Element for bf16 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn dtype_of<T: Element>() -> crate::Result<DType> {
+        Ok(T::DTYPE)
+    }
+
+    #[test]
+    fn dispatch_binds_each_variant_to_its_host_type() {
+        for d in [DType::F64, DType::F32, DType::F16, DType::BF16] {
+            // every float variant listed: the fallback arm is unreachable (and allowed)
+            let got = crate::dispatch_float!(d, [F64, F32, F16, BF16], |T| dtype_of::<T>());
+            assert_eq!(got.unwrap(), d);
+        }
+        for d in [DType::F8E4M3, DType::U8, DType::I32] {
+            let e = crate::dispatch_float!(d, [F16, BF16], |T| dtype_of::<T>())
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                e,
+                format!("unsupported: this operation dtype {d}; supported: fp16, bf16")
+            );
+        }
+        let e = crate::dispatch_float!("softmax bench"; DType::F64, [F16], |T| dtype_of::<T>())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("softmax bench dtype fp64; supported: fp16"), "{e}");
+    }
 
     #[test]
     fn sizes_match_host_types() {

@@ -8,7 +8,6 @@
 //! TFLOP/s follows the convention: causal `2 * B * H * N^2 * D`, non-causal
 //! `4 * B * H * N^2 * D`, varlen the sum over sequences.
 
-use half::{bf16, f16};
 use rayon::prelude::*;
 use serde_json::json;
 
@@ -257,13 +256,7 @@ pub fn sample_rows(total: usize, count: usize) -> Vec<usize> {
 
 /// Verifies and times one case.
 pub fn bench_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    match case.dtype {
-        DType::F16 => run::<f16>(ctx, case, seed, timing),
-        DType::BF16 => run::<bf16>(ctx, case, seed, timing),
-        d => Err(Error::Unsupported(format!(
-            "attention bench dtype {d}: fp16 and bf16 only"
-        ))),
-    }
+    crate::dispatch_float!("attention bench"; case.dtype, [F16, BF16], |T| run::<T>(ctx, case, seed, timing))
 }
 
 /// Head `h` of a `[rows, heads, D]` row-major buffer as a canonical `[rows, 1, D]` f64 tensor.

@@ -12,7 +12,6 @@
 //! Cases forced onto [`AttentionPath::Hopper`] on a GPU that is not `sm_90` are reported as
 //! skipped with the reason, neither passed nor failed.
 
-use half::{bf16, f16};
 use serde_json::json;
 
 use super::reference::{attention_reference, RefInputs, RefOutput, RefParams};
@@ -1033,13 +1032,7 @@ pub fn verify_case(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
             format!("the Hopper path needs sm_90a; this GPU is {}", ctx.arch()),
         ));
     }
-    match case.dtype {
-        DType::F16 => run::<f16>(ctx, case, seed),
-        DType::BF16 => run::<bf16>(ctx, case, seed),
-        d => Err(Error::Unsupported(format!(
-            "attention verify for {d}: fp16 and bf16 only"
-        ))),
-    }
+    crate::dispatch_float!("attention verify"; case.dtype, [F16, BF16], |T| run::<T>(ctx, case, seed))
 }
 
 /// Where one tensor's elements are: `offset + b * stride_b + n * stride_n + h * stride_h + d`

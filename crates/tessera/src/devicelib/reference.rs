@@ -4,11 +4,14 @@
 //! * [`matmul`]: the f64 product of row-major matrices (mma.sync and wgmma tests).
 //! * [`e5m2_to_f32`] / [`f32_to_e5m2`]: OCP FP8 E5M2 (IEEE-like, infinities and NaNs, largest
 //!   finite 57344), encoding round-to-nearest-even with saturation to +-57344 (`.satfinite`:
-//!   +-inf saturate too) and NaN -> 0x7f. E4M3 is [`crate::kvcache::fp8`].
+//!   +-inf saturate too) and NaN -> 0x7f, found by searching the code table. This is kept apart
+//!   from [`crate::numeric::f32_to_e5m2`] on purpose: that one is the same bit arithmetic as the
+//!   device's portable conversion, so it cannot referee it. E4M3 is [`crate::numeric`] (a
+//!   table search already).
 //! * [`float_sweep`]: the floats the conversion test encodes.
 //! * [`box_of`]: the part of a row-major matrix a TMA box covers, zeros outside it.
 
-use crate::kvcache::fp8::e4m3_to_f32;
+use crate::numeric::e4m3_to_f32;
 use crate::testdata::{random_matrix, Dist};
 
 /// `C[m][n] = sum_k A[m][k] B[k][n]` for row-major `A` (m x k) and `B` (k x n), in f64.
@@ -202,7 +205,7 @@ pub fn box_of(x: &[f64], rows: usize, cols: usize, row0: i64, col0: i64, box_row
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvcache::fp8::f32_to_e4m3;
+    use crate::numeric::f32_to_e4m3;
 
     #[test]
     fn e5m2_round_trips_every_code() {

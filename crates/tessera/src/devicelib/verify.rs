@@ -17,7 +17,7 @@ use crate::check::{compare, Comparison};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::harness::VerifyOutcome;
-use crate::kvcache::fp8::{e4m3_to_f32, f32_to_e4m3};
+use crate::numeric::{e4m3_to_f32, f32_to_e4m3};
 use crate::runtime::tma::{encode_tiled, L2Promotion, OobFill, Swizzle, TensorMap, TiledMap, TmaError};
 use crate::runtime::{Arch, Context, DeviceBuffer, KernelParams, LaunchConfig};
 use crate::testdata::{random_matrix, Dist};

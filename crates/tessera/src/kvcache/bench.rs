@@ -12,15 +12,22 @@
 //! `TESSERA_DECODE_SWEEP=1` adds rows `tessera-w{warps}k{tile}s{stages}` for kernel tunings and
 //! `tessera-chunk{n}` for fixed key chunks (contexts <= 8K); the rows `tessera-query-rows` run
 //! the query-rows kernel on every decode shape.
+//!
+//! Planner overrides from the environment, read here and by `tessera verify kvcache` (the
+//! library's planning never reads the environment), for every decode plan whose case does not
+//! force the same choice ([`env_tuning`]):
+//! - `TESSERA_DECODE_TUNING=warps,tile_keys,stages`: the kernel shape;
+//! - `TESSERA_DECODE_LAYOUT=query|key`: the kernel layout.
 
-use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use serde_json::json;
 
-use super::decode::{DecodeLayout, DecodeOptions, DecodePlan, DecodeTuning, DecodeVariant, HOPPER_SHARED_LIMIT};
+use super::decode::{
+    DecodeKernelShape, DecodeLayout, DecodeOptions, DecodePlan, DecodeTuning, DecodeVariant, HOPPER_SHARED_LIMIT,
+};
 use super::reference::{decode_reference, encode, gather_sequence};
 use super::{AppendBatch, KvCacheConfig, PagedBatch, PagedKvCache};
 use crate::check::compare;
@@ -29,6 +36,70 @@ use crate::error::{Error, Result};
 use crate::harness::BenchOutcome;
 use crate::runtime::{time_median, Context, TimingOptions};
 use crate::testdata::{random_matrix, Dist};
+
+/// `TESSERA_DECODE_TUNING=warps,tile_keys,stages`: a kernel shape for benchmark sweeps; `None`
+/// when unset. A value that is not three integers is an error, not silently ignored (the shape
+/// itself is validated by the plan, like a caller's).
+pub fn kernel_shape_from_env() -> Result<Option<DecodeKernelShape>> {
+    match std::env::var("TESSERA_DECODE_TUNING") {
+        Ok(s) => parse_kernel_shape(&s).map(Some),
+        Err(_) => Ok(None),
+    }
+}
+
+/// A `TESSERA_DECODE_TUNING` value: `warps,tile_keys,stages`.
+pub fn parse_kernel_shape(s: &str) -> Result<DecodeKernelShape> {
+    let v: Vec<u32> = s.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+    if v.len() != 3 {
+        return Err(Error::invalid(
+            "TESSERA_DECODE_TUNING",
+            format!("must be warps,tile_keys,stages (three integers), got {s:?}"),
+        ));
+    }
+    Ok(DecodeKernelShape {
+        warps: v[0],
+        tile_keys: v[1],
+        stages: v[2],
+    })
+}
+
+/// `TESSERA_DECODE_LAYOUT=query|key`: a forced kernel layout; `None` when unset, any other
+/// value is an error.
+pub fn layout_from_env() -> Result<Option<DecodeLayout>> {
+    match std::env::var("TESSERA_DECODE_LAYOUT") {
+        Ok(s) => parse_layout(&s).map(Some),
+        Err(_) => Ok(None),
+    }
+}
+
+/// A `TESSERA_DECODE_LAYOUT` value: `query` or `key`.
+pub fn parse_layout(s: &str) -> Result<DecodeLayout> {
+    match s {
+        "query" => Ok(DecodeLayout::QueryRows),
+        "key" => Ok(DecodeLayout::KeyRows),
+        _ => Err(Error::invalid(
+            "TESSERA_DECODE_LAYOUT",
+            format!("must be `query` or `key`, got {s:?}"),
+        )),
+    }
+}
+
+/// The tuning a harness plans a decode with: the case's `forced` choices, and where it forces
+/// none the environment's kernel shape ([`kernel_shape_from_env`]) and layout
+/// ([`layout_from_env`]). Read at every plan, as the plan once did itself.
+pub fn env_tuning(forced: DecodeTuning) -> Result<DecodeTuning> {
+    Ok(DecodeTuning {
+        kernel: match forced.kernel {
+            Some(k) => Some(k),
+            None => kernel_shape_from_env()?,
+        },
+        layout: match forced.layout {
+            Some(l) => Some(l),
+            None => layout_from_env()?,
+        },
+        ..forced
+    })
+}
 
 /// Decode or append.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,7 +123,7 @@ pub struct BenchCase {
     /// A mixed-length batch (the lengths differ).
     pub mixed: bool,
     /// A forced tuning (impl `tessera-w..k..s..`); `None` = default (`tessera`).
-    pub tuning: Option<DecodeTuning>,
+    pub tuning: Option<DecodeKernelShape>,
     /// A forced kernel layout (impl `tessera-query-rows` / `tessera-key-rows` [+ tuning]);
     /// `None` = the planner's.
     pub layout: Option<DecodeLayout>,
@@ -232,7 +303,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         }) {
             for &(warps, tile_keys, stages) in &sweep {
                 let mut c = base.clone();
-                let tuning = DecodeTuning {
+                let tuning = DecodeKernelShape {
                     warps,
                     tile_keys,
                     stages,
@@ -263,11 +334,12 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
 
 /// Verifies and times one case.
 pub fn bench_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    match case.dtype {
-        DType::F16 | DType::F8E4M3 => run::<f16>(ctx, case, seed, timing),
-        DType::BF16 => run::<bf16>(ctx, case, seed, timing),
-        d => Err(Error::Unsupported(format!("kvcache bench dtype {d}"))),
-    }
+    // an fp8 cache is read with fp16 queries
+    let query = match case.dtype {
+        DType::F8E4M3 => DType::F16,
+        d => d,
+    };
+    crate::dispatch_float!("kvcache bench"; query, [F16, BF16], |T| run::<T>(ctx, case, seed, timing))
 }
 
 /// Bytes the rotated copies of a batch's pages must span together.
@@ -347,9 +419,11 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
             let mut out = ctx.alloc::<T>(b * hq * d)?;
             out.fill_bytes(0xff)?;
             let opts = DecodeOptions {
-                tuning: case.tuning,
-                layout: case.layout,
-                chunk_tokens: case.chunk,
+                tuning: env_tuning(DecodeTuning {
+                    chunk_tokens: case.chunk,
+                    kernel: case.tuning,
+                    layout: case.layout,
+                })?,
                 ..Default::default()
             };
             let plan = DecodePlan::new(ctx, &cfg, hq, &case.lengths, &opts)?;

@@ -55,10 +55,11 @@ pub fn dependent_launch_pays(lens: &[usize], cfg: &KvCacheConfig) -> bool {
     bytes <= DEPENDENT_LAUNCH_MAX_KV_BYTES
 }
 
-/// Kernel shape knobs (tile keys per warp, pipeline stages, warps per CTA). The defaults come
-/// from the H200 measurements in bench/NOTES.md.
+/// Kernel shape knobs (tile keys per warp, pipeline stages, warps per CTA) of a decode variant.
+/// The planner's choice is [`default_kernel_shape`] (H200 measurements in bench/NOTES.md);
+/// `Default` is only the starting point of a variant before that choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct DecodeTuning {
+pub struct DecodeKernelShape {
     /// Warps per CTA: 2, 4 or 8.
     pub warps: u32,
     /// Keys per warp tile: 16, 32 or 64 (powers of two, like page sizes, so a tile always
@@ -68,9 +69,9 @@ pub struct DecodeTuning {
     pub stages: u32,
 }
 
-impl Default for DecodeTuning {
+impl Default for DecodeKernelShape {
     fn default() -> Self {
-        DecodeTuning {
+        DecodeKernelShape {
             warps: 4,
             tile_keys: 16,
             stages: 4,
@@ -78,26 +79,7 @@ impl Default for DecodeTuning {
     }
 }
 
-impl DecodeTuning {
-    /// `TESSERA_DECODE_TUNING=warps,tile_keys,stages` overrides the default (benchmark sweeps);
-    /// a value that is not three integers is an error, not silently ignored.
-    pub fn from_env() -> Result<Option<DecodeTuning>> {
-        let Ok(s) = std::env::var("TESSERA_DECODE_TUNING") else {
-            return Ok(None);
-        };
-        let v: Vec<u32> = s.split(',').filter_map(|x| x.trim().parse().ok()).collect();
-        if v.len() != 3 {
-            return Err(Error::invalid(
-                "TESSERA_DECODE_TUNING",
-                format!("must be warps,tile_keys,stages (three integers), got {s:?}"),
-            ));
-        }
-        Ok(Some(DecodeTuning {
-            warps: v[0],
-            tile_keys: v[1],
-            stages: v[2],
-        }))
-    }
+impl DecodeKernelShape {
     pub(crate) fn validate(&self) -> Result<()> {
         if !matches!(self.warps, 2 | 4 | 8)
             || !matches!(self.tile_keys, 16 | 32 | 64)
@@ -140,23 +122,11 @@ impl DecodeLayout {
             DecodeLayout::QueryRows
         }
     }
-    /// `TESSERA_DECODE_LAYOUT=query|key` forces a layout (benchmarks); any other value is an
-    /// error.
-    pub fn from_env() -> Result<Option<DecodeLayout>> {
-        match std::env::var("TESSERA_DECODE_LAYOUT") {
-            Err(_) => Ok(None),
-            Ok(s) if s == "query" => Ok(Some(DecodeLayout::QueryRows)),
-            Ok(s) if s == "key" => Ok(Some(DecodeLayout::KeyRows)),
-            Ok(s) => Err(Error::invalid(
-                "TESSERA_DECODE_LAYOUT",
-                format!("must be `query` or `key`, got {s:?}"),
-            )),
-        }
-    }
 }
 
 /// Options of a decode plan. Defaults: one query token, `scale = 1/sqrt(D)`, fp16 queries for an
-/// fp8 cache, automatic chunking, default tuning.
+/// fp8 cache, and the planner's choices ([`DecodeTuning::default`]).
+/// `DecodeOptions { q_len: 4, ..Default::default() }`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DecodeOptions {
     /// Query tokens per sequence, 1..=8. Default 1.
@@ -166,13 +136,8 @@ pub struct DecodeOptions {
     /// Query/output dtype for an fp8 cache (F16 or BF16; default F16). fp16/bf16 caches use
     /// their own dtype.
     pub query_dtype: Option<DType>,
-    /// Key chunk per work item (a multiple of 64); `None` lets the planner choose from the
-    /// lengths, Hkv and the SM count; `Some(usize::MAX)` disables split-KV.
-    pub chunk_tokens: Option<usize>,
-    /// Kernel shape; `None` = default (or `TESSERA_DECODE_TUNING`).
-    pub tuning: Option<DecodeTuning>,
-    /// Kernel layout; `None` = [`DecodeLayout::for_rows`] (or `TESSERA_DECODE_LAYOUT`).
-    pub layout: Option<DecodeLayout>,
+    /// Forced planner choices, for benchmarks and experiments. Default: none forced.
+    pub tuning: DecodeTuning,
 }
 
 impl Default for DecodeOptions {
@@ -181,11 +146,27 @@ impl Default for DecodeOptions {
             q_len: 1,
             scale: None,
             query_dtype: None,
-            chunk_tokens: None,
-            tuning: None,
-            layout: None,
+            tuning: DecodeTuning::default(),
         }
     }
+}
+
+/// Choices of a decode plan that the planner makes unless forced here: for benchmarks and
+/// experiments; the defaults (all `None`) are what the planner chooses. Results do not depend on
+/// them beyond rounding (split-KV merges in another order), only speed and which problems a plan
+/// accepts. The library never reads them from the environment; the bench harness does
+/// (`TESSERA_DECODE_TUNING`, `TESSERA_DECODE_LAYOUT`: [`super::bench::env_tuning`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DecodeTuning {
+    /// Key chunk per work item (a multiple of 64); `Some(usize::MAX)` disables split-KV.
+    /// Default `None`: the planner chooses from the lengths, Hkv and the SM count
+    /// ([`choose_chunk`]).
+    pub chunk_tokens: Option<usize>,
+    /// Kernel shape (warps, keys per tile, stages). Default `None`: [`default_kernel_shape`],
+    /// the first candidate that fits the device's shared memory.
+    pub kernel: Option<DecodeKernelShape>,
+    /// Kernel layout. Default `None`: [`DecodeLayout::for_rows`].
+    pub layout: Option<DecodeLayout>,
 }
 
 /// Compile-time specialisation of the decode kernel.
@@ -200,7 +181,7 @@ pub struct DecodeVariant {
     pub layout: DecodeLayout,
     /// m16 row blocks per CTA (1 or 2; `QueryRows` only, 1 for `KeyRows`).
     pub m_blocks: u32,
-    pub tuning: DecodeTuning,
+    pub shape: DecodeKernelShape,
 }
 
 impl DecodeVariant {
@@ -214,7 +195,7 @@ impl DecodeVariant {
         heads_q: usize,
         q_len: usize,
         layout: Option<DecodeLayout>,
-        forced: Option<DecodeTuning>,
+        forced: Option<DecodeKernelShape>,
         shared_limit: u32,
     ) -> DecodeVariant {
         let rows = heads_q / cfg.heads_kv.max(1) * q_len;
@@ -230,9 +211,9 @@ impl DecodeVariant {
             } else {
                 1
             },
-            tuning: DecodeTuning::default(),
+            shape: DecodeKernelShape::default(),
         };
-        v.tuning = forced.unwrap_or_else(|| default_tuning(&v, shared_limit));
+        v.shape = forced.unwrap_or_else(|| default_kernel_shape(&v, shared_limit));
         v
     }
 
@@ -246,7 +227,7 @@ impl DecodeVariant {
 
     /// The specialisation of this variant: its name, preamble and cache hash.
     pub fn key(&self) -> KernelKey {
-        let t = self.tuning;
+        let t = self.shape;
         let family = match self.layout {
             DecodeLayout::QueryRows => "paged_decode",
             DecodeLayout::KeyRows => "paged_decode_narrow",
@@ -274,14 +255,14 @@ impl DecodeVariant {
 
     /// Threads per CTA.
     pub fn threads(&self) -> u32 {
-        self.tuning.warps * 32
+        self.shape.warps * 32
     }
 
     /// Dynamic shared memory: per warp the pipeline stages (K and V tiles, fp8 scales), and for
     /// `QueryRows` the Q tile before them and fp8 staging tiles; the warp merge reuses the
     /// pipeline area.
     pub fn shared_bytes(&self) -> u32 {
-        let t = self.tuning;
+        let t = self.shape;
         let rows = self.rows_per_cta();
         let narrow = self.layout == DecodeLayout::KeyRows;
         let d = self.head_dim;
@@ -433,11 +414,78 @@ pub fn choose_chunk(lens: &[usize], quantum: usize, ctas_per_item: usize, slots:
     best.1
 }
 
+/// Everything a [`DecodePlan`] is made from besides its context (device and stream): the cache
+/// config, the query heads, the lengths (those of the last [`DecodePlan::update`]) and the
+/// options with their tuning. Floats compare and hash by their bits. Equal keys on one context
+/// give interchangeable plans ([`DecodePlanKey::new`] before planning, [`DecodePlan::key`]
+/// after).
+#[derive(Clone, Debug)]
+pub struct DecodePlanKey {
+    pub cfg: KvCacheConfig,
+    pub heads_q: usize,
+    pub seq_lens: Vec<usize>,
+    pub options: DecodeOptions,
+}
+
+impl DecodePlanKey {
+    /// The key of the plan `DecodePlan::new(ctx, cfg, heads_q, seq_lens, options)` makes.
+    pub fn new(cfg: &KvCacheConfig, heads_q: usize, seq_lens: &[usize], options: &DecodeOptions) -> Self {
+        DecodePlanKey {
+            cfg: cfg.clone(),
+            heads_q,
+            seq_lens: seq_lens.to_vec(),
+            options: *options,
+        }
+    }
+
+    /// Every field, floats as bits: what `Eq` and `Hash` compare.
+    #[allow(clippy::type_complexity)]
+    fn parts(
+        &self,
+    ) -> (
+        (usize, usize, usize, usize, DType, usize, u32),
+        usize,
+        &[usize],
+        (usize, Option<u32>, Option<DType>, DecodeTuning),
+    ) {
+        let c = &self.cfg;
+        let o = &self.options;
+        (
+            (
+                c.num_pages,
+                c.page_size,
+                c.heads_kv,
+                c.head_dim,
+                c.dtype,
+                c.num_layers,
+                c.fp8_scale.to_bits(),
+            ),
+            self.heads_q,
+            &self.seq_lens,
+            (o.q_len, o.scale.map(f32::to_bits), o.query_dtype, o.tuning),
+        )
+    }
+}
+
+impl PartialEq for DecodePlanKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.parts() == other.parts()
+    }
+}
+impl Eq for DecodePlanKey {}
+impl std::hash::Hash for DecodePlanKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.parts().hash(state)
+    }
+}
+
 /// A decode plan: kernels, work list and workspace for one batch composition.
 pub struct DecodePlan {
     ctx: Context,
     cfg: KvCacheConfig,
     heads_q: usize,
+    /// The lengths of `new` or of the last successful `update` (for [`DecodePlan::key`]).
+    seq_lens: Vec<usize>,
     options: DecodeOptions,
     variant: DecodeVariant,
     row_groups: usize,
@@ -474,42 +522,34 @@ impl DecodePlan {
         seq_lens: &[usize],
         options: &DecodeOptions,
     ) -> Result<DecodePlan> {
-        // the environment's tuning and layout (benchmarks) count as forced options, so they are
-        // validated like the caller's
-        let mut options = *options;
-        if options.tuning.is_none() {
-            options.tuning = DecodeTuning::from_env()?;
-        }
-        if options.layout.is_none() {
-            options.layout = DecodeLayout::from_env()?;
-        }
+        let options = *options;
         let (dtype, scale) = validate_decode(cfg, heads_q, seq_lens, &options)?;
         let variant = DecodeVariant::for_problem(
             dtype,
             cfg,
             heads_q,
             options.q_len,
-            options.layout,
-            options.tuning,
+            options.tuning.layout,
+            options.tuning.kernel,
             ctx.info().max_shared_per_block_optin,
         );
-        let tuning = variant.tuning;
+        let shape = variant.shape;
         let rows = heads_q / cfg.heads_kv * options.q_len;
         let row_groups = rows.div_ceil(variant.rows_per_cta() as usize); // <= 65535: validate_decode
         let smem = variant.shared_bytes();
         if smem > ctx.info().max_shared_per_block_optin {
             return Err(Error::Unsupported(format!(
-                "decode tuning {tuning:?} needs {smem} bytes of shared memory, the device allows {}",
+                "decode tuning {shape:?} needs {smem} bytes of shared memory, the device allows {}",
                 ctx.info().max_shared_per_block_optin
             )));
         }
         let kernel = ctx.kernel(&variant.spec())?;
         let ctas_per_sm = kernel.max_active_blocks_per_sm(ctx, variant.threads(), smem)?.max(1) as usize;
-        let quantum = (tuning.warps * tuning.tile_keys) as usize;
+        let quantum = (shape.warps * shape.tile_keys) as usize;
         let slots = ctx.info().sm_count as usize * ctas_per_sm;
         let work = plan_work(
             seq_lens,
-            options.chunk_tokens,
+            options.tuning.chunk_tokens,
             quantum,
             cfg.heads_kv * row_groups,
             slots,
@@ -521,6 +561,7 @@ impl DecodePlan {
             ctx: ctx.clone(),
             cfg: cfg.clone(),
             heads_q,
+            seq_lens: seq_lens.to_vec(),
             options,
             variant,
             row_groups,
@@ -580,11 +621,11 @@ impl DecodePlan {
                 ),
             ));
         }
-        let quantum = (self.variant.tuning.warps * self.variant.tuning.tile_keys) as usize;
+        let quantum = (self.variant.shape.warps * self.variant.shape.tile_keys) as usize;
         let slots = self.ctx.info().sm_count as usize * self.ctas_per_sm;
         let work = plan_work(
             seq_lens,
-            self.options.chunk_tokens,
+            self.options.tuning.chunk_tokens,
             quantum,
             self.cfg.heads_kv * self.row_groups,
             slots,
@@ -612,12 +653,19 @@ impl DecodePlan {
         self.chunk_counters.zero()?;
         self.work = work;
         self.dependent_launch = dependent_launch_pays(seq_lens, &self.cfg);
+        self.seq_lens.clear();
+        self.seq_lens.extend_from_slice(seq_lens);
         self.valid = true;
         Ok(())
     }
 
     pub fn batch(&self) -> usize {
         self.work.item_indptr.len() - 1
+    }
+    /// What the plan was made from (see [`DecodePlanKey`]), with the lengths of the last
+    /// successful `update`.
+    pub fn key(&self) -> DecodePlanKey {
+        DecodePlanKey::new(&self.cfg, self.heads_q, &self.seq_lens, &self.options)
     }
     fn rows(&self) -> usize {
         self.heads_q / self.cfg.heads_kv * self.options.q_len
@@ -638,7 +686,7 @@ impl DecodePlan {
     }
     /// One line: kernel, chunking, CTAs.
     pub fn describe(&self) -> String {
-        let t = self.variant.tuning;
+        let t = self.variant.shape;
         format!(
             "paged decode ({:?}) {} cache {} D={} page={} Hq={} Hkv={} q_len={}: {} items of <= {} tokens x {} KV heads x {} row groups, \
              {} warps x {} keys x {} stages, {} B smem, {} CTAs/SM{}",
@@ -868,11 +916,11 @@ pub fn validate_decode(
     }
     // a forced tuning: tile sizes and page sizes are both powers of two, so a tile always
     // covers whole pages or lies inside one
-    if let Some(t) = options.tuning {
+    if let Some(t) = options.tuning.kernel {
         t.validate()?;
     }
     let rows = heads_q / cfg.heads_kv * options.q_len;
-    if options.layout == Some(DecodeLayout::KeyRows) && rows.div_ceil(8) > 65_535 {
+    if options.tuning.layout == Some(DecodeLayout::KeyRows) && rows.div_ceil(8) > 65_535 {
         return Err(Error::invalid(
             "layout",
             format!(
@@ -923,7 +971,7 @@ pub fn validate_decode(
 ///   4 x 16 x 2;
 /// - `QueryRows`, fp8 cache: 4 x 16 x 2 (68 KB: 3 CTAs per SM hide the dequantisation);
 /// - `QueryRows`, fp16/bf16 cache: 8 x 16 x 2, else 4 x 16 x 3, else 4 x 16 x 2.
-pub fn default_tuning(v: &DecodeVariant, limit: u32) -> DecodeTuning {
+pub fn default_kernel_shape(v: &DecodeVariant, limit: u32) -> DecodeKernelShape {
     let fp8 = v.cache == DType::F8E4M3;
     let candidates: &[(u32, u32, u32)] = match v.layout {
         DecodeLayout::QueryRows if fp8 => &[(4, 16, 2)],
@@ -933,16 +981,16 @@ pub fn default_tuning(v: &DecodeVariant, limit: u32) -> DecodeTuning {
     };
     let mut v = *v;
     for &(warps, tile_keys, stages) in candidates {
-        v.tuning = DecodeTuning {
+        v.shape = DecodeKernelShape {
             warps,
             tile_keys,
             stages,
         };
         if v.shared_bytes() <= limit {
-            return v.tuning;
+            return v.shape;
         }
     }
-    v.tuning
+    v.shape
 }
 
 /// The kernel's `__launch_bounds__` minimum of CTAs per SM, so ptxas keeps the registers within
@@ -953,7 +1001,7 @@ pub fn default_tuning(v: &DecodeVariant, limit: u32) -> DecodeTuning {
 ///   (68 KB of shared memory: three fit an SM; the dequantisation needs the extra warps), else
 ///   1 (shared memory limits those to one or two CTAs anyway, and more would spill).
 pub fn min_ctas_per_sm(v: &DecodeVariant) -> u32 {
-    let one_page_per_tile = v.page_size >= v.tuning.tile_keys;
+    let one_page_per_tile = v.page_size >= v.shape.tile_keys;
     if v.layout == DecodeLayout::KeyRows {
         let by_smem = 233_472 / (v.shared_bytes() + 1024);
         let regs = if v.head_dim <= 128 { 128 } else { 168 };
@@ -1019,9 +1067,9 @@ pub fn ci_variants() -> Vec<DecodeVariant> {
             page_size,
             layout,
             m_blocks,
-            tuning: DecodeTuning::default(),
+            shape: DecodeKernelShape::default(),
         };
-        v.tuning = default_tuning(&v, HOPPER_SHARED_LIMIT);
+        v.shape = default_kernel_shape(&v, HOPPER_SHARED_LIMIT);
         v
     };
     for (dtype, cache) in [

@@ -46,7 +46,6 @@
 pub mod bench;
 pub mod block_manager;
 pub mod decode;
-pub mod fp8;
 #[cfg(feature = "harness")]
 mod operator;
 #[cfg(feature = "harness")]

@@ -8,19 +8,16 @@
 //!   `O = 0`, when no key is visible).
 //! - [`append_reference`]: the bytes a layer holds after an append, by plain indexing.
 
-use half::{bf16, f16};
 use rayon::prelude::*;
 
-use super::fp8::{e4m3_to_f32, f32_to_e4m3};
 use super::KvCacheConfig;
 use crate::dtype::DType;
+use crate::numeric;
 
 /// Decodes cache element `idx` (in elements) of a layer's raw bytes to f64 (fp8 without scale).
 pub fn element(cfg: &KvCacheConfig, bytes: &[u8], idx: usize) -> f64 {
     match cfg.dtype {
-        DType::F16 => f16::from_bits(u16::from_le_bytes([bytes[2 * idx], bytes[2 * idx + 1]])).to_f64(),
-        DType::BF16 => bf16::from_bits(u16::from_le_bytes([bytes[2 * idx], bytes[2 * idx + 1]])).to_f64(),
-        DType::F8E4M3 => e4m3_to_f32(bytes[idx]) as f64,
+        d @ (DType::F16 | DType::BF16 | DType::F8E4M3) => numeric::load(d, bytes, idx),
         d => panic!("not a cache dtype: {d}"),
     }
 }
@@ -124,9 +121,8 @@ pub fn decode_reference(
 /// by `scale` as the device does (`x * (1 / scale)` in f32, round to nearest even, satfinite).
 pub fn encode(cfg: &KvCacheConfig, x: f32, scale: f32, out: &mut [u8]) {
     match cfg.dtype {
-        DType::F16 => out[..2].copy_from_slice(&f16::from_f32(x).to_bits().to_le_bytes()),
-        DType::BF16 => out[..2].copy_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes()),
-        DType::F8E4M3 => out[0] = f32_to_e4m3(x * (1.0 / scale)),
+        d @ (DType::F16 | DType::BF16) => numeric::store(d, x, out),
+        DType::F8E4M3 => numeric::store(DType::F8E4M3, x * (1.0 / scale), out),
         d => panic!("not a cache dtype: {d}"),
     }
 }

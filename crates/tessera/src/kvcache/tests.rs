@@ -5,8 +5,8 @@
 use proptest::prelude::*;
 
 use super::decode::{
-    choose_chunk, default_tuning, dependent_launch_pays, validate_decode, DecodeLayout, DecodeOptions, DecodeTuning,
-    DecodeVariant, WorkList, HOPPER_SHARED_LIMIT, MAX_ITEMS,
+    choose_chunk, default_kernel_shape, dependent_launch_pays, validate_decode, DecodeKernelShape, DecodeLayout,
+    DecodeOptions, DecodePlanKey, DecodeTuning, DecodeVariant, WorkList, HOPPER_SHARED_LIMIT, MAX_ITEMS,
 };
 use super::*;
 
@@ -138,7 +138,10 @@ fn decode_requests_are_validated() {
     c1.heads_kv = 1;
     let key_rows = DecodeOptions {
         q_len: 8,
-        layout: Some(DecodeLayout::KeyRows),
+        tuning: DecodeTuning {
+            layout: Some(DecodeLayout::KeyRows),
+            ..Default::default()
+        },
         ..o
     };
     assert!(err(validate_decode(&c1, 65536, &[5], &key_rows)).contains("use QueryRows"));
@@ -168,7 +171,7 @@ fn fp8_scales_are_bounded_by_the_largest_fp16() {
 #[test]
 fn tunings_are_powers_of_two_tiles() {
     for tile_keys in [16, 32, 64] {
-        DecodeTuning {
+        DecodeKernelShape {
             warps: 4,
             tile_keys,
             stages: 2,
@@ -177,7 +180,7 @@ fn tunings_are_powers_of_two_tiles() {
         .unwrap();
     }
     // 48-key tiles could straddle pages of 64: refused
-    let e = err(DecodeTuning {
+    let e = err(DecodeKernelShape {
         warps: 4,
         tile_keys: 48,
         stages: 2,
@@ -223,9 +226,9 @@ fn default_tunings_fit_hopper_shared_memory() {
                 page_size: 16,
                 layout,
                 m_blocks: 1,
-                tuning: DecodeTuning::default(),
+                shape: DecodeKernelShape::default(),
             };
-            v.tuning = default_tuning(&v, HOPPER_SHARED_LIMIT);
+            v.shape = default_kernel_shape(&v, HOPPER_SHARED_LIMIT);
             assert!(v.shared_bytes() <= HOPPER_SHARED_LIMIT, "{v:?}: {}", v.shared_bytes());
         }
     }
@@ -273,4 +276,105 @@ proptest! {
             prop_assert_eq!((w.item_indptr[b + 1] - w.item_indptr[b]) as usize, l.div_ceil(chunk).max(1));
         }
     }
+}
+
+#[test]
+fn decode_plan_key_holds_config_lengths_options_and_tuning() {
+    use std::collections::HashSet;
+    let c = cfg();
+    let o = DecodeOptions::default();
+    let key = DecodePlanKey::new(&c, 32, &[5, 700], &o);
+    assert_eq!(
+        key,
+        DecodePlanKey::new(&cfg(), 32, &[5, 700], &DecodeOptions::default())
+    );
+    let tuned = |tuning| DecodeOptions { tuning, ..o };
+    let mut c8 = cfg();
+    c8.dtype = DType::F8E4M3;
+    let mut c_scaled = c8.clone();
+    c_scaled.fp8_scale = 0.5;
+    let changed = [
+        DecodePlanKey::new(
+            &c,
+            32,
+            &[5, 700],
+            &tuned(DecodeTuning {
+                chunk_tokens: Some(256),
+                ..Default::default()
+            }),
+        ),
+        DecodePlanKey::new(
+            &c,
+            32,
+            &[5, 700],
+            &tuned(DecodeTuning {
+                kernel: Some(DecodeKernelShape::default()),
+                ..Default::default()
+            }),
+        ),
+        DecodePlanKey::new(
+            &c,
+            32,
+            &[5, 700],
+            &tuned(DecodeTuning {
+                layout: Some(DecodeLayout::QueryRows),
+                ..Default::default()
+            }),
+        ),
+        DecodePlanKey::new(&c, 32, &[5, 700], &DecodeOptions { q_len: 2, ..o }),
+        DecodePlanKey::new(&c, 32, &[5, 700], &DecodeOptions { scale: Some(0.1), ..o }),
+        DecodePlanKey::new(&c, 32, &[5, 701], &o),
+        DecodePlanKey::new(&c, 16, &[5, 700], &o),
+        DecodePlanKey::new(&c8, 32, &[5, 700], &o),
+        DecodePlanKey::new(&c_scaled, 32, &[5, 700], &o),
+    ];
+    let mut all: HashSet<DecodePlanKey> = changed.iter().cloned().collect();
+    assert_eq!(all.len(), changed.len());
+    assert!(all.insert(key.clone()), "a changed field must change the key");
+    assert!(
+        !all.insert(DecodePlanKey::new(&c, 32, &[5, 700], &o)),
+        "equal inputs, equal keys"
+    );
+    assert_eq!(
+        DecodeTuning::default(),
+        DecodeTuning {
+            chunk_tokens: None,
+            kernel: None,
+            layout: None
+        }
+    );
+    // on a GPU: a plan's key is the key of what it was made from, and follows `update`
+    if let Ok(ctx) = crate::runtime::Context::new(0) {
+        let mut plan = super::decode::DecodePlan::new(&ctx, &c, 32, &[5, 700], &o).unwrap();
+        assert_eq!(plan.key(), key);
+        plan.update(&[6, 700]).unwrap();
+        assert_eq!(plan.key(), DecodePlanKey::new(&c, 32, &[6, 700], &o));
+    }
+}
+
+#[test]
+fn harness_parses_the_decode_environment_overrides() {
+    use super::bench::{parse_kernel_shape, parse_layout};
+    assert_eq!(
+        parse_kernel_shape("8, 32,3").unwrap(),
+        DecodeKernelShape {
+            warps: 8,
+            tile_keys: 32,
+            stages: 3
+        }
+    );
+    for bad in ["8,32", "a,b,c", "1,2,3,4", ""] {
+        let e = err(parse_kernel_shape(bad));
+        assert!(
+            e.contains("TESSERA_DECODE_TUNING") && e.contains("three integers"),
+            "{e}"
+        );
+    }
+    assert_eq!(parse_layout("query").unwrap(), DecodeLayout::QueryRows);
+    assert_eq!(parse_layout("key").unwrap(), DecodeLayout::KeyRows);
+    let e = err(parse_layout("rows"));
+    assert!(
+        e.contains("TESSERA_DECODE_LAYOUT") && e.contains("`query` or `key`"),
+        "{e}"
+    );
 }

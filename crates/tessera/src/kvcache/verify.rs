@@ -11,19 +11,21 @@
 //! buffer whose row padding must stay poisoned) against the reference within the query dtype's
 //! budget; the LSE within 1e-3 absolute, `-inf` exactly where no key is visible.
 
-use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rayon::prelude::*;
 use serde_json::json;
 
-use super::decode::{DecodeLayout, DecodeOptions, DecodePlan, DecodeTuning, DecodeVariant, HOPPER_SHARED_LIMIT};
+use super::bench::env_tuning;
+use super::decode::{
+    DecodeKernelShape, DecodeLayout, DecodeOptions, DecodePlan, DecodeTuning, DecodeVariant, HOPPER_SHARED_LIMIT,
+};
 use super::reference::{append_reference, decode_reference, encode, gather_sequence};
 use super::{AppendBatch, KvCacheConfig, PagedBatch, PagedKvCache};
 use crate::check::{compare, to_f64_vec};
 use crate::dtype::{DType, Element};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::harness::VerifyOutcome;
 use crate::runtime::Context;
 use crate::testdata::{random_matrix, Dist};
@@ -50,7 +52,7 @@ pub struct Case {
     pub append: Option<Vec<usize>>,
     /// Append inputs with a row pitch that is not a multiple of 8 (the scalar append path).
     pub unaligned_append: bool,
-    pub tuning: Option<DecodeTuning>,
+    pub tuning: Option<DecodeKernelShape>,
     /// A forced kernel layout; `None` = the planner's.
     pub layout: Option<DecodeLayout>,
     /// The plan is made for lengths this much shorter than the run's (lengths grew after
@@ -235,7 +237,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
         for cache in [f16, fp8] {
             for layout in [DecodeLayout::KeyRows, DecodeLayout::QueryRows] {
                 let mut c = Case::base(cache, f16, 32, 8, 128, &[1, 33, 1000, 4097]);
-                let tuning = DecodeTuning {
+                let tuning = DecodeKernelShape {
                     warps,
                     tile_keys,
                     stages,
@@ -263,7 +265,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             for layout in [DecodeLayout::KeyRows, DecodeLayout::QueryRows] {
                 let mut c = Case::base(cache, f16, 16, 4, 128, &[1, 63, 64, 65, 700, 3000]);
                 c.page_size = page_size;
-                c.tuning = Some(DecodeTuning {
+                c.tuning = Some(DecodeKernelShape {
                     warps: 2,
                     tile_keys: 64,
                     stages: 2,
@@ -316,11 +318,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
 
 /// Runs one case: fills a random cache, optionally appends, decodes and compares.
 pub fn verify_case(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcome> {
-    match case.query {
-        DType::F16 => run::<f16>(ctx, case, seed),
-        DType::BF16 => run::<bf16>(ctx, case, seed),
-        d => Err(Error::Unsupported(format!("kvcache verify for {d} queries"))),
-    }
+    crate::dispatch_float!("kvcache verify query"; case.query, [F16, BF16], |T| run::<T>(ctx, case, seed))
 }
 
 /// The page tables of a case: a random permutation of a pool with spare pages; sequences after
@@ -458,9 +456,12 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
     let opts = DecodeOptions {
         q_len: ql,
         query_dtype: Some(case.query),
-        chunk_tokens: case.chunk,
-        tuning: case.tuning,
-        layout: case.layout,
+        // forced choices of the case, else those of TESSERA_DECODE_TUNING / _LAYOUT
+        tuning: env_tuning(DecodeTuning {
+            chunk_tokens: case.chunk,
+            kernel: case.tuning,
+            layout: case.layout,
+        })?,
         ..Default::default()
     };
     let plan_lens: Vec<usize> = case

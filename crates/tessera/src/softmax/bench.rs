@@ -3,11 +3,10 @@
 //! the timed inputs against the f64 reference. Beside every default case, a device copy of the
 //! same bytes timed the same way (impl `copy`, [`bench_copy`]): the bound for that size.
 
-use half::f16;
 use serde_json::json;
 
 use super::reference::softmax_reference;
-use super::{SoftmaxKind, SoftmaxOptions, SoftmaxPath, SoftmaxPlan, SoftmaxShape};
+use super::{SoftmaxKind, SoftmaxOptions, SoftmaxPath, SoftmaxPlan, SoftmaxShape, SoftmaxTuning};
 use crate::check::compare;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -177,12 +176,7 @@ pub fn copy_cases(quick: bool) -> Vec<CopyCase> {
 
 /// Times one same-size copy of the case's input data.
 pub fn bench_copy(ctx: &Context, case: &CopyCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    match case.0.dtype {
-        DType::F16 => copy_run::<f16>(ctx, &case.0, seed, timing),
-        DType::F32 => copy_run::<f32>(ctx, &case.0, seed, timing),
-        DType::BF16 => copy_run::<half::bf16>(ctx, &case.0, seed, timing),
-        d => Err(Error::Unsupported(format!("softmax bench dtype {d}"))),
-    }
+    crate::dispatch_float!("softmax bench"; case.0.dtype, [F16, F32, BF16], |T| copy_run::<T>(ctx, &case.0, seed, timing))
 }
 
 fn copy_run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
@@ -252,12 +246,7 @@ const VERIFIED_ROWS: usize = 64;
 
 /// Verifies and times one case.
 pub fn bench_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    match case.dtype {
-        DType::F16 => run::<f16>(ctx, case, seed, timing),
-        DType::F32 => run::<f32>(ctx, case, seed, timing),
-        DType::BF16 => run::<half::bf16>(ctx, case, seed, timing),
-        d => Err(Error::Unsupported(format!("softmax bench dtype {d}"))),
-    }
+    crate::dispatch_float!("softmax bench"; case.dtype, [F16, F32, BF16], |T| run::<T>(ctx, case, seed, timing))
 }
 
 fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
@@ -265,7 +254,7 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
     let opts = SoftmaxOptions {
         kind: case.kind,
         scale: 1.0,
-        path: case.path,
+        tuning: SoftmaxTuning { path: case.path },
     };
     let plan = SoftmaxPlan::new(ctx, &shape, &opts)?;
     let (host, inputs, mut outputs) = rotating_sets::<T>(ctx, case, seed)?;

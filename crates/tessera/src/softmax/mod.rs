@@ -11,7 +11,8 @@
 //!
 //! Dispatch follows OneFlow's three paths (see [`plan`]): a warp per row with the row in
 //! registers (up to 1024 columns), a block per row with the row cached in shared memory, and a
-//! block per row that re-reads the row (any length). [`SoftmaxOptions::path`] forces one.
+//! block per row that re-reads the row (any length). [`SoftmaxTuning::path`] (reached as
+//! [`SoftmaxOptions::tuning`]) forces one, for benchmarks and experiments.
 //!
 //! ```no_run
 //! # fn main() -> tessera::Result<()> {
@@ -43,7 +44,7 @@ use crate::runtime::{Context, TensorView, TensorViewMut};
 
 #[cfg(feature = "harness")]
 pub use operator::OPERATOR;
-pub use plan::{SoftmaxPath, SoftmaxPlan};
+pub use plan::{SoftmaxPath, SoftmaxPlan, SoftmaxPlanKey};
 
 /// Which row-wise operator.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -64,6 +65,9 @@ impl SoftmaxKind {
 }
 
 /// Options of a softmax plan. `SoftmaxOptions { kind: SoftmaxKind::LogSoftmax, ..Default::default() }`.
+///
+/// `kind` and `scale` say what is computed; [`SoftmaxOptions::tuning`] only how (benchmarks and
+/// experiments), and its defaults are the dispatcher's choice.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SoftmaxOptions {
     /// Softmax or log-softmax. Default: [`SoftmaxKind::Softmax`].
@@ -71,8 +75,9 @@ pub struct SoftmaxOptions {
     /// Multiplies the input before the softmax (e.g. an inverse temperature). Default 1.0.
     /// Must be finite and non-zero.
     pub scale: f32,
-    /// Kernel path. Default [`SoftmaxPath::Auto`] (chosen from cols, dtype and occupancy).
-    pub path: SoftmaxPath,
+    /// Forced kernel choices, for benchmarks and experiments. Default: none forced
+    /// ([`SoftmaxTuning::default`]).
+    pub tuning: SoftmaxTuning,
 }
 
 impl Default for SoftmaxOptions {
@@ -80,9 +85,20 @@ impl Default for SoftmaxOptions {
         SoftmaxOptions {
             kind: SoftmaxKind::Softmax,
             scale: 1.0,
-            path: SoftmaxPath::Auto,
+            tuning: SoftmaxTuning::default(),
         }
     }
+}
+
+/// Kernel choices of a softmax plan, for benchmarks and experiments; the defaults are what the
+/// dispatcher chooses. Results do not depend on them (within the dtype's rounding), only speed
+/// and which shapes a plan accepts: a forced path that cannot hold a shape is `Unsupported`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SoftmaxTuning {
+    /// Kernel path. Default [`SoftmaxPath::Auto`] (chosen from cols, dtype and occupancy; see
+    /// [`plan`]). The warp variants [`SoftmaxPath::WarpNc`] and [`SoftmaxPath::WarpV2`] and the
+    /// cluster schedules exist to be measured side by side.
+    pub path: SoftmaxPath,
 }
 
 /// The problem a plan is made for: rows x cols with row strides (elements) and dtypes.

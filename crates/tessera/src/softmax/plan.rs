@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use super::{SoftmaxKind, SoftmaxOptions, SoftmaxShape};
+use super::{SoftmaxKind, SoftmaxOptions, SoftmaxShape, SoftmaxTuning};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::runtime::{
@@ -31,9 +31,10 @@ pub const SOURCE: &str = include_str!("softmax.cu");
 /// The cluster path's kernel source.
 pub const CLUSTER_SOURCE: &str = include_str!("softmax_cluster.cu");
 
-/// Kernel path; `Auto` lets the plan choose.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Kernel path; `Auto` (the default) lets the plan choose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum SoftmaxPath {
+    #[default]
     Auto,
     /// A warp (or a group of 1..32 lanes) per row, the row in registers. cols <= 1024.
     WarpPerRow,
@@ -337,6 +338,31 @@ const EXCHANGE_SLOT_BYTES: usize = 32;
 /// slot (so every slot is a 32-byte sector of its own), then the slots.
 const EXCHANGE_COUNTER_BYTES: usize = 32;
 
+/// Everything a [`SoftmaxPlan`] is made from besides its context (device and stream): the
+/// shape (with dtypes and strides) and the options, the scale by its bits. Equal keys on one
+/// context give interchangeable plans, so a plan cache can be keyed by it
+/// ([`SoftmaxPlanKey::new`] before planning, [`SoftmaxPlan::key`] after).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SoftmaxPlanKey {
+    pub shape: SoftmaxShape,
+    pub kind: SoftmaxKind,
+    /// `SoftmaxOptions::scale` as `f32::to_bits` (so `-0.0`, `0.0` and NaNs stay distinct).
+    pub scale_bits: u32,
+    pub tuning: SoftmaxTuning,
+}
+
+impl SoftmaxPlanKey {
+    /// The key of the plan `SoftmaxPlan::new(ctx, shape, opts)` makes.
+    pub fn new(shape: &SoftmaxShape, opts: &SoftmaxOptions) -> Self {
+        SoftmaxPlanKey {
+            shape: *shape,
+            kind: opts.kind,
+            scale_bits: opts.scale.to_bits(),
+            tuning: opts.tuning,
+        }
+    }
+}
+
 /// A planned softmax: the dispatch decision and compiled kernels for one [`SoftmaxShape`].
 /// Make it once, run it many times; `run` allocates nothing.
 pub struct SoftmaxPlan {
@@ -409,7 +435,7 @@ impl SoftmaxPlan {
         // kernel's occupancy is known).
         let split_auto =
             max_cluster(ctx) > 1 && split_row_geometry(shape, info.max_shared_per_block_optin as usize).is_some();
-        let path = match opts.path {
+        let path = match opts.tuning.path {
             SoftmaxPath::Auto if shape.cols <= WARP_MAX_COLS => {
                 // rows of at most 32 input bytes per lane take the prefetching warp kernel
                 let (cpt, _, rows_per_warp) = warp_shape(shape.cols, vector_pack(shape));
@@ -465,7 +491,7 @@ impl SoftmaxPlan {
             None
         };
         if path == SoftmaxPath::SplitRow && split.is_none() {
-            if opts.path != SoftmaxPath::Auto {
+            if opts.tuning.path != SoftmaxPath::Auto {
                 return Err(Error::Unsupported(split_row_unsupported(
                     shape,
                     info.max_shared_per_block_optin as usize,
@@ -481,7 +507,7 @@ impl SoftmaxPlan {
         let pack = vector_pack(shape);
         let build = |pack: u32| -> Result<Option<Launchable>> { build_variant(ctx, shape, opts.kind, plan_path, pack) };
         let mut scalar = build(1)?;
-        if scalar.is_none() && opts.path == SoftmaxPath::Auto && path == SoftmaxPath::BlockCached {
+        if scalar.is_none() && opts.tuning.path == SoftmaxPath::Auto && path == SoftmaxPath::BlockCached {
             // The cached CTA does not fit on an SM with any block size: fall back.
             plan_path = SoftmaxPath::BlockUncached;
             scalar = build_variant(ctx, shape, opts.kind, plan_path, 1)?;
@@ -528,6 +554,11 @@ impl SoftmaxPlan {
             vector,
             scalar,
         })
+    }
+
+    /// What the plan was made from (see [`SoftmaxPlanKey`]).
+    pub fn key(&self) -> SoftmaxPlanKey {
+        SoftmaxPlanKey::new(&self.shape, &self.opts)
     }
 
     /// The path the plan chose.

@@ -306,3 +306,53 @@ fn split_row_groups_claim_rows_only_where_the_static_schedule_leaves_groups_unus
     assert!(!split_claims_rows(256, 49, 8));
     assert!(!split_claims_rows(3 << 30, 1 << 20, 9));
 }
+
+#[test]
+fn plan_key_holds_shape_options_and_tuning() {
+    use std::collections::HashSet;
+    let shape = SoftmaxShape::contiguous::<half::f16, f32>(8, 1000);
+    let opts = SoftmaxOptions::default();
+    let key = SoftmaxPlanKey::new(&shape, &opts);
+    assert_eq!(key, SoftmaxPlanKey::new(&shape, &SoftmaxOptions::default()));
+    let changed = [
+        SoftmaxPlanKey::new(
+            &shape,
+            &SoftmaxOptions {
+                tuning: SoftmaxTuning {
+                    path: SoftmaxPath::WarpNc,
+                },
+                ..opts
+            },
+        ),
+        SoftmaxPlanKey::new(
+            &shape,
+            &SoftmaxOptions {
+                kind: SoftmaxKind::LogSoftmax,
+                ..opts
+            },
+        ),
+        SoftmaxPlanKey::new(&shape, &SoftmaxOptions { scale: 0.5, ..opts }),
+        SoftmaxPlanKey::new(&shape, &SoftmaxOptions { scale: -1.0, ..opts }),
+        SoftmaxPlanKey::new(
+            &SoftmaxShape {
+                in_stride: 1008,
+                ..shape
+            },
+            &opts,
+        ),
+        SoftmaxPlanKey::new(&SoftmaxShape::contiguous::<f32, f32>(8, 1000), &opts),
+    ];
+    let mut all: HashSet<SoftmaxPlanKey> = changed.iter().copied().collect();
+    assert_eq!(all.len(), changed.len());
+    assert!(all.insert(key), "a changed field must change the key");
+    assert!(
+        !all.insert(SoftmaxPlanKey::new(&shape, &opts)),
+        "equal inputs, equal keys"
+    );
+    assert_eq!(SoftmaxTuning::default().path, SoftmaxPath::Auto);
+    // on a GPU: a plan's key is the key of what it was made from
+    if let Ok(ctx) = crate::runtime::Context::new(0) {
+        let plan = SoftmaxPlan::new(&ctx, &shape, &opts).unwrap();
+        assert_eq!(plan.key(), key);
+    }
+}

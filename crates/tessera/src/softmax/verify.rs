@@ -4,11 +4,10 @@
 //! dtypes and huge rows. Outputs are poisoned (NaN) first and the padding of output rows must
 //! come back untouched.
 
-use half::{bf16, f16};
 use serde_json::json;
 
 use super::reference::softmax_reference;
-use super::{SoftmaxKind, SoftmaxOptions, SoftmaxPath, SoftmaxPlan, SoftmaxShape};
+use super::{SoftmaxKind, SoftmaxOptions, SoftmaxPath, SoftmaxPlan, SoftmaxShape, SoftmaxTuning};
 use crate::check::{compare, Comparison};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -375,18 +374,12 @@ pub fn cases(quick: bool) -> Vec<Case> {
 
 /// Runs one case on the GPU and compares it with the f64 reference.
 pub fn verify_case(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcome> {
-    match (case.in_dtype, case.out_dtype) {
-        (DType::F32, DType::F32) => run::<f32, f32>(ctx, case, seed),
-        (DType::F16, DType::F16) => run::<f16, f16>(ctx, case, seed),
-        (DType::BF16, DType::BF16) => run::<bf16, bf16>(ctx, case, seed),
-        (DType::F16, DType::F32) => run::<f16, f32>(ctx, case, seed),
-        (DType::BF16, DType::F32) => run::<bf16, f32>(ctx, case, seed),
-        (DType::F32, DType::F16) => run::<f32, f16>(ctx, case, seed),
-        (DType::F32, DType::BF16) => run::<f32, bf16>(ctx, case, seed),
-        (DType::F16, DType::BF16) => run::<f16, bf16>(ctx, case, seed),
-        (DType::BF16, DType::F16) => run::<bf16, f16>(ctx, case, seed),
-        (a, b) => Err(Error::Unsupported(format!("softmax verify for {a}->{b}"))),
-    }
+    // every (input, output) pairing
+    crate::dispatch_float!("softmax verify input"; case.in_dtype, [F32, F16, BF16], |I| {
+        crate::dispatch_float!("softmax verify output"; case.out_dtype, [F32, F16, BF16], |O| {
+            run::<I, O>(ctx, case, seed)
+        })
+    })
 }
 
 /// The input of a case: random with outliers, padding NaN, optional special rows.
@@ -435,7 +428,7 @@ fn run<I: Element, O: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<
     let opts = SoftmaxOptions {
         kind: case.kind,
         scale: case.scale,
-        path: case.path,
+        tuning: SoftmaxTuning { path: case.path },
     };
     let plan = SoftmaxPlan::new(ctx, &shape, &opts)?;
     let out_len = (case.rows - 1) * case.out_stride + case.cols;
