@@ -487,9 +487,9 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
     let copy_bytes = if quick { 256 << 20 } else { 1 << 30 };
     let copy = timing::copy_bandwidth_gbps(ctx, copy_bytes).map_err(|e| e.to_string())?;
     let gemm = if *burst {
-        tessera::runtime::gemm::cublas_bf16_tflops_timed(ctx, 8192, timing)
+        tessera::runtime::roofline::cublas_bf16_tflops_timed(ctx, 8192, timing)
     } else {
-        tessera::runtime::gemm::cublas_bf16_tflops(ctx, 8192)
+        tessera::runtime::roofline::cublas_bf16_tflops(ctx, 8192)
     };
     let gemm = match gemm {
         Ok(t) => Some(t),

@@ -6,11 +6,11 @@
 
 pub mod buffer;
 pub mod context;
-pub mod gemm;
 pub mod jit;
 pub mod kernel_key;
 pub mod launch;
 pub mod probe;
+pub mod roofline;
 pub mod tensor;
 pub mod timing;
 pub mod tma;
