@@ -14,7 +14,7 @@ use std::sync::{LazyLock, Mutex, MutexGuard};
 use cudarc::driver::sys::{self, CUstream};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
-use tessera::attention::{AttentionPath, AttentionPlan, AttentionProblem, QkvLayout};
+use tessera::attention::{AttentionPlan, AttentionPlanKey};
 use tessera::runtime::Context;
 use tessera::softmax::{SoftmaxPlan, SoftmaxPlanKey};
 
@@ -119,18 +119,8 @@ fn pointer_ordinal(ptr: u64) -> tessera::Result<usize> {
 pub type SoftmaxKey = SoftmaxPlanKey;
 pub static SOFTMAX_PLANS: PlanCache<SoftmaxKey, SoftmaxPlan> = PlanCache::new("softmax", CAPACITY);
 
-/// The attention options a plan depends on besides (device, stream), hashable (floats by their
-/// bits).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct AttentionKey {
-    pub problem: AttentionProblem,
-    pub layout: QkvLayout,
-    pub causal: bool,
-    pub window: (i32, i32),
-    pub path: AttentionPath,
-    pub scale_bits: Option<u32>,
-    pub softcap_bits: u32,
-}
+/// Attention plans by their key (problem, options, tuning, device and arch) per stream.
+pub type AttentionKey = AttentionPlanKey;
 pub static ATTENTION_PLANS: PlanCache<AttentionKey, AttentionPlan> = PlanCache::new("attention", CAPACITY);
 
 /// Every plan cache, for [`plan_cache_info`] and [`clear_plan_cache`]: a new plan type is one

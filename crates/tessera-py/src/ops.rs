@@ -208,18 +208,10 @@ pub fn flash_attention(
     let mut ov = out.view_mut()?;
     let mut lv = lse.as_ref().map(Desc::view_mut).transpose()?;
     py.detach(|| {
-        cache::with_device(device, |_| {
+        cache::with_device(device, |dev| {
             let problem = AttentionProblem::of_views(&qv, &kv, &vv, QkvLayout::Bnhd, batch.as_ref())?;
             validate_options(&opts, problem.head_dim)?;
-            let key = AttentionKey {
-                problem,
-                layout: opts.layout,
-                causal,
-                window,
-                path: opts.tuning.path,
-                scale_bits: scale.map(f32::to_bits),
-                softcap_bits: softcap.to_bits(),
-            };
+            let key = AttentionKey::new(&problem, &opts, device, dev.arch());
             let plan = ATTENTION_PLANS.get_or_make(device, stream, key, || {
                 // SAFETY: as in `softmax`.
                 let ctx = unsafe { cache::context_on(device, stream) }?;
