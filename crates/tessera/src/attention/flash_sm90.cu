@@ -20,7 +20,7 @@
 // each to rank 1 through a one-word mailbox (send_work / receive_work; rank 1 hands the word back
 // with a cluster-scope release, so that rank 0's next store cannot overtake its load); items in
 // which neither CTA has rows (a short varlen sequence) rank 0 finishes itself. Half the L2 reads
-// of K and V: on the H200, 2.6-4% faster on causal N >= 8192 (bench/NOTES.md run 167).
+// of K and V, which the long rows gain from (see this folder's NOTES.md, CTA pairs).
 //
 // Work: item w of hp.work_items (grid = min(all items, SMs), plan.rs). CTA c (with kPair,
 // cluster c, and the grid counts clusters) starts with item c and then takes items grid,
@@ -127,7 +127,8 @@ static_assert(kThreads == 128 * (1 + kConsumers), "one producer warpgroup and th
 // The budgets must fit the registers the CTA holds from its launch, not just the register file:
 // __launch_bounds__(kThreads, 1) gives each thread 65536 / kThreads rounded down to a multiple
 // of 8 (168 for 384 threads), and setmaxnreg.inc waits until decreases elsewhere in the CTA have
-// freed enough of them, so a larger sum hangs the consumers (bench/NOTES.md run 107).
+// freed enough of them, so a larger sum hangs the consumers (the first 176-key build did: see
+// this folder's NOTES.md).
 constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
 static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * kLaunchRegs,
               "setmaxnreg budgets exceed the registers held at launch");
@@ -307,7 +308,7 @@ TS_DEVICE int receive_work(uint8_t* smem, uint64_t* mail_full, uint64_t* mail_em
   mail_phase ^= 1;
   const int w = *reinterpret_cast<volatile int*>(smem + Smem::mail);
   // The hand-back lets rank 0 store the next item into the word, so it must not overtake the
-  // load. A plain remote arrival does not wait for it: run 168 caught rank 0's next store landing
+  // load. A plain remote arrival does not wait for it: rank 0's next store was caught landing
   // first (rank 1 then took that item twice, loaded tiles rank 0 never matched, and the pair
   // deadlocked; the varlen benchmark's back-to-back empty items made it likely). Release at
   // cluster scope performs the load first.
@@ -372,8 +373,8 @@ TS_DEVICE void producer(const HopperParams& hp, uint8_t* smem, uint64_t* bars) {
   uint32_t q_phase = 0;
   // L2 policies: every CTA of a section re-reads the K/V tiles of its heads, and without split-KV
   // each Q tile is read once (with it, once per split, by neighbouring items: the default
-  // policy). H200 run 93: with the loop order of mainloop_overlapped, ~0.3% on causal N = 8192
-  // and level elsewhere; FlashAttention-3 loads the same way.
+  // policy). With the loop order of mainloop_overlapped they gained a little on causal rows and
+  // were level elsewhere (see this folder's NOTES.md); FlashAttention-3 loads the same way.
   const uint64_t kv_policy = ts::l2_policy<ts::L2Evict::kLast>();
   const uint64_t q_policy = ts::l2_policy<kSplit ? ts::L2Evict::kNormal : ts::L2Evict::kFirst>();
   int w = first_item();
@@ -450,8 +451,8 @@ TS_DEVICE uint32_t pack_pair(float lo, float hi) {
 /// work item comes from a global-memory slot), so without the broadcast it kept the wgmma
 /// descriptors of these tiles in vector registers and moved them into uniform registers (R2UR)
 /// before every wgmma: the shuffle keeps them in uniform registers, ~57 fewer issue cycles per
-/// key tile at d128 while the consumer holds its GEMM turn (H200: 1-1.5% on causal, GQA and
-/// varlen shapes, bench/NOTES.md runs 90-91).
+/// key tile at d128 while the consumer holds its GEMM turn (faster on causal, GQA and varlen
+/// shapes: see this folder's NOTES.md).
 TS_DEVICE uint32_t tile_addr(uint32_t tiles, int slot) {
   return __shfl_sync(0xffffffffu, tiles + slot * kKVBytes, 0);
 }
@@ -497,6 +498,19 @@ struct Barriers {
   uint64_t *full_k, *empty_k, *full_v, *empty_v, *empty_q;
 };
 
+/// What a consumer warpgroup's main loop works with, fixed for the CTA's lifetime: the problem,
+/// the ring's barriers, its Q tile and the shared-memory base, its turn barriers (the consumers
+/// take turns issuing GEMMs), whether this thread is its warp's leader (arrives on barriers) and
+/// its word of Smem::sink.
+struct Consumer {
+  const ts::AttentionParams& p;
+  Barriers bs;
+  uint32_t q_base, smem_base;
+  uint32_t my_turn, next_turn;
+  bool warp_leader;
+  float* sink;
+};
+
 /// Overlap the S GEMM of the next key tile with the softmax of this one inside each consumer
 /// warpgroup (FlashAttention-3's intra-warpgroup pipelining); false: one tile at a time.
 #ifndef TS_ATTN_SIMPLE_MAINLOOP
@@ -508,11 +522,10 @@ constexpr bool kIntraOverlap = false;
 /// Lazy rescaling (ts::LazyStep): a row's reference max moves only when a key tile raises it by
 /// more than 8 (log2 units), so after a row's first tiles O and l are almost never rescaled (64
 /// multiplies per tile and thread less at D = 128). P <= 2^8 then, exact in f16/bf16 as any P.
-/// Two consumers only: it gains 2-3.5% there and costs three consumers (D = 64) 4% (H200, runs
-/// 10 and 11 in bench/NOTES.md). Off with a softcap: its exp2 keeps the clamp at 2^1 (see
-/// tile_exp). The factors are computed every tile: computing them only where a row moved (as
-/// the Ampere kernel does, 9 instructions less per 176-key tile) measured -1.4% to +0.8% by row
-/// (run 157), so not here.
+/// Two consumers only: it gains there and costs three consumers (D = 64) time (see this folder's
+/// NOTES.md). Off with a softcap: its exp2 keeps the clamp at 2^1 (see tile_exp). The factors
+/// are computed every tile: computing them only where a row moved (as the Ampere kernel does, 9
+/// instructions less per 176-key tile) measured no consistent gain by row, so not here.
 constexpr bool kLazyRescale = kConsumers == 2 && !kSoftcap;
 
 /// The factor that takes a tile's S to log2-domain logits in tile_max (row maxima) and tile_exp:
@@ -561,8 +574,8 @@ TS_DEVICE void tile_max(const ts::AttentionParams& p, float (&s)[kSRegs], RowSta
 
 /// Second half: turns S into P = 2^(S * scale - m) in place and adds it to the row sums l. The
 /// FADDs stay: summing P on the tensor cores instead (l += P 1, an m64n8k16 wgmma per k-step)
-/// took 76 instructions off a 176-key tile but measured 1-6% slower on every row, the extra
-/// tensor work costing its full time, and put bf16 LSEs over budget (bench/NOTES.md run 160).
+/// took 76 instructions off a 176-key tile but measured slower on every row, the extra tensor
+/// work costing its full time, and put bf16 LSEs over budget (see this folder's NOTES.md).
 TS_DEVICE void tile_exp(const ts::AttentionParams& p, float (&s)[kSRegs], RowState& st, const float (&neg_shift)[2]) {
   const float scale = exp_scale(p);
 #pragma unroll
@@ -622,52 +635,49 @@ TS_DEVICE void skip_tiles(const Barriers& bs, Ring& ring, int n, bool warp_leade
 
 /// S = Q K(t)^T in this consumer's turn, waited for; then the K slot (and after the last tile
 /// the Q tile) is released and the online softmax turns S into P, with `factor` the rescale of O.
-TS_DEVICE void score_tile(const ts::AttentionParams& p, const Barriers& bs, const Ring& ring, RowState& st,
-                          const TileMask& tm, int t, int t0, float (&s)[kSRegs], float (&factor)[2],
-                          uint32_t q_base, uint32_t smem_base, uint32_t my_turn, uint32_t next_turn,
-                          bool warp_leader) {
-  const uint32_t k_tile = tile_addr(smem_base + Smem::k, ring.slot);
-  ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
-  ts::named_barrier_sync(my_turn, kTurnThreads);
+TS_DEVICE void score_tile(const Consumer& c, const Ring& ring, RowState& st, const TileMask& tm, int t, int t0,
+                          float (&s)[kSRegs], float (&factor)[2]) {
+  const uint32_t k_tile = tile_addr(c.smem_base + Smem::k, ring.slot);
+  ts::mbar_wait(&c.bs.full_k[ring.slot], ring.phase);
+  ts::named_barrier_sync(c.my_turn, kTurnThreads);
   ts::wgmma_fence_acc(s);
   ts::wgmma_fence();
-  issue_qk(s, q_base, k_tile);
+  issue_qk(s, c.q_base, k_tile);
   ts::wgmma_commit();
-  ts::named_barrier_arrive(next_turn, kTurnThreads);
+  ts::named_barrier_arrive(c.next_turn, kTurnThreads);
   ts::wgmma_wait<0>();
   ts::wgmma_fence_acc(s);
-  release_slot(&bs.empty_k[ring.slot], warp_leader);
-  ts::mbar_arrive_if(bs.empty_q, warp_leader && t == t0);
-  softmax_tile(p, s, st, tm, t, factor);
+  release_slot(&c.bs.empty_k[ring.slot], c.warp_leader);
+  ts::mbar_arrive_if(c.bs.empty_q, c.warp_leader && t == t0);
+  softmax_tile(c.p, s, st, tm, t, factor);
 }
 
 /// O += P V of ring slot `slot`, waited for; then the V slot is released.
-TS_DEVICE void accumulate_pv(const Barriers& bs, int slot, uint32_t phase, float (&o)[kORegs],
-                             const uint32_t (&pa)[kPSteps][4], uint32_t smem_base, bool warp_leader) {
-  const uint32_t v_tile = tile_addr(smem_base + Smem::v, slot);
-  ts::mbar_wait(&bs.full_v[slot], phase);
+TS_DEVICE void accumulate_pv(const Consumer& c, int slot, uint32_t phase, float (&o)[kORegs],
+                             const uint32_t (&pa)[kPSteps][4]) {
+  const uint32_t v_tile = tile_addr(c.smem_base + Smem::v, slot);
+  ts::mbar_wait(&c.bs.full_v[slot], phase);
   ts::wgmma_fence_acc(o);
   ts::wgmma_fence();
   issue_pv(o, pa, v_tile);
   ts::wgmma_commit();
   ts::wgmma_wait<0>();
   ts::wgmma_fence_acc(o);
-  release_slot(&bs.empty_v[slot], warp_leader);
+  release_slot(&c.bs.empty_v[slot], c.warp_leader);
 }
 
 /// One key tile at a time: S = Q K^T, softmax, O += P V, each GEMM waited for before the next
 /// step. The consumers take turns issuing S.
-TS_DEVICE void mainloop_simple(const ts::AttentionParams& p, const Barriers& bs, Ring& ring, RowState& st,
-                               float (&o)[kORegs], const TileMask& tm, int t0, int t1, uint32_t q_base,
-                               uint32_t smem_base, uint32_t my_turn, uint32_t next_turn, bool warp_leader) {
+TS_DEVICE void mainloop_simple(const Consumer& c, Ring& ring, RowState& st, float (&o)[kORegs], const TileMask& tm,
+                               int t0, int t1) {
   for (int t = t1 - 1; t >= t0; --t) {
     float s[kSRegs];
     float factor[2];
-    score_tile(p, bs, ring, st, tm, t, t0, s, factor, q_base, smem_base, my_turn, next_turn, warp_leader);
+    score_tile(c, ring, st, tm, t, t0, s, factor);
     rescale_o(o, factor);
     uint32_t pa[kPSteps][4];
     pack_p(s, pa);
-    accumulate_pv(bs, ring.slot, ring.phase, o, pa, smem_base, warp_leader);
+    accumulate_pv(c, ring.slot, ring.phase, o, pa);
     ring.advance();
   }
 }
@@ -692,18 +702,17 @@ constexpr bool kOrderMaxBeforeWait = kConsumers == 2 || !kSplit;
 /// computes P(t) = 2^(S - m) and packs it into the A fragments (FlashAttention-3's order: with the
 /// wait before the exponentials, ptxas interleaves the packs with them, in the issue slots the
 /// MUFU leaves free, instead of leaving 32 packs after the loop's last exponential: ~1169 -> ~1052
-/// scheduled cycles per key tile at d128; H200 run 93: 0.5-1% over the order that computed every
-/// exponential before the wait). The consumers take turns issuing each pair of GEMMs.
-TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers& bs, Ring& ring, RowState& st,
-                                   float (&o)[kORegs], const TileMask& tm, int t0, int t1, uint32_t q_base,
-                                   uint32_t smem_base, uint32_t my_turn, uint32_t next_turn, bool warp_leader,
-                                   float* sink) {
+/// scheduled cycles per key tile at d128, and faster than the order that computed every
+/// exponential before the wait: see this folder's NOTES.md). The consumers take turns issuing
+/// each pair of GEMMs.
+TS_DEVICE void mainloop_overlapped(const Consumer& c, Ring& ring, RowState& st, float (&o)[kORegs],
+                                   const TileMask& tm, int t0, int t1) {
   uint32_t pa[kPSteps][4];
   {
     // First tile: S only (o is still 0: no rescale).
     float s[kSRegs];
     float factor[2];
-    score_tile(p, bs, ring, st, tm, t1 - 1, t0, s, factor, q_base, smem_base, my_turn, next_turn, warp_leader);
+    score_tile(c, ring, st, tm, t1 - 1, t0, s, factor);
     pack_p(s, pa);
   }
   int prev_slot = ring.slot;
@@ -713,38 +722,38 @@ TS_DEVICE void mainloop_overlapped(const ts::AttentionParams& p, const Barriers&
     float s[kSRegs];
     // Every wait and every release sits outside the window in which a wgmma is in flight: a
     // spin loop or a branch inside it makes ptxas serialise the wgmmas (C7520).
-    const uint32_t k_tile = tile_addr(smem_base + Smem::k, ring.slot);
-    const uint32_t v_tile = tile_addr(smem_base + Smem::v, prev_slot);
-    ts::mbar_wait(&bs.full_k[ring.slot], ring.phase);
-    ts::mbar_wait(&bs.full_v[prev_slot], prev_phase);
-    ts::named_barrier_sync(my_turn, kTurnThreads);
+    const uint32_t k_tile = tile_addr(c.smem_base + Smem::k, ring.slot);
+    const uint32_t v_tile = tile_addr(c.smem_base + Smem::v, prev_slot);
+    ts::mbar_wait(&c.bs.full_k[ring.slot], ring.phase);
+    ts::mbar_wait(&c.bs.full_v[prev_slot], prev_phase);
+    ts::named_barrier_sync(c.my_turn, kTurnThreads);
     ts::wgmma_fence_acc(s);
     ts::wgmma_fence_acc(o);
     ts::wgmma_fence();
-    issue_qk(s, q_base, k_tile);
+    issue_qk(s, c.q_base, k_tile);
     ts::wgmma_commit();
     issue_pv(o, pa, v_tile);
     ts::wgmma_commit();
-    ts::named_barrier_arrive(next_turn, kTurnThreads);
+    ts::named_barrier_arrive(c.next_turn, kTurnThreads);
     ts::wgmma_wait<1>();  // S(t) done; P V of the previous tile may still run
     ts::wgmma_fence_acc(s);
     float factor[2], neg_shift[2];
-    tile_max(p, s, st, tm, t, factor, neg_shift);
-    if (kOrderMaxBeforeWait) order_max_before_wait(sink, neg_shift);
+    tile_max(c.p, s, st, tm, t, factor, neg_shift);
+    if (kOrderMaxBeforeWait) order_max_before_wait(c.sink, neg_shift);
     ts::wgmma_wait<0>();
     ts::wgmma_fence_acc(o);
     ts::wgmma_fence_operand(pa);  // P(t+1) retired: pack_p below may overwrite it
-    release_slot(&bs.empty_k[ring.slot], warp_leader);
-    ts::mbar_arrive_if(bs.empty_q, warp_leader && t == t0);
-    release_slot(&bs.empty_v[prev_slot], warp_leader);
+    release_slot(&c.bs.empty_k[ring.slot], c.warp_leader);
+    ts::mbar_arrive_if(c.bs.empty_q, c.warp_leader && t == t0);
+    release_slot(&c.bs.empty_v[prev_slot], c.warp_leader);
     rescale_o(o, factor);
-    tile_exp(p, s, st, neg_shift);
+    tile_exp(c.p, s, st, neg_shift);
     pack_p(s, pa);
     prev_slot = ring.slot;
     prev_phase = ring.phase;
     ring.advance();
   }
-  accumulate_pv(bs, prev_slot, prev_phase, o, pa, smem_base, warp_leader);  // the last P V
+  accumulate_pv(c, prev_slot, prev_phase, o, pa);  // the last P V
 }
 
 TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, int wg) {
@@ -807,6 +816,7 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
     const TileMask tm{first[0], first[1], end[0], end[1], seq.len_k, full_lo, full_hi};
 
     const Barriers bs{full_k, empty_k, full_v, empty_v, empty_q};
+    const Consumer c{p, bs, q_base, smem_base, my_turn, next_turn, warp_leader, sink};
     if (t0 >= t1) {
       ts::mbar_arrive_if(empty_q, warp_leader);  // no Q tile to release
       if (kPair && u0 < u1) skip_tiles(bs, ring, u1 - u0, warp_leader);
@@ -815,10 +825,9 @@ TS_DEVICE void consumer(const HopperParams& hp, uint8_t* smem, uint64_t* bars, i
       // then the other's below it.
       if (kPair) skip_tiles(bs, ring, u1 - t1, warp_leader);
       if (kIntraOverlap)
-        mainloop_overlapped(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, next_turn, warp_leader,
-                            sink);
+        mainloop_overlapped(c, ring, st, o, tm, t0, t1);
       else
-        mainloop_simple(p, bs, ring, st, o, tm, t0, t1, q_base, smem_base, my_turn, next_turn, warp_leader);
+        mainloop_simple(c, ring, st, o, tm, t0, t1);
       if (kPair) skip_tiles(bs, ring, t0 - u0, warp_leader);
     }
     float (&m)[2] = st.m;
@@ -907,7 +916,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) flash_fwd_sm90(const _
     ts::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) producer(hp, smem, bars);
     // The producer's warp meets again before the cluster barrier below: a lane that reached it
-    // early could hold the warp there while lane 0 still spins in the producer (run 164's hang).
+    // early could hold the warp there while lane 0 still spins in the producer (a hang seen while
+    // bringing up CTA pairs).
     if (kPair) __syncwarp();
   } else {
     ts::setmaxnreg_inc<kConsumerRegs>();
