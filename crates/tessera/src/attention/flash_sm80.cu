@@ -56,51 +56,47 @@
 // ceil(seqlen_q / kBlockM); for kSplit a workspace of num_splits * Hq * partial_rows rows of
 // kHeadDim floats plus the LSEs.
 //
-// Tuning ladder (H200, causal fp16 B=1 H=32 D=128; torch SDPA FLASH = FlashAttention-2 takes
-// 0.508 ms at N = 4096 and 1.727 ms at N = 8192):
+// Tuning ladder (causal fp16 B=1 H=32 D=128 unless named; each step measured on the H200, the
+// timings in this folder's NOTES.md, Ampere table):
 //   1. 8 warps x 16 rows, 128 x 64 tiles, 2 stages, Q in registers (204-214 registers, one
-//      CTA per SM): 0.472 ms / 1.767 ms.
+//      CTA per SM).
 //   2. 4 warps x 32 rows (two row blocks share every K/V fragment), 128 x 32 tiles, 3 stages,
-//      Q re-read from shared memory (252-255 registers, 80 KiB, two CTAs per SM):
-//      0.434 ms (317 TFLOP/s) / 1.648 ms (334 TFLOP/s). Shipped for 64 < D <= 128 with a softcap,
-//      and without one where two CTAs of step 3 do not fit an SM (A100, sm_86 / sm_89).
+//      Q re-read from shared memory (252-255 registers, 80 KiB, two CTAs per SM): faster than
+//      step 1. Shipped for 64 < D <= 128 with a softcap, and without one where two CTAs of
+//      step 3 do not fit an SM (A100, sm_86 / sm_89).
 //   A 128 x 64 tile with two row blocks per warp spills (~90 bytes), as does 128 x 128 with
 //   one; a 128-register cap for two 8-warp CTAs per SM spills too.
 //   3. 128 x 64 tiles, 2 stages (96 KiB: two CTAs per SM on Hopper's 228 KiB, one on an
 //      A100), scored in two 32-key sub-tiles with the first one's P packed to 16 bits (the
 //      whole 64-key S spilled 60-88 bytes then), the K/V copy addresses as one register plus
-//      constants: 255 registers, ~1230 instead of ~1370 SASS instructions per 64 keys. H200
-//      runs 25-26: non-causal bf16 B=4 H=16 N=8192 6.58-6.86 -> 6.06-6.43 ms, causal N = 8192
-//      1.60 -> 1.56 ms. Row sums as an MMA of P with ones (FlashInfer's way) gained another 2-3%
-//      but failed 18 of the 105 sm80 verify cases (LSE off by up to 1.7e-3 against the 1e-3
-//      budget: the tensor cores add the 16-bit-rounded P).
+//      constants: 255 registers, ~1230 instead of ~1370 SASS instructions per 64 keys; faster
+//      causal and non-causal. Row sums as an MMA of P with ones (FlashInfer's way) were faster
+//      still but failed sm80 verify cases (LSE off by up to 1.7e-3 against the 1e-3 budget: the
+//      tensor cores add the 16-bit-rounded P).
 //   4. Lazy rescaling with the O rescale behind a warp-uniform branch, and zero-fill copies
 //      without a select of a safe source address (cp_async_16_zfill reads nothing then): the
 //      whole 64-key S now fits in 255 registers without spills, so the sub-tiles went. ~875
 //      SASS instructions per 64 keys (masked), and 16 independent accumulators per k step of
-//      Q K^T instead of 8. H200 run 32 (bench/NOTES.md), step 3 -> 4: causal N = 2048 0.124 ->
-//      0.110 ms, 4096 0.424 -> 0.387, 8192 1.56 -> 1.46, 16384 6.59 -> 5.71, 32768 26.5 ->
-//      24.7; GQA 1.60 -> 1.51; varlen 4.3 -> 3.9; D = 64 unchanged (it keeps eager rescaling:
-//      with the lazy branch its softcap and split variants spill at D = 32).
-//   5. The work order in sections of batch-heads (plan.rs sm80_head_group): H200 run 33,
-//      causal N = 32768 24.4 -> 23.5 ms (L2 hit rate 63% -> 96%).
+//      Q K^T instead of 8: faster at every causal length, GQA and varlen; D = 64 unchanged (it
+//      keeps eager rescaling: with the lazy branch its softcap and split variants spill at
+//      D = 32).
+//   5. The work order in sections of batch-heads (plan.rs sm80_head_group): a section's K/V
+//      stays in L2, which the longest causal rows gain from.
 //   6. Sections also where only all heads' K/V together exceed L2 (the divisor of the heads
-//      nearest two waves), in the power-capped state: H200 run 118, 1.005-1.05x from causal
-//      N = 4096 up, non-causal, GQA and varlen.
+//      nearest two waves), in the power-capped state: faster from causal N = 4096 up,
+//      non-causal, GQA and varlen.
 //   7. Unmasked variants (D = 64, D = 128 with 64-key tiles): the tile body compiled twice, with
 //      and without the per-element mask, and the next K/V copy issued behind Q K^T (kTwoBodies):
-//      H200 runs 149-151, non-causal bf16 D = 64 3.41 -> 3.33 ms, D = 128 5.92 -> 5.81 ms.
+//      faster non-causal at D = 64 and D = 128.
 //   8. The lazy factors computed only inside the rescale branch (ts::LazyStep: per row a compare
 //      and a select instead of an exponential, a multiply of l and a test of the factor) and the
 //      row sums started with their first term instead of 0 + x: 829 -> 803 SASS instructions per
-//      masked D = 128 64-key tile. H200 run 157 (A/B, four rounds): causal N = 512 +1.5%,
-//      2048-32768 +2.2-2.6% (N = 32768 23.71 -> 23.11 ms), GQA +1.6%, varlen +2.6%, in every round.
+//      masked D = 128 64-key tile, faster on every masked row in every round of its A/B.
 //   Shipped for 64 < D <= 128 without softcap on GPUs with >= 194 KiB of shared memory per SM
 //   (plan.rs sm80_tiles; softcap keeps 128 x 32 x 3 stages).
-// D = 64 (non-causal bf16 B=4 H=16 N=8192, bench/NOTES.md run 15): 8 warps x 16 rows over
-//   128 x 128 tiles, Q in registers (174 registers, one CTA per SM): 4.54 ms; 4 warps x 32 rows
-//   over 128 x 64 tiles, 3 stages, Q from shared memory (237 registers, two CTAs per SM):
-//   3.45 ms. Shipped for D <= 64.
+// D = 64 (non-causal bf16 B=4 H=16 N=8192): 4 warps x 32 rows over 128 x 64 tiles, 3 stages,
+//   Q from shared memory (237 registers, two CTAs per SM) ran well ahead of 8 warps x 16 rows
+//   over 128 x 128 tiles, Q in registers (174 registers, one CTA per SM). Shipped for D <= 64.
 #include "tessera/attention_params.cuh"
 #include "tessera/async_copy.cuh"
 #include "tessera/math.cuh"
@@ -128,17 +124,17 @@ constexpr int kOBlocks = kHeadDim / 8;                // n8 blocks of O (head di
 constexpr bool kQInRegs = kMBlocks * kHeadDim <= 64;
 /// Lazy rescaling of O (see the main loop). Not for D <= 64 or with a softcap, whose variants
 /// rescale eagerly, every tile, with no branch: there the branch made ptxas spill (8-16 bytes
-/// in the D = 32 split and softcap variants), and D = 64 did not gain from it (bench/NOTES.md
-/// run 31).
+/// in the D = 32 split and softcap variants), and D = 64 did not gain from it (see this folder's
+/// NOTES.md).
 constexpr bool kLazyRescale = !kSoftcap && kHeadDim > 64;
 /// The tile's work compiled twice, with and without the per-element mask (so that the common,
 /// unmasked copy runs from Q K^T to the row maxima without a branch), and the next K/V copy
-/// issued behind the Q K^T MMAs (branch-free: a zero-fill past the last tile). H200, runs
-/// 149-151 (bench/NOTES.md): non-causal D = 64 2.2-4.1% and D = 128 1.5-1.8% faster in all three
-/// runs. Not for masked variants: at causal D = 128 it moved nothing at N >= 16384 in run 151
-/// (it had gained 1.0-2.1% in runs 149-150 with a 4-byte epilogue spill: a ptxas schedule, not a
-/// property of the code) and cost 2-5% at N = 512-1024. Where the longer live ranges made ptxas
-/// spill (D = 96, 160, 256, the 32-key tiles, split-KV partials), not either.
+/// issued behind the Q K^T MMAs (branch-free: a zero-fill past the last tile): faster on the
+/// non-causal D = 64 and D = 128 rows in every run. Not for masked variants: at causal D = 128 it
+/// gained nothing on long rows once spill-free (an earlier gain came with a 4-byte epilogue
+/// spill: a ptxas schedule, not a property of the code) and cost short rows (see this folder's
+/// NOTES.md). Where the longer live ranges made ptxas spill (D = 96, 160, 256, the 32-key tiles,
+/// split-KV partials), not either.
 constexpr bool kTwoBodies = !kMasked && !kSplit && (kHeadDim == 64 || (kHeadDim == 128 && kBlockN == 64));
 
 static_assert(kBlockM == kWarpRows * kWarps, "kBlockM: whole m16 row blocks per warp");
@@ -496,7 +492,8 @@ extern "C" __global__ void __launch_bounds__(kThreads) flash_fwd_sm80(const __gr
         }
       if constexpr (kTwoBodies) {
         // never true: makes the vote wait for the row sums, so that ptxas keeps the exponentials
-        // ahead of the branch (sunk into the P V block they cost 3%, bench/NOTES.md run 148)
+        // ahead of the branch (sunk into the P V block they measured slower: see this folder's
+        // NOTES.md)
 #pragma unroll
         for (int mb = 0; mb < kMBlocks; ++mb)
 #pragma unroll

@@ -93,9 +93,9 @@ pub fn tiles(head_dim: u32, block_n: u32) -> Result<(u32, u32, u32, u32), Error>
     })
 }
 
-/// Per-key time of the 176-key tiling relative to 128 where both process the same keys (H200,
-/// bench/NOTES.md run 108: non-causal N = 8192 and causal N = 32768, whose padding is <= 1%,
-/// ran 2-3% faster).
+/// Per-key time of the 176-key tiling relative to 128 where both process the same keys: as
+/// measured on the H200 on rows whose padding is negligible (non-causal N = 8192, causal
+/// N = 32768; see this folder's NOTES.md).
 const LONG_TILE_KEY_COST: f64 = 0.97;
 
 /// Fewest queries per sequence for which the plan considers [`LONG_BLOCK_N`]: the per-key gain
@@ -111,10 +111,10 @@ pub const LONG_TILE_MIN_QUERIES: usize = 2048;
 /// sequence end: square causal sequences take 176 from N = 10241 on (some N in 9985 .. 10240
 /// already do, as the padding moves with N mod 128 and mod 176), non-causal ones wherever N's
 /// padding to 176 stays within ~1.5% of its padding to 128 (N = 5632 = 32 x 176 exactly, 4097;
-/// not 4096), so the choice alternates with N mod 176 at moderate N. On the H200 (run 108) 176
-/// won 3.1% at causal N = 32768, 1.4% at 16384, 2.1% non-causal at 8192, and lost 1-6% at
-/// causal N <= 4096. Variable-length batches keep 128 (the plan knows only their longest
-/// sequence; mixed lengths lost 1.1%). `window` is [`super::AttentionOptions::window_for`]'s
+/// not 4096), so the choice alternates with N mod 176 at moderate N. On the H200 176 won on the
+/// long causal rows and non-causal N = 8192 and lost at causal N <= 4096 (see this folder's
+/// NOTES.md). Variable-length batches keep 128 (the plan knows only their longest sequence, and
+/// the mixed-length row lost with 176). `window` is [`super::AttentionOptions::window_for`]'s
 /// (`-1` = unbounded).
 pub fn choose_block_n(head_dim: u32, seqlen_q: usize, seqlen_k: usize, window: (i32, i32), varlen: bool) -> u32 {
     let choices = block_n_choices(head_dim);
@@ -280,12 +280,12 @@ impl QkvMapShape {
 
 /// Batch-heads per L2 section: enough heads for [`super::plan::SECTION_WAVES`] waves of the
 /// `grid` CTAs (`items_per_head` work items each; [`super::plan::heads_for_waves`]), as long as
-/// their K and V (GQA groups share them) fit the L2; at least 1. H200, bench/NOTES.md run 52,
-/// against the earlier rule (as many heads as fit half the L2): causal N = 32768 14.72-14.75 ms against 14.84-14.85 (3 heads of 16 MiB instead
-/// of 1: one head's 256 query tiles are two waves, so the CTAs of a section's last wave
-/// straggle across into the next head), N = 8192 0.869-0.876 against 0.880-0.883 (9 heads
-/// instead of 6), GQA 4 x 32/8 N = 4096 0.898-0.900 against 0.911-0.915 (17 heads instead of
-/// 50), the other shapes level.
+/// their K and V (GQA groups share them) fit the L2; at least 1. Against the earlier rule (as
+/// many heads as fit half the L2) it measured faster on causal N = 32768 (3 heads of 16 MiB
+/// instead of 1: one head's 256 query tiles are two waves, so the CTAs of a section's last wave
+/// straggle across into the next head), N = 8192 (9 heads instead of 6) and GQA 4 x 32/8
+/// N = 4096 (17 heads instead of 50), and level on the other shapes (see this folder's
+/// NOTES.md).
 pub fn l2_section_heads(
     l2_bytes: u32,
     seqlen_k: usize,
@@ -330,11 +330,11 @@ pub const TAIL_MIN_TILES_PER_SPLIT: usize = 3;
 /// fewest splits that give each split the same ceil(key_tiles / splits) tiles, so that none is
 /// left empty by the kernel's partition), and merges them: the last wave then takes about
 /// `1 / splits` of an item time plus a launch and the merge.
-/// H200, bench/NOTES.md run 121: non-causal B4 H16 N8192 D128, 4096 items on 132 CTAs (31.03
-/// waves), 606 TFLOP/s against 628 for 32.0 waves (N8448); runs 122 and 124: the split (4 items
-/// x 12) takes that row 1.018x and 1.012x faster; the pieces drawn in the same launch (run 125)
-/// or the second launch started early (run 124) gained nothing more. `None` where there is no
-/// short last wave or too few key tiles to split.
+/// On the H200 non-causal B4 H16 N8192 D128 (4096 items on 132 CTAs: 31.03 waves) ran slower
+/// per FLOP than N8448 (32.0 waves); the split (4 items x 12) takes that row faster, and neither
+/// drawing the pieces in the same launch nor starting the second launch early gained more (see
+/// this folder's NOTES.md). `None` where there is no short last wave or too few key tiles to
+/// split.
 pub fn tail_split(work_items: usize, grid: usize, key_tiles: usize, max_splits: usize) -> Option<(usize, usize)> {
     if grid == 0 || work_items <= grid {
         return None;
@@ -838,7 +838,7 @@ mod tests {
     fn long_key_tiles_where_they_pay() {
         let causal = (-1, 0);
         let full = (-1, -1);
-        // The measured shapes (run 108): long causal and non-causal sequences take 176 ...
+        // The measured shapes (see NOTES.md): long causal and non-causal sequences take 176 ...
         assert_eq!(choose_block_n(128, 16384, 16384, causal, false), LONG_BLOCK_N);
         assert_eq!(choose_block_n(128, 32768, 32768, causal, false), LONG_BLOCK_N);
         assert_eq!(choose_block_n(128, 8192, 8192, full, false), LONG_BLOCK_N);

@@ -11,7 +11,7 @@
 // writer stores both words with one st_relaxed_gpu_v2, a reader polls with ld_relaxed_gpu_v2
 // until both words carry the tag, and then holds the whole message (each word whole, both of
 // the same write). A release store would have to wait for every earlier write of the thread
-// (H200: the split-row softmax paid 2-7% for it, bench/NOTES.md run 73).
+// (the split-row softmax measured slower with it: softmax/NOTES.md, `dcef6c9`).
 //
 // Rules the callers keep: a slot is written at most once per tag (so a reader never has to order
 // a later write after its read); a CTA that polls for another CTA's message only waits for CTAs
@@ -21,7 +21,8 @@
 // a release / acquire hand-over (an mbarrier phase the writer arrives on after the store, or a
 // bar.sync) needs only CTA-scope strong accesses; the barrier orders them. A .cta load may be
 // served by the SM's L1 (SASS LDG.E.STRONG.SM), where a volatile one (.sys) goes to L2 and
-// beyond: H200 run 116, the attention work slot, 1.09x at causal N = 512 and ~1.005x at 16384.
+// beyond: the attention work slot read this way measured faster, most on short rows
+// (attention/NOTES.md, `f4a2dc9`).
 // Needs sm_70+ (the .relaxed qualifier).
 #pragma once
 

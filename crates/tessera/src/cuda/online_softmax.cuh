@@ -88,7 +88,7 @@ TS_DEVICE float exp2_fma_unclamped(float x, float s, float neg_shift) { return e
 
 /// The slack of the attention kernels (terms up to 2^8). Each skips its accumulator's rescale
 /// when no row of a warp moved (a warp-uniform branch; a per-row branch cost the Ampere kernel
-/// more than it saved, bench/NOTES.md run 10).
+/// more than it saved: attention/NOTES.md, `d08c751`).
 constexpr float kLazyRescaleSlack = 8.0f;
 
 /// Lazy rescaling, for kernels that keep an accumulator beside the state (attention): the

@@ -40,9 +40,9 @@ pub const MAX_ITEMS: usize = 65535;
 /// Batches reading at most this many K/V bytes per layer launch with programmatic dependent
 /// launch (sm_90+): such a decode launch may be scheduled while the previous tessera kernel on
 /// the stream finishes (that kernel allows it once its CTAs are past their main loop) and waits
-/// for it before touching memory, saving ~1.5 us per launch (H200: -10% at 1K, -3% at 4K, -1%
-/// at 8K, even at 16K); longer launches measured ~1% slower with it at 32K-64K (bench/NOTES.md
-/// runs KV17-KV18). Decided from the lengths given to `new` / `update`.
+/// for it before touching memory, hiding part of the launch latency, which matters most for short
+/// contexts; longer launches measured slower with it, cause not established (see this folder's
+/// NOTES.md). Decided from the lengths given to `new` / `update`.
 pub const DEPENDENT_LAUNCH_MAX_KV_BYTES: usize = 256 << 20;
 
 /// Whether a decode of sequences `lens` over `cfg`'s cache is short enough for programmatic
@@ -56,7 +56,7 @@ pub fn dependent_launch_pays(lens: &[usize], cfg: &KvCacheConfig) -> bool {
 }
 
 /// Kernel shape knobs (tile keys per warp, pipeline stages, warps per CTA) of a decode variant.
-/// The planner's choice is [`default_kernel_shape`] (H200 measurements in bench/NOTES.md);
+/// The planner's choice is [`default_kernel_shape`] (measured on the H200: this folder's NOTES.md);
 /// `Default` is only the starting point of a variant before that choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DecodeKernelShape {
@@ -965,7 +965,7 @@ pub fn validate_decode(
 }
 
 /// The default tuning for a variant: the first of these that fits `limit` bytes of shared
-/// memory (H200 measurements, bench/NOTES.md):
+/// memory (measured on the H200: this folder's NOTES.md):
 /// - `KeyRows`, fp8 cache: 4 warps x 64 keys x 2 stages (129 KB), else 4 x 32 x 2, 4 x 16 x 2;
 /// - `KeyRows`, fp16/bf16 cache: 8 x 16 x 2 (128 KB at D = 128), else 8 x 16 x 3, 4 x 16 x 3,
 ///   4 x 16 x 2;

@@ -53,7 +53,8 @@ constexpr int kElemTile = kTileKeys * kElemRow;            // bytes of one Elem 
 constexpr int kWarpBytes = kStages * kStageBytes + (kFp8 ? 2 * kElemTile : 0);
 constexpr bool kQInRegs = kMBlocks * kHeadDim <= 128;
 /// Unroll the main loop by the stage count where the registers allow (one row block, D <= 128):
-/// ~7% fewer instructions per tile (H200, bench/NOTES.md); larger variants would spill.
+/// constant stage offsets, fewer instructions per tile (see this folder's NOTES.md); larger
+/// variants would spill.
 constexpr bool kUnrollStages = kMBlocks == 1 && kHeadDim <= 128;
 
 using QFragments = uint32_t[kQInRegs ? kMBlocks : 1][kQInRegs ? kKSteps : 1][4];
@@ -316,8 +317,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm) paged_deco
   };
   for_each_tile<kUnrollStages>(t_begin, t_end, step);
 
-  // the next kernel may launch once every CTA is past its main loop (allowed at the start, the
-  // decode measured ~1% slower at 32K-64K on the H200: bench/NOTES.md run KV17)
+  // the next kernel may launch once every CTA is past its main loop (where the trigger sits made
+  // no difference; long decodes, slower with PDL, launch without it: see this folder's NOTES.md)
   ts::allow_dependent_grids();
   // ---- merge the warps: (m, l) per row and O through shared memory -----------------------
   if constexpr (kFp8) v_ref.apply(acc);

@@ -268,8 +268,8 @@ TS_DEVICE TileLoader<TileMap> warp_tile_loader(const DecodeParams& p, const Deco
 
 /// Runs step(t, stage) for the warp's tiles t_begin <= t < t_end, stage = (t - t_begin) %
 /// kStages. kUnroll: the loop is unrolled by kStages so that every stage (and the addresses
-/// derived from it) is a compile-time constant (~7% fewer instructions per tile where the
-/// registers allow it).
+/// derived from it) is a compile-time constant (fewer instructions per tile where the registers
+/// allow it; see this folder's NOTES.md).
 template <bool kUnroll, typename Step>
 TS_DEVICE void for_each_tile(int t_begin, int t_end, Step&& step) {
   if constexpr (kUnroll) {

@@ -351,8 +351,8 @@ extern "C" __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
   };
   for_each_tile<kUnrollStages>(t_begin, t_end, step);
 
-  // the next kernel may launch once every CTA is past its main loop (allowed at the start, the
-  // decode measured ~1% slower at 32K-64K on the H200: bench/NOTES.md run KV17)
+  // the next kernel may launch once every CTA is past its main loop (where the trigger sits made
+  // no difference; long decodes, slower with PDL, launch without it: see this folder's NOTES.md)
   ts::allow_dependent_grids();
   // ---- merge the warps: (m, l) per query row and O through shared memory ----------------------
   if constexpr (kFp8) v_ref.apply(acc);

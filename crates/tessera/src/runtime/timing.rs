@@ -73,11 +73,10 @@ pub struct TimingOptions {
     pub warmup: usize,
     /// Device time the untimed calls after those must fill, at least, in milliseconds. Default
     /// 500. Under sustained load an H200 holds its 700 W power cap by lowering the SM clock
-    /// within ~100-200 ms (e.g. 1980 -> ~1600 MHz for the attention kernels; bench/NOTES.md run
-    /// 100), so a short warm-up times a kernel at boost clocks that it would not keep: a 3 ms
-    /// kernel timed 13 times runs mostly before the cap acts, one timed 43 times mostly after.
-    /// Warming up past the cap's reaction measures every implementation in the same, steady
-    /// state.
+    /// within ~100-200 ms, so a short warm-up times a kernel at boost clocks that it would not
+    /// keep, and two harnesses that time the same kernel with different call counts can land on
+    /// either side of the cap (crates/tessera/src/attention/NOTES.md, `df6489f`). Warming up past
+    /// the cap's reaction measures every implementation in the same, steady state.
     pub warmup_ms: f64,
     /// Host sleep after the first warm-up batch (which takes JIT and module loads), before the
     /// rest of the warm-up, in milliseconds. Default 0; [`TimingOptions::burst`] idles long

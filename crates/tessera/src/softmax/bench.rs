@@ -328,8 +328,8 @@ mod tests {
         }
     }
 
-    /// The split-row tuning rows appear only where a row spans several shares (run 47's bench
-    /// failed on a forced split-row case of 64 KB rows, which one share holds).
+    /// The split-row tuning rows appear only where a row spans several shares (the bench failed
+    /// on a forced split-row case of 64 KB rows, which one share holds).
     #[test]
     fn split_row_cases_only_where_rows_are_split() {
         let split: Vec<BenchCase> = cases(false)

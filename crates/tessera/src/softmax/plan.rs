@@ -139,18 +139,19 @@ const UNCACHED_THREADS: u32 = 1024;
 /// one CTA's loads overlap another's stores.
 const CLUSTER_TARGET_SHARE_BYTES: usize = 64 * 1024;
 /// Except that on GPUs with clusters a row of up to this many input bytes stays on one CTA (1024
-/// threads, one per SM): no cluster exchange. H200, bench/NOTES.md run 22: fp32 4096 x 32768
-/// (128 KB rows) 3914 GB/s on one CTA against 3670 on two of 64 KB; but 128 KB shares lost where
-/// they still need a cluster (fp16 1024 x 131072: 2843 on two CTAs against 3161 on four).
+/// threads, one per SM): no cluster exchange, which measured faster than two CTAs of 64 KB
+/// (fp32 4096 x 32768); but 128 KB shares lost where they still need a cluster (fp16
+/// 1024 x 131072 on two CTAs against four; see this folder's NOTES.md).
 const CLUSTER_SINGLE_CTA_MAX_BYTES: usize = 128 * 1024;
 /// Rows of fewer input bytes stay on the block paths, which reach the copy roofline there.
 const CLUSTER_MIN_ROW_BYTES: usize = 32 * 1024;
-/// Rows of at least this many input bytes take [`SoftmaxPath::ClusterPipe`] (H200, bench/NOTES.md
-/// run 6: +2-5% on 256-512 KB rows, -3-6% on 64-128 KB rows, where a cluster holds one row per
-/// pass and has little to overlap).
+/// Rows of at least this many input bytes take [`SoftmaxPath::ClusterPipe`]: it gains on
+/// 256-512 KB rows and loses on 64-128 KB rows, where a cluster holds one row per pass and has
+/// little to overlap (see this folder's NOTES.md).
 const CLUSTER_PIPE_MIN_ROW_BYTES: usize = 256 * 1024;
 /// Input bytes per lane up to which Auto takes [`SoftmaxPath::WarpV2`] (its register prefetch
-/// applies; softmax.cu kMaxPrefetchBytes): +2-6% on 128-column rows (bench/NOTES.md run 6).
+/// applies; softmax.cu kMaxPrefetchBytes): it gains on 128-column rows and not on longer ones
+/// (see this folder's NOTES.md).
 const WARP_PREFETCH_MAX_BYTES: usize = 32;
 /// Threads of a cluster-path CTA: 512 for shares up to the target, 1024 above it (one CTA per
 /// SM then, so it alone must keep enough copies in flight).
@@ -418,8 +419,8 @@ impl SoftmaxPlan {
             .is_some();
         // Auto takes the plain cluster path only where every CTA's share stays small enough for
         // several CTAs per SM, or the row fits one CTA (measured: fp32 256x262144 with 128 KB
-        // shares ran at 51% of copy bandwidth, the uncached path at 62%); larger shares only with
-        // the pipelined schedule.
+        // shares ran slower than the uncached path; see this folder's NOTES.md); larger shares
+        // only with the pipelined schedule.
         let cluster_auto = (pi > 1 || po > 1)
             && cluster_shape(
                 shape.cols,
@@ -454,8 +455,8 @@ impl SoftmaxPlan {
                 }
             }
             // Shares above the target (one 1024-thread CTA per SM) still beat re-reading the row,
-            // but only with the pipelined schedule: fp32 256x262144 (128 KB shares) 2797 GB/s
-            // against 2621 uncached and 2185 plain cluster (H200, bench/NOTES.md run 12).
+            // but only with the pipelined schedule: on fp32 256x262144 (128 KB shares) it beats
+            // both the uncached path and the plain cluster (see this folder's NOTES.md).
             SoftmaxPath::Auto if row_bytes >= CLUSTER_PIPE_MIN_ROW_BYTES && cluster_ok => SoftmaxPath::ClusterPipe,
             SoftmaxPath::Auto if fits_smem => SoftmaxPath::BlockCached,
             SoftmaxPath::Auto => SoftmaxPath::BlockUncached,
@@ -810,8 +811,8 @@ fn build_cluster(ctx: &Context, shape: &SoftmaxShape, variant: Variant, vector: 
 
 /// Commit groups per row of the pipelined schedules: one per pack ([`COPY_GROUPS`]) where every
 /// thread holds at most that many full packs of a `chunk`-element share (`pack` elements each),
-/// else one. H200, bench/NOTES.md run 56 (same binary): +2% on the default dispatch of fp16 and
-/// fp32 1024 x 131072 and fp16 256 x 262144, fp32 256 x 262144 level.
+/// else one. Per-pack groups let the reduction pass start on the first packs while the last are
+/// still arriving: faster on the long rows of the default dispatch (see this folder's NOTES.md).
 pub fn copy_groups_for(chunk: usize, pack: u32, threads: u32) -> u32 {
     if chunk / pack.max(1) as usize <= (COPY_GROUPS * threads) as usize {
         COPY_GROUPS
@@ -823,15 +824,14 @@ pub fn copy_groups_for(chunk: usize, pack: u32, threads: u32) -> u32 {
 pub const COPY_GROUPS: u32 = 8;
 
 /// Split-row path: input bytes a CTA's share aims for, and its threads (three CTAs per SM).
-/// H200, bench/NOTES.md run 46: 64 KB / 512 threads 3311 GB/s on fp32 256 x 262144 against
-/// 3193 with 32 KB / 256 and 2777-2809 on cluster-pipe (8 CTAs of 128 KB, the cluster limit).
+/// 64 KB / 512 threads measured faster than 32 KB / 256 and 16 KB / 256, and than cluster-pipe's
+/// 8 CTAs of 128 KB (the cluster limit) on fp32 256 x 262144 (see this folder's NOTES.md).
 pub const SPLIT_SHARE_BYTES: usize = 64 * 1024;
 const SPLIT_THREADS: u32 = 512;
-/// Rows of at least this many input bytes take [`SoftmaxPath::SplitRow`] on GPUs with clusters.
-/// H200, bench/NOTES.md run 74 (same run, forced paths, GB/s split-row / cluster-pipe): fp16
-/// 1024 x 131072 (256 KB rows) 3330 / 3258, fp16 256 x 262144 2996 / 2929, fp32 1024 x 131072
-/// 3723 / 3566, fp32 256 x 262144 (1 MB rows: 8 x 128 KB, one CTA per SM, on a cluster) 3533 /
-/// 3155; on 128 KB rows one CTA holds the row and wins (fp32 4096 x 32768: 3856 against 3721).
+/// Rows of at least this many input bytes take [`SoftmaxPath::SplitRow`] on GPUs with clusters:
+/// forced side by side, split-row beat cluster-pipe on every row of 256 KB and more (most on the
+/// 1 MB rows, which a cluster holds only as 8 x 128 KB, one CTA per SM); on 128 KB rows one CTA
+/// holds the row and wins (see this folder's NOTES.md).
 const SPLIT_MIN_ROW_BYTES: usize = CLUSTER_PIPE_MIN_ROW_BYTES;
 /// Most CTAs a split row spreads over (`kCluster` of the split-row kernel).
 pub const SPLIT_MAX_CTAS: u32 = 32;
@@ -907,8 +907,8 @@ pub fn split_row_variant(shape: &SoftmaxShape, mut variant: Variant, optin: usiz
     variant.cluster = ctas;
     variant.cols_per_thread = 1;
     variant.block_threads = SPLIT_THREADS;
-    // One commit group per pack where shares allow it: level to +1% against one per row on the
-    // forced split-row shapes (H200, bench/NOTES.md run 71, same binary).
+    // One commit group per pack where shares allow it: level or faster against one per row on
+    // the forced split-row shapes (see this folder's NOTES.md).
     variant.copy_groups = copy_groups_for(chunk, pi, SPLIT_THREADS);
     Some((variant, chunk, smem))
 }
@@ -925,11 +925,11 @@ fn split_static_groups(rows: u64, max_groups: u32) -> u32 {
 /// each group takes the next unclaimed one from a counter, so every resident group works and
 /// faster groups take more rows) instead of the static schedule: on GPUs of compute capability
 /// 9+ (`major`), where the static schedule would leave more than 8% of the groups that could
-/// work unused (`split_static_groups` against min(rows, max_groups)). H200, bench/NOTES.md run
-/// 87 (same run, GB/s claiming / static): fp16 256 x 262144 (49 resident groups, 43 static ones
-/// of 6 rows) 3223-3231 / 3074-3139, but fp16 1024 x 131072 (99 / 94) 3294-3323 / 3411-3447 and
-/// fp32 1024 x 131072, 256 x 262144 (every group used) 1-2% behind: where the static schedule
-/// uses the groups, claiming only adds the claim to each row.
+/// work unused (`split_static_groups` against min(rows, max_groups)). Claiming won on fp16
+/// 256 x 262144 (49 resident groups, 43 static ones of 6 rows) but fell behind on fp16
+/// 1024 x 131072 (99 resident, 94 static) and where every group is used (fp32 1024 x 131072,
+/// 256 x 262144): where the static schedule uses the groups, claiming only adds the claim to each
+/// row (see this folder's NOTES.md).
 pub fn split_claims_rows(rows: u64, max_groups: u32, major: u32) -> bool {
     let usable = rows.min(max_groups as u64);
     // (the claiming kernel keeps row indices in 32 bits)

@@ -89,38 +89,25 @@
 // its ceiling is 2/3 of copy bandwidth (less where L2 serves the second read). Target: >= 90% of
 // the device-to-device copy bandwidth for paths 0 and 1 at large rows * cols.
 //
-// Measured (H200, copy = 4.23 TB/s read+write, 128-512 MiB of traffic per call, sm_90a cubins
-// loaded through the driver API, softmax, same in/out dtype, median of 7 groups of 8 launches;
-// % of copy bandwidth; (wW cC rR) = kWarpWidth, kColsPerThread, kRowsPerWarp):
-//   path 0 f16/bf16  cols 512 (w32 c16 r1): 93%  768 (w32 c32 / c24): 94%
-//                    cols 1000, 1024 (w32 c32): 91%
-//                    cols 128: 92% (w8 c16 r2), 89% (w16 c8 r2), 87% (w4 c32 r1)
-//          f32       cols 128 (w16 c8 r1): 97%  512 (w32 c32): 95%  768..1024 (w32 c32): 93-94%
-//   path 1 f16/bf16  cols 4096 (128 threads): 90%  16384 (512 threads): 82-84%
-//          f32       cols 4096 (128-256 threads): 91%  16384 (512): 91%  32768 (1024): 84%
-//   path 2 any       cols 32768 .. 2^19 (384-1024 threads): 60-62% (its 3-pass ceiling is 67%)
-//   torch.softmax (2.11) on the same shapes in the same run: 30-61% (f16/bf16), 48-99% (f32).
-// Ladder (f16 path 0 at cols 1024 / 128; each step measured on the H200):
-//   1. first version (t = in * s rounded into registers, per-element masking selects, ex2
-//      without .ftz for subnormal outputs): 58% / 75%.
+// Ladder (f16 path 0 at cols 1024 and 128; each step measured on the H200, the numbers in this
+// folder's NOTES.md):
+//   1. first version: t = in * s rounded into registers, per-element masking selects, ex2
+//      without .ftz for subnormal outputs.
 //   2. prefetching the next rows into a second register buffer: slower (96 -> 128 registers,
 //      fewer warps per SM); dropped.
 //   3. raw packs kept as 32-bit words (no PRMT per 16-bit element), masked columns filled with
 //      the input-type infinity instead of per-element selects, max over unscaled inputs and
 //      d = fma(in, s, -m) (no FMUL per element), ex2.ftz with the +1 bias instead of the
-//      4-instruction subnormal fix-up: 92% / 90% (68 registers instead of 96).
+//      4-instruction subnormal fix-up: faster on both row lengths (68 registers instead of 96).
 //   4. paths 1 and 2 switched to the same fma form (accuracy on huge logits; speed unchanged).
 //   5. grid-stride loop bounded per CTA instead of per warp: ptxas proves convergence at the
-//      shuffles and drops their non-converged fallbacks (and an 8-byte stack frame on sm_80):
-//      +1-4% on short rows (f16 cols 128: 90% -> 92%).
-//   6. tunings 1 and 2 (warp-nc, warp-v2) for the shapes still short (fp32 cols 128 at 0.90x
-//      torch, log_softmax fp32 cols 1024 at 0.98x), H200 runs 6-7: the load hint alone changes
-//      nothing; the prefetch of tuning 2 gains 2-6% on 128-column rows (fp32 2845 -> 3011 GB/s)
-//      and nothing on 1024 columns, so Auto takes it for short rows only.
-//   7. evict-first output stores (st.global.cs) on paths 0-2, runs 136-137: +4% at cols 1024
-//      (f16 89% -> 92%, f32 91% -> 95%), +3-4% at cols 4096 (path 1), +1% at cols 128. In the
-//      same runs more waves per grid, 256/512-thread CTAs or two rows per warp were level or
-//      slower (cols 1024: 0.76-1.005x).
+//      shuffles and drops their non-converged fallbacks (and an 8-byte stack frame on sm_80),
+//      which the short rows gain from.
+//   6. tunings 1 and 2 (warp-nc, warp-v2) for the shapes still behind torch (fp32 cols 128,
+//      log_softmax fp32 cols 1024): the load hint alone changes nothing; the prefetch of tuning 2
+//      gains on 128-column rows and nothing on 1024 columns, so Auto takes it for short rows only.
+//   7. evict-first output stores (st.global.cs) on paths 0-2: faster at cols 128, 1024 and 4096.
+//      More waves per grid, 256/512-thread CTAs or two rows per warp were level or slower.
 //
 // Launch contract (the Rust side upholds it; see the static_asserts below):
 //   * kPack > 1 only when in and out are 16-byte aligned and in_stride, out_stride are multiples
@@ -198,11 +185,9 @@ constexpr int kWarps = kBlockThreads / ts::kWarpSize;
 constexpr int kUnroll = 4;
 /// Cache hints: inputs read once are evict-first. Outputs are stored evict-first too
 /// (st.global.cs): they still land in L2, where a small output stays for the next kernel, but a
-/// large one is the first to leave, before lines still to be read. Against the default
-/// write-back policy (H200, bench/NOTES.md runs 136-137, three alternating rounds): +3.8-4.0% on
-/// 32768 x 1024 (fp16 3776 -> 3920 GB/s, fp32 3886 -> 4041), +2.8-4.1% on 16384 x 4096, +1% on
-/// 32768 x 128. The cluster kernels (softmax_cluster.cu) keep write-back stores: evict-first
-/// measured 0.985-1.007x there.
+/// large one is the first to leave, before lines still to be read: faster than the default
+/// write-back policy at every row length measured. The cluster kernels (softmax_cluster.cu)
+/// keep write-back stores: evict-first did not pay there (see this folder's NOTES.md).
 constexpr ts::CacheLoad kLoadOnce = ts::CacheLoad::kStreaming;
 constexpr ts::CacheLoad kLoadKeep = ts::CacheLoad::kNoAllocate;
 constexpr ts::CacheStore kStoreHint = ts::CacheStore::kStreaming;
@@ -244,10 +229,10 @@ using RawWords =
 constexpr float kProbBias = ts::softmax_prob_bias<OutT>;
 constexpr float kProbScale = ts::softmax_prob_scale<OutT>;
 /// Path 0 keeps the clamp of d_j on every row for 16-bit and scalar-loaded inputs: the
-/// clamp-free copy of the term loop (taken where ts::clamp_may_act(m) is false) gained 0.6-2% on
-/// fp32 1024-column rows (75 -> 70 registers) but cost the 16-bit kernels registers (fp16 cols
-/// 1024: 56 -> 63) and 0.5% (H200, bench/NOTES.md run 78), and the scalar fp32 ones up to 52
-/// registers (cols 960: 64 -> 116).
+/// clamp-free copy of the term loop (taken where ts::clamp_may_act(m) is false) gained on fp32
+/// 1024-column rows (75 -> 70 registers) but cost the 16-bit kernels registers (fp16 cols 1024:
+/// 56 -> 63) and time, and the scalar fp32 ones up to 52 registers (cols 960: 64 -> 116; see this
+/// folder's NOTES.md).
 constexpr bool kWarpClampAlways = sizeof(InT) < 4 || kPack == 1;
 
 /// The per-row output transform of paths 1 and 2, built once the row max m = max_j round(x_j * s)
@@ -677,8 +662,8 @@ TS_DEVICE void softmax_block_uncached(const SoftmaxParams& p) {
 // log_softmax tiles of 2 rows x 24 columns, 8-20 bytes at 80-96 registers). An explicit minimum
 // replaces the heuristic by a plain cap: block paths ask for 1024 resident threads per SM (a
 // 64-register cap, ~45 used); those warp-path variants for one CTA (255-register cap: they use
-// what the row needs). Other warp-path variants keep the heuristic (0 = no minimum): it is up to
-// 6% faster there (fewer registers, more warps; e.g. f16 cols 768: 64 vs 80 registers).
+// what the row needs). Other warp-path variants keep the heuristic (0 = no minimum): it is
+// faster there (fewer registers, more warps; e.g. f16 cols 768: 64 vs 80 registers).
 constexpr bool kWarpNeedsCap = sizeof(OutT) > sizeof(InT) ||
                               (kWarpWidth < 32 && kColsPerThread > kPack) ||
                               kRowsPerWarp * kColsPerThread > 32;

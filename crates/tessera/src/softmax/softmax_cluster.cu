@@ -52,17 +52,17 @@
 // (two exp2 and ~13 instructions per element against 4 bytes of traffic), so the pipelined
 // passes leave out the clamp of d_j where it cannot act (ts::clamp_may_act, one branch per pack
 // in the reduction and, kClampFreeStores, per row in the store pass) and fp16 outputs skip the
-// +1 of kProbBias: +6% on fp16 256 x 262144, +3% on fp16 1024 x 131072, fp32 rows level (H200,
-// bench/NOTES.md run 79). Neither keeping the terms 2^d_j of the reduction pass in shared memory
-// (as fp16: one exp2 per element, every output rounded twice; run 78) nor folding 1 / sum into
-// the exponent (one FMUL less; run 80) gained more.
+// +1 of kProbBias: fewer instructions per element, which the issue-bound 16-bit rows gain from
+// (the fp32 rows stay level). Neither keeping the terms 2^d_j of the reduction pass in shared
+// memory (as fp16: one exp2 per element, every output rounded twice) nor folding 1 / sum into
+// the exponent (one FMUL less) gained more (see this folder's NOTES.md).
 //
 // Pipelined variant (kPipeline, Rust path "cluster-pipe"; needs kPack > 1, else it is the plain
-// variant). The plain variant alternates, per CTA, a load phase (all copies of the share in
-// flight, then wait) and a store phase, and measured 61-80% of copy on 1024 x 131072 and
-// 256 x 262144 (bench/NOTES.md): with 1-3 CTAs per SM and waves of 16-48 clusters, HBM idles
-// in one direction most of the time. Here every thread owns the same packs of the share in every
-// pass (pack q = tid + k * kBlockThreads, the tail element tid): the copy, the one online
+// variant). The plain variant alternates, per CTA, a load phase (all copies of the share in flight,
+// then wait) and a store phase, and stays well short of copy bandwidth on 1024 x 131072 and
+// 256 x 262144 (see this folder's NOTES.md): with 1-3 CTAs per SM and waves of 16-48 clusters, HBM
+// idles in one direction most of the time. Here every thread owns the same packs of the share in
+// every pass (pack q = tid + k * kBlockThreads, the tail element tid): the copy, the one online
 // (max, sum) pass (16-byte shared-memory reads) and the store pass. Ownership makes the per-row
 // __syncthreads unnecessary (a thread's cp.async.wait_group makes its own copies visible to it),
 // and lets the store pass refill each pack with the next row's copy as soon as the pack has been
@@ -73,12 +73,12 @@
 // thread holds at most 8 packs (kCopyGroups == 8: every 512-thread share and 1024-thread shares
 // up to 128 KB), each pack's copy is its own commit group and the (max, sum) pass reads each
 // pack as soon as its group has landed (CopyGroups below); larger shares commit one group per
-// row. Measured (H200, bench/NOTES.md runs 6-7): +2-5% on rows of 256-512 KB, -3-6% on 64-128 KB
-// rows; since run 74 Auto takes the split-row variant below for rows of 256 KB and more.
+// row. It gains on rows of 256-512 KB and loses on 64-128 KB rows (see this folder's NOTES.md);
+// Auto now takes the split-row variant below for rows of 256 KB and more.
 
 // Split-row variant (kGlobalExchange, Rust path "split-row"; pipelined schedule only). A hardware
 // cluster holds at most 8 CTAs, so a row of more than 8 x 64 KB needs shares over 64 KB: one
-// 1024-thread CTA per SM, too few to keep HBM busy (fp32 256 x 262144: 66% of copy). Here the
+// 1024-thread CTA per SM, too few to keep HBM busy (e.g. fp32 256 x 262144). Here the
 // kCluster CTAs of a row (2..32) are ordinary CTAs blockIdx.x / kCluster * kCluster + rank, of
 // one wave of resident CTAs on every SM (no GPC placement), and they exchange their per-row
 // (max, sum) states through global memory instead of distributed shared memory: every row has
@@ -94,8 +94,9 @@
 // slot), so every resident group works and faster groups take more rows; rank 0 also starts an
 // L2 prefetch of the claimed row while its group waits in the exchange (prefetch_claimed_row).
 // The plan takes the claiming variant where the static schedule would leave many resident groups unused (plan.rs
-// split_claims_rows; H200, bench/NOTES.md run 87: +4% on fp16 256 x 262144, 43 of 49 groups
-// static, but 1-3.5% behind static where it uses every group). Workspace: three counters and
+// split_claims_rows: it gains where the static schedule leaves groups idle, e.g. fp16 256 x 262144
+// with 43 of 49 groups, but falls behind static where that uses every group, as the claim only
+// adds work to each row; see this folder's NOTES.md). Workspace: three counters and
 // rows * kCluster slots of 32 bytes, zeroed once by the plan (tag 0 is never valid).
 
 #include "tessera/common.cuh"
@@ -219,17 +220,14 @@ TS_DEVICE ts::OnlineSoftmax merge_in_rank_order(const ts::OnlineSoftmax (&states
 /// < kCluster sends this CTA's state with st.async into slot `rank` of CTA r's inbox, which
 /// completes 8 bytes on CTA r's mbarrier of that parity; thread `rank` writes its own slot and
 /// announces the kCluster - 1 remote states (arrive.expect_tx, one arrival per phase). One warp
-/// polls the barrier and the others wait at a CTA barrier (run 65; every thread polling, run 64,
-/// measured the same), then every thread merges the inbox in rank order (the same bits in every
-/// CTA).
+/// polls the barrier and the others wait at a CTA barrier (every thread polling measured the
+/// same), then every thread merges the inbox in rank order (the same bits in every CTA).
 /// Reuse: a CTA sends row i + 2 into a peer's inbox of parity i & 1 only after receiving the
 /// peer's row i + 1, which the peer sent after the block reduction that follows its reads of row
 /// i; and row i + 2's bytes land on the peer's barrier after its phase of row i completed.
-/// H200 (bench/NOTES.md runs 64-65, same binary, the inbox on every pipelined cluster): clusters
-/// of 8 gained or held (fp32 1024 x 131072, 8 x 64 KB of 512 threads: +1.5%; forced cluster-pipe
-/// fp32 256 x 262144, 8 x 128 KB of 1024 threads: +3%; fp16 256 x 262144, 8 x 64 KB: level), a
-/// cluster of 4 lost 5% (fp16 1024 x 131072, 4 x 64 KB), so smaller clusters keep the cluster
-/// barrier (cluster_combine).
+/// With the inbox on every pipelined cluster, clusters of 8 gained or held (64 KB shares of 512
+/// threads and 128 KB shares of 1024) and a cluster of 4 lost (see this folder's NOTES.md), so
+/// smaller clusters keep the cluster barrier (cluster_combine).
 constexpr bool kAsyncExchange = kPipeline && kPack > 1 && kCluster == 8 && !kGlobalExchange;
 static_assert(!kAsyncExchange || kWarps > 1, "the inbox reuse argument needs the block reduction's barriers");
 struct AsyncInbox {
@@ -331,8 +329,8 @@ TS_DEVICE void split_finish(const SoftmaxClusterParams& p) {
 /// no fence; threads r < kCluster poll rank r's slot until both words carry this launch's tag;
 /// every thread merges the kCluster states in rank order (the same bits in every CTA). `got`
 /// alternates by row parity: one buffer would be race-free (the next row's block reduction has a
-/// barrier every thread reaches after merging this row) but measured 3% slower on fp16
-/// 256 x 262144 and fp32 1024 x 131072 (H200, bench/NOTES.md run 81).
+/// barrier every thread reaches after merging this row) but measured slower on fp16
+/// 256 x 262144 and fp32 1024 x 131072 (see this folder's NOTES.md).
 TS_DEVICE ts::OnlineSoftmax global_combine(ts::OnlineSoftmax mine, const SoftmaxClusterParams& p, int rank,
                                            long long row, int parity, unsigned tag, const unsigned* claim,
                                            unsigned* got_next) {
@@ -403,11 +401,10 @@ TS_DEVICE float finish(float x, float s, float neg_shift, float coef) {
 /// thread, e.g. 64 KB of 512 threads): pack k is group k (groups past the thread's last pack are
 /// empty, committed all the same: the waits count groups), and the reduction pass waits for
 /// group k before reading pack k, so it reduces the first packs while the last are still
-/// arriving (bench/NOTES.md run 56, same binary: +2% on the default dispatch of fp16 and fp32
-/// 1024 x 131072 and fp16 256 x 262144, fp32 256 x 262144 level; +8% on forced cluster-pipe fp32
-/// 256 x 262144). kCopyGroups == 1 (larger shares): one group per row, waited for before the
-/// pass. One kernel holding both schedules behind a runtime test spilled under the 40-register
-/// cap, so the plan picks the variant.
+/// arriving: faster on the long rows of the default dispatch and on forced cluster-pipe, level
+/// elsewhere (see this folder's NOTES.md). kCopyGroups == 1 (larger shares): one group per row,
+/// waited for before the pass. One kernel holding both schedules behind a runtime test spilled
+/// under the 40-register cap, so the plan picks the variant.
 struct CopyGroups {
   int packs;  // the CTA's full packs; this thread's are tid, tid + kBlockThreads, ... < packs
 
@@ -452,19 +449,18 @@ struct CopyGroups {
 
 /// kClaimRows, rank 0's thread 0 after its reduction pass: one L2 prefetch of the row its group
 /// claimed (up to 1 MB of it), so HBM reads the row while the group waits in the exchange and
-/// the other ranks learn which row it is (they copy it in the store pass). H200, bench/NOTES.md
-/// runs 126-134 (same binary, three rounds each): +1.2-1.5% on fp16 256 x 262144, whose mostly
-/// empty last round of claimed rows leaves HBM idle; issued at the top of the row instead, -1%.
-/// Not in the static schedule: every placement tried there (each CTA its next share, rank 0 the
-/// group's whole next row, only the second row, only the last one or two rows) was level or
-/// 1-16% slower on fp16 / fp32 1024 x 131072 and fp32 256 x 262144: its full rounds keep HBM
-/// busy and the prefetched lines compete with the copies for L2.
+/// the other ranks learn which row it is (they copy it in the store pass). It gains on fp16
+/// 256 x 262144, whose mostly empty last round of claimed rows leaves HBM idle; issued at the top
+/// of the row instead, it lost. Not in the static schedule: every placement tried there (each CTA
+/// its next share, rank 0 the group's whole next row, only the second row, only the last one or
+/// two rows) was level or slower on fp16 / fp32 1024 x 131072 and fp32 256 x 262144: its full
+/// rounds keep HBM busy and the prefetched lines compete with the copies for L2 (see this
+/// folder's NOTES.md).
 /// Split-row kernels read their input and write their output evict-first: the input copies take
-/// an evict-first L2 policy and the outputs are stored with st.global.cs (kPipeStore). H200,
-/// bench/NOTES.md run 139 (three alternating rounds, same binary): both together +1.7% on fp16
-/// 1024 x 131072 and 256 x 262144, +0.3-0.4% on the fp32 ones; either alone 0.94-0.99x. The
-/// cluster and cluster-pipe kernels keep the default policies (both: 0.995-1.002x on 4096 x
-/// 32768; evict-first stores alone 0.98-0.99x, against +3-4% in softmax.cu's kernels, run 137).
+/// an evict-first L2 policy and the outputs are stored with st.global.cs (kPipeStore): both
+/// together gain on the fp16 split rows and hold on the fp32 ones, while either alone loses. The
+/// cluster and cluster-pipe kernels keep the default policies: there both together are level and
+/// evict-first stores alone lose, unlike in softmax.cu's kernels (see this folder's NOTES.md).
 constexpr bool kStreamingSplit = kGlobalExchange;
 constexpr ts::CacheStore kPipeStore = kStreamingSplit ? ts::CacheStore::kStreaming : ts::CacheStore::kDefault;
 
@@ -493,8 +489,8 @@ TS_DEVICE void pipelined_rows(const SoftmaxClusterParams& p, InT* share, int ran
   const CopyGroups groups{packs};
   if (kCopyGroups > 1 && packs > kCopyGroups * kBlockThreads) __trap();  // launch contract (Rust: plan.rs)
   // Split-row: the launch tag in a register of every thread, read before the first copies.
-  // Thread 0 reading it after the prologue into shared memory (commit 6e2074a) cost 6-8% on
-  // every split-row shape (H200, bench/NOTES.md runs 68-71, same machine).
+  // Thread 0 reading it after the prologue into shared memory (commit 6e2074a) slowed every
+  // split-row shape (see this folder's NOTES.md).
   const unsigned tag = kGlobalExchange ? split_tag(p) : 0u;
   // One 16-byte input copy into the share (kStreamingSplit: evict-first in L2).
   const uint64_t in_policy = kStreamingSplit ? ts::l2_policy<ts::L2Evict::kFirst>() : 0;

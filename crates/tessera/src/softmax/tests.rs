@@ -287,7 +287,7 @@ fn plan_picks_only_ci_compiled_cluster_variants_within_their_copy_groups() {
 
 #[test]
 fn split_row_groups_claim_rows_only_where_the_static_schedule_leaves_groups_unused() {
-    // The H200 anchors (bench/NOTES.md run 87): rows, resident groups.
+    // The H200 shapes the rule was measured on (this folder's NOTES.md): rows, resident groups.
     // fp16 256 x 262144: the static schedule uses 43 of 49 groups (6 rows each)
     assert!(split_claims_rows(256, 49, 9));
     // fp16 1024 x 131072 (94 of 99), fp32 1024 x 131072 (49 of 49), fp32 256 x 262144 (24 of 24)
