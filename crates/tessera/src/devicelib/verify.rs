@@ -203,24 +203,16 @@ pub fn verify_case(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
         ));
     }
     let checked = match case.test {
-        Test::MmaSync { elem, mode, tiles } => match elem {
-            DType::F16 => run_mma::<f16>(ctx, kernel, mode, tiles, seed)?,
-            DType::BF16 => run_mma::<bf16>(ctx, kernel, mode, tiles, seed)?,
-            d => return Err(Error::Unsupported(format!("mma.sync test for {d}"))),
-        },
+        Test::MmaSync { elem, mode, tiles } => {
+            crate::dispatch_float!("mma.sync test"; elem, [F16, BF16], |T| run_mma::<T>(ctx, kernel, mode, tiles, seed))?
+        }
         Test::Wgmma {
             elem,
             a_in_registers: _,
-        } => match elem {
-            DType::F16 => run_wgmma::<f16>(ctx, kernel, seed)?,
-            DType::BF16 => run_wgmma::<bf16>(ctx, kernel, seed)?,
-            d => return Err(Error::Unsupported(format!("wgmma test for {d}"))),
-        },
-        Test::TmaTile { elem, rows, cols } => match elem {
-            DType::F32 => run_tma_tile::<f32>(ctx, kernel, rows, cols, seed)?,
-            DType::F16 => run_tma_tile::<f16>(ctx, kernel, rows, cols, seed)?,
-            d => return Err(Error::Unsupported(format!("TMA tile test for {d}"))),
-        },
+        } => crate::dispatch_float!("wgmma test"; elem, [F16, BF16], |T| run_wgmma::<T>(ctx, kernel, seed))?,
+        Test::TmaTile { elem, rows, cols } => {
+            crate::dispatch_float!("TMA tile test"; elem, [F32, F16], |T| run_tma_tile::<T>(ctx, kernel, rows, cols, seed))?
+        }
         Test::TmaMulticast { rows } => run_tma_multicast(ctx, kernel, rows, seed)?,
         Test::MbarrierRing { stages, tiles } => run_mbarrier_ring(ctx, kernel, stages, tiles, seed)?,
         Test::CpAsync { stages: _, n } => run_cp_async(ctx, kernel, n, seed)?,
