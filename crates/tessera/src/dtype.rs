@@ -16,6 +16,8 @@ pub enum DType {
     U8,
     /// 32-bit signed integers (offsets such as `cu_seqlens`, block tables).
     I32,
+    /// 64-bit signed integers (sparse offsets and indices beyond 2^31).
+    I64,
 }
 
 impl DType {
@@ -27,6 +29,7 @@ impl DType {
             DType::F16 | DType::BF16 => 2,
             DType::F8E4M3 | DType::F8E5M2 | DType::U8 => 1,
             DType::I32 => 4,
+            DType::I64 => 8,
         }
     }
     /// Short name used in CLI output, JSON (`"fp16"`) and kernel keys.
@@ -40,6 +43,7 @@ impl DType {
             DType::F8E5M2 => "fp8e5m2",
             DType::U8 => "u8",
             DType::I32 => "i32",
+            DType::I64 => "i64",
         }
     }
     /// The device-library type name (`src/cuda/dtype.cuh`).
@@ -53,6 +57,7 @@ impl DType {
             DType::F8E5M2 => "ts::fp8e5m2",
             DType::U8 => "uint8_t",
             DType::I32 => "int",
+            DType::I64 => "long long",
         }
     }
     /// Relative-L2 error budget of DESIGN.md for outputs stored in this dtype.
@@ -63,7 +68,7 @@ impl DType {
             DType::F16 => 2e-3,
             DType::BF16 => 1e-2,
             DType::F8E4M3 | DType::F8E5M2 => 6e-2,
-            DType::U8 | DType::I32 => 0.0,
+            DType::U8 | DType::I32 | DType::I64 => 0.0,
         }
     }
     /// Parses `fp32|f32|float32`, `fp16|f16|half|float16`, `bf16|bfloat16`.
@@ -77,6 +82,7 @@ impl DType {
             "fp8e5m2" | "e5m2" => DType::F8E5M2,
             "u8" | "uint8" => DType::U8,
             "i32" | "int32" => DType::I32,
+            "i64" | "int64" => DType::I64,
             _ => return None,
         })
     }
@@ -203,7 +209,7 @@ unsafe impl Element for f64 {
         v
     }
 }
-// SAFETY: one byte, every pattern valid.
+// SAFETY: four bytes, every pattern valid.
 unsafe impl Element for i32 {
     const DTYPE: DType = DType::I32;
     fn to_f64(self) -> f64 {
@@ -213,7 +219,17 @@ unsafe impl Element for i32 {
         v as i32
     }
 }
-
+// SAFETY: eight bytes, every pattern valid.
+unsafe impl Element for i64 {
+    const DTYPE: DType = DType::I64;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as i64
+    }
+}
+// SAFETY: one byte, every pattern valid.
 unsafe impl Element for u8 {
     const DTYPE: DType = DType::U8;
     fn to_f64(self) -> f64 {

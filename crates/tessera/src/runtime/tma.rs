@@ -96,6 +96,7 @@ pub fn data_type(dtype: DType) -> Option<sys::CUtensorMapDataType> {
         DType::F32 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
         DType::F64 => T::CU_TENSOR_MAP_DATA_TYPE_FLOAT64,
         DType::I32 => T::CU_TENSOR_MAP_DATA_TYPE_INT32,
+        DType::I64 => T::CU_TENSOR_MAP_DATA_TYPE_INT64,
         DType::U8 => T::CU_TENSOR_MAP_DATA_TYPE_UINT8,
         DType::F8E4M3 | DType::F8E5M2 => return None,
     })
