@@ -281,21 +281,30 @@ def test_nvrtc_location_is_not_forced_when_absent():
     assert path is None or os.path.isfile(path)
 
 
-def readme_example() -> str:
-    """The Python example of the repository README's "Using tessera from Python" section."""
+def readme_python_blocks() -> list[str]:
+    """Every ```python block of the repository README's "## Python" section, in order."""
     readme = pathlib.Path(__file__).resolve().parents[3] / "README.md"
     text = readme.read_text()
-    section = text[text.index("## Using tessera from Python") :]
-    return section[section.index("```python\n") + len("```python\n") : section.index("\n```", section.index("```python"))]
+    section = text[text.index("\n## Python\n") :]
+    nxt = section.find("\n## ", 1)
+    section = section if nxt < 0 else section[:nxt]
+    blocks, pos = [], 0
+    while (start := section.find("```python\n", pos)) >= 0:
+        start += len("```python\n")
+        end = section.index("\n```", start)
+        blocks.append(section[start:end])
+        pos = end + 4
+    return blocks
+
+
+def readme_example() -> str:
+    """The README's Python example of attention and softmax (the block calling flash_attn_func)."""
+    return next(b for b in readme_python_blocks() if "tessera.flash_attn_func" in b)
 
 
 def paged_readme_example() -> str:
-    """The Python example of the README's "Paged KV cache (decode)" subsection."""
-    readme = pathlib.Path(__file__).resolve().parents[3] / "README.md"
-    text = readme.read_text()
-    section = text[text.index("### Paged KV cache (decode)") :]
-    start = section.index("```python\n") + len("```python\n")
-    return section[start : section.index("\n```", start)]
+    """The README's Python example of the paged KV cache (the block making a PagedKVCache)."""
+    return next(b for b in readme_python_blocks() if "tessera.PagedKVCache" in b)
 
 
 def test_readme_example_compiles():
