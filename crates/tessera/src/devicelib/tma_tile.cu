@@ -11,9 +11,13 @@
 // b / p.boxes_x) into shared memory, waits for its bytes on the mbarrier (phase 0), then
 //   * writes the whole box, un-swizzled by ordinary shared loads, to p.boxes[b] (row-major
 //     [kBoxRows][kBoxCols]): elements outside the tensor must come back as the zeros TMA fills;
-//   * stores the box back with tma_store_4d through p.out_map (same geometry, another buffer):
-//     TMA clips it at the tensor's edges, and since the boxes tile the plane exactly once, the
-//     output tensor must equal the input.
+//   * loads the box of the same grid shifted to start at (0, 0), (s0, s1) = (c0 - p.col0,
+//     c1 - p.row0), into the same tile (mbarrier phase 1) and stores it back there with
+//     tma_store_4d through p.out_map (same geometry, another buffer): TMA clips it at the
+//     tensor's far edges, and since these boxes tile the plane from (0, 0) exactly once, the
+//     output tensor must equal the input. Stores start at non-negative coordinates only: on an
+//     H100 (NVRTC 13.0, driver 580) a store whose box starts at negative coordinates stopped
+//     the kernel with an illegal-instruction error, where loads zero-fill.
 //
 // Launch (devicelib::verify): grid = boxes_x * boxes_y, block = 128, dynamic shared memory
 // kSmemBytes. Preamble: Elem (float or ts::f16), kBoxCols, kBoxRows, kSwizzle128 (bool; with it
@@ -81,9 +85,16 @@ extern "C" __global__ void __launch_bounds__(128) devicelib_tma_tile(const __gri
   for (int e = threadIdx.x; e < kBoxRows * kBoxCols; e += blockDim.x) {
     out[e] = *reinterpret_cast<const Elem*>(tile + tile_offset(e / kBoxCols, e % kBoxCols));
   }
+  // Every thread has read the tile before the copy engine overwrites it.
+  __syncthreads();
+  const int s0 = c0 - p.col0;
+  const int s1 = c1 - p.row0;
   if (threadIdx.x == 0) {
+    ts::mbar_arrive_expect_tx(bar, kTileBytes);
+    ts::tma_load_4d(tile, &p.in_map, bar, s0, s1, 0, 0, ts::l2_policy<ts::L2Evict::kNormal>());
+    ts::mbar_wait(bar, 1);
     // The box in shared memory was written by the async proxy (the load) and is read by it.
-    ts::tma_store_4d(&p.out_map, tile, c0, c1, 0, 0);
+    ts::tma_store_4d(&p.out_map, tile, s0, s1, 0, 0);
     ts::tma_store_commit();
     ts::tma_store_wait_read();  // shared memory must outlive the store's reads
   }
