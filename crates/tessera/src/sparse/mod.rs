@@ -1,0 +1,17 @@
+//! Sparse matrices and the operators on them (SpMV, SpMM) for sparse least squares.
+//!
+//! The host side lives here: index types ([`SparseIndex`]), host CSR/COO matrices with their
+//! validation and conversions ([`CsrHost`], [`CooHost`]), a structural summary used to choose
+//! kernels ([`SparseDescriptor`]), and Matrix Market I/O ([`read_mtx`], [`write_mtx`]). With
+//! the `harness` feature: f64 references ([`reference`]) and seeded random matrices of typical
+//! structures ([`generate`]).
+
+pub mod host;
+pub mod index;
+mod row_ranges;
+
+#[cfg(test)]
+mod host_tests;
+
+pub use host::{ColumnOrder, CooHost, CsrCheck, CsrHost, DenseLayout, Duplicates};
+pub use index::SparseIndex;
