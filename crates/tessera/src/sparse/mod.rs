@@ -6,12 +6,16 @@
 //! the `harness` feature: f64 references ([`reference`]) and seeded random matrices of typical
 //! structures ([`generate`]).
 
+pub mod descriptor;
 pub mod host;
 pub mod index;
 mod row_ranges;
 
 #[cfg(test)]
+mod descriptor_tests;
+#[cfg(test)]
 mod host_tests;
 
+pub use descriptor::SparseDescriptor;
 pub use host::{ColumnOrder, CooHost, CsrCheck, CsrHost, DenseLayout, Duplicates};
 pub use index::SparseIndex;
