@@ -9,13 +9,17 @@
 pub mod descriptor;
 pub mod host;
 pub mod index;
+pub mod mtx;
 mod row_ranges;
 
 #[cfg(test)]
 mod descriptor_tests;
 #[cfg(test)]
 mod host_tests;
+#[cfg(test)]
+mod mtx_tests;
 
 pub use descriptor::SparseDescriptor;
 pub use host::{ColumnOrder, CooHost, CsrCheck, CsrHost, DenseLayout, Duplicates};
 pub use index::SparseIndex;
+pub use mtx::{parse_mtx, read_mtx, read_mtx_csr, write_mtx, MtxField, MtxHeader, MtxSymmetry};
