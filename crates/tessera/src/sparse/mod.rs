@@ -7,6 +7,8 @@
 //! structures ([`generate`]).
 
 pub mod descriptor;
+#[cfg(feature = "harness")]
+pub mod generate;
 pub mod host;
 pub mod index;
 pub mod mtx;
@@ -14,6 +16,8 @@ mod row_ranges;
 
 #[cfg(test)]
 mod descriptor_tests;
+#[cfg(test)]
+mod generate_tests;
 #[cfg(test)]
 mod host_tests;
 #[cfg(test)]
