@@ -12,6 +12,8 @@ pub mod generate;
 pub mod host;
 pub mod index;
 pub mod mtx;
+#[cfg(feature = "harness")]
+pub mod reference;
 mod row_ranges;
 
 #[cfg(test)]
@@ -22,6 +24,8 @@ mod generate_tests;
 mod host_tests;
 #[cfg(test)]
 mod mtx_tests;
+#[cfg(test)]
+mod reference_tests;
 
 pub use descriptor::SparseDescriptor;
 pub use host::{ColumnOrder, CooHost, CsrCheck, CsrHost, DenseLayout, Duplicates};
