@@ -250,24 +250,7 @@ impl<T: Element, I: SparseIndex> CsrHost<T, I> {
         } = coo;
         let nnz = row_indices.len();
         check_sizes::<I>(rows, cols, nnz)?;
-        if col_indices.len() != nnz {
-            return Err(Error::invalid(
-                "col_indices",
-                format!(
-                    "has {} entries but row_indices has {nnz}; they pair up one to one",
-                    col_indices.len()
-                ),
-            ));
-        }
-        if values.len() != nnz {
-            return Err(Error::invalid(
-                "values",
-                format!(
-                    "has {} entries but row_indices has {nnz}; there is one value per entry",
-                    values.len()
-                ),
-            ));
-        }
+        check_triplet_lengths(nnz, col_indices.len(), values.len())?;
         check_triplet_indices("row_indices", &row_indices, rows)?;
         check_triplet_indices("col_indices", &col_indices, cols)?;
 
@@ -511,6 +494,32 @@ impl<T: Element, I: SparseIndex> CsrHost<T, I> {
     }
 }
 
+impl<T: Element, I: SparseIndex> CooHost<T, I> {
+    /// The number of triplets.
+    pub fn nnz(&self) -> usize {
+        self.values.len()
+    }
+
+    /// The same triplets with indices of type `J` (for example the `i64` triplets of
+    /// [`read_mtx`](super::read_mtx) as `i32`). An error if `rows`, `cols` or the number of
+    /// triplets does not fit `J`, if the index arrays and values differ in length, or if an
+    /// index is outside its dimension. O(nnz).
+    pub fn with_index<J: SparseIndex>(&self) -> Result<CooHost<T, J>> {
+        check_sizes::<J>(self.rows, self.cols, self.row_indices.len())?;
+        check_triplet_lengths(self.row_indices.len(), self.col_indices.len(), self.values.len())?;
+        check_triplet_indices("row_indices", &self.row_indices, self.rows)?;
+        check_triplet_indices("col_indices", &self.col_indices, self.cols)?;
+        let convert = |v: &I| J::from_usize_in_range(v.to_usize());
+        Ok(CooHost {
+            rows: self.rows,
+            cols: self.cols,
+            row_indices: self.row_indices.iter().map(convert).collect(),
+            col_indices: self.col_indices.iter().map(convert).collect(),
+            values: self.values.clone(),
+        })
+    }
+}
+
 /// Sorts the columns within each row described by `offsets` (absolute positions; the slices
 /// start at position `base`), keeping the given order of equal columns.
 fn sort_rows<T: Element, I: SparseIndex>(offsets: &[I], base: usize, indices: &mut [I], values: &mut [T]) {
@@ -631,6 +640,23 @@ fn check_columns<I: SparseIndex>(offsets: &[I], indices: &[I], cols: usize) -> R
                 ));
             }
         }
+    }
+    Ok(())
+}
+
+/// The three triplet arrays have one entry per triplet.
+fn check_triplet_lengths(rows: usize, cols: usize, values: usize) -> Result<()> {
+    if cols != rows {
+        return Err(Error::invalid(
+            "col_indices",
+            format!("has {cols} entries but row_indices has {rows}; they pair up one to one"),
+        ));
+    }
+    if values != rows {
+        return Err(Error::invalid(
+            "values",
+            format!("has {values} entries but row_indices has {rows}; there is one value per triplet"),
+        ));
     }
     Ok(())
 }

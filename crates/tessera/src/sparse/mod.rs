@@ -3,8 +3,8 @@
 //! The host side lives here: index types ([`SparseIndex`]), host CSR/COO matrices with their
 //! validation and conversions ([`CsrHost`], [`CooHost`]), a structural summary used to choose
 //! kernels ([`SparseDescriptor`]), and Matrix Market I/O ([`read_mtx`], [`write_mtx`]). With
-//! the `harness` feature: f64 references ([`reference`]) and seeded random matrices of typical
-//! structures ([`generate`]).
+//! the `harness` feature: f64 references (`reference`) and seeded random matrices of typical
+//! structures (`generate`).
 
 pub mod descriptor;
 #[cfg(feature = "harness")]

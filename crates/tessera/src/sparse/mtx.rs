@@ -83,32 +83,15 @@ pub fn parse_mtx(text: &str) -> Result<(CooHost<f64, i64>, MtxHeader)> {
 /// `I`, summing duplicate entries.
 pub fn read_mtx_csr<T: Element, I: SparseIndex>(path: &Path) -> Result<CsrHost<T, I>> {
     let (coo, _) = read_mtx(path)?;
+    let coo = coo.with_index::<I>()?;
     let coo = CooHost {
+        values: coo.values.iter().map(|&v| T::from_f64(v)).collect(),
         rows: coo.rows,
         cols: coo.cols,
-        row_indices: narrow_indices(coo.row_indices, coo.rows, "rows")?,
-        col_indices: narrow_indices(coo.col_indices, coo.cols, "cols")?,
-        values: coo.values.into_iter().map(T::from_f64).collect(),
+        row_indices: coo.row_indices,
+        col_indices: coo.col_indices,
     };
     CsrHost::from_coo(coo, Duplicates::Sum)
-}
-
-/// `indices` (all below `bound`) in index type `I`, or an error if `bound` does not fit `I`.
-fn narrow_indices<I: SparseIndex>(indices: Vec<i64>, bound: usize, arg: &'static str) -> Result<Vec<I>> {
-    if bound > I::MAX_USIZE {
-        return Err(Error::invalid(
-            arg,
-            format!(
-                "{bound} {arg} do not fit the {} index type (at most {}); use a wider index type",
-                I::DTYPE,
-                I::MAX_USIZE
-            ),
-        ));
-    }
-    Ok(indices
-        .into_iter()
-        .map(|v| I::from_usize_in_range(v as usize))
-        .collect())
 }
 
 /// Writes `a` as a `coordinate real general` Matrix Market file, one line per stored entry
@@ -172,15 +155,26 @@ struct Size {
     entries: usize,
 }
 
-/// The entries parsed from one chunk of entry lines (0-based, already expanded).
-#[derive(Default)]
-struct Chunk {
+/// 0-based triplets (symmetric entries already expanded).
+struct Triplets {
     rows: Vec<i64>,
     cols: Vec<i64>,
     values: Vec<f64>,
-    /// Lines in the chunk (to number the lines of the following chunks).
-    lines: usize,
-    /// Entry lines in the chunk (before symmetric expansion).
+}
+
+/// Where one chunk writes its triplets: room for every line of the chunk (twice for
+/// symmetric files).
+struct ChunkOutput<'a> {
+    rows: &'a mut [i64],
+    cols: &'a mut [i64],
+    values: &'a mut [f64],
+}
+
+/// What one chunk parsed.
+struct ChunkCounts {
+    /// Triplets written (after expansion).
+    written: usize,
+    /// Entry lines (before expansion).
     entries: usize,
 }
 
@@ -224,8 +218,7 @@ impl Parser {
             }
         };
         let body = &text[consumed..];
-        let chunks = self.parse_body(body, line_number + 1, size, header)?;
-        let entries: usize = chunks.iter().map(|c| c.entries).sum();
+        let (triplets, entries) = self.parse_body(body, line_number + 1, size, header)?;
         if entries != size.entries {
             return Err(self.error(
                 line_number,
@@ -235,19 +228,13 @@ impl Parser {
                 ),
             ));
         }
-        let total: usize = chunks.iter().map(|c| c.rows.len()).sum();
-        let mut coo = CooHost {
+        let coo = CooHost {
             rows: size.rows,
             cols: size.cols,
-            row_indices: Vec::with_capacity(total),
-            col_indices: Vec::with_capacity(total),
-            values: Vec::with_capacity(total),
+            row_indices: triplets.rows,
+            col_indices: triplets.cols,
+            values: triplets.values,
         };
-        for chunk in chunks {
-            coo.row_indices.extend_from_slice(&chunk.rows);
-            coo.col_indices.extend_from_slice(&chunk.cols);
-            coo.values.extend_from_slice(&chunk.values);
-        }
         Ok((coo, header))
     }
 
@@ -326,36 +313,81 @@ impl Parser {
     }
 
     /// Parses the entry lines, the first of which is line `first_line`, in chunks on several
-    /// threads; the first error (by line) wins.
-    fn parse_body(&self, body: &str, first_line: usize, size: Size, header: MtxHeader) -> Result<Vec<Chunk>> {
+    /// threads, and returns the triplets and the number of entry lines; the first error (by
+    /// line) wins.
+    ///
+    /// Two passes: the lines of each chunk are counted, then each chunk writes its triplets
+    /// straight into its own part of the output arrays, sized for every line being an entry;
+    /// parts left partly empty (comment lines, symmetric diagonals) are closed up at the end.
+    fn parse_body(&self, body: &str, first_line: usize, size: Size, header: MtxHeader) -> Result<(Triplets, usize)> {
         let pieces = split_at_lines(body, thread_count(), PARALLEL_MIN_BYTES);
-        let results: Vec<std::result::Result<Chunk, ChunkError>> = if pieces.len() <= 1 {
-            pieces.iter().map(|piece| parse_chunk(piece, size, header)).collect()
-        } else {
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = pieces
-                    .iter()
-                    .map(|&piece| scope.spawn(move || parse_chunk(piece, size, header)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("Matrix Market parser thread panicked"))
-                    .collect()
-            })
+        let line_counts = on_each_thread(pieces.clone(), count_lines);
+        let per_line = if header.symmetry == MtxSymmetry::General { 1 } else { 2 };
+        let total: usize = line_counts.iter().map(|n| n * per_line).sum();
+        let mut triplets = Triplets {
+            rows: vec![0; total],
+            cols: vec![0; total],
+            values: vec![0.0; total],
         };
-        let mut chunk_first_line = first_line;
-        let mut chunks = Vec::with_capacity(results.len());
-        for result in results {
-            match result {
-                Ok(chunk) => {
-                    chunk_first_line += chunk.lines;
-                    chunks.push(chunk);
-                }
-                Err(e) => return Err(self.error(chunk_first_line + e.line, e.message)),
-            }
+        let mut work = Vec::with_capacity(pieces.len());
+        let (mut rows, mut cols, mut values) =
+            (&mut triplets.rows[..], &mut triplets.cols[..], &mut triplets.values[..]);
+        for (&piece, &lines) in pieces.iter().zip(&line_counts) {
+            let room = lines * per_line;
+            let (piece_rows, rest_rows) = std::mem::take(&mut rows).split_at_mut(room);
+            let (piece_cols, rest_cols) = std::mem::take(&mut cols).split_at_mut(room);
+            let (piece_values, rest_values) = std::mem::take(&mut values).split_at_mut(room);
+            (rows, cols, values) = (rest_rows, rest_cols, rest_values);
+            let output = ChunkOutput {
+                rows: piece_rows,
+                cols: piece_cols,
+                values: piece_values,
+            };
+            work.push((piece, output));
         }
-        Ok(chunks)
+        let results = on_each_thread(work, |(piece, output)| parse_chunk(piece, size, header, output));
+
+        let mut chunk_first_line = first_line;
+        let (mut kept, mut room_start, mut entries) = (0, 0, 0);
+        for (result, lines) in results.into_iter().zip(line_counts) {
+            let counts = result.map_err(|e| self.error(chunk_first_line + e.line, e.message))?;
+            if room_start != kept {
+                let moved = room_start..room_start + counts.written;
+                triplets.rows.copy_within(moved.clone(), kept);
+                triplets.cols.copy_within(moved.clone(), kept);
+                triplets.values.copy_within(moved, kept);
+            }
+            kept += counts.written;
+            room_start += lines * per_line;
+            entries += counts.entries;
+            chunk_first_line += lines;
+        }
+        triplets.rows.truncate(kept);
+        triplets.cols.truncate(kept);
+        triplets.values.truncate(kept);
+        Ok((triplets, entries))
     }
+}
+
+/// `work` applied to every item, each on its own scoped thread when there are several.
+fn on_each_thread<X: Send, T: Send>(items: Vec<X>, work: impl Fn(X) -> T + Sync) -> Vec<T> {
+    if items.len() <= 1 {
+        return items.into_iter().map(work).collect();
+    }
+    let work = &work;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items.into_iter().map(|item| scope.spawn(move || work(item))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("Matrix Market parser thread panicked"))
+            .collect()
+    })
+}
+
+/// The number of lines `str::lines` yields for `piece`.
+fn count_lines(piece: &str) -> usize {
+    let ends = piece.bytes().filter(|&b| b == b'\n').count();
+    ends + usize::from(!piece.is_empty() && !piece.ends_with('\n'))
 }
 
 impl MtxHeader {
@@ -395,38 +427,40 @@ fn split_at_lines(body: &str, parts: usize, min_bytes: usize) -> Vec<&str> {
     pieces
 }
 
-/// Parses the entry lines of one chunk into 0-based expanded triplets.
-fn parse_chunk(piece: &str, size: Size, header: MtxHeader) -> std::result::Result<Chunk, ChunkError> {
-    let line_count = piece.bytes().filter(|&b| b == b'\n').count() + 1;
-    let per_entry = if header.symmetry == MtxSymmetry::General { 1 } else { 2 };
-    let mut chunk = Chunk {
-        rows: Vec::with_capacity(line_count * per_entry),
-        cols: Vec::with_capacity(line_count * per_entry),
-        values: Vec::with_capacity(line_count * per_entry),
-        ..Default::default()
+/// Parses the entry lines of one chunk into 0-based expanded triplets in `out`, which has
+/// room for every line of the chunk (twice that for symmetric files).
+fn parse_chunk(
+    piece: &str,
+    size: Size,
+    header: MtxHeader,
+    out: ChunkOutput<'_>,
+) -> std::result::Result<ChunkCounts, ChunkError> {
+    let mut counts = ChunkCounts { written: 0, entries: 0 };
+    let mut push = |row: usize, col: usize, value: f64| {
+        out.rows[counts.written] = row as i64;
+        out.cols[counts.written] = col as i64;
+        out.values[counts.written] = value;
+        counts.written += 1;
     };
+    let mut entries = 0;
     for (k, line) in piece.lines().enumerate() {
-        chunk.lines += 1;
         if is_skipped(line) {
             continue;
         }
         let (row, col, value) = parse_entry(line, size, header).map_err(|message| ChunkError { line: k, message })?;
-        chunk.entries += 1;
-        chunk.rows.push(row as i64);
-        chunk.cols.push(col as i64);
-        chunk.values.push(value);
+        entries += 1;
+        push(row, col, value);
         if row != col && header.symmetry != MtxSymmetry::General {
             let mirrored = if header.symmetry == MtxSymmetry::SkewSymmetric {
                 -value
             } else {
                 value
             };
-            chunk.rows.push(col as i64);
-            chunk.cols.push(row as i64);
-            chunk.values.push(mirrored);
+            push(col, row, mirrored);
         }
     }
-    Ok(chunk)
+    counts.entries = entries;
+    Ok(counts)
 }
 
 /// One entry line as a 0-based (row, column, value).
@@ -491,13 +525,22 @@ fn parse_entry(line: &str, size: Size, header: MtxHeader) -> std::result::Result
 /// A 1-based position token checked against `1..=bound`, returned 0-based.
 fn parse_position(token: Option<&str>, bound: usize, what: &str, expected: &str) -> std::result::Result<usize, String> {
     let token = token.ok_or_else(|| format!("missing {what} index; expected {expected}"))?;
-    let position = token
-        .parse::<u64>()
-        .map_err(|_| format!("{what} index `{token}` is not a positive integer; expected {expected}"))?;
+    let position = parse_decimal(token)
+        .ok_or_else(|| format!("{what} index `{token}` is not a positive integer; expected {expected}"))?;
     if position == 0 || position > bound as u64 {
         return Err(format!(
             "{what} index {position} is outside 1..={bound} (Matrix Market indices are 1-based)"
         ));
     }
     Ok(position as usize - 1)
+}
+
+/// A decimal `u64`: plain digits on a fast path, anything else (a `+` sign, overflow) through
+/// `str::parse`.
+fn parse_decimal(token: &str) -> Option<u64> {
+    // 19 digits always fit a u64
+    if token.is_empty() || token.len() > 19 || !token.bytes().all(|b| b.is_ascii_digit()) {
+        return token.parse().ok();
+    }
+    Some(token.bytes().fold(0, |acc, b| acc * 10 + u64::from(b - b'0')))
 }

@@ -7,10 +7,11 @@ use super::*;
 use crate::error::Error;
 
 /// The message of an `InvalidArgument` error (panics on anything else).
-fn rule_of<T: std::fmt::Debug>(r: crate::Result<T>) -> String {
+fn rule_of<T>(r: crate::Result<T>) -> String {
     match r {
         Err(Error::InvalidArgument { rule, .. }) => rule,
-        other => panic!("expected InvalidArgument, got {other:?}"),
+        Err(e) => panic!("expected InvalidArgument, got {e}"),
+        Ok(_) => panic!("expected InvalidArgument, got Ok"),
     }
 }
 
@@ -277,4 +278,68 @@ fn large_bodies_parse_in_chunks_with_exact_line_numbers() {
     let bad = text.replace("\n150000 ", "\n150000x ").replace("\n190000 ", "\n0 ");
     let rule = rule_of(parse_mtx(&bad));
     assert!(rule.contains("line 150003: row index `150000x`"), "{rule}");
+}
+
+#[test]
+fn large_symmetric_bodies_with_comments_close_up_their_chunks() {
+    // diagonal entries and comment lines leave room unused in every chunk
+    let n = 150_000usize;
+    let mut text = format!("%%MatrixMarket matrix coordinate real symmetric\n{n} {n} {n}\n");
+    let mut want = Vec::new();
+    let mut line_of_entry = Vec::new();
+    let mut line = 2;
+    for i in 0..n {
+        if i % 1000 == 0 {
+            text.push_str("% a comment in the body\n");
+            line += 1;
+        }
+        let (r, c) = if i % 3 == 0 { (i, i) } else { (i, i / 2) };
+        let v = i as f64 + 0.5;
+        text.push_str(&format!("{} {} {v}\n", r + 1, c + 1));
+        line += 1;
+        line_of_entry.push(line);
+        want.push((r as i64, c as i64, v));
+        if r != c {
+            want.push((c as i64, r as i64, v));
+        }
+    }
+    want.sort_by_key(|a| (a.0, a.1));
+    let (coo, _) = parse_mtx(&text).unwrap();
+    assert_eq!(triplets(&coo), want);
+
+    // an error late in the body reports its own line
+    let bad_entry = 140_002; // not a diagonal entry (i % 3 != 0)
+    let bad = text.replace(
+        &format!("\n{} {} ", bad_entry + 1, bad_entry / 2 + 1),
+        &format!("\n{} {} ", bad_entry / 2 + 1, bad_entry + 1),
+    );
+    let rule = rule_of(parse_mtx(&bad));
+    let needle = format!(
+        "line {}: entry ({}, {}) is above the diagonal",
+        line_of_entry[bad_entry],
+        bad_entry / 2 + 1,
+        bad_entry + 1
+    );
+    assert!(rule.contains(&needle), "{rule}");
+}
+
+/// `cargo test --release -p tessera --lib mtx_large -- --ignored --nocapture`
+#[test]
+#[ignore = "timing of a 16M-entry file; run by hand in release"]
+fn mtx_large_file_timing() {
+    use super::generate::{generate, MatrixClass};
+    let a = generate::<f64, i32>(MatrixClass::Uniform { per_row: 16 }, 1_000_000, 1_000_000, 7);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("large.mtx");
+    let start = std::time::Instant::now();
+    write_mtx(&path, &a).unwrap();
+    let written = start.elapsed();
+    let (coo, _) = read_mtx(&path).unwrap();
+    let read = start.elapsed() - written;
+    let b = CsrHost::from_coo(coo.with_index::<i32>().unwrap(), Duplicates::Sum);
+    let converted = start.elapsed() - written - read;
+    let bytes = std::fs::metadata(&path).unwrap().len();
+    println!("{bytes} bytes: write {written:?}, read {read:?}, from_coo {converted:?}");
+    drop(coo);
+    assert_eq!(b.unwrap_or_else(|e| panic!("{e}")).nnz(), a.nnz());
 }
