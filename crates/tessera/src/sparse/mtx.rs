@@ -131,19 +131,32 @@ pub fn write_mtx<T: Element, I: SparseIndex>(path: &Path, a: &CsrHost<T, I>) -> 
     write_all().map_err(io_error)
 }
 
-impl fmt::Display for MtxHeader {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let field = match self.field {
+impl MtxField {
+    /// The banner word: `real`, `integer` or `pattern`.
+    pub fn name(self) -> &'static str {
+        match self {
             MtxField::Real => "real",
             MtxField::Integer => "integer",
             MtxField::Pattern => "pattern",
-        };
-        let symmetry = match self.symmetry {
+        }
+    }
+}
+
+impl MtxSymmetry {
+    /// The banner word: `general`, `symmetric` or `skew-symmetric`.
+    pub fn name(self) -> &'static str {
+        match self {
             MtxSymmetry::General => "general",
             MtxSymmetry::Symmetric => "symmetric",
             MtxSymmetry::SkewSymmetric => "skew-symmetric",
-        };
-        write!(f, "matrix coordinate {field} {symmetry}")
+        }
+    }
+}
+
+impl fmt::Display for MtxHeader {
+    /// The banner after `%%MatrixMarket`, e.g. `matrix coordinate real symmetric`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "matrix coordinate {} {}", self.field.name(), self.symmetry.name())
     }
 }
 
@@ -303,7 +316,7 @@ impl Parser {
                 line_number,
                 format!(
                     "a {} matrix must be square, this one is {} x {}",
-                    header.symmetry_name(),
+                    header.symmetry.name(),
                     size.rows,
                     size.cols
                 ),
@@ -388,16 +401,6 @@ fn on_each_thread<X: Send, T: Send>(items: Vec<X>, work: impl Fn(X) -> T + Sync)
 fn count_lines(piece: &str) -> usize {
     let ends = piece.bytes().filter(|&b| b == b'\n').count();
     ends + usize::from(!piece.is_empty() && !piece.ends_with('\n'))
-}
-
-impl MtxHeader {
-    fn symmetry_name(&self) -> &'static str {
-        match self.symmetry {
-            MtxSymmetry::General => "general",
-            MtxSymmetry::Symmetric => "symmetric",
-            MtxSymmetry::SkewSymmetric => "skew-symmetric",
-        }
-    }
 }
 
 /// Comment and blank lines carry no entry.
