@@ -18,6 +18,7 @@ pub mod numeric;
 pub mod registry;
 pub mod runtime;
 pub mod softmax;
+pub mod sparse;
 #[cfg(feature = "harness")]
 pub mod testdata;
 

@@ -1,0 +1,376 @@
+//! Seeded random sparse matrices of the structures SpMV/SpMM kernels must handle (uniform rows,
+//! bands, power-law rows, empty rows, one dense row, a few long rows, tall least-squares
+//! systems), and random dense vectors, for tests and benchmarks.
+//!
+//! # Determinism
+//! A matrix depends only on `(class, rows, cols, seed)`. Rows are generated in chunks of
+//! [`CHUNK_ROWS`], each from its own `StdRng` seeded from `(seed, chunk index)`, so the result
+//! does not depend on the thread count or on whether rayon runs the chunks in parallel (it does
+//! above [`PARALLEL_MIN_ROWS`] rows). Choices that concern the whole matrix (which row is dense,
+//! which rows are long) come from a generator seeded with `seed` alone.
+//!
+//! # Values
+//! Columns within each row are strictly increasing (`sorted == true`, no duplicates). Values
+//! are uniform in `[-1, 1]` with magnitudes below [`SMALLEST_MAGNITUDE`] redrawn, so no stored
+//! value is zero or tiny in any float type (integer value types would round them to 0 or ±1).
+//!
+//! Cost: O(nnz) expected, plus O(cols) for rows holding more than half of the columns.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Bernoulli, Distribution, Pareto};
+use rayon::prelude::*;
+
+use super::{CsrHost, SparseIndex};
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+
+/// Rows per independently seeded chunk.
+pub const CHUNK_ROWS: usize = 4096;
+
+/// Rows from which chunks are generated in parallel (the result is the same either way).
+pub const PARALLEL_MIN_ROWS: usize = 1 << 16;
+
+/// Values of smaller magnitude are redrawn.
+pub const SMALLEST_MAGNITUDE: f64 = 1.0 / 64.0;
+
+/// The power-law exponent that [`MatrixClass::name`] leaves out of the name.
+pub const USUAL_POWER_LAW_EXPONENT: f64 = 2.0;
+
+/// The structure of a generated matrix. Row lengths are capped at `cols`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MatrixClass {
+    /// Every row has `per_row` entries at uniformly random columns.
+    Uniform { per_row: usize },
+    /// Row `r` holds columns `r - (diagonals - 1) / 2 ..= r + diagonals / 2` (clipped to the
+    /// matrix): `diagonals` full diagonals around the main one.
+    Banded { diagonals: usize },
+    /// Row lengths follow a Pareto law with the given mean and tail exponent (> 1; smaller is
+    /// heavier), rounded stochastically so the expected length is `mean`; random columns.
+    PowerLaw { mean: f64, exponent: f64 },
+    /// Each row is empty with probability `fraction`, else has `per_row` random columns.
+    EmptyRows { fraction: f64, per_row: usize },
+    /// One random row holds every column; the others have `per_row` random columns.
+    OneDenseRow { per_row: usize },
+    /// `long_rows` random rows (all rows if there are fewer) have `long_len` random columns,
+    /// the others `short_len`.
+    FewLongRows {
+        long_rows: usize,
+        long_len: usize,
+        short_len: usize,
+    },
+    /// `per_row` random columns within a window of `4 * per_row` columns at a random place in
+    /// each row, as in the tall systems of tomography or geodesy (meant for rows >> cols).
+    TallLeastSquares { per_row: usize },
+}
+
+impl MatrixClass {
+    /// A short stable name for reports and benchmark cases: `uniform16`, `banded9`,
+    /// `powerlaw20` (`powerlaw20a1.5` for an exponent other than
+    /// [`USUAL_POWER_LAW_EXPONENT`]), `emptyrows50_16` (percent empty, per_row), `denserow16`,
+    /// `longrows4x10000_8` (long rows x long length, short length), `tallls12`.
+    pub fn name(&self) -> String {
+        match *self {
+            MatrixClass::Uniform { per_row } => format!("uniform{per_row}"),
+            MatrixClass::Banded { diagonals } => format!("banded{diagonals}"),
+            MatrixClass::PowerLaw { mean, exponent } if exponent == USUAL_POWER_LAW_EXPONENT => {
+                format!("powerlaw{mean}")
+            }
+            MatrixClass::PowerLaw { mean, exponent } => format!("powerlaw{mean}a{exponent}"),
+            MatrixClass::EmptyRows { fraction, per_row } => format!("emptyrows{}_{per_row}", fraction * 100.0),
+            MatrixClass::OneDenseRow { per_row } => format!("denserow{per_row}"),
+            MatrixClass::FewLongRows {
+                long_rows,
+                long_len,
+                short_len,
+            } => format!("longrows{long_rows}x{long_len}_{short_len}"),
+            MatrixClass::TallLeastSquares { per_row } => format!("tallls{per_row}"),
+        }
+    }
+
+    /// Checks the class parameters (any size of matrix suits every class).
+    pub fn validate(&self) -> Result<()> {
+        match *self {
+            MatrixClass::PowerLaw { mean, exponent } => {
+                if !(mean.is_finite() && mean > 0.0) {
+                    return Err(Error::invalid(
+                        "class",
+                        format!("PowerLaw mean {mean} must be finite and > 0"),
+                    ));
+                }
+                if !(exponent.is_finite() && exponent > 1.0) {
+                    return Err(Error::invalid(
+                        "class",
+                        format!("PowerLaw exponent {exponent} must be finite and > 1 (the mean is infinite otherwise)"),
+                    ));
+                }
+            }
+            MatrixClass::EmptyRows { fraction, .. } if !(0.0..=1.0).contains(&fraction) => {
+                return Err(Error::invalid(
+                    "class",
+                    format!("EmptyRows fraction {fraction} must be in 0..=1"),
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// A random `rows x cols` matrix of the given class (see the module documentation).
+///
+/// # Panics
+/// If [`try_generate`] fails: invalid class parameters, or sizes that do not fit `I`.
+pub fn generate<T: Element, I: SparseIndex>(class: MatrixClass, rows: usize, cols: usize, seed: u64) -> CsrHost<T, I> {
+    try_generate(class, rows, cols, seed).unwrap_or_else(|e| panic!("generate {}: {e}", class.name()))
+}
+
+/// [`generate`], returning an error for invalid class parameters ([`MatrixClass::validate`])
+/// or a matrix whose rows, columns or nonzeros do not fit `I`.
+pub fn try_generate<T: Element, I: SparseIndex>(
+    class: MatrixClass,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+) -> Result<CsrHost<T, I>> {
+    class.validate()?;
+    for (arg, n) in [("rows", rows), ("cols", cols)] {
+        if n > I::MAX_USIZE {
+            return Err(Error::invalid(
+                arg,
+                format!(
+                    "{n} does not fit the {} index type (at most {})",
+                    I::DTYPE,
+                    I::MAX_USIZE
+                ),
+            ));
+        }
+    }
+    let layout = MatrixLayout::new(class, rows, seed);
+    let chunk_count = rows.div_ceil(CHUNK_ROWS);
+    let make = |chunk: usize| generate_chunk::<T, I>(&layout, chunk, rows, cols, seed);
+    let chunks: Vec<Chunk<T, I>> = if rows >= PARALLEL_MIN_ROWS {
+        (0..chunk_count).into_par_iter().map(make).collect()
+    } else {
+        (0..chunk_count).map(make).collect()
+    };
+
+    let nnz: usize = chunks.iter().map(|c| c.indices.len()).sum();
+    if nnz > I::MAX_USIZE {
+        return Err(Error::invalid(
+            "class",
+            format!(
+                "the generated matrix has {nnz} nonzeros, more than the {} index type holds ({})",
+                I::DTYPE,
+                I::MAX_USIZE
+            ),
+        ));
+    }
+    let mut offsets = Vec::with_capacity(rows + 1);
+    let mut indices = Vec::with_capacity(nnz);
+    let mut values = Vec::with_capacity(nnz);
+    offsets.push(I::ZERO);
+    let mut end = 0;
+    for chunk in chunks {
+        for len in chunk.row_lens {
+            end += len;
+            offsets.push(I::from_usize_in_range(end));
+        }
+        indices.extend_from_slice(&chunk.indices);
+        values.extend_from_slice(&chunk.values);
+    }
+    Ok(CsrHost {
+        rows,
+        cols,
+        offsets,
+        indices,
+        values,
+        sorted: true,
+    })
+}
+
+/// `n` values uniform in `[-1, 1]` from `seed`.
+pub fn random_vector(n: usize, seed: u64) -> Vec<f64> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(-1.0..=1.0)).collect()
+}
+
+/// The whole-matrix choices of a class, drawn once from the seed.
+struct MatrixLayout {
+    class: MatrixClass,
+    /// [`MatrixClass::OneDenseRow`]: the dense row.
+    dense_row: Option<usize>,
+    /// [`MatrixClass::FewLongRows`]: the long rows, sorted.
+    long_rows: Vec<usize>,
+}
+
+impl MatrixLayout {
+    fn new(class: MatrixClass, rows: usize, seed: u64) -> Self {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut layout = MatrixLayout {
+            class,
+            dense_row: None,
+            long_rows: Vec::new(),
+        };
+        match class {
+            MatrixClass::OneDenseRow { .. } if rows > 0 => layout.dense_row = Some(rng.random_range(0..rows)),
+            MatrixClass::FewLongRows { long_rows, .. } => {
+                layout.long_rows = rand::seq::index::sample(&mut rng, rows, long_rows.min(rows)).into_vec();
+                layout.long_rows.sort_unstable();
+            }
+            _ => {}
+        }
+        layout
+    }
+}
+
+/// The rows of one chunk: their lengths, then their columns and values back to back.
+struct Chunk<T, I> {
+    row_lens: Vec<usize>,
+    indices: Vec<I>,
+    values: Vec<T>,
+}
+
+/// Mixes a 64-bit value (the SplitMix64 finaliser), to derive independent chunk seeds.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn generate_chunk<T: Element, I: SparseIndex>(
+    layout: &MatrixLayout,
+    chunk: usize,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+) -> Chunk<T, I> {
+    let mut rng = StdRng::seed_from_u64(mix(seed ^ mix(chunk as u64)));
+    let row_range = chunk * CHUNK_ROWS..((chunk + 1) * CHUNK_ROWS).min(rows);
+    let mut out = Chunk {
+        row_lens: Vec::with_capacity(row_range.len()),
+        indices: Vec::new(),
+        values: Vec::new(),
+    };
+    let mut row_cols = Vec::new();
+    for r in row_range {
+        row_cols.clear();
+        row_columns(layout, r, cols, &mut rng, &mut row_cols);
+        out.row_lens.push(row_cols.len());
+        out.indices.extend(row_cols.iter().map(|&c| I::from_usize_in_range(c)));
+        out.values
+            .extend(row_cols.iter().map(|_| T::from_f64(random_value(&mut rng))));
+    }
+    out
+}
+
+/// Appends the strictly increasing columns of row `r` to `out`.
+fn row_columns(layout: &MatrixLayout, r: usize, cols: usize, rng: &mut StdRng, out: &mut Vec<usize>) {
+    match layout.class {
+        MatrixClass::Uniform { per_row } => distinct_columns(rng, per_row, 0..cols, out),
+        MatrixClass::Banded { diagonals } => {
+            if diagonals > 0 {
+                let first = r.saturating_sub((diagonals - 1) / 2);
+                let last = r.saturating_add(diagonals / 2).min(cols.saturating_sub(1));
+                if cols > 0 && first <= last {
+                    out.extend(first..=last);
+                }
+            }
+        }
+        MatrixClass::PowerLaw { mean, exponent } => {
+            // Pareto(scale, shape) has mean scale * shape / (shape - 1)
+            let scale = mean * (exponent - 1.0) / exponent;
+            let pareto = Pareto::new(scale, exponent).expect("validated: scale > 0, exponent > 1");
+            let length = pareto.sample(rng) + rng.random::<f64>();
+            let len = if length >= cols as f64 { cols } else { length as usize };
+            distinct_columns(rng, len, 0..cols, out);
+        }
+        MatrixClass::EmptyRows { fraction, per_row } => {
+            let empty = Bernoulli::new(fraction).expect("validated: fraction in 0..=1");
+            if !empty.sample(rng) {
+                distinct_columns(rng, per_row, 0..cols, out);
+            }
+        }
+        MatrixClass::OneDenseRow { per_row } => {
+            let len = if layout.dense_row == Some(r) { cols } else { per_row };
+            distinct_columns(rng, len, 0..cols, out);
+        }
+        MatrixClass::FewLongRows {
+            long_len, short_len, ..
+        } => {
+            let len = if layout.long_rows.binary_search(&r).is_ok() {
+                long_len
+            } else {
+                short_len
+            };
+            distinct_columns(rng, len, 0..cols, out);
+        }
+        MatrixClass::TallLeastSquares { per_row } => {
+            let width = per_row.saturating_mul(4).min(cols);
+            let start = if cols > width {
+                rng.random_range(0..=cols - width)
+            } else {
+                0
+            };
+            distinct_columns(rng, per_row, start..start + width, out);
+        }
+    }
+}
+
+/// Appends `min(count, range.len())` distinct columns drawn uniformly from `range`, in
+/// increasing order. Dense requests walk the range (selection sampling, O(range)); sparse ones
+/// draw, sort and top up duplicates (O(count log count) expected).
+fn distinct_columns(rng: &mut StdRng, count: usize, range: std::ops::Range<usize>, out: &mut Vec<usize>) {
+    let span = range.len();
+    let count = count.min(span);
+    if count == 0 {
+        return;
+    }
+    if count == span {
+        out.extend(range);
+        return;
+    }
+    if count * 2 >= span {
+        // keep each column with probability (still needed) / (still available)
+        let mut needed = count;
+        for (seen, c) in range.clone().enumerate() {
+            if rng.random_range(0..span - seen) < needed {
+                out.push(c);
+                needed -= 1;
+                if needed == 0 {
+                    break;
+                }
+            }
+        }
+        return;
+    }
+    let start = out.len();
+    loop {
+        while out.len() - start < count {
+            out.push(rng.random_range(range.clone()));
+        }
+        out[start..].sort_unstable();
+        let mut kept = start;
+        for k in start..out.len() {
+            if k == start || out[k] != out[kept - 1] {
+                out[kept] = out[k];
+                kept += 1;
+            }
+        }
+        out.truncate(kept);
+        if out.len() - start == count {
+            return;
+        }
+    }
+}
+
+/// A value uniform in `[-1, 1]` with magnitude at least [`SMALLEST_MAGNITUDE`].
+fn random_value(rng: &mut StdRng) -> f64 {
+    loop {
+        let v: f64 = rng.random_range(-1.0..=1.0);
+        if v.abs() >= SMALLEST_MAGNITUDE {
+            return v;
+        }
+    }
+}
