@@ -474,3 +474,29 @@ fn large_matrices_sort_on_several_threads_like_one() {
         }
     }
 }
+
+#[test]
+fn coo_index_conversion_checks_ranges() {
+    let coo = CooHost::<f64, i64> {
+        rows: 3,
+        cols: 4,
+        row_indices: vec![2, 0],
+        col_indices: vec![3, 1],
+        values: vec![1.0, 2.0],
+    };
+    assert_eq!(coo.nnz(), 2);
+    let narrow = coo.with_index::<i32>().unwrap();
+    assert_eq!((narrow.row_indices, narrow.col_indices), (vec![2, 0], vec![3, 1]));
+    let mut bad = coo.clone();
+    bad.col_indices[1] = 4;
+    let (arg, rule) = invalid(bad.with_index::<i32>());
+    assert_eq!(arg, "col_indices");
+    assert!(
+        rule.contains("col_indices[1] = 4 is outside the columns 0..4"),
+        "{rule}"
+    );
+    let mut huge = coo;
+    huge.rows = 1 << 40;
+    let (arg, _) = invalid(huge.with_index::<i32>());
+    assert_eq!(arg, "rows");
+}
