@@ -43,6 +43,7 @@ pub static OPERATORS: &[&dyn Operator] = &[
     &crate::softmax::OPERATOR,
     &crate::attention::OPERATOR,
     &crate::kvcache::OPERATOR,
+    &crate::sparse::OPERATOR,
 ];
 
 /// The operator called `name` (ignoring case).

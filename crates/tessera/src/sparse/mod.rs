@@ -1,20 +1,29 @@
 //! Sparse matrices and the operators on them (SpMV, SpMM) for sparse least squares.
 //!
-//! The host side lives here: index types ([`SparseIndex`]), host CSR/COO matrices with their
-//! validation and conversions ([`CsrHost`], [`CooHost`]), a structural summary used to choose
+//! On the device: [`CsrMatrix`] (uploaded once from a [`CsrHost`]) and its SpMV
+//! (`y = alpha A x + beta y`, [`SpmvPlan`], deterministic; `spmv_csr.cu`). The host side:
+//! index types ([`SparseIndex`]), host CSR/COO matrices with their validation and conversions ([`CsrHost`], [`CooHost`]), a structural summary used to choose
 //! kernels ([`SparseDescriptor`]), and Matrix Market I/O ([`read_mtx`], [`write_mtx`]). With
 //! the `harness` feature: f64 references (`reference`) and seeded random matrices of typical
 //! structures (`generate`).
 
+#[cfg(feature = "harness")]
+pub mod bench;
 pub mod descriptor;
+pub mod device;
 #[cfg(feature = "harness")]
 pub mod generate;
 pub mod host;
 pub mod index;
 pub mod mtx;
 #[cfg(feature = "harness")]
+mod operator;
+#[cfg(feature = "harness")]
 pub mod reference;
 mod row_ranges;
+pub mod spmv;
+#[cfg(feature = "harness")]
+pub mod verify;
 
 #[cfg(test)]
 mod descriptor_tests;
@@ -28,6 +37,10 @@ mod mtx_tests;
 mod reference_tests;
 
 pub use descriptor::SparseDescriptor;
+pub use device::CsrMatrix;
 pub use host::{ColumnOrder, CooHost, CsrCheck, CsrHost, DenseLayout, Duplicates};
 pub use index::SparseIndex;
 pub use mtx::{parse_mtx, read_mtx, read_mtx_csr, write_mtx, MtxField, MtxHeader, MtxSymmetry};
+#[cfg(feature = "harness")]
+pub use operator::OPERATOR;
+pub use spmv::{SpmvOptions, SpmvPlan, SpmvTuning};

@@ -1,0 +1,115 @@
+//! [`CsrMatrix`]: a CSR matrix on the device, made once from a validated [`CsrHost`], with its
+//! [`SparseDescriptor`] and the plans of its operators cached on it.
+//!
+//! Uploading copies offsets, indices and values to the device (nnz values and indices, rows + 1
+//! offsets) and keeps the row offsets on the host too, which is what
+//! planning reads (row lengths: which rows are long). A plan is made on the first call and
+//! reused; the per-call path validates the vectors and launches, allocating nothing.
+
+use std::sync::{Arc, Mutex};
+
+use super::descriptor::SparseDescriptor;
+use super::host::CsrHost;
+use super::index::SparseIndex;
+use super::spmv::{SpmvOptions, SpmvPlan};
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::runtime::{Context, DeviceBuffer};
+
+/// A CSR matrix in device memory. Values `T` (f32, f64, f16, bf16), indices `I` (i32, i64).
+pub struct CsrMatrix<T: Element, I: SparseIndex> {
+    ctx: Context,
+    rows: usize,
+    cols: usize,
+    offsets_host: Vec<I>,
+    pub(crate) offsets: DeviceBuffer<I>,
+    pub(crate) indices: DeviceBuffer<I>,
+    pub(crate) values: DeviceBuffer<T>,
+    descriptor: SparseDescriptor,
+    spmv_plan: Mutex<Option<Arc<SpmvPlan>>>,
+}
+
+impl<T: Element, I: SparseIndex> std::fmt::Debug for CsrMatrix<T, I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CsrMatrix")
+            .field("dtype", &T::DTYPE)
+            .field("index", &I::DTYPE)
+            .field("descriptor", &self.descriptor)
+            .finish()
+    }
+}
+
+/// The value dtypes the sparse kernels take.
+pub const VALUE_DTYPES: [DType; 4] = [DType::F32, DType::F64, DType::F16, DType::BF16];
+
+impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
+    /// Uploads `host` (already validated by its constructor) to the device of `ctx`.
+    pub fn from_host(ctx: &Context, host: &CsrHost<T, I>) -> Result<Self> {
+        if !VALUE_DTYPES.contains(&T::DTYPE) {
+            return Err(Error::Unsupported(format!(
+                "sparse values of {}; supported: fp32, fp64, fp16, bf16",
+                T::DTYPE
+            )));
+        }
+        host.validate()?;
+        let descriptor = SparseDescriptor::of(host);
+        Ok(CsrMatrix {
+            ctx: ctx.clone(),
+            rows: host.rows,
+            cols: host.cols,
+            offsets_host: host.offsets.clone(),
+            offsets: ctx.upload(&host.offsets)?,
+            indices: upload_nonempty(ctx, &host.indices)?,
+            values: upload_nonempty(ctx, &host.values)?,
+            descriptor,
+            spmv_plan: Mutex::new(None),
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    pub fn nnz(&self) -> usize {
+        self.descriptor.nnz
+    }
+    pub fn descriptor(&self) -> &SparseDescriptor {
+        &self.descriptor
+    }
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+    /// The row offsets (rows + 1 entries), as uploaded.
+    pub fn offsets_host(&self) -> &[I] {
+        &self.offsets_host
+    }
+
+    /// The cached SpMV plan with the default options, made on first use.
+    pub fn spmv_plan(&self) -> Result<Arc<SpmvPlan>> {
+        let mut slot = self.spmv_plan.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = slot.as_ref() {
+            return Ok(p.clone());
+        }
+        let plan = Arc::new(SpmvPlan::new(self, &SpmvOptions::default())?);
+        *slot = Some(plan.clone());
+        Ok(plan)
+    }
+
+    /// `y = alpha * A x + beta * y` with the cached plan (deterministic: bitwise the same
+    /// result every call). `x` has `cols` elements, `y` has `rows`; `beta == 0` does not read
+    /// `y`.
+    pub fn spmv(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
+        self.spmv_plan()?.run(self, alpha, x, beta, y)
+    }
+}
+
+/// Uploads `data`, or allocates one element for an empty slice (a valid, unread pointer).
+fn upload_nonempty<T: Element>(ctx: &Context, data: &[T]) -> Result<DeviceBuffer<T>> {
+    if data.is_empty() {
+        ctx.alloc::<T>(1)
+    } else {
+        ctx.upload(data)
+    }
+}

@@ -1,0 +1,93 @@
+//! Sparse's place in the [registry](crate::registry): SpMV verify and bench cases, the kernel
+//! variants, cuSPARSE baselines and a CPU demonstration.
+
+use std::time::Instant;
+
+use super::descriptor::SparseDescriptor;
+use super::generate::{generate, random_vector, MatrixClass};
+use super::{bench, reference, spmv, verify};
+use crate::error::Result;
+use crate::harness::{Baselines, BenchJob, VerifyJob};
+use crate::registry::Operator;
+use crate::runtime::{Arch, KernelSpec};
+
+pub struct Sparse;
+
+/// The registry entry.
+pub static OPERATOR: Sparse = Sparse;
+
+impl Operator for Sparse {
+    fn name(&self) -> &'static str {
+        "sparse"
+    }
+
+    fn verify_jobs(&self, quick: bool) -> Vec<VerifyJob> {
+        verify::cases(quick)
+            .into_iter()
+            .map(|c| VerifyJob::new(c.name(), c, verify::verify_case))
+            .collect()
+    }
+
+    fn bench_jobs(&self, quick: bool) -> Vec<BenchJob> {
+        bench::cases(quick)
+            .into_iter()
+            .map(|c| {
+                let baseline = Some((c.name(), c.params()));
+                BenchJob::new(c.name(), baseline, c, bench::bench_case)
+            })
+            .collect()
+    }
+
+    fn kernel_specs(&self, _arch: Arch) -> Vec<KernelSpec> {
+        spmv::all_variants().iter().map(|v| v.spec()).collect()
+    }
+
+    fn baselines(&self) -> Option<Baselines> {
+        Some(Baselines {
+            script: "bench_sparse.py",
+            impls: &["torch-csr", "cupy-csr"],
+            in_process: &[],
+        })
+    }
+
+    /// The f64 reference on a few structures: A x against the transposed matrix's A^T-product
+    /// (two independent routes to the same numbers), with each matrix's descriptor.
+    fn cpu_demo(&self, seed: u64) -> Result<bool> {
+        let mut ok = true;
+        for (class, rows, cols) in [
+            (MatrixClass::Uniform { per_row: 16 }, 20000, 20000),
+            (MatrixClass::Banded { diagonals: 9 }, 20000, 20000),
+            (
+                MatrixClass::PowerLaw {
+                    mean: 20.0,
+                    exponent: 2.0,
+                },
+                10000,
+                10000,
+            ),
+            (MatrixClass::TallLeastSquares { per_row: 18 }, 30000, 617),
+        ] {
+            let a = generate::<f64, i32>(class, rows, cols, seed);
+            let x = random_vector(cols, seed ^ 1);
+            let t = Instant::now();
+            let mut y = vec![0.0; rows];
+            reference::spmv(&a, 1.0, &x, 0.0, &mut y);
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            let mut y_t = vec![0.0; rows];
+            reference::spmv_transposed(&a.transpose(), 1.0, &x, 0.0, &mut y_t);
+            let err = y.iter().zip(&y_t).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            let good = err <= 1e-12;
+            ok &= good;
+            println!(
+                "sparse {:<12} {:>8} x {:<6} A x {:8.3} ms, max |A x - (A^T)^T x| {err:.1e} {}\n  {}",
+                class.name(),
+                rows,
+                cols,
+                ms,
+                if good { "ok" } else { "FAIL" },
+                SparseDescriptor::of(&a)
+            );
+        }
+        Ok(ok)
+    }
+}

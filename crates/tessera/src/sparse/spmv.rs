@@ -1,0 +1,366 @@
+//! CSR SpMV, `y = alpha * A x + beta * y`: the plan (which kernels, lanes per row, the long-row
+//! segments) made once per matrix from its row lengths, and the launch (`spmv_csr.cu`).
+//!
+//! Dispatch. Rows of up to `long_threshold` nonzeros go to `spmv_csr_rows`, a group of `lanes`
+//! lanes per row, `lanes` the power of two nearest half the mean length of those rows (clamped
+//! to 1..=32), so each lane takes about two nonzeros per row. Rows longer than the threshold
+//! (32 x that mean, at least 1024) go to `spmv_csr_long_rows`, cut into segments of
+//! [`SEGMENT_NNZ`] nonzeros, one CTA each. Both kernels are deterministic: every row is summed
+//! in one fixed order, so repeated calls give bitwise identical y.
+
+use std::sync::Arc;
+
+use super::device::CsrMatrix;
+use super::index::SparseIndex;
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
+
+/// Source of the SpMV kernels.
+pub const SOURCE: &str = include_str!("spmv_csr.cu");
+/// Threads per CTA of both kernels.
+pub const BLOCK_THREADS: u32 = 256;
+/// Nonzeros per CTA of the long-row kernel.
+pub const SEGMENT_NNZ: usize = 4096;
+/// Rows of more nonzeros than this are always long.
+const MIN_LONG_THRESHOLD: usize = 1024;
+/// Rows of more than this many times the mean short-row length are long.
+const LONG_FACTOR: f64 = 32.0;
+
+/// Tuning knobs for benchmarks and tests; the defaults are the dispatcher's choice.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SpmvTuning {
+    /// Lanes per row of the row kernel (1, 2, 4, 8, 16 or 32); `None`: from the row lengths.
+    pub lanes: Option<u32>,
+    /// Rows of more nonzeros take the long-row kernel; `None`: from the row lengths.
+    /// `Some(usize::MAX)` keeps every row in the row kernel.
+    pub long_threshold: Option<usize>,
+}
+
+/// Options of an SpMV plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SpmvOptions {
+    pub tuning: SpmvTuning,
+}
+
+/// Which kernel variant: its specialisation constants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SpmvVariant {
+    pub value: DType,
+    pub index: DType,
+    /// Lanes per row (row kernel); 0 for the long-row kernel.
+    pub lanes: u32,
+}
+
+impl SpmvVariant {
+    pub fn key(&self) -> KernelKey {
+        let family = if self.lanes == 0 {
+            "spmv_csr_long"
+        } else {
+            "spmv_csr_rows"
+        };
+        KernelKey::new(family)
+            .ty("Val", self.value)
+            .ty("Idx", self.index)
+            .int("kLanes", "l", self.lanes.max(1))
+            .int("kBlockThreads", "t", BLOCK_THREADS)
+            .int("kSegmentNnz", "s", SEGMENT_NNZ as i64)
+    }
+    pub fn spec(&self) -> KernelSpec {
+        let entry = if self.lanes == 0 {
+            "spmv_csr_long_rows"
+        } else {
+            "spmv_csr_rows"
+        };
+        self.key().spec("spmv_csr.cu", SOURCE, entry, &[])
+    }
+}
+
+/// Every variant, for the compile tests and `tessera compile`.
+pub fn all_variants() -> Vec<SpmvVariant> {
+    let mut v = Vec::new();
+    for value in super::device::VALUE_DTYPES {
+        for index in [DType::I32, DType::I64] {
+            for lanes in [0, 1, 2, 4, 8, 16, 32] {
+                v.push(SpmvVariant { value, index, lanes });
+            }
+        }
+    }
+    v
+}
+
+/// `struct SpmvParams` of spmv_csr.cu (112 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct SpmvParams {
+    offsets: u64,
+    indices: u64,
+    values: u64,
+    x: u64,
+    y: u64,
+    rows: i64,
+    long_threshold: i64,
+    alpha: f64,
+    beta: f64,
+    long_rows: u64,
+    segment_row: u64,
+    segment_first: u64,
+    partials: u64,
+    row_done: u64,
+}
+const _: () = assert!(std::mem::size_of::<SpmvParams>() == 112);
+// SAFETY: #[repr(C)], 14 eight-byte fields (pointers as u64, i64, f64) in the order of the
+// kernel's struct, which has the same types (pointers, long long, double).
+unsafe impl KernelParams for SpmvParams {}
+
+/// The long rows and their segments, on the device.
+struct LongRows {
+    count: usize,
+    segments: usize,
+    rows: DeviceBuffer<i64>,
+    segment_row: DeviceBuffer<i32>,
+    segment_first: DeviceBuffer<i32>,
+    /// f64 slots (f32 kernels use the first half of the bytes).
+    partials: DeviceBuffer<f64>,
+    row_done: DeviceBuffer<i32>,
+    kernel: Arc<Kernel>,
+}
+
+/// A planned SpMV for one matrix: made by [`CsrMatrix::spmv_plan`] (cached) or
+/// [`SpmvPlan::new`].
+pub struct SpmvPlan {
+    ctx: Context,
+    value: DType,
+    index: DType,
+    rows: usize,
+    cols: usize,
+    lanes: u32,
+    long_threshold: usize,
+    rows_kernel: Arc<Kernel>,
+    long: Option<LongRows>,
+}
+
+impl std::fmt::Debug for SpmvPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpmvPlan")
+            .field("value", &self.value)
+            .field("index", &self.index)
+            .field("lanes", &self.lanes)
+            .field("long_threshold", &self.long_threshold)
+            .field("long_rows", &self.long.as_ref().map(|l| (l.count, l.segments)))
+            .finish()
+    }
+}
+
+/// (lanes, long threshold) for rows of lengths `lengths`: the threshold from the mean length
+/// (taken twice: first over every row, then over the rows below the first threshold, so a few
+/// huge rows do not inflate it), the lanes from the mean of the rows up to the threshold.
+pub fn choose_shape(lengths: &[usize], tuning: &SpmvTuning) -> (u32, usize) {
+    let mean_upto = |cap: usize| {
+        let (n, s) = lengths
+            .iter()
+            .filter(|&&l| l <= cap)
+            .fold((0usize, 0usize), |(n, s), &l| (n + 1, s + l));
+        if n == 0 {
+            0.0
+        } else {
+            s as f64 / n as f64
+        }
+    };
+    let threshold_for = |mean: f64| ((mean * LONG_FACTOR) as usize).max(MIN_LONG_THRESHOLD);
+    let threshold = tuning
+        .long_threshold
+        .unwrap_or_else(|| threshold_for(mean_upto(threshold_for(mean_upto(usize::MAX)))));
+    let lanes = tuning.lanes.unwrap_or_else(|| {
+        let half = (mean_upto(threshold) / 2.0).max(1.0);
+        // the power of two nearest half the mean (rounded in log2)
+        1 << (half.log2().round().clamp(0.0, 5.0) as u32)
+    });
+    (lanes, threshold)
+}
+
+impl SpmvPlan {
+    /// Plans `y = alpha A x + beta y` for `a`: chooses the kernels from its row lengths,
+    /// compiles them and uploads the long-row segment tables.
+    pub fn new<T: Element, I: SparseIndex>(a: &CsrMatrix<T, I>, opts: &SpmvOptions) -> Result<Self> {
+        if let Some(l) = opts.tuning.lanes {
+            if !(l.is_power_of_two() && l <= 32) {
+                return Err(Error::invalid(
+                    "tuning.lanes",
+                    format!("{l} lanes per row; supported: 1, 2, 4, 8, 16, 32"),
+                ));
+            }
+        }
+        let ctx = a.context().clone();
+        let lengths: Vec<usize> = a
+            .offsets_host()
+            .windows(2)
+            .map(|w| w[1].to_usize() - w[0].to_usize())
+            .collect();
+        let (lanes, long_threshold) = choose_shape(&lengths, &opts.tuning);
+        let variant = SpmvVariant {
+            value: T::DTYPE,
+            index: I::DTYPE,
+            lanes,
+        };
+        let rows_kernel = ctx.kernel(&variant.spec())?;
+
+        let long_list: Vec<usize> = (0..lengths.len()).filter(|&r| lengths[r] > long_threshold).collect();
+        let long = if long_list.is_empty() {
+            None
+        } else {
+            let mut segment_row = Vec::new();
+            let mut segment_first = Vec::with_capacity(long_list.len());
+            for (k, &r) in long_list.iter().enumerate() {
+                segment_first.push(i32_of(segment_row.len(), "long-row segments")?);
+                for _ in 0..lengths[r].div_ceil(SEGMENT_NNZ) {
+                    segment_row.push(i32_of(k, "long rows")?);
+                }
+            }
+            let segments = segment_row.len();
+            let kernel = ctx.kernel(&SpmvVariant { lanes: 0, ..variant }.spec())?;
+            let mut row_done = ctx.alloc::<i32>(long_list.len())?;
+            row_done.fill_bytes(0)?;
+            Some(LongRows {
+                count: long_list.len(),
+                segments,
+                rows: ctx.upload(&long_list.iter().map(|&r| r as i64).collect::<Vec<_>>())?,
+                segment_row: ctx.upload(&segment_row)?,
+                segment_first: ctx.upload(&segment_first)?,
+                partials: ctx.alloc::<f64>(segments)?,
+                row_done,
+                kernel,
+            })
+        };
+        Ok(SpmvPlan {
+            ctx,
+            value: T::DTYPE,
+            index: I::DTYPE,
+            rows: a.rows(),
+            cols: a.cols(),
+            lanes,
+            long_threshold,
+            rows_kernel,
+            long,
+        })
+    }
+
+    /// Lanes per row of the row kernel.
+    pub fn lanes(&self) -> u32 {
+        self.lanes
+    }
+    /// Rows of more nonzeros take the long-row kernel.
+    pub fn long_threshold(&self) -> usize {
+        self.long_threshold
+    }
+    /// Number of long rows and of their segments (CTAs of the long-row kernel).
+    pub fn long_rows(&self) -> (usize, usize) {
+        self.long.as_ref().map_or((0, 0), |l| (l.count, l.segments))
+    }
+    /// A short name of the kernels this plan runs (`rows-l8`, `rows-l4+long`).
+    pub fn path(&self) -> String {
+        let mut s = format!("rows-l{}", self.lanes);
+        if self.long.is_some() {
+            s.push_str("+long");
+        }
+        s
+    }
+
+    /// `y = alpha * A x + beta * y`. `a` must be the matrix the plan was made for (same shape and
+    /// row lengths); `x` has `cols` elements and `y` `rows`.
+    pub fn run<T: Element, I: SparseIndex>(
+        &self,
+        a: &CsrMatrix<T, I>,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        if T::DTYPE != self.value || I::DTYPE != self.index || a.rows() != self.rows || a.cols() != self.cols {
+            return Err(Error::invalid(
+                "matrix",
+                format!(
+                    "a {} x {} {} matrix with {} indices does not match the plan's {} x {} {} with {} indices",
+                    a.rows(),
+                    a.cols(),
+                    T::DTYPE,
+                    I::DTYPE,
+                    self.rows,
+                    self.cols,
+                    self.value,
+                    self.index
+                ),
+            ));
+        }
+        if x.len() < self.cols {
+            return Err(Error::invalid(
+                "x",
+                format!("{} elements; the matrix has {} columns", x.len(), self.cols),
+            ));
+        }
+        if y.len() < self.rows {
+            return Err(Error::invalid(
+                "y",
+                format!("{} elements; the matrix has {} rows", y.len(), self.rows),
+            ));
+        }
+        if !alpha.is_finite() || !beta.is_finite() {
+            return Err(Error::invalid(
+                "alpha/beta",
+                format!("must be finite, got {alpha} and {beta}"),
+            ));
+        }
+        if self.rows == 0 {
+            return Ok(());
+        }
+        let mut params = SpmvParams {
+            offsets: a.offsets.device_ptr(),
+            indices: a.indices.device_ptr(),
+            values: a.values.device_ptr(),
+            x: x.device_ptr(),
+            y: y.device_ptr(),
+            rows: self.rows as i64,
+            long_threshold: self.long_threshold.min(i64::MAX as usize) as i64,
+            alpha,
+            beta,
+            long_rows: 0,
+            segment_row: 0,
+            segment_first: 0,
+            partials: 0,
+            row_done: 0,
+        };
+        let rows_per_cta = (BLOCK_THREADS / self.lanes) as usize;
+        let grid = u32::try_from(self.rows.div_ceil(rows_per_cta))
+            .map_err(|_| Error::Unsupported(format!("{} rows: more CTAs than a grid holds", self.rows)))?;
+        // SAFETY: the buffers belong to `a`, which matches the plan (checked above): offsets has
+        // rows + 1 entries, indices and values its nnz (at least 1 element allocated), every
+        // index is in 0..cols (validated on construction) and x has >= cols elements, y >= rows;
+        // each row is written by one lane only. SpmvParams mirrors the kernel's struct.
+        unsafe {
+            self.rows_kernel
+                .launch(&self.ctx, LaunchConfig::linear(grid, BLOCK_THREADS, 0), &params)?
+        };
+        if let Some(l) = &self.long {
+            params.long_rows = l.rows.device_ptr();
+            params.segment_row = l.segment_row.device_ptr();
+            params.segment_first = l.segment_first.device_ptr();
+            params.partials = l.partials.device_ptr();
+            params.row_done = l.row_done.device_ptr();
+            // SAFETY: as above; the segment tables were built from the same row offsets (one
+            // entry per long row, one per segment), partials has one slot per segment and
+            // row_done one zeroed counter per long row, which the last CTA of each row resets.
+            unsafe {
+                l.kernel.launch(
+                    &self.ctx,
+                    LaunchConfig::linear(l.segments as u32, BLOCK_THREADS, 0),
+                    &params,
+                )?
+            };
+        }
+        Ok(())
+    }
+}
+
+fn i32_of(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Unsupported(format!("more than 2^31 {what}")))
+}

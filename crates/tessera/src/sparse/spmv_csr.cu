@@ -1,0 +1,188 @@
+// spmv_csr.cu: y = alpha * A x + beta * y for a CSR matrix A (rows x cols), deterministic.
+//
+// What. Every row's sum is formed in one fixed order (independent of timing and of the grid),
+// so y is bitwise reproducible run to run: a row is split over the lanes of its group in a
+// fixed interleave, the lanes' partial sums meet in a fixed butterfly, and a long row's segment
+// sums are added in segment order by whichever CTA finishes that row last. beta == 0 means y is
+// not read (NaN in y is overwritten), as BLAS. Values Val (float, double, ts::f16, ts::bf16),
+// x and y of the same type; products and sums in Acc (double for double values, else float).
+//
+// Layout. offsets[rows + 1], indices[nnz] (Idx: int or long long; columns in 0..cols, any
+// order within a row), values[nnz] Val; x[cols], y[rows] contiguous.
+//
+// Work mapping. Two kernels, chosen by the plan (sparse/spmv.rs) from the row lengths:
+//   spmv_csr_rows: a group of kLanes lanes (1..32, a power of two) per row, kBlockThreads / kLanes
+//     rows per CTA, grid = ceil(rows / rows per CTA). Lane l takes nonzeros start + l,
+//     start + l + kLanes, ... (consecutive lanes read consecutive indices and values), two at a
+//     time for loads in flight; the group reduces with shuffles and its lane 0 writes y. Rows
+//     longer than p.long_threshold are skipped: they belong to the second kernel.
+//   spmv_csr_long_rows: the long rows cut into segments of kSegmentNnz nonzeros, one CTA per
+//     segment (grid = segments). The CTA reduces its segment (warp shuffles, then the warps'
+//     sums in shared memory, in warp order) into partials[segment]; the last CTA of its row to
+//     finish (a per-row counter, reset by that CTA for the next call: no memset per call, CUDA
+//     graph safe) adds the row's partials in segment order and writes y.
+// Shared memory: kBlockThreads / 32 Acc (long-row kernel only).
+//
+// Roofline. Memory bound: each nonzero moves sizeof(Val) + sizeof(Idx) bytes once and gathers
+// one x element (from L2 when x fits there); offsets and y once per row. Index and value loads
+// are streaming (evict-first: read once); x loads go through the read-only path (reused).
+#include "tessera/dtype.cuh"
+
+#ifndef TS_GENERATED_PREAMBLE
+using Val = float;
+using Idx = int;
+constexpr int kLanes = 8;
+constexpr int kBlockThreads = 256;
+constexpr int kSegmentNnz = 4096;
+#endif
+
+using Acc = ts::conditional_t<ts::is_same_v<Val, double>, double, float>;
+
+struct SpmvParams {
+  const Idx* offsets;
+  const Idx* indices;
+  const Val* values;
+  const Val* x;
+  Val* y;
+  long long rows;
+  long long long_threshold;  // rows of more nonzeros are the long-row kernel's
+  double alpha;
+  double beta;
+  // long-row kernel only
+  const long long* long_rows;     // [long_count] row index of each long row
+  const int* segment_row;         // [segments] index into long_rows of each segment
+  const int* segment_first;       // [long_count] first segment of each long row
+  Acc* partials;                  // [segments]
+  unsigned int* row_done;         // [long_count] segments finished; 0 between calls
+};
+
+namespace {
+
+TS_DEVICE Acc to_acc(double v) { return (Acc)v; }
+TS_DEVICE Acc to_acc(float v) { return v; }
+TS_DEVICE Acc to_acc(ts::f16 v) { return ts::to_float(v); }
+TS_DEVICE Acc to_acc(ts::bf16 v) { return ts::to_float(v); }
+
+template <class V>
+TS_DEVICE V from_acc(Acc v) {
+  if constexpr (ts::is_same_v<V, double> || ts::is_same_v<V, float>) return (V)v;
+  else return ts::from_float<V>(v);
+}
+
+/// A streaming (read-once) load: evict-first in L1 and L2.
+template <class T>
+TS_DEVICE T load_stream(const T* p) {
+  return __ldcs(p);
+}
+TS_DEVICE ts::f16 load_stream(const ts::f16* p) {
+  ts::f16 v;
+  v.bits = __ldcs(reinterpret_cast<const unsigned short*>(p));
+  return v;
+}
+TS_DEVICE ts::bf16 load_stream(const ts::bf16* p) {
+  ts::bf16 v;
+  v.bits = __ldcs(reinterpret_cast<const unsigned short*>(p));
+  return v;
+}
+
+/// x[col] through the read-only data path (x is gathered, often more than once).
+template <class V>
+TS_DEVICE Acc load_x(const V* x, Idx col) {
+  if constexpr (ts::is_same_v<V, double> || ts::is_same_v<V, float>) return (Acc)__ldg(x + col);
+  else {
+    V v;
+    v.bits = __ldg(reinterpret_cast<const unsigned short*>(x) + col);
+    return to_acc(v);
+  }
+}
+
+/// The lanes of this thread's group of kWidth (a power of two <= 32, aligned in its warp): the
+/// only lanes its shuffles name, so groups that returned early are never waited for.
+template <int kWidth>
+TS_DEVICE unsigned int group_mask() {
+  if constexpr (kWidth >= 32) return 0xffffffffu;
+  else return ((1u << kWidth) - 1u) << ((threadIdx.x % 32) & ~(kWidth - 1));
+}
+
+/// Sum over the kWidth lanes of a group (every lane gets it), butterfly order.
+template <int kWidth>
+TS_DEVICE Acc group_sum(Acc v) {
+  const unsigned int mask = group_mask<kWidth>();
+#pragma unroll
+  for (int m = kWidth / 2; m > 0; m /= 2) v += __shfl_xor_sync(mask, v, m);
+  return v;
+}
+
+/// The dot product of row entries [begin, end) with x, lane `lane` of a group of `kWidth`,
+/// two nonzeros per step for loads in flight (two accumulators, added at the end: a fixed order).
+template <int kWidth>
+TS_DEVICE Acc lane_dot(const SpmvParams& p, long long begin, long long end, int lane) {
+  Acc a0 = 0, a1 = 0;
+  long long j = begin + lane;
+  for (; j + kWidth < end; j += 2 * kWidth) {
+    const Idx c0 = load_stream(p.indices + j);
+    const Idx c1 = load_stream(p.indices + j + kWidth);
+    const Val v0 = load_stream(p.values + j);
+    const Val v1 = load_stream(p.values + j + kWidth);
+    a0 += to_acc(v0) * load_x(p.x, c0);
+    a1 += to_acc(v1) * load_x(p.x, c1);
+  }
+  if (j < end) a0 += to_acc(load_stream(p.values + j)) * load_x(p.x, load_stream(p.indices + j));
+  return a0 + a1;
+}
+
+/// y[row] = alpha * sum + beta * y[row] (y not read when beta == 0).
+TS_DEVICE void write_y(const SpmvParams& p, long long row, Acc sum) {
+  Acc out = to_acc(p.alpha) * sum;
+  if (p.beta != 0.0) out += to_acc(p.beta) * to_acc(p.y[row]);
+  p.y[row] = from_acc<Val>(out);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_rows(const __grid_constant__ SpmvParams p) {
+  constexpr int kRowsPerCta = kBlockThreads / kLanes;
+  const long long row = (long long)blockIdx.x * kRowsPerCta + threadIdx.x / kLanes;
+  const int lane = threadIdx.x % kLanes;
+  // Every lane of a group takes the same branch; groups never straddle warps (kLanes | 32).
+  if (row >= p.rows) return;
+  const long long begin = (long long)p.offsets[row];
+  const long long end = (long long)p.offsets[row + 1];
+  if (end - begin > p.long_threshold) return;
+  const Acc sum = group_sum<kLanes>(lane_dot<kLanes>(p, begin, end, lane));
+  if (lane == 0) write_y(p, row, sum);
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_long_rows(const __grid_constant__ SpmvParams p) {
+  __shared__ Acc warp_sums[kBlockThreads / 32];
+  const int segment = blockIdx.x;
+  const int k = p.segment_row[segment];
+  const long long row = p.long_rows[k];
+  const long long row_begin = (long long)p.offsets[row];
+  const long long row_end = (long long)p.offsets[row + 1];
+  const int first = p.segment_first[k];
+  const long long begin = row_begin + (long long)(segment - first) * kSegmentNnz;
+  const long long end = begin + kSegmentNnz < row_end ? begin + kSegmentNnz : row_end;
+
+  const Acc mine = group_sum<32>(lane_dot<kBlockThreads>(p, begin, end, threadIdx.x));
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = mine;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Acc s = 0;
+#pragma unroll
+    for (int w = 0; w < kBlockThreads / 32; ++w) s += warp_sums[w];
+    p.partials[segment] = s;
+    // Publish the partial before counting this segment done (release), and read the others'
+    // only after seeing the count complete (acquire).
+    __threadfence();
+    const int segments = (int)((row_end - row_begin + kSegmentNnz - 1) / kSegmentNnz);
+    const unsigned int done = atomicAdd(p.row_done + k, 1u) + 1u;
+    if (done == (unsigned int)segments) {
+      __threadfence();
+      Acc total = 0;
+      for (int s2 = 0; s2 < segments; ++s2) total += *(volatile Acc*)(p.partials + first + s2);
+      write_y(p, row, total);
+      p.row_done[k] = 0;  // ready for the next call (stream order separates calls)
+    }
+  }
+}
