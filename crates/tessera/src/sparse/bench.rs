@@ -12,6 +12,7 @@ use super::generate::{random_vector, try_generate, MatrixClass};
 use super::host::CsrHost;
 use super::index::SparseIndex;
 use super::reference;
+use super::spmv::{SpmvOptions, SpmvPlan, SpmvTuning};
 use crate::check::{compare, to_f64_vec};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -121,6 +122,16 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
     ]
 }
 
+/// Benchmark knobs (read here only, never by the library): `TESSERA_SPMV_LANES=1..32` forces
+/// the lanes per row, `TESSERA_SPMV_LONG=N` the long-row threshold.
+pub fn tuning_from_env() -> SpmvTuning {
+    let num = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<usize>().ok());
+    SpmvTuning {
+        lanes: num("TESSERA_SPMV_LANES").map(|l| l as u32),
+        long_threshold: num("TESSERA_SPMV_LONG"),
+    }
+}
+
 /// Bytes one SpMV moves at least: values, indices, offsets, x and y once each (beta = 0).
 pub fn bytes<T: Element, I: SparseIndex>(a: &CsrHost<T, I>) -> usize {
     let (v, i) = (T::DTYPE.size(), I::DTYPE.size());
@@ -144,7 +155,8 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         .collect();
     let dx = ctx.upload(&x)?;
     let mut dy = ctx.alloc::<T>(host.rows.max(1))?;
-    a.spmv(1.0, &dx, 0.0, &mut dy)?;
+    let plan = SpmvPlan::new(&a, &SpmvOptions { tuning: tuning_from_env() })?;
+    plan.run(&a, 1.0, &dx, 0.0, &mut dy)?;
     let got = to_f64_vec(&dy.to_host()?[..host.rows]);
     let mut want = vec![0.0; host.rows];
     reference::spmv(&host, 1.0, &to_f64_vec(&x), 0.0, &mut want);
@@ -155,7 +167,6 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
             case.name()
         )));
     }
-    let plan = a.spmv_plan()?;
     let t = time_median(ctx, timing, |_| plan.run(&a, 1.0, &dx, 0.0, &mut dy))?;
     Ok(BenchOutcome {
         case: case.name(),
