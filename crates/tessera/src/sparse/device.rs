@@ -105,6 +105,22 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
     }
 }
 
+impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
+    /// `C = alpha * A B + beta * C` for dense B (`cols x n`) and C (`rows x n`), both packed in
+    /// `layout` (deterministic). Plans on each call (a kernel lookup, no allocation).
+    pub fn spmm(
+        &self,
+        alpha: f64,
+        b: &DeviceBuffer<T>,
+        n: usize,
+        layout: super::host::DenseLayout,
+        beta: f64,
+        c: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        super::spmm::SpmmPlan::new(self, n, layout)?.run(self, alpha, b, beta, c)
+    }
+}
+
 /// Uploads `data`, or allocates one element for an empty slice (a valid, unread pointer).
 fn upload_nonempty<T: Element>(ctx: &Context, data: &[T]) -> Result<DeviceBuffer<T>> {
     if data.is_empty() {

@@ -21,6 +21,7 @@ mod operator;
 #[cfg(feature = "harness")]
 pub mod reference;
 mod row_ranges;
+pub mod spmm;
 pub mod spmv;
 #[cfg(feature = "harness")]
 pub mod verify;
@@ -43,4 +44,5 @@ pub use index::SparseIndex;
 pub use mtx::{parse_mtx, read_mtx, read_mtx_csr, write_mtx, MtxField, MtxHeader, MtxSymmetry};
 #[cfg(feature = "harness")]
 pub use operator::OPERATOR;
+pub use spmm::SpmmPlan;
 pub use spmv::{SpmvOptions, SpmvPlan, SpmvTuning};

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::descriptor::SparseDescriptor;
 use super::generate::{generate, random_vector, MatrixClass};
-use super::{bench, reference, spmv, verify};
+use super::{bench, reference, spmm, spmv, verify};
 use crate::error::Result;
 use crate::harness::{Baselines, BenchJob, VerifyJob};
 use crate::registry::Operator;
@@ -22,10 +22,13 @@ impl Operator for Sparse {
     }
 
     fn verify_jobs(&self, quick: bool) -> Vec<VerifyJob> {
-        verify::cases(quick)
+        let spmv = verify::cases(quick)
             .into_iter()
-            .map(|c| VerifyJob::new(c.name(), c, verify::verify_case))
-            .collect()
+            .map(|c| VerifyJob::new(c.name(), c, verify::verify_case));
+        let spmm = verify::spmm_cases(quick)
+            .into_iter()
+            .map(|c| VerifyJob::new(c.name(), c, verify::verify_spmm_case));
+        spmv.chain(spmm).collect()
     }
 
     fn bench_jobs(&self, quick: bool) -> Vec<BenchJob> {
@@ -39,7 +42,8 @@ impl Operator for Sparse {
     }
 
     fn kernel_specs(&self, _arch: Arch) -> Vec<KernelSpec> {
-        spmv::all_variants().iter().map(|v| v.spec()).collect()
+        let spmv = spmv::all_variants().into_iter().map(|v| v.spec());
+        spmv.chain(spmm::all_variants().into_iter().map(|v| v.spec())).collect()
     }
 
     fn baselines(&self) -> Option<Baselines> {
