@@ -23,6 +23,7 @@ pub mod reference;
 mod row_ranges;
 pub mod spmm;
 pub mod spmv;
+pub mod spmv_transposed;
 #[cfg(feature = "harness")]
 pub mod verify;
 
@@ -46,3 +47,4 @@ pub use mtx::{parse_mtx, read_mtx, read_mtx_csr, write_mtx, MtxField, MtxHeader,
 pub use operator::OPERATOR;
 pub use spmm::SpmmPlan;
 pub use spmv::{SpmvOptions, SpmvPlan, SpmvTuning};
+pub use spmv_transposed::SpmvTransposedPlan;

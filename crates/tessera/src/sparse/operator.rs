@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::descriptor::SparseDescriptor;
 use super::generate::{generate, random_vector, MatrixClass};
-use super::{bench, reference, spmm, spmv, verify};
+use super::{bench, reference, spmm, spmv, spmv_transposed, verify};
 use crate::error::Result;
 use crate::harness::{Baselines, BenchJob, VerifyJob};
 use crate::registry::Operator;
@@ -28,7 +28,10 @@ impl Operator for Sparse {
         let spmm = verify::spmm_cases(quick)
             .into_iter()
             .map(|c| VerifyJob::new(c.name(), c, verify::verify_spmm_case));
-        spmv.chain(spmm).collect()
+        let transposed = verify::transposed_cases(quick)
+            .into_iter()
+            .map(|c| VerifyJob::new(c.name(), c, verify::verify_transposed_case));
+        spmv.chain(spmm).chain(transposed).collect()
     }
 
     fn bench_jobs(&self, quick: bool) -> Vec<BenchJob> {
@@ -43,7 +46,10 @@ impl Operator for Sparse {
 
     fn kernel_specs(&self, _arch: Arch) -> Vec<KernelSpec> {
         let spmv = spmv::all_variants().into_iter().map(|v| v.spec());
-        spmv.chain(spmm::all_variants().into_iter().map(|v| v.spec())).collect()
+        let transposed = spmv_transposed::all_variants().into_iter().map(|v| v.spec());
+        spmv.chain(spmm::all_variants().into_iter().map(|v| v.spec()))
+            .chain(transposed)
+            .collect()
     }
 
     fn baselines(&self) -> Option<Baselines> {

@@ -1,4 +1,4 @@
-//! `tessera verify sparse`: SpMV and SpMM on the GPU against the f64 reference, on fresh random matrices
+//! `tessera verify sparse`: SpMV, SpMM and A^T x without a copy on the GPU against the f64 reference, on fresh random matrices
 //! of every structure class (uniform, banded, power-law rows, empty rows, one dense row, a few
 //! very long rows, tall least-squares; 1 x n, n x 1, nnz = 0), every value dtype, both index
 //! types, several (alpha, beta) pairs and forced kernel shapes. Each case also runs twice and
@@ -14,6 +14,7 @@ use super::index::SparseIndex;
 use super::reference;
 use super::spmm::SpmmPlan;
 use super::spmv::{SpmvOptions, SpmvPlan, SpmvTuning};
+use super::spmv_transposed::SpmvTransposedPlan;
 use crate::check::{compare, to_f64_vec};
 use crate::dtype::{DType, Element};
 use crate::error::Result;
@@ -385,6 +386,134 @@ fn run_spmm<T: Element, I: SparseIndex>(ctx: &Context, case: &SpmmCase, seed: u6
         comparison,
         budget,
         note,
+        skipped: None,
+    })
+}
+
+/// One case of `y = alpha A^T x + beta y` without a transposed copy (atomic: compared with the
+/// reference within the dtype's budget, not bitwise between runs).
+#[derive(Clone, Debug)]
+pub struct TransposedCase {
+    pub class: MatrixClass,
+    pub rows: usize,
+    pub cols: usize,
+    pub value: DType,
+    pub index: DType,
+    pub alpha: f64,
+    pub beta: f64,
+}
+
+impl TransposedCase {
+    pub fn name(&self) -> String {
+        format!(
+            "spmv A^T (no copy) {} {} {}x{} {} idx alpha {} beta {}",
+            self.class.name(),
+            self.value,
+            self.rows,
+            self.cols,
+            self.index,
+            self.alpha,
+            self.beta
+        )
+    }
+    pub fn params(&self) -> Value {
+        json!({
+            "class": self.class.name(), "rows": self.rows, "cols": self.cols,
+            "dtype": self.value.name(), "index": self.index.name(),
+            "alpha": self.alpha, "beta": self.beta, "transposed": true,
+        })
+    }
+}
+
+/// Transposed cases: tall, wide, power-law, empty rows, nnz = 0; fp32 and fp64.
+pub fn transposed_cases(quick: bool) -> Vec<TransposedCase> {
+    let shapes: [(MatrixClass, usize, usize); 5] = [
+        (MatrixClass::TallLeastSquares { per_row: 18 }, 30011, 617),
+        (MatrixClass::Uniform { per_row: 5 }, 700, 20011),
+        (
+            MatrixClass::PowerLaw {
+                mean: 20.0,
+                exponent: 2.0,
+            },
+            10007,
+            10007,
+        ),
+        (
+            MatrixClass::EmptyRows {
+                fraction: 0.5,
+                per_row: 7,
+            },
+            3001,
+            2999,
+        ),
+        (MatrixClass::Uniform { per_row: 0 }, 100, 300),
+    ];
+    let mut out = Vec::new();
+    for (i, &(class, rows, cols)) in shapes.iter().enumerate() {
+        if quick && i > 0 {
+            break;
+        }
+        for (j, value) in [DType::F32, DType::F64].into_iter().enumerate() {
+            let (alpha, beta) = [(1.0, 0.0), (-0.5, 2.0), (1.5, -1.0)][(i + j) % 3];
+            out.push(TransposedCase {
+                class,
+                rows,
+                cols,
+                value,
+                index: if (i + j) % 2 == 0 { DType::I32 } else { DType::I64 },
+                alpha,
+                beta,
+            });
+        }
+    }
+    out
+}
+
+pub fn verify_transposed_case(ctx: &Context, case: &TransposedCase, seed: u64) -> Result<VerifyOutcome> {
+    crate::dispatch_float!("sparse A^T verify"; case.value, [F32, F64], |T| {
+        match case.index {
+            DType::I32 => run_transposed::<T, i32>(ctx, case, seed),
+            _ => run_transposed::<T, i64>(ctx, case, seed),
+        }
+    })
+}
+
+fn run_transposed<T: Element, I: SparseIndex>(
+    ctx: &Context,
+    case: &TransposedCase,
+    seed: u64,
+) -> Result<VerifyOutcome> {
+    let host = try_generate::<T, I>(case.class, case.rows, case.cols, seed)?;
+    let x: Vec<T> = random_vector(case.rows, seed ^ 0x5eed)
+        .into_iter()
+        .map(T::from_f64)
+        .collect();
+    let y0: Vec<T> = if case.beta == 0.0 {
+        vec![T::from_f64(f64::NAN); case.cols]
+    } else {
+        random_vector(case.cols, seed ^ 0xbeef)
+            .into_iter()
+            .map(T::from_f64)
+            .collect()
+    };
+    let mut want = to_f64_vec(&y0);
+    reference::spmv_transposed(&host, case.alpha, &to_f64_vec(&x), case.beta, &mut want);
+    let a = CsrMatrix::from_host(ctx, &host)?;
+    let plan = SpmvTransposedPlan::new(&a)?;
+    let dx = upload_nonempty(ctx, &x)?;
+    let mut dy = upload_nonempty(ctx, &y0)?;
+    plan.run(&a, case.alpha, &dx, case.beta, &mut dy)?;
+    let got = to_f64_vec(&dy.to_host()?[..case.cols]);
+    let comparison = compare(&got, &want, 0.0, 0.0);
+    let budget = T::DTYPE.rel_l2_budget().max(1e-12);
+    Ok(VerifyOutcome {
+        case: case.name(),
+        params: case.params(),
+        path: "scatter".into(),
+        passed: comparison.passes(budget),
+        comparison,
+        budget,
+        note: None,
         skipped: None,
     })
 }
