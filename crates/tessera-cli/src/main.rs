@@ -91,6 +91,11 @@ enum Command {
         /// baseline in a slow or fast spell of the board's power management.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
         rounds: u32,
+        /// A Matrix Market file (`.mtx`) for the operators that take a matrix (sparse): they
+        /// benchmark it (and its transpose) instead of their synthetic matrices. Passed to them
+        /// as TESSERA_BENCH_MATRIX.
+        #[arg(long)]
+        matrix: Option<PathBuf>,
         /// Time short bursts from a rested board (a 2 s idle, 20 ms of warm-up, 7 groups of
         /// ~2 ms), as triton's do_bench and most published numbers do, instead of the default
         /// sustained state (500 ms of warm-up first, so the board's power cap has acted). Ours
@@ -148,8 +153,17 @@ fn main() -> ExitCode {
             seed,
             rounds,
             burst,
+            matrix,
             device,
         }) => {
+            if let Some(m) = &matrix {
+                if !m.is_file() {
+                    eprintln!("tessera: --matrix {}: no such file", m.display());
+                    std::process::exit(2);
+                }
+                // read by the operators' bench cases (crates/tessera/src/sparse/bench.rs)
+                std::env::set_var("TESSERA_BENCH_MATRIX", m);
+            }
             let args = BenchArgs {
                 ops,
                 quick,

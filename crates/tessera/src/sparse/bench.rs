@@ -19,10 +19,30 @@ use crate::error::{Error, Result};
 use crate::harness::BenchOutcome;
 use crate::runtime::{time_median, Context, TimingOptions};
 
+/// Where a benchmark matrix comes from.
+#[derive(Clone, Debug)]
+pub enum MatrixSource {
+    /// A seeded random matrix of a structure class.
+    Generated(MatrixClass),
+    /// A Matrix Market file (`tessera bench sparse --matrix A.mtx`).
+    File(std::path::PathBuf),
+}
+
+impl MatrixSource {
+    fn name(&self) -> String {
+        match self {
+            MatrixSource::Generated(c) => c.name(),
+            MatrixSource::File(p) => p
+                .file_stem()
+                .map_or("matrix".into(), |s| s.to_string_lossy().into_owned()),
+        }
+    }
+}
+
 /// One SpMV benchmark case.
 #[derive(Clone, Debug)]
 pub struct BenchCase {
-    pub class: MatrixClass,
+    pub source: MatrixSource,
     pub rows: usize,
     pub cols: usize,
     pub value: DType,
@@ -34,7 +54,7 @@ impl BenchCase {
     pub fn name(&self) -> String {
         format!(
             "spmv {}{} {}x{} {}",
-            self.class.name(),
+            self.source.name(),
             if self.transposed { " A^T" } else { "" },
             self.rows,
             self.cols,
@@ -49,17 +69,36 @@ impl BenchCase {
     }
     pub fn params(&self) -> Value {
         json!({
-            "class": self.class.name(), "rows": self.rows, "cols": self.cols,
+            "class": self.source.name(), "rows": self.rows, "cols": self.cols,
             "dtype": self.value.name(), "index": "i32", "transposed": self.transposed,
             "matrix": self.matrix_stem(),
         })
     }
 }
 
-/// The benchmark cases (`quick`: two small ones).
+/// The benchmark cases (`quick`: two small ones). With `TESSERA_BENCH_MATRIX=A.mtx` (`tessera
+/// bench sparse --matrix A.mtx`): that matrix and its transpose, fp32 and fp64.
 pub fn cases(quick: bool) -> Vec<BenchCase> {
+    if let Some(path) = std::env::var_os("TESSERA_BENCH_MATRIX") {
+        let path = std::path::PathBuf::from(path);
+        // a bad file reports its read error when the case runs
+        let (rows, cols) = super::mtx::read_mtx_header_shape(&path).unwrap_or_default();
+        let mut out = Vec::new();
+        for value in [DType::F32, DType::F64] {
+            for transposed in [false, true] {
+                out.push(BenchCase {
+                    source: MatrixSource::File(path.clone()),
+                    rows,
+                    cols,
+                    value,
+                    transposed,
+                });
+            }
+        }
+        return out;
+    }
     let m = |class, rows, cols, value, transposed| BenchCase {
-        class,
+        source: MatrixSource::Generated(class),
         rows,
         cols,
         value,
@@ -143,7 +182,10 @@ pub fn bench_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpti
 }
 
 fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    let mut host = try_generate::<T, i32>(case.class, case.rows, case.cols, seed)?;
+    let mut host: CsrHost<T, i32> = match &case.source {
+        MatrixSource::Generated(class) => try_generate::<T, i32>(*class, case.rows, case.cols, seed)?,
+        MatrixSource::File(path) => super::mtx::read_mtx_csr::<T, i32>(path)?,
+    };
     if case.transposed {
         host = host.transpose();
     }

@@ -547,3 +547,37 @@ fn parse_decimal(token: &str) -> Option<u64> {
     }
     Some(token.bytes().fold(0, |acc, b| acc * 10 + u64::from(b - b'0')))
 }
+
+/// The `(rows, cols)` of a Matrix Market file from its size line, reading only the lines before
+/// it (for naming and sizing work before the whole file is parsed).
+pub fn read_mtx_header_shape(path: &Path) -> Result<(usize, usize)> {
+    use std::io::BufRead;
+    let io = |source| Error::Io {
+        context: format!("reading Matrix Market file {}", path.display()),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(io)?;
+        let t = line.trim();
+        if n == 0 || t.is_empty() || t.starts_with('%') {
+            continue;
+        }
+        let mut it = t.split_whitespace().map(|w| w.parse::<usize>());
+        return match (it.next(), it.next()) {
+            (Some(Ok(r)), Some(Ok(c))) => Ok((r, c)),
+            _ => Err(Error::invalid(
+                "path",
+                format!(
+                    "{}: line {}: expected the size line `rows cols entries`, found `{t}`",
+                    path.display(),
+                    n + 1
+                ),
+            )),
+        };
+    }
+    Err(Error::invalid(
+        "path",
+        format!("{}: the file ends before the size line", path.display()),
+    ))
+}

@@ -343,3 +343,20 @@ fn mtx_large_file_timing() {
     drop(coo);
     assert_eq!(b.unwrap_or_else(|e| panic!("{e}")).nnz(), a.nnz());
 }
+
+#[test]
+fn header_shape_reads_only_the_size_line() {
+    let dir = std::env::temp_dir().join(format!("tessera-mtx-shape-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("a.mtx");
+    std::fs::write(
+        &p,
+        "%%MatrixMarket matrix coordinate real general\n% c\n\n 7 5 2\n1 1 1.0\n7 5 2.0\n",
+    )
+    .unwrap();
+    assert_eq!(super::mtx::read_mtx_header_shape(&p).unwrap(), (7, 5));
+    std::fs::write(&p, "%%MatrixMarket matrix coordinate real general\nx y z\n").unwrap();
+    let e = super::mtx::read_mtx_header_shape(&p).unwrap_err().to_string();
+    assert!(e.contains("line 2"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
