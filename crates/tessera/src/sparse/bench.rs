@@ -162,12 +162,14 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
 }
 
 /// Benchmark knobs (read here only, never by the library): `TESSERA_SPMV_LANES=1..32` forces
-/// the lanes per row, `TESSERA_SPMV_LONG=N` the long-row threshold.
+/// the lanes per row, `TESSERA_SPMV_LONG=N` the long-row threshold, `TESSERA_SPMV_BINNED=1` the
+/// binned kernel.
 pub fn tuning_from_env() -> SpmvTuning {
     let num = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<usize>().ok());
     SpmvTuning {
         lanes: num("TESSERA_SPMV_LANES").map(|l| l as u32),
         long_threshold: num("TESSERA_SPMV_LONG"),
+        binned: std::env::var("TESSERA_SPMV_BINNED").is_ok_and(|v| v.trim() == "1"),
     }
 }
 

@@ -89,6 +89,7 @@ pub fn choose_variant(value: DType, index: DType, n: usize, layout: DenseLayout,
                 &SpmvTuning {
                     lanes: None,
                     long_threshold: Some(usize::MAX),
+                    binned: false,
                 },
             );
             SpmmVariant {

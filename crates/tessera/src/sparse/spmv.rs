@@ -35,6 +35,9 @@ pub struct SpmvTuning {
     /// Rows of more nonzeros take the long-row kernel; `None`: from the row lengths.
     /// `Some(usize::MAX)` keeps every row in the row kernel.
     pub long_threshold: Option<usize>,
+    /// Bin the short rows by length (2-32 lanes per row by length, one launch). Opt-in until
+    /// measured; `lanes` is ignored with it.
+    pub binned: bool,
 }
 
 /// Options of an SpMV plan.
@@ -48,29 +51,42 @@ pub struct SpmvOptions {
 pub struct SpmvVariant {
     pub value: DType,
     pub index: DType,
-    /// Lanes per row (row kernel); 0 for the long-row kernel.
+    /// Lanes per row (row kernel); 0 for the long-row kernel, [`BINNED`] for the binned one.
     pub lanes: u32,
+}
+
+/// [`SpmvVariant::lanes`] of the binned kernel.
+pub const BINNED: u32 = u32::MAX;
+/// Lanes per row of the binned kernel's bins.
+pub const BIN_LANES: [u32; 5] = [2, 4, 8, 16, 32];
+
+/// The bin of a row of `len` nonzeros: about four per lane.
+pub fn bin_of(len: usize) -> usize {
+    BIN_LANES
+        .iter()
+        .position(|&l| len <= 4 * l as usize)
+        .unwrap_or(BIN_LANES.len() - 1)
 }
 
 impl SpmvVariant {
     pub fn key(&self) -> KernelKey {
-        let family = if self.lanes == 0 {
-            "spmv_csr_long"
-        } else {
-            "spmv_csr_rows"
+        let family = match self.lanes {
+            0 => "spmv_csr_long",
+            BINNED => "spmv_csr_binned",
+            _ => "spmv_csr_rows",
         };
         KernelKey::new(family)
             .ty("Val", self.value)
             .ty("Idx", self.index)
-            .int("kLanes", "l", self.lanes.max(1))
+            .int("kLanes", "l", self.lanes.clamp(1, 32))
             .int("kBlockThreads", "t", BLOCK_THREADS)
             .int("kSegmentNnz", "s", SEGMENT_NNZ as i64)
     }
     pub fn spec(&self) -> KernelSpec {
-        let entry = if self.lanes == 0 {
-            "spmv_csr_long_rows"
-        } else {
-            "spmv_csr_rows"
+        let entry = match self.lanes {
+            0 => "spmv_csr_long_rows",
+            BINNED => "spmv_csr_binned",
+            _ => "spmv_csr_rows",
         };
         self.key().spec("spmv_csr.cu", SOURCE, entry, &[])
     }
@@ -81,7 +97,7 @@ pub fn all_variants() -> Vec<SpmvVariant> {
     let mut v = Vec::new();
     for value in super::device::VALUE_DTYPES {
         for index in [DType::I32, DType::I64] {
-            for lanes in [0, 1, 2, 4, 8, 16, 32] {
+            for lanes in [0, 1, 2, 4, 8, 16, 32, BINNED] {
                 v.push(SpmvVariant { value, index, lanes });
             }
         }
@@ -107,10 +123,13 @@ struct SpmvParams {
     segment_first: u64,
     partials: u64,
     row_done: u64,
+    bin_rows: u64,
+    bin_first_cta: [i32; 6],
+    bin_first_row: [i32; 6],
 }
-const _: () = assert!(std::mem::size_of::<SpmvParams>() == 112);
-// SAFETY: #[repr(C)], 14 eight-byte fields (pointers as u64, i64, f64) in the order of the
-// kernel's struct, which has the same types (pointers, long long, double).
+const _: () = assert!(std::mem::size_of::<SpmvParams>() == 168);
+// SAFETY: #[repr(C)]: 15 eight-byte fields (pointers as u64, i64, f64) then two arrays of six
+// i32, in the order and of the types of the kernel's struct (pointers, long long, double, int).
 unsafe impl KernelParams for SpmvParams {}
 
 /// The long rows and their segments, on the device.
@@ -126,6 +145,13 @@ struct LongRows {
     kernel: Arc<Kernel>,
 }
 
+/// The short rows by bin, on the device.
+struct Bins {
+    rows: DeviceBuffer<i64>,
+    first_cta: [i32; 6],
+    first_row: [i32; 6],
+}
+
 /// A planned SpMV for one matrix: made by [`CsrMatrix::spmv_plan`] (cached) or
 /// [`SpmvPlan::new`].
 pub struct SpmvPlan {
@@ -137,6 +163,7 @@ pub struct SpmvPlan {
     lanes: u32,
     long_threshold: usize,
     rows_kernel: Arc<Kernel>,
+    bins: Option<Bins>,
     long: Option<LongRows>,
 }
 
@@ -201,9 +228,36 @@ impl SpmvPlan {
         let variant = SpmvVariant {
             value: T::DTYPE,
             index: I::DTYPE,
-            lanes,
+            lanes: if opts.tuning.binned { BINNED } else { lanes },
         };
         let rows_kernel = ctx.kernel(&variant.spec())?;
+        let bins = if opts.tuning.binned {
+            let mut by_bin: [Vec<i64>; 5] = Default::default();
+            for (r, &len) in lengths.iter().enumerate() {
+                if len <= long_threshold {
+                    by_bin[bin_of(len)].push(r as i64);
+                }
+            }
+            let (mut first_cta, mut first_row) = ([0i32; 6], [0i32; 6]);
+            for b in 0..5 {
+                let per_cta = (BLOCK_THREADS / BIN_LANES[b]) as usize;
+                let ctas = by_bin[b].len().div_ceil(per_cta);
+                first_cta[b + 1] = i32_of(first_cta[b] as usize + ctas, "CTAs")?;
+                first_row[b + 1] = i32_of(first_row[b] as usize + by_bin[b].len(), "rows")?;
+            }
+            let all: Vec<i64> = by_bin.concat();
+            Some(Bins {
+                rows: if all.is_empty() {
+                    ctx.alloc::<i64>(1)?
+                } else {
+                    ctx.upload(&all)?
+                },
+                first_cta,
+                first_row,
+            })
+        } else {
+            None
+        };
 
         let long_list: Vec<usize> = (0..lengths.len()).filter(|&r| lengths[r] > long_threshold).collect();
         let long = if long_list.is_empty() {
@@ -241,6 +295,7 @@ impl SpmvPlan {
             lanes,
             long_threshold,
             rows_kernel,
+            bins,
             long,
         })
     }
@@ -259,7 +314,11 @@ impl SpmvPlan {
     }
     /// A short name of the kernels this plan runs (`rows-l8`, `rows-l4+long`).
     pub fn path(&self) -> String {
-        let mut s = format!("rows-l{}", self.lanes);
+        let mut s = if self.bins.is_some() {
+            "binned".to_string()
+        } else {
+            format!("rows-l{}", self.lanes)
+        };
         if self.long.is_some() {
             s.push_str("+long");
         }
@@ -328,10 +387,20 @@ impl SpmvPlan {
             segment_first: 0,
             partials: 0,
             row_done: 0,
+            bin_rows: 0,
+            bin_first_cta: [0; 6],
+            bin_first_row: [0; 6],
         };
-        let rows_per_cta = (BLOCK_THREADS / self.lanes) as usize;
-        let grid = u32::try_from(self.rows.div_ceil(rows_per_cta))
-            .map_err(|_| Error::Unsupported(format!("{} rows: more CTAs than a grid holds", self.rows)))?;
+        let grid = match &self.bins {
+            Some(b) => {
+                params.bin_rows = b.rows.device_ptr();
+                params.bin_first_cta = b.first_cta;
+                params.bin_first_row = b.first_row;
+                b.first_cta[5] as u32
+            }
+            None => u32::try_from(self.rows.div_ceil((BLOCK_THREADS / self.lanes) as usize))
+                .map_err(|_| Error::Unsupported(format!("{} rows: more CTAs than a grid holds", self.rows)))?,
+        };
         // SAFETY: the buffers belong to `a`, which matches the plan (checked above): offsets has
         // rows + 1 entries, indices and values its nnz (at least 1 element allocated), every
         // index is in 0..cols (validated on construction) and x has >= cols elements, y >= rows;
@@ -363,4 +432,44 @@ impl SpmvPlan {
 
 fn i32_of(v: usize, what: &str) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Unsupported(format!("more than 2^31 {what}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bins_hold_about_four_nonzeros_per_lane() {
+        assert_eq!(bin_of(0), 0);
+        assert_eq!(bin_of(8), 0);
+        assert_eq!(bin_of(9), 1);
+        assert_eq!(bin_of(16), 1);
+        assert_eq!(bin_of(17), 2);
+        assert_eq!(bin_of(128), 4);
+        assert_eq!(bin_of(100_000), 4);
+    }
+
+    #[test]
+    fn shape_follows_the_short_rows() {
+        let t = SpmvTuning::default();
+        // uniform 16 per row: 8 lanes (2 nonzeros each), nothing long
+        assert_eq!(choose_shape(&[16; 1000], &t), (8, 1024));
+        // a few huge rows do not move the lanes or the threshold of the short ones
+        let mut l = vec![4usize; 10_000];
+        l[7] = 100_000;
+        l[77] = 50_000;
+        let (lanes, threshold) = choose_shape(&l, &t);
+        assert_eq!(lanes, 2);
+        assert_eq!(threshold, 1024);
+        assert!(l.iter().filter(|&&n| n > threshold).count() == 2);
+        // forced values win
+        let forced = SpmvTuning {
+            lanes: Some(32),
+            long_threshold: Some(5),
+            binned: false,
+        };
+        assert_eq!(choose_shape(&l, &forced), (32, 5));
+        // empty matrix
+        assert_eq!(choose_shape(&[], &t), (1, 1024));
+    }
 }

@@ -16,6 +16,9 @@
 //     start + l + kLanes, ... (consecutive lanes read consecutive indices and values), two at a
 //     time for loads in flight; the group reduces with shuffles and its lane 0 writes y. Rows
 //     longer than p.long_threshold are skipped: they belong to the second kernel.
+//   spmv_csr_binned (opt-in, SpmvTuning::binned): for rows of very different lengths, the short
+//     rows binned by length on the host into groups of 2, 4, 8, 16 or 32 lanes per row (about
+//     four nonzeros per lane); each CTA belongs to one bin and reads its rows from a row list.
 //   spmv_csr_long_rows: the long rows cut into segments of kSegmentNnz nonzeros, one CTA per
 //     segment (grid = segments). The CTA reduces its segment (warp shuffles, then the warps'
 //     sums in shared memory, in warp order) into partials[segment]; the last CTA of its row to
@@ -54,6 +57,12 @@ struct SpmvParams {
   const int* segment_first;       // [long_count] first segment of each long row
   Acc* partials;                  // [segments]
   unsigned int* row_done;         // [long_count] segments finished; 0 between calls
+  // binned kernel only: the short rows grouped by length into kBins bins of 2, 4, 8, 16 and 32
+  // lanes per row; bin b owns CTAs [bin_first_cta[b], bin_first_cta[b + 1]) and the rows
+  // bin_rows[bin_first_row[b] ..  bin_first_row[b + 1])
+  const long long* bin_rows;
+  int bin_first_cta[6];
+  int bin_first_row[6];
 };
 
 namespace {
@@ -151,6 +160,38 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_rows(const 
   if (end - begin > p.long_threshold) return;
   const Acc sum = group_sum<kLanes>(lane_dot<kLanes>(p, begin, end, lane));
   if (lane == 0) write_y(p, row, sum);
+}
+
+/// The binned kernel's work for one CTA of bin `b`: groups of kWidth lanes over its rows.
+template <int kWidth>
+TS_DEVICE void binned_rows(const SpmvParams& p, int b, int cta_in_bin) {
+  constexpr int kRowsPerCta = kBlockThreads / kWidth;
+  const long long at = (long long)cta_in_bin * kRowsPerCta + threadIdx.x / kWidth;
+  const int lane = threadIdx.x % kWidth;
+  if (p.bin_first_row[b] + at >= p.bin_first_row[b + 1]) return;  // the whole group
+  const long long row = p.bin_rows[p.bin_first_row[b] + at];
+  const long long begin = (long long)p.offsets[row];
+  const long long end = (long long)p.offsets[row + 1];
+  const Acc sum = group_sum<kWidth>(lane_dot<kWidth>(p, begin, end, lane));
+  if (lane == 0) write_y(p, row, sum);
+}
+
+// spmv_csr_binned: for rows of very different lengths (the plan bins them by length): CTA
+// blockIdx.x finds its bin and runs that bin's lanes per row. Long rows are the long-row
+// kernel's, as with spmv_csr_rows.
+extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_binned(const __grid_constant__ SpmvParams p) {
+  const int cta = blockIdx.x;
+  int b = 0;
+#pragma unroll
+  for (int i = 1; i < 5; ++i) b += cta >= p.bin_first_cta[i] ? 1 : 0;
+  const int in_bin = cta - p.bin_first_cta[b];
+  switch (b) {
+    case 0: binned_rows<2>(p, b, in_bin); break;
+    case 1: binned_rows<4>(p, b, in_bin); break;
+    case 2: binned_rows<8>(p, b, in_bin); break;
+    case 3: binned_rows<16>(p, b, in_bin); break;
+    default: binned_rows<32>(p, b, in_bin); break;
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_long_rows(const __grid_constant__ SpmvParams p) {

@@ -116,6 +116,7 @@ impl SpmvTransposedPlan {
             &SpmvTuning {
                 lanes: None,
                 long_threshold: Some(usize::MAX),
+                binned: false,
             },
         );
         let ctx = a.context().clone();

@@ -52,6 +52,9 @@ impl Case {
         if let Some(t) = self.tuning.long_threshold {
             s.push_str(&format!(" long>{t}"));
         }
+        if self.tuning.binned {
+            s.push_str(" binned");
+        }
         s
     }
     pub fn params(&self) -> Value {
@@ -60,6 +63,7 @@ impl Case {
             "dtype": self.value.name(), "index": self.index.name(),
             "alpha": self.alpha, "beta": self.beta,
             "lanes": self.tuning.lanes, "long_threshold": self.tuning.long_threshold,
+            "binned": self.tuning.binned,
         })
     }
 }
@@ -142,8 +146,31 @@ pub fn cases(quick: bool) -> Vec<Case> {
             tuning: SpmvTuning {
                 lanes: Some(lanes),
                 long_threshold: None,
+                binned: false,
             },
         });
+    }
+    // the binned kernel (opt-in) on row lengths of every bin, with and without long rows
+    for (k, &(class, rows, cols)) in [shapes[2], shapes[5], shapes[3]].iter().enumerate() {
+        if quick && k > 0 {
+            continue;
+        }
+        for value in [DType::F32, DType::BF16] {
+            out.push(Case {
+                class,
+                rows,
+                cols,
+                value,
+                index: if k % 2 == 0 { DType::I32 } else { DType::I64 },
+                alpha: 1.0,
+                beta: if k == 1 { 0.0 } else { -0.75 },
+                tuning: SpmvTuning {
+                    lanes: None,
+                    long_threshold: None,
+                    binned: true,
+                },
+            });
+        }
     }
     let (class, rows, cols) = shapes[0];
     out.push(Case {
@@ -157,6 +184,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
         tuning: SpmvTuning {
             lanes: None,
             long_threshold: Some(0),
+            binned: false,
         },
     });
     out
