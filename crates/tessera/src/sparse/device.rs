@@ -2,8 +2,8 @@
 //! [`SparseDescriptor`] and the plans of its operators cached on it.
 //!
 //! Uploading copies offsets, indices and values to the device (nnz values and indices, rows + 1
-//! offsets) and keeps the row offsets on the host too, which is what
-//! planning reads (row lengths: which rows are long). A plan is made on the first call and
+//! offsets) and keeps the row lengths on the host, which is what planning reads (which rows are
+//! long, lanes per row). A plan is made on the first call and
 //! reused; the per-call path validates the vectors and launches, allocating nothing.
 
 use std::sync::{Arc, Mutex};
@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use super::descriptor::SparseDescriptor;
 use super::host::CsrHost;
 use super::index::SparseIndex;
-use super::spmv::{SpmvOptions, SpmvPlan};
+use super::spmv::{choose_shape, SpmvOptions, SpmvPlan, SpmvTuning};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer};
@@ -21,7 +21,9 @@ pub struct CsrMatrix<T: Element, I: SparseIndex> {
     ctx: Context,
     rows: usize,
     cols: usize,
-    offsets_host: Vec<I>,
+    row_lengths: Vec<usize>,
+    /// Lanes per row for kernels without a long-row path (SpMM column-major, A^T x).
+    row_lanes: u32,
     pub(crate) offsets: DeviceBuffer<I>,
     pub(crate) indices: DeviceBuffer<I>,
     pub(crate) values: DeviceBuffer<T>,
@@ -53,11 +55,18 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
         }
         host.validate()?;
         let descriptor = SparseDescriptor::of(host);
+        let row_lengths: Vec<usize> = (0..host.rows).map(|r| host.row_len(r)).collect();
+        let all_rows = SpmvTuning {
+            long_threshold: Some(usize::MAX),
+            ..SpmvTuning::default()
+        };
+        let (row_lanes, _) = choose_shape(&row_lengths, &all_rows);
         Ok(CsrMatrix {
             ctx: ctx.clone(),
             rows: host.rows,
             cols: host.cols,
-            offsets_host: host.offsets.clone(),
+            row_lengths,
+            row_lanes,
             offsets: ctx.upload(&host.offsets)?,
             indices: upload_nonempty(ctx, &host.indices)?,
             values: upload_nonempty(ctx, &host.values)?,
@@ -81,9 +90,13 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
     pub fn context(&self) -> &Context {
         &self.ctx
     }
-    /// The row offsets (rows + 1 entries), as uploaded.
-    pub fn offsets_host(&self) -> &[I] {
-        &self.offsets_host
+    /// Nonzeros of each row (what plans choose kernels from), computed once on upload.
+    pub fn row_lengths(&self) -> &[usize] {
+        &self.row_lengths
+    }
+    /// Lanes per row [`choose_shape`] gives when no row is treated as long.
+    pub fn row_lanes(&self) -> u32 {
+        self.row_lanes
     }
 
     /// The cached SpMV plan with the default options, made on first use.
@@ -121,8 +134,51 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
     }
 }
 
+/// Checks that `a` is the matrix a plan was made for (value and index types, shape).
+pub(crate) fn check_planned<T: Element, I: SparseIndex>(
+    a: &CsrMatrix<T, I>,
+    value: DType,
+    index: DType,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
+    if T::DTYPE != value || I::DTYPE != index || a.rows() != rows || a.cols() != cols {
+        return Err(Error::invalid(
+            "matrix",
+            format!(
+                "a {} x {} {} matrix with {} indices does not match the plan's {rows} x {cols} {value} with \
+                 {index} indices",
+                a.rows(),
+                a.cols(),
+                T::DTYPE,
+                I::DTYPE,
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a dense operand of `len` elements against the `need` its product reads or writes.
+pub(crate) fn check_operand(arg: &'static str, len: usize, need: usize, what: std::fmt::Arguments) -> Result<()> {
+    if len < need {
+        return Err(Error::invalid(arg, format!("{len} elements; {what}")));
+    }
+    Ok(())
+}
+
+/// Checks the scalars of `alpha * product + beta * output`.
+pub(crate) fn check_scalars(alpha: f64, beta: f64) -> Result<()> {
+    if !alpha.is_finite() || !beta.is_finite() {
+        return Err(Error::invalid(
+            "alpha/beta",
+            format!("must be finite, got {alpha} and {beta}"),
+        ));
+    }
+    Ok(())
+}
+
 /// Uploads `data`, or allocates one element for an empty slice (a valid, unread pointer).
-fn upload_nonempty<T: Element>(ctx: &Context, data: &[T]) -> Result<DeviceBuffer<T>> {
+pub(crate) fn upload_nonempty<T: Element>(ctx: &Context, data: &[T]) -> Result<DeviceBuffer<T>> {
     if data.is_empty() {
         ctx.alloc::<T>(1)
     } else {

@@ -9,10 +9,9 @@
 
 use std::sync::Arc;
 
-use super::device::CsrMatrix;
+use super::device::{check_operand, check_planned, check_scalars, CsrMatrix};
 use super::host::DenseLayout;
 use super::index::SparseIndex;
-use super::spmv::{choose_shape, SpmvTuning};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
@@ -62,8 +61,9 @@ impl SpmmVariant {
     }
 }
 
-/// The variant for `n` columns in `layout`, lanes for column-major from `lengths`.
-pub fn choose_variant(value: DType, index: DType, n: usize, layout: DenseLayout, lengths: &[usize]) -> SpmmVariant {
+/// The variant for `n` columns in `layout`; column-major takes `row_lanes` lanes per row (at least
+/// two) from [`CsrMatrix::row_lanes`].
+pub fn choose_variant(value: DType, index: DType, n: usize, layout: DenseLayout, row_lanes: u32) -> SpmmVariant {
     match layout {
         DenseLayout::RowMajor => {
             let vec = if n <= 32 {
@@ -84,20 +84,12 @@ pub fn choose_variant(value: DType, index: DType, n: usize, layout: DenseLayout,
             }
         }
         DenseLayout::ColMajor => {
-            let (lanes, _) = choose_shape(
-                lengths,
-                &SpmvTuning {
-                    lanes: None,
-                    long_threshold: Some(usize::MAX),
-                    binned: false,
-                },
-            );
             SpmmVariant {
                 value,
                 index,
                 layout,
                 // one lane per row spilled on sm_90a (fp32, 4 columns); two lose little
-                lanes: lanes.max(2),
+                lanes: row_lanes.max(2),
                 vec: 1,
                 cols: n.next_power_of_two().clamp(1, 8) as u32,
             }
@@ -186,12 +178,7 @@ impl SpmmPlan {
         if n == 0 || n > MAX_N {
             return Err(Error::invalid("n", format!("{n} columns; supported: 1..={MAX_N}")));
         }
-        let lengths: Vec<usize> = a
-            .offsets_host()
-            .windows(2)
-            .map(|w| w[1].to_usize() - w[0].to_usize())
-            .collect();
-        let variant = choose_variant(T::DTYPE, I::DTYPE, n, layout, &lengths);
+        let variant = choose_variant(T::DTYPE, I::DTYPE, n, layout, a.row_lanes());
         let ctx = a.context().clone();
         let kernel = ctx.kernel(&variant.spec())?;
         Ok(SpmmPlan {
@@ -227,40 +214,20 @@ impl SpmmPlan {
         c: &mut DeviceBuffer<T>,
     ) -> Result<()> {
         let v = &self.variant;
-        if T::DTYPE != v.value || I::DTYPE != v.index || a.rows() != self.rows || a.cols() != self.cols {
-            return Err(Error::invalid(
-                "matrix",
-                format!(
-                    "a {} x {} {} matrix with {} indices does not match the plan's {} x {} {} with {} indices",
-                    a.rows(),
-                    a.cols(),
-                    T::DTYPE,
-                    I::DTYPE,
-                    self.rows,
-                    self.cols,
-                    v.value,
-                    v.index
-                ),
-            ));
-        }
-        if b.len() < self.cols * self.n {
-            return Err(Error::invalid(
-                "b",
-                format!("{} elements; B is {} x {}", b.len(), self.cols, self.n),
-            ));
-        }
-        if c.len() < self.rows * self.n {
-            return Err(Error::invalid(
-                "c",
-                format!("{} elements; C is {} x {}", c.len(), self.rows, self.n),
-            ));
-        }
-        if !alpha.is_finite() || !beta.is_finite() {
-            return Err(Error::invalid(
-                "alpha/beta",
-                format!("must be finite, got {alpha} and {beta}"),
-            ));
-        }
+        check_planned(a, v.value, v.index, self.rows, self.cols)?;
+        check_operand(
+            "b",
+            b.len(),
+            self.cols * self.n,
+            format_args!("B is {} x {}", self.cols, self.n),
+        )?;
+        check_operand(
+            "c",
+            c.len(),
+            self.rows * self.n,
+            format_args!("C is {} x {}", self.rows, self.n),
+        )?;
+        check_scalars(alpha, beta)?;
         if self.rows == 0 {
             return Ok(());
         }

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use super::device::CsrMatrix;
+use super::device::{check_operand, check_planned, check_scalars, CsrMatrix};
 use super::index::SparseIndex;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -219,12 +219,8 @@ impl SpmvPlan {
             }
         }
         let ctx = a.context().clone();
-        let lengths: Vec<usize> = a
-            .offsets_host()
-            .windows(2)
-            .map(|w| w[1].to_usize() - w[0].to_usize())
-            .collect();
-        let (lanes, long_threshold) = choose_shape(&lengths, &opts.tuning);
+        let lengths = a.row_lengths();
+        let (lanes, long_threshold) = choose_shape(lengths, &opts.tuning);
         let variant = SpmvVariant {
             value: T::DTYPE,
             index: I::DTYPE,
@@ -335,40 +331,20 @@ impl SpmvPlan {
         beta: f64,
         y: &mut DeviceBuffer<T>,
     ) -> Result<()> {
-        if T::DTYPE != self.value || I::DTYPE != self.index || a.rows() != self.rows || a.cols() != self.cols {
-            return Err(Error::invalid(
-                "matrix",
-                format!(
-                    "a {} x {} {} matrix with {} indices does not match the plan's {} x {} {} with {} indices",
-                    a.rows(),
-                    a.cols(),
-                    T::DTYPE,
-                    I::DTYPE,
-                    self.rows,
-                    self.cols,
-                    self.value,
-                    self.index
-                ),
-            ));
-        }
-        if x.len() < self.cols {
-            return Err(Error::invalid(
-                "x",
-                format!("{} elements; the matrix has {} columns", x.len(), self.cols),
-            ));
-        }
-        if y.len() < self.rows {
-            return Err(Error::invalid(
-                "y",
-                format!("{} elements; the matrix has {} rows", y.len(), self.rows),
-            ));
-        }
-        if !alpha.is_finite() || !beta.is_finite() {
-            return Err(Error::invalid(
-                "alpha/beta",
-                format!("must be finite, got {alpha} and {beta}"),
-            ));
-        }
+        check_planned(a, self.value, self.index, self.rows, self.cols)?;
+        check_operand(
+            "x",
+            x.len(),
+            self.cols,
+            format_args!("the matrix has {} columns", self.cols),
+        )?;
+        check_operand(
+            "y",
+            y.len(),
+            self.rows,
+            format_args!("the matrix has {} rows", self.rows),
+        )?;
+        check_scalars(alpha, beta)?;
         if self.rows == 0 {
             return Ok(());
         }

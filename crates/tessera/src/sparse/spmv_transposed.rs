@@ -6,9 +6,8 @@
 
 use std::sync::Arc;
 
-use super::device::CsrMatrix;
+use super::device::{check_operand, check_planned, check_scalars, CsrMatrix};
 use super::index::SparseIndex;
-use super::spmv::{choose_shape, SpmvTuning};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
@@ -106,19 +105,7 @@ impl SpmvTransposedPlan {
                 T::DTYPE
             )));
         }
-        let lengths: Vec<usize> = a
-            .offsets_host()
-            .windows(2)
-            .map(|w| w[1].to_usize() - w[0].to_usize())
-            .collect();
-        let (lanes, _) = choose_shape(
-            &lengths,
-            &SpmvTuning {
-                lanes: None,
-                long_threshold: Some(usize::MAX),
-                binned: false,
-            },
-        );
+        let lanes = a.row_lanes();
         let ctx = a.context().clone();
         let v = SpmvTransposedVariant {
             value: T::DTYPE,
@@ -154,30 +141,20 @@ impl SpmvTransposedPlan {
         beta: f64,
         y: &mut DeviceBuffer<T>,
     ) -> Result<()> {
-        if T::DTYPE != self.value || I::DTYPE != self.index || a.rows() != self.rows || a.cols() != self.cols {
-            return Err(Error::invalid(
-                "matrix",
-                "does not match the plan's shape, value or index type".to_string(),
-            ));
-        }
-        if x.len() < self.rows {
-            return Err(Error::invalid(
-                "x",
-                format!("{} elements; A^T x needs the matrix's {} rows", x.len(), self.rows),
-            ));
-        }
-        if y.len() < self.cols {
-            return Err(Error::invalid(
-                "y",
-                format!("{} elements; A^T x has the matrix's {} columns", y.len(), self.cols),
-            ));
-        }
-        if !alpha.is_finite() || !beta.is_finite() {
-            return Err(Error::invalid(
-                "alpha/beta",
-                format!("must be finite, got {alpha} and {beta}"),
-            ));
-        }
+        check_planned(a, self.value, self.index, self.rows, self.cols)?;
+        check_operand(
+            "x",
+            x.len(),
+            self.rows,
+            format_args!("A^T x needs the matrix's {} rows", self.rows),
+        )?;
+        check_operand(
+            "y",
+            y.len(),
+            self.cols,
+            format_args!("A^T x has the matrix's {} columns", self.cols),
+        )?;
+        check_scalars(alpha, beta)?;
         let params = SpmvTParams {
             offsets: a.offsets.device_ptr(),
             indices: a.indices.device_ptr(),

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 
-use super::device::CsrMatrix;
+use super::device::{upload_nonempty, CsrMatrix};
 use super::generate::{random_vector, try_generate, MatrixClass};
 use super::host::DenseLayout;
 use super::index::SparseIndex;
@@ -233,32 +233,14 @@ fn run<T: Element, I: SparseIndex>(ctx: &Context, case: &Case, seed: u64) -> Res
     let mut dy2 = upload_nonempty(ctx, &y0)?;
     plan.run(&a, case.alpha, &dx, case.beta, &mut dy2)?;
     let second = dy2.to_host()?;
-    let got = to_f64_vec(&first[..case.rows]);
-    let comparison = compare(&got, &want, 0.0, 0.0);
-    let budget = T::DTYPE.rel_l2_budget().max(1e-12);
-    let same = first
-        .iter()
-        .zip(&second)
-        .all(|(a, b)| a.to_f64().to_bits() == b.to_f64().to_bits() || (a.to_f64().is_nan() && b.to_f64().is_nan()));
-    let note = (!same).then(|| "two runs differ: not deterministic".to_string());
-    Ok(VerifyOutcome {
-        case: case.name(),
-        params: case.params(),
-        path: plan.path(),
-        passed: comparison.passes(budget) && note.is_none(),
-        comparison,
-        budget,
-        note,
-        skipped: None,
-    })
-}
-
-fn upload_nonempty<T: Element>(ctx: &Context, data: &[T]) -> Result<crate::runtime::DeviceBuffer<T>> {
-    if data.is_empty() {
-        ctx.alloc::<T>(1)
-    } else {
-        ctx.upload(data)
-    }
+    Ok(judge(
+        case.name(),
+        case.params(),
+        plan.path(),
+        &first[..case.rows],
+        Some(&second),
+        &want,
+    ))
 }
 
 /// One SpMM verification case: `C = alpha A B + beta C`, B and C packed in `layout`.
@@ -398,24 +380,14 @@ fn run_spmm<T: Element, I: SparseIndex>(ctx: &Context, case: &SpmmCase, seed: u6
     let mut dc2 = upload_nonempty(ctx, &c0)?;
     plan.run(&a, case.alpha, &db, case.beta, &mut dc2)?;
     let second = dc2.to_host()?;
-    let got = to_f64_vec(&first[..case.rows * case.n]);
-    let comparison = compare(&got, &want, 0.0, 0.0);
-    let budget = T::DTYPE.rel_l2_budget().max(1e-12);
-    let same = first
-        .iter()
-        .zip(&second)
-        .all(|(a, b)| a.to_f64().to_bits() == b.to_f64().to_bits() || (a.to_f64().is_nan() && b.to_f64().is_nan()));
-    let note = (!same).then(|| "two runs differ: not deterministic".to_string());
-    Ok(VerifyOutcome {
-        case: case.name(),
-        params: case.params(),
-        path: plan.path(),
-        passed: comparison.passes(budget) && note.is_none(),
-        comparison,
-        budget,
-        note,
-        skipped: None,
-    })
+    Ok(judge(
+        case.name(),
+        case.params(),
+        plan.path(),
+        &first[..case.rows * case.n],
+        Some(&second),
+        &want,
+    ))
 }
 
 /// One case of `y = alpha A^T x + beta y` without a transposed copy (atomic: compared with the
@@ -531,17 +503,43 @@ fn run_transposed<T: Element, I: SparseIndex>(
     let dx = upload_nonempty(ctx, &x)?;
     let mut dy = upload_nonempty(ctx, &y0)?;
     plan.run(&a, case.alpha, &dx, case.beta, &mut dy)?;
-    let got = to_f64_vec(&dy.to_host()?[..case.cols]);
-    let comparison = compare(&got, &want, 0.0, 0.0);
+    let got = dy.to_host()?;
+    Ok(judge(
+        case.name(),
+        case.params(),
+        "scatter".into(),
+        &got[..case.cols],
+        None,
+        &want,
+    ))
+}
+
+/// The verdict on `got` against the f64 reference `want` within `T`'s rel-L2 budget and, given a
+/// second run's output, that the two are bitwise equal (the deterministic kernels).
+fn judge<T: Element>(
+    case: String,
+    params: Value,
+    path: String,
+    got: &[T],
+    second: Option<&[T]>,
+    want: &[f64],
+) -> VerifyOutcome {
+    let comparison = compare(&to_f64_vec(got), want, 0.0, 0.0);
     let budget = T::DTYPE.rel_l2_budget().max(1e-12);
-    Ok(VerifyOutcome {
-        case: case.name(),
-        params: case.params(),
-        path: "scatter".into(),
-        passed: comparison.passes(budget),
+    let same = |a: &T, b: &T| {
+        let (a, b) = (a.to_f64(), b.to_f64());
+        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+    };
+    let deterministic = second.is_none_or(|s| got.iter().zip(s).all(|(a, b)| same(a, b)));
+    let note = (!deterministic).then(|| "two runs differ: not deterministic".to_string());
+    VerifyOutcome {
+        case,
+        params,
+        path,
+        passed: comparison.passes(budget) && note.is_none(),
         comparison,
         budget,
-        note: None,
+        note,
         skipped: None,
-    })
+    }
 }
