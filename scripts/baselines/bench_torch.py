@@ -6,7 +6,8 @@ Invoked by the tessera CLI on the GPU machine:
     python3 scripts/baselines/bench_torch.py --op softmax --cases CASES.json --out OUT.json
 
 CASES.json is a JSON list of {"case": str, "params": {...}}. For --op softmax the params are
-{"rows": int, "cols": int, "dtype": "fp16"|"fp32"|"bf16", "op": "softmax"|"log_softmax"}.
+{"rows": int, "cols": int, "dtype": "fp16"|"fp32"|"bf16", "op": "softmax"|"log_softmax"}; for
+--op sparse see bench_sparse below.
 
 OUT.json, the timing method and the {"missing": reason} answer when torch or CUDA is
 unavailable are described in bench_common.py (shared with bench_attention.py). A case that
@@ -54,8 +55,67 @@ def bench_softmax(case, params):
     return [row(case, params, "torch", ms=ms, gbps=gbps)]
 
 
+# -- sparse: SpMV y = A x through cuSPARSE (torch.mv on a CSR tensor, CuPy csr_matrix @ x) on the
+# very matrix tessera benchmarked. Params {"matrix": STEM, "rows", "cols", "dtype": "fp32"|"fp64",
+# "index": "i32", "transposed"}: STEM.offsets / .indices / .values are raw little-endian arrays
+# written by crates/tessera/src/sparse/bench.rs. GB/s count values, indices, offsets, x and y once.
+
+def load_matrix(params):
+    import numpy as np  # noqa: PLC0415 (numpy comes with torch)
+
+    stem = params["matrix"]
+    val = {"fp32": np.float32, "fp64": np.float64}[params["dtype"]]
+    idx = {"i32": np.int32, "i64": np.int64}[params.get("index", "i32")]
+    offsets = np.fromfile(stem + ".offsets", dtype=idx)
+    indices = np.fromfile(stem + ".indices", dtype=idx)
+    values = np.fromfile(stem + ".values", dtype=val)
+    rows, cols = int(params["rows"]), int(params["cols"])
+    if params.get("transposed"):
+        rows, cols = cols, rows
+    if len(offsets) != rows + 1 or len(indices) != len(values):
+        raise ValueError(f"{stem}: {len(offsets)} offsets, {len(indices)} indices, {len(values)} "
+                         f"values do not make a {rows} x {cols} CSR matrix")
+    return rows, cols, offsets, indices, values
+
+
+def bench_sparse(case, params):
+    rows, cols, offsets, indices, values = load_matrix(params)
+    nnz = len(values)
+    vsize, isize = values.itemsize, indices.itemsize
+    nbytes = nnz * (vsize + isize) + (rows + 1) * isize + cols * vsize + rows * vsize
+    dtype = torch.float32 if params["dtype"] == "fp32" else torch.float64
+    out = []
+
+    a = torch.sparse_csr_tensor(
+        torch.from_numpy(offsets).cuda(), torch.from_numpy(indices).cuda(),
+        torch.from_numpy(values).cuda(), size=(rows, cols))
+    gen = torch.Generator(device="cuda").manual_seed(0x5EED)
+    xs = [torch.rand(cols, device="cuda", dtype=dtype, generator=gen) * 2 - 1 for _ in range(4)]
+    ms = time_ms(lambda x: torch.mv(a, x), xs)
+    out.append(row(case, params, "torch-csr", ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9))
+
+    try:
+        import cupy  # noqa: PLC0415
+        import cupyx.scipy.sparse as cusp  # noqa: PLC0415
+    except Exception as e:  # noqa: BLE001
+        out.append(row(case, params, "cupy-csr", missing=f"cupy not importable: {e}"))
+        return out
+    ac = cusp.csr_matrix((cupy.asarray(values), cupy.asarray(indices), cupy.asarray(offsets)),
+                         shape=(rows, cols))
+    xc = [cupy.asarray(x) for x in xs]
+    ms = time_ms(lambda x: ac @ x, xc)
+    out.append(row(case, params, "cupy-csr", ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9))
+    return out
+
+
 OPS = {
     "softmax": bench_softmax,
+    "sparse": bench_sparse,
+}
+# The impls each op reports (rows marked missing when torch is unavailable).
+IMPLS = {
+    "softmax": ["torch"],
+    "sparse": ["torch-csr", "cupy-csr"],
 }
 
 
@@ -76,7 +136,7 @@ def main(argv=None):
         return 0
     device = torch.cuda.get_device_name()
     log(f"bench_torch: torch {torch.__version__}, {device}, op {args.op}, {len(cases)} cases")
-    rows = common.run_cases(cases, OPS[args.op], lambda params: ["torch"])
+    rows = common.run_cases(cases, OPS[args.op], lambda params: IMPLS[args.op])
     common.write_json(args.out, {"torch": torch.__version__, "device": device, "rows": rows})
     return 0
 

@@ -3,7 +3,7 @@
 //! values, indices, offsets, x and y once. Each case is verified against the f64 reference on
 //! the timed inputs first. The matrix is written to `$TMPDIR/tessera-sparse/<case>.{offsets,
 //! indices,values}` (raw little-endian) for the baseline runner (scripts/baselines/
-//! bench_sparse.py: cuSPARSE through torch and CuPy), which times the very same matrix.
+//! bench_torch.py --op sparse: cuSPARSE through torch and CuPy), which times the very same matrix.
 
 use serde_json::{json, Value};
 

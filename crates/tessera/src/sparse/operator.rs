@@ -54,7 +54,7 @@ impl Operator for Sparse {
 
     fn baselines(&self) -> Option<Baselines> {
         Some(Baselines {
-            script: "bench_sparse.py",
+            script: "bench_torch.py",
             impls: &["torch-csr", "cupy-csr"],
             in_process: &[],
         })
