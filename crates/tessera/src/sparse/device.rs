@@ -6,12 +6,15 @@
 //! long, lanes per row). A plan is made on the first call and
 //! reused; the per-call path validates the vectors and launches, allocating nothing.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::descriptor::SparseDescriptor;
-use super::host::CsrHost;
+use super::host::{CsrHost, DenseLayout};
 use super::index::SparseIndex;
+use super::spmm::SpmmPlan;
 use super::spmv::{choose_shape, SpmvOptions, SpmvPlan, SpmvTuning};
+use super::spmv_transposed::SpmvTransposedPlan;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer};
@@ -29,6 +32,8 @@ pub struct CsrMatrix<T: Element, I: SparseIndex> {
     pub(crate) values: DeviceBuffer<T>,
     descriptor: SparseDescriptor,
     spmv_plan: Mutex<Option<Arc<SpmvPlan>>>,
+    spmm_plans: Mutex<HashMap<(usize, DenseLayout), Arc<SpmmPlan>>>,
+    transposed_plan: Mutex<Option<Arc<SpmvTransposedPlan>>>,
 }
 
 impl<T: Element, I: SparseIndex> std::fmt::Debug for CsrMatrix<T, I> {
@@ -72,6 +77,8 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
             values: upload_nonempty(ctx, &host.values)?,
             descriptor,
             spmv_plan: Mutex::new(None),
+            spmm_plans: Mutex::new(HashMap::new()),
+            transposed_plan: Mutex::new(None),
         })
     }
 
@@ -120,17 +127,45 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
 
 impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
     /// `C = alpha * A B + beta * C` for dense B (`cols x n`) and C (`rows x n`), both packed in
-    /// `layout` (deterministic). Plans on each call (a kernel lookup, no allocation).
+    /// `layout` (deterministic). The plan of each (n, layout) is made once and cached.
     pub fn spmm(
         &self,
         alpha: f64,
         b: &DeviceBuffer<T>,
         n: usize,
-        layout: super::host::DenseLayout,
+        layout: DenseLayout,
         beta: f64,
         c: &mut DeviceBuffer<T>,
     ) -> Result<()> {
-        super::spmm::SpmmPlan::new(self, n, layout)?.run(self, alpha, b, beta, c)
+        let plan = {
+            let mut plans = self.spmm_plans.lock().unwrap_or_else(|e| e.into_inner());
+            match plans.get(&(n, layout)) {
+                Some(p) => p.clone(),
+                None => {
+                    let p = Arc::new(SpmmPlan::new(self, n, layout)?);
+                    plans.insert((n, layout), p.clone());
+                    p
+                }
+            }
+        };
+        plan.run(self, alpha, b, beta, c)
+    }
+
+    /// `y = alpha * A^T x + beta * y` without a transposed copy (fp32/fp64; atomic, so not
+    /// bitwise reproducible). The plan is made once and cached.
+    pub fn spmv_transposed(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
+        let plan = {
+            let mut slot = self.transposed_plan.lock().unwrap_or_else(|e| e.into_inner());
+            match slot.as_ref() {
+                Some(p) => p.clone(),
+                None => {
+                    let p = Arc::new(SpmvTransposedPlan::new(self)?);
+                    *slot = Some(p.clone());
+                    p
+                }
+            }
+        };
+        plan.run(self, alpha, x, beta, y)
     }
 }
 

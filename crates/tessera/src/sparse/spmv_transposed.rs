@@ -187,11 +187,3 @@ impl SpmvTransposedPlan {
         }
     }
 }
-
-impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
-    /// `y = alpha * A^T x + beta * y` without a transposed copy (fp32/fp64; atomic, so not
-    /// bitwise reproducible). Plans on each call (two kernel lookups, no allocation).
-    pub fn spmv_transposed(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
-        SpmvTransposedPlan::new(self)?.run(self, alpha, x, beta, y)
-    }
-}
