@@ -218,13 +218,13 @@ impl SpmmPlan {
         check_operand(
             "b",
             b.len(),
-            self.cols * self.n,
+            self.cols.saturating_mul(self.n),
             format_args!("B is {} x {}", self.cols, self.n),
         )?;
         check_operand(
             "c",
             c.len(),
-            self.rows * self.n,
+            self.rows.saturating_mul(self.n),
             format_args!("C is {} x {}", self.rows, self.n),
         )?;
         check_scalars(alpha, beta)?;
@@ -244,7 +244,7 @@ impl SpmmPlan {
             alpha,
             beta,
         };
-        let pairs = self.rows * self.n.div_ceil(v.tile_cols());
+        let pairs = self.rows.saturating_mul(self.n.div_ceil(v.tile_cols()));
         let per_cta = (BLOCK_THREADS / v.lanes) as usize;
         let grid = u32::try_from(pairs.div_ceil(per_cta))
             .map_err(|_| Error::Unsupported(format!("{} x {}: more CTAs than a grid holds", self.rows, self.n)))?;
