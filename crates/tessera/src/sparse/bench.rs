@@ -155,7 +155,12 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         .collect();
     let dx = ctx.upload(&x)?;
     let mut dy = ctx.alloc::<T>(host.rows.max(1))?;
-    let plan = SpmvPlan::new(&a, &SpmvOptions { tuning: tuning_from_env() })?;
+    let plan = SpmvPlan::new(
+        &a,
+        &SpmvOptions {
+            tuning: tuning_from_env(),
+        },
+    )?;
     plan.run(&a, 1.0, &dx, 0.0, &mut dy)?;
     let got = to_f64_vec(&dy.to_host()?[..host.rows]);
     let mut want = vec![0.0; host.rows];
