@@ -13,6 +13,8 @@ pub mod lsmr;
 pub mod operator;
 
 #[cfg(test)]
+mod lsmr_tests;
+#[cfg(test)]
 mod operator_tests;
 
 pub use lsmr::{istop_reason, lsmr_host, LsmrOptions, LsmrResult};
