@@ -42,13 +42,15 @@
 //!   `||b - A x||` when `damp == 0`), `normar` estimates `||A^T r - damp^2 x||` (`|zetabar|`),
 //!   `norma` is the Frobenius norm of the bidiagonal `B_k` so far (a lower bound on
 //!   `||A||_F`, not including `damp`), `conda` is the ratio of the largest to the smallest of
-//!   the diagonal elements of `Rbar` seen so far (an estimate of `cond(A)` from below).
+//!   the diagonal elements of `Rbar` seen so far (an estimate of `cond(A)` from below; with
+//!   damping, of `cond([A; damp I])`).
 //! * Stopping, checked after every iteration with `test1 = normr / ||b||`,
 //!   `test2 = normar / (norma * normr)` (infinite when the product is 0), `test3 = 1 / conda`,
 //!   `t1 = test1 / (1 + norma * normx / ||b||)` and
 //!   `rtol = btol + atol * norma * normx / ||b||`: `istop` is 7 when `itn >= maxiter`, then
 //!   overridden in this order by 6 (`1 + test3 <= 1`), 5 (`1 + test2 <= 1`),
-//!   4 (`1 + t1 <= 1`), 3 (`test3 <= 1 / conlim`, never when `conlim == 0`),
+//!   4 (`1 + t1 <= 1`), 3 (`test3 <= 1 / conlim`; with `conlim == 0` the bound is 0, which
+//!   only an infinite `conda` reaches),
 //!   2 (`test2 <= atol`), 1 (`test1 <= rtol`); the last test that holds wins, so the user's
 //!   tolerances take precedence over the machine-precision ones. The loop ends when `istop > 0`.
 //!   [`istop_reason`] says each code in words.
@@ -68,8 +70,10 @@
 //! Rounding: the scalar recurrences are evaluated in SciPy's order. The products are summed
 //! by the operator (in stored order for [`CsrHost`](crate::sparse::CsrHost), as SciPy's CSR
 //! products), and norms as a plain sequential sum of squares where NumPy calls BLAS `ddot`;
-//! results therefore agree with SciPy to rounding on well-conditioned problems and drift
-//! apart in proportion to the conditioning on ill-conditioned ones (see `lsmr_tests.rs`).
+//! results therefore agree with SciPy to rounding on well-conditioned problems that converge
+//! in few iterations, and drift further apart with the conditioning and with iterations run
+//! after the Lanczos vectors lose orthogonality, as two SciPy runs with different BLAS
+//! products do (measured per case in `lsmr_tests.rs`).
 
 use super::operator::HostLinearOperator;
 use crate::error::{Error, Result};
