@@ -13,6 +13,7 @@ pub mod error;
 #[cfg(feature = "harness")]
 pub mod harness;
 pub mod kvcache;
+pub mod linalg;
 pub mod numeric;
 #[cfg(feature = "harness")]
 pub mod registry;

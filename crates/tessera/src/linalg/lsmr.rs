@@ -1,0 +1,624 @@
+//! LSMR on the host, in f64: the CPU reference of tessera's least-squares solver, with the
+//! contract of `scipy.sparse.linalg.lsmr` (SciPy 1.17).
+//!
+//! # What it computes
+//!
+//! For a real `m x n` matrix `A` (any shape: square, tall or wide), `b` of length `m` and a
+//! damping factor `damp >= 0`, [`lsmr_host`] approximates the solution of
+//!
+//! ```text
+//! min || [ b ]   [    A     ]     ||
+//!     || [ 0 ] - [ damp * I ] x   ||_2
+//! ```
+//!
+//! which is `A x = b` when that system is consistent, the least-squares solution otherwise, and
+//! the minimum-norm one of either when `A` is rank deficient and the iteration starts from 0.
+//! The method (D. C.-L. Fong and M. A. Saunders, "LSMR: An iterative algorithm for sparse
+//! least-squares problems", SIAM J. Sci. Comput. 33(5), 2011) runs the Golub-Kahan
+//! bidiagonalisation of `A` started from `b` and, at step `k`, picks `x_k` in the Krylov
+//! subspace `K_k(A^T A, A^T b)` that minimises `||A^T r_k||` (`r_k = b - A x_k`; with damping,
+//! of the augmented system). Two plane rotations per step turn the lower bidiagonal `B_k`
+//! into the upper bidiagonal `R_k` and `R_k^T` into `Rbar_k` (the paper's `Q_k` and
+//! `Qbar_k`; a third, `Qhat_k`, folds in `damp`), so `x_k` is updated with short recurrences.
+//! The loop below uses the paper's names (`alphabar`, `rhobar`, `zetabar`, `betadd` for
+//! beta-double-dot, ...).
+//!
+//! With an initial guess `x0` the same iteration solves for the correction on `b - A x0`
+//! and accumulates it into `x = x0 + ...` (SciPy's warm start).
+//!
+//! # Cost
+//!
+//! Per iteration: one product `A v` and one `A^T u` (through [`HostLinearOperator`]), plus
+//! O(m + n) vector work (about `5m + 14n` flops: the bidiagonalisation updates and norms, the
+//! `h`, `hbar`, `x` updates and `||x||`) and O(1) scalar recurrences. Memory: `u` and a
+//! workspace for `A v` (length m); `v`, `h`, `hbar`, `x` and a workspace for `A^T u` (length n).
+//!
+//! # SciPy's contract, reproduced
+//!
+//! * Defaults ([`LsmrOptions::default`]): `damp = 0`, `atol = btol = 1e-6`, `conlim = 1e8`,
+//!   `maxiter = min(m, n)`, no `x0`, no output.
+//! * Estimates returned in [`LsmrResult`], all from the recurrences (never recomputed from
+//!   `x`, except `normx = ||x||`): `normr` estimates `||[b; 0] - [A; damp I] x||` (which is
+//!   `||b - A x||` when `damp == 0`), `normar` estimates `||A^T r - damp^2 x||` (`|zetabar|`),
+//!   `norma` is the Frobenius norm of the bidiagonal `B_k` so far (a lower bound on
+//!   `||A||_F`, not including `damp`), `conda` is the ratio of the largest to the smallest of
+//!   the diagonal elements of `Rbar` seen so far (an estimate of `cond(A)` from below; with
+//!   damping, of `cond([A; damp I])`).
+//! * Stopping, checked after every iteration with `test1 = normr / ||b||`,
+//!   `test2 = normar / (norma * normr)` (infinite when the product is 0), `test3 = 1 / conda`,
+//!   `t1 = test1 / (1 + norma * normx / ||b||)` and
+//!   `rtol = btol + atol * norma * normx / ||b||`: `istop` is 7 when `itn >= maxiter`, then
+//!   overridden in this order by 6 (`1 + test3 <= 1`), 5 (`1 + test2 <= 1`),
+//!   4 (`1 + t1 <= 1`), 3 (`test3 <= 1 / conlim`; with `conlim == 0` the bound is 0, which
+//!   only an infinite `conda` reaches),
+//!   2 (`test2 <= atol`), 1 (`test1 <= rtol`); the last test that holds wins, so the user's
+//!   tolerances take precedence over the machine-precision ones. The loop ends when `istop > 0`.
+//!   [`istop_reason`] says each code in words.
+//! * Early exits before the first iteration, with `itn = 0` and `istop = 0`:
+//!   `||A^T r0|| = alpha * beta == 0` (the start `x = x0`, or `x = 0`, is already a solution:
+//!   `b - A x0 == 0`, or `A^T (b - A x0) == 0`), and otherwise `||b|| == 0` (then `x = 0`).
+//!
+//! Quirks of SciPy that are kept on purpose, so that results compare one to one:
+//!
+//! * The early exits report `normx = 0`, `conda = 1` and `norma = alpha` even when `x0 != 0`;
+//!   the `||b|| == 0` exit returns `x = 0` with `normr = ||b - A x0||` of the *start*.
+//! * `maxiter = Some(0)` runs no iteration and returns `istop = 0` (the loop never sets it),
+//!   with `x = x0` (or 0).
+//! * When a bidiagonalisation step finds `beta == 0` (an invariant subspace), `v` and `alpha`
+//!   keep their previous values, as in SciPy.
+//!
+//! Rounding: the scalar recurrences are evaluated in SciPy's order. The products are summed
+//! by the operator (in stored order for [`CsrHost`](crate::sparse::CsrHost), as SciPy's CSR
+//! products), and norms as a plain sequential sum of squares where NumPy calls BLAS `ddot`;
+//! results therefore agree with SciPy to rounding on well-conditioned problems that converge
+//! in few iterations, and drift further apart with the conditioning and with iterations run
+//! after the Lanczos vectors lose orthogonality, as two SciPy runs with different BLAS
+//! products do (measured per case in `lsmr_tests.rs`).
+
+use super::operator::HostLinearOperator;
+use crate::error::{Error, Result};
+
+/// The options of [`lsmr_host`], with SciPy's names, meanings and defaults.
+#[derive(Clone, Debug)]
+pub struct LsmrOptions {
+    /// Damping (Tikhonov) factor: solve `min ||[b; 0] - [A; damp I] x||`. Default 0.
+    pub damp: f64,
+    /// Relative error expected in `A` (stopping tolerance; see the module docs). Default 1e-6.
+    pub atol: f64,
+    /// Relative error expected in `b` (stopping tolerance; see the module docs). Default 1e-6.
+    pub btol: f64,
+    /// Stop when the estimate of `cond(A)` exceeds this; 0 means no limit. Default 1e8.
+    pub conlim: f64,
+    /// The most iterations; `None` means `min(m, n)`, as SciPy.
+    pub maxiter: Option<usize>,
+    /// The initial guess (length `n`); `None` means zeros.
+    pub x0: Option<Vec<f64>>,
+    /// Print a progress line per (selected) iteration and a summary to stderr.
+    pub show: bool,
+}
+
+impl Default for LsmrOptions {
+    /// SciPy's defaults: `damp = 0`, `atol = btol = 1e-6`, `conlim = 1e8`,
+    /// `maxiter = min(m, n)`, `x0 = 0`, `show = false`.
+    fn default() -> Self {
+        LsmrOptions {
+            damp: 0.0,
+            atol: 1e-6,
+            btol: 1e-6,
+            conlim: 1e8,
+            maxiter: None,
+            x0: None,
+            show: false,
+        }
+    }
+}
+
+/// What [`lsmr_host`] returns: SciPy's eight return values, in SciPy's order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LsmrResult {
+    /// The solution (length `n`).
+    pub x: Vec<f64>,
+    /// Why the iteration stopped, 0..=7 with SciPy's meanings ([`istop_reason`]).
+    pub istop: u32,
+    /// Iterations run.
+    pub itn: usize,
+    /// Estimate of `||b - A x||` (with damping, of the augmented residual).
+    pub normr: f64,
+    /// Estimate of `||A^T (b - A x)||` (with damping, `||A^T r - damp^2 x||`).
+    pub normar: f64,
+    /// Estimate of the Frobenius norm of `A` (from below).
+    pub norma: f64,
+    /// Estimate of the condition number of `A` (from below).
+    pub conda: f64,
+    /// `||x||`.
+    pub normx: f64,
+}
+
+/// SciPy's meaning of each `istop` code, in words.
+pub fn istop_reason(istop: u32) -> &'static str {
+    match istop {
+        0 => "x = 0 (or x = x0 when an initial guess was given) is already an exact solution",
+        1 => "A x - b is small enough for the tolerances atol and btol",
+        2 => "x solves the least-squares problem well enough for the tolerance atol",
+        3 => "the estimate of cond(A) (with damping, of [A; damp I]) exceeded conlim",
+        4 => "A x - b is as small as this machine's precision allows (istop 1 with atol = btol = eps)",
+        5 => "x solves the least-squares problem to this machine's precision (istop 2 with atol = eps)",
+        6 => "cond(A) seems too large for this machine (istop 3 with conlim = 1/eps)",
+        7 => "the iteration limit maxiter was reached before any other stopping test held",
+        _ => "unknown istop code (LSMR uses 0 to 7)",
+    }
+}
+
+/// Solves `min ||[b; 0] - [A; damp I] x||_2` by LSMR with SciPy's semantics (module docs).
+///
+/// Errors (nothing is computed): `b.len() != m`; `x0` of length other than `n`; NaN or
+/// infinity in `b` or `x0`; `damp`, `atol`, `btol` or `conlim` negative, NaN or infinite;
+/// an operator whose own [`check`](HostLinearOperator::check) fails.
+pub fn lsmr_host(a: &dyn HostLinearOperator, b: &[f64], opts: &LsmrOptions) -> Result<LsmrResult> {
+    validate(a, b, opts)?;
+    let (m, n) = a.shape();
+    let maxiter = opts.maxiter.unwrap_or(m.min(n));
+    let damp = opts.damp;
+    let mut progress = opts.show.then(|| Progress::start(m, n, opts, maxiter));
+
+    // beta_1 u_1 = b - A x0, alpha_1 v_1 = A^T u_1.
+    let normb = norm2(b);
+    let mut av = vec![0.0; m]; // workspace for A v
+    let mut atu = vec![0.0; n]; // workspace for A^T u
+    let mut u = b.to_vec();
+    let (mut x, mut beta) = match &opts.x0 {
+        None => (vec![0.0; n], normb),
+        Some(x0) => {
+            a.apply(1.0, x0, 0.0, &mut av);
+            u.iter_mut().zip(&av).for_each(|(ui, &p)| *ui -= p);
+            (x0.clone(), norm2(&u))
+        }
+    };
+    let mut v = vec![0.0; n];
+    let mut alpha = 0.0;
+    if beta > 0.0 {
+        scale(&mut u, 1.0 / beta);
+        a.apply_transposed(1.0, &u, 0.0, &mut v);
+        alpha = norm2(&v);
+    }
+    if alpha > 0.0 {
+        scale(&mut v, 1.0 / alpha);
+    }
+
+    // The rotations' state for the first iteration.
+    let mut itn = 0usize;
+    let mut zetabar = alpha * beta;
+    let mut alphabar = alpha;
+    let mut rho = 1.0;
+    let mut rhobar = 1.0;
+    let mut cbar = 1.0;
+    let mut sbar = 0.0;
+    let mut h = v.clone();
+    let mut hbar = vec![0.0; n];
+
+    // The state of the ||r|| estimate (paper section 3.3): betadd = beta-double-dot,
+    // betad = beta-dot, rhodold = rho-dot_{k-1}, tautildeold = tau-tilde_{k-1}.
+    let mut betadd = beta;
+    let mut betad = 0.0;
+    let mut rhodold = 1.0;
+    let mut tautildeold = 0.0;
+    let mut thetatilde = 0.0;
+    let mut zeta = 0.0;
+    let mut d = 0.0;
+
+    // The state of the ||A|| and cond(A) estimates.
+    let mut norma2 = alpha * alpha;
+    let mut maxrbar = 0.0;
+    let mut minrbar = 1e100;
+    let mut norma = norma2.sqrt();
+    let mut conda = 1.0;
+    let mut normx = 0.0;
+
+    let ctol = if opts.conlim > 0.0 { 1.0 / opts.conlim } else { 0.0 };
+    let mut istop = 0u32;
+    let mut normr = beta;
+    let mut normar = alpha * beta;
+
+    // Early exits (SciPy checks ||A^T r0|| first: with b = A x0 != 0 it returns x0).
+    if normar == 0.0 {
+        return Ok(finish(&progress, x, istop, itn, normr, normar, norma, conda, normx));
+    }
+    if normb == 0.0 {
+        x.fill(0.0);
+        return Ok(finish(&progress, x, istop, itn, normr, normar, norma, conda, normx));
+    }
+    if let Some(p) = &progress {
+        p.first_line(x.first().copied().unwrap_or(0.0), normr, normar, alpha / beta);
+    }
+
+    while itn < maxiter {
+        itn += 1;
+
+        // Continue the bidiagonalisation: beta u = A v - alpha u, alpha v = A^T u - beta v.
+        // When beta == 0, u (now 0) is not normalised and v, alpha keep their values.
+        a.apply(1.0, &v, 0.0, &mut av);
+        u.iter_mut().zip(&av).for_each(|(ui, &p)| *ui = *ui * -alpha + p);
+        beta = norm2(&u);
+        if beta > 0.0 {
+            scale(&mut u, 1.0 / beta);
+            a.apply_transposed(1.0, &u, 0.0, &mut atu);
+            v.iter_mut().zip(&atu).for_each(|(vi, &p)| *vi = *vi * -beta + p);
+            alpha = norm2(&v);
+            if alpha > 0.0 {
+                scale(&mut v, 1.0 / alpha);
+            }
+        }
+        // Here beta = beta_{k+1}, alpha = alpha_{k+1}.
+
+        // Qhat_k folds damp into alphabar_k: alphahat_k = ||(alphabar_k, damp)||.
+        let hat = Rotation::of(alphabar, damp);
+        // Q_k turns B_k into R_k: rho_k = ||(alphahat_k, beta_{k+1})||.
+        let rhoold = rho;
+        let q = Rotation::of(hat.r, beta);
+        rho = q.r;
+        let thetanew = q.s * alpha;
+        alphabar = q.c * alpha;
+        // Qbar_k turns R_k^T into Rbar_k.
+        let rhobarold = rhobar;
+        let zetaold = zeta;
+        let thetabar = sbar * rho;
+        let rhotemp = cbar * rho;
+        let qbar = Rotation::of(cbar * rho, thetanew);
+        (cbar, sbar, rhobar) = (qbar.c, qbar.s, qbar.r);
+        zeta = cbar * zetabar;
+        zetabar *= -sbar;
+
+        // Update hbar, x and h.
+        let hbar_factor = -(thetabar * rho / (rhoold * rhobarold));
+        hbar.iter_mut()
+            .zip(&h)
+            .for_each(|(hb, &hi)| *hb = *hb * hbar_factor + hi);
+        let x_step = zeta / (rho * rhobar);
+        x.iter_mut().zip(&hbar).for_each(|(xi, &hb)| *xi += x_step * hb);
+        let h_factor = -(thetanew / rho);
+        h.iter_mut().zip(&v).for_each(|(hi, &vi)| *hi = *hi * h_factor + vi);
+
+        // Estimate ||r||: apply Qhat_k, then Q_k, to (betadd, 0) ...
+        let betaacute = hat.c * betadd;
+        let betacheck = -hat.s * betadd;
+        let betahat = q.c * betaacute;
+        betadd = -q.s * betaacute;
+        // ... then Qtilde_{k-1} (the identity at k = 1: rhodold = 1, thetabar = 0).
+        let thetatildeold = thetatilde;
+        let qtilde = Rotation::of(rhodold, thetabar);
+        thetatilde = qtilde.s * rhobar;
+        rhodold = qtilde.c * rhobar;
+        betad = -qtilde.s * betad + qtilde.c * betahat;
+        // Forward substitution for tau-tilde, then the norm of the residual's pieces.
+        tautildeold = (zetaold - thetatildeold * tautildeold) / qtilde.r;
+        let taud = (zeta - thetatilde * tautildeold) / rhodold;
+        d += betacheck * betacheck;
+        let gap = betad - taud;
+        normr = (d + gap * gap + betadd * betadd).sqrt();
+
+        // Estimate ||A||_F from ||B_k||_F (alpha_{k+1} enters at the next iteration).
+        norma2 += beta * beta;
+        norma = norma2.sqrt();
+        norma2 += alpha * alpha;
+
+        // Estimate cond(A) from the diagonal of Rbar.
+        maxrbar = py_max(maxrbar, rhobarold);
+        if itn > 1 {
+            minrbar = py_min(minrbar, rhobarold);
+        }
+        conda = py_max(maxrbar, rhotemp) / py_min(minrbar, rhotemp);
+
+        // The stopping tests.
+        normar = zetabar.abs();
+        normx = norm2(&x);
+        let test1 = normr / normb;
+        let test2 = if norma * normr != 0.0 {
+            normar / (norma * normr)
+        } else {
+            f64::INFINITY
+        };
+        let test3 = 1.0 / conda;
+        let t1 = test1 / (1.0 + norma * normx / normb);
+        let rtol = opts.btol + opts.atol * norma * normx / normb;
+
+        istop = stop_code(
+            &StopTests {
+                test1,
+                test2,
+                test3,
+                t1,
+                rtol,
+            },
+            itn >= maxiter,
+            opts.atol,
+            ctol,
+        );
+
+        if let Some(p) = &mut progress {
+            let near = test3 <= 1.1 * ctol || test2 <= 1.1 * opts.atol || test1 <= 1.1 * rtol;
+            if n <= 40 || itn <= 10 || itn + 10 >= maxiter || itn % 10 == 0 || near || istop != 0 {
+                p.line(
+                    itn,
+                    x.first().copied().unwrap_or(0.0),
+                    normr,
+                    normar,
+                    test1,
+                    test2,
+                    norma,
+                    conda,
+                );
+            }
+        }
+        if istop > 0 {
+            break;
+        }
+    }
+
+    Ok(finish(&progress, x, istop, itn, normr, normar, norma, conda, normx))
+}
+
+/// The result, after printing the summary when `show` is on.
+#[allow(clippy::too_many_arguments)] // SciPy's eight return values
+fn finish(
+    progress: &Option<Progress>,
+    x: Vec<f64>,
+    istop: u32,
+    itn: usize,
+    normr: f64,
+    normar: f64,
+    norma: f64,
+    conda: f64,
+    normx: f64,
+) -> LsmrResult {
+    if let Some(p) = progress {
+        p.finish(istop, itn, normr, normar, norma, conda, normx);
+    }
+    LsmrResult {
+        x,
+        istop,
+        itn,
+        normr,
+        normar,
+        norma,
+        conda,
+        normx,
+    }
+}
+
+/// The quantities SciPy's stopping rule looks at after an iteration (module docs).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StopTests {
+    /// `normr / ||b||`.
+    pub test1: f64,
+    /// `normar / (norma * normr)`, infinite when the product is 0.
+    pub test2: f64,
+    /// `1 / conda`.
+    pub test3: f64,
+    /// `test1 / (1 + norma * normx / ||b||)`.
+    pub t1: f64,
+    /// `btol + atol * norma * normx / ||b||`.
+    pub rtol: f64,
+}
+
+/// SciPy's `istop` after an iteration (0 = go on). The machine-precision tests come first
+/// (they stand in for `atol = btol = eps`, `conlim = 1/eps` when the user set 0), then the
+/// user's tolerances, which override them; the last test that holds wins:
+/// 7 maxiter < 6 cond for eps < 5 LS for eps < 4 Ax=b for eps < 3 conlim < 2 LS < 1 Ax=b.
+pub(crate) fn stop_code(t: &StopTests, at_maxiter: bool, atol: f64, ctol: f64) -> u32 {
+    let mut istop = 0;
+    if at_maxiter {
+        istop = 7;
+    }
+    if 1.0 + t.test3 <= 1.0 {
+        istop = 6;
+    }
+    if 1.0 + t.test2 <= 1.0 {
+        istop = 5;
+    }
+    if 1.0 + t.t1 <= 1.0 {
+        istop = 4;
+    }
+    if t.test3 <= ctol {
+        istop = 3;
+    }
+    if t.test2 <= atol {
+        istop = 2;
+    }
+    if t.test1 <= t.rtol {
+        istop = 1;
+    }
+    istop
+}
+
+/// The checks of [`lsmr_host`]'s arguments, all before any work.
+fn validate(a: &dyn HostLinearOperator, b: &[f64], opts: &LsmrOptions) -> Result<()> {
+    a.check()?;
+    let (m, n) = a.shape();
+    if b.len() != m {
+        return Err(Error::invalid(
+            "b",
+            format!("has {} elements, A is {m} x {n} so b needs m = {m}", b.len()),
+        ));
+    }
+    check_finite("b", b)?;
+    if let Some(x0) = &opts.x0 {
+        if x0.len() != n {
+            return Err(Error::invalid(
+                "x0",
+                format!("has {} elements, A is {m} x {n} so x0 needs n = {n}", x0.len()),
+            ));
+        }
+        check_finite("x0", x0)?;
+    }
+    for (arg, value) in [
+        ("damp", opts.damp),
+        ("atol", opts.atol),
+        ("btol", opts.btol),
+        ("conlim", opts.conlim),
+    ] {
+        if !(value.is_finite() && value >= 0.0) {
+            let hint = if arg == "conlim" { " (0 means no limit)" } else { "" };
+            return Err(Error::invalid(
+                arg,
+                format!("is {value}, must be finite and >= 0{hint}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// An error naming the first NaN or infinite element of `v`, if any.
+fn check_finite(arg: &'static str, v: &[f64]) -> Result<()> {
+    match v.iter().position(|e| !e.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(Error::invalid(
+            arg,
+            format!("element {i} is {}; every element must be finite", v[i]),
+        )),
+    }
+}
+
+/// A plane (Givens) rotation `[c s; -s c]` with `c a + s b = r`, `-s a + c b = 0`, `r >= 0`
+/// computed stably: Choi's SymOrtho (S.-C. Choi, "Iterative methods for singular linear
+/// equations and least-squares problems", PhD thesis, Stanford 2006), which the LSMR paper
+/// uses for every rotation. `r = ||(a, b)||` without overflow; `c`, `s` carry the signs of
+/// `a`, `b`. If `b == 0`: `(sign a, 0, |a|)`; if `a == 0`: `(0, sign b, |b|)`, with
+/// `sign 0 = 0`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Rotation {
+    c: f64,
+    s: f64,
+    r: f64,
+}
+
+impl Rotation {
+    fn of(a: f64, b: f64) -> Rotation {
+        if b == 0.0 {
+            Rotation {
+                c: sign(a),
+                s: 0.0,
+                r: a.abs(),
+            }
+        } else if a == 0.0 {
+            Rotation {
+                c: 0.0,
+                s: sign(b),
+                r: b.abs(),
+            }
+        } else if b.abs() > a.abs() {
+            // |tau| < 1: divide by the larger one.
+            let tau = a / b;
+            let s = sign(b) / (1.0 + tau * tau).sqrt();
+            let c = s * tau;
+            Rotation { c, s, r: b / s }
+        } else {
+            let tau = b / a;
+            let c = sign(a) / (1.0 + tau * tau).sqrt();
+            let s = c * tau;
+            Rotation { c, s, r: a / c }
+        }
+    }
+}
+
+/// The sign of `v` as NumPy's `sign`: -1, 0 or 1 (0 for +-0), NaN for NaN.
+fn sign(v: f64) -> f64 {
+    if v > 0.0 {
+        1.0
+    } else if v < 0.0 {
+        -1.0
+    } else if v == 0.0 {
+        0.0
+    } else {
+        f64::NAN
+    }
+}
+
+/// Python's `max(a, b)`: `b` only if `b > a` (so a NaN `b` is ignored, a NaN `a` sticks).
+fn py_max(a: f64, b: f64) -> f64 {
+    if b > a {
+        b
+    } else {
+        a
+    }
+}
+
+/// Python's `min(a, b)`: `b` only if `b < a`.
+fn py_min(a: f64, b: f64) -> f64 {
+    if b < a {
+        b
+    } else {
+        a
+    }
+}
+
+/// `||v||_2` as `sqrt(sum v_i^2)`, summed in order (NumPy's `norm` is `sqrt(dot(v, v))`).
+fn norm2(v: &[f64]) -> f64 {
+    v.iter().fold(0.0, |acc, &e| acc + e * e).sqrt()
+}
+
+/// `v *= factor` (SciPy scales by the reciprocal of a norm rather than dividing).
+fn scale(v: &mut [f64], factor: f64) {
+    v.iter_mut().for_each(|e| *e *= factor);
+}
+
+/// The `show` output on stderr: a header with the problem and options, one line per selected
+/// iteration (itn, x[0], the residual norms, the two stopping ratios, and the estimates), a
+/// heading repeated every [`Progress::HEADING_EVERY`] lines, and a closing summary.
+struct Progress {
+    /// Iteration lines printed since the last heading.
+    lines: usize,
+}
+
+impl Progress {
+    const HEADING_EVERY: usize = 20;
+
+    fn start(m: usize, n: usize, opts: &LsmrOptions, maxiter: usize) -> Progress {
+        eprintln!("lsmr: least squares  min ||[b; 0] - [A; damp I] x||,  A is {m} x {n}");
+        eprintln!(
+            "lsmr: damp {:.6e}  atol {:.2e}  btol {:.2e}  conlim {:.2e}  maxiter {maxiter}  x0 {}",
+            opts.damp,
+            opts.atol,
+            opts.btol,
+            opts.conlim,
+            if opts.x0.is_some() { "given" } else { "zero" }
+        );
+        Progress { lines: 0 }
+    }
+
+    fn heading() {
+        eprintln!(
+            "{:>7} {:>13} {:>11} {:>11} {:>9} {:>9} {:>9} {:>9}",
+            "itn", "x[0]", "||r||", "||A^T r||", "test1", "test2", "||A||", "cond(A)"
+        );
+    }
+
+    /// The line before the first iteration: test1 = 1 and test2 = alpha / beta.
+    fn first_line(&self, x0: f64, normr: f64, normar: f64, test2: f64) {
+        Self::heading();
+        eprintln!(
+            "{:>7} {x0:>13.5e} {normr:>11.3e} {normar:>11.3e} {:>9.1e} {test2:>9.1e}",
+            0, 1.0
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)] // one argument per printed column
+    fn line(&mut self, itn: usize, x0: f64, normr: f64, normar: f64, test1: f64, test2: f64, norma: f64, conda: f64) {
+        if self.lines >= Self::HEADING_EVERY {
+            eprintln!();
+            Self::heading();
+            self.lines = 0;
+        }
+        self.lines += 1;
+        eprintln!(
+            "{itn:>7} {x0:>13.5e} {normr:>11.3e} {normar:>11.3e} {test1:>9.1e} {test2:>9.1e} {norma:>9.1e} {conda:>9.1e}"
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)] // one argument per result
+    fn finish(&self, istop: u32, itn: usize, normr: f64, normar: f64, norma: f64, conda: f64, normx: f64) {
+        eprintln!("lsmr: stopped, istop {istop}: {}", istop_reason(istop));
+        eprintln!(
+            "lsmr: itn {itn}  ||r|| {normr:.3e}  ||A^T r|| {normar:.3e}  ||A|| {norma:.3e}  cond(A) {conda:.3e}  ||x|| {normx:.3e}"
+        );
+    }
+}
