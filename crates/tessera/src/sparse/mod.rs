@@ -9,6 +9,7 @@
 
 #[cfg(feature = "harness")]
 pub mod bench;
+pub mod convert;
 pub mod descriptor;
 pub mod device;
 #[cfg(feature = "harness")]
@@ -26,6 +27,8 @@ pub mod spmv;
 pub mod spmv_transposed;
 #[cfg(feature = "harness")]
 pub mod verify;
+#[cfg(feature = "harness")]
+pub mod verify_convert;
 
 #[cfg(test)]
 mod descriptor_tests;
@@ -38,6 +41,7 @@ mod mtx_tests;
 #[cfg(test)]
 mod reference_tests;
 
+pub use convert::{ConversionReport, CooMatrix};
 pub use descriptor::SparseDescriptor;
 pub use device::CsrMatrix;
 pub use host::{ColumnOrder, CooHost, CsrCheck, CsrHost, DenseLayout, Duplicates};
