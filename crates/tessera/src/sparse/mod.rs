@@ -22,6 +22,7 @@ mod operator;
 #[cfg(feature = "harness")]
 pub mod reference;
 mod row_ranges;
+pub mod sell;
 pub mod spmm;
 pub mod spmv;
 pub mod spmv_transposed;
@@ -49,6 +50,7 @@ pub use index::SparseIndex;
 pub use mtx::{parse_mtx, read_mtx, read_mtx_csr, write_mtx, MtxField, MtxHeader, MtxSymmetry};
 #[cfg(feature = "harness")]
 pub use operator::OPERATOR;
+pub use sell::{prefers_sell, SellMatrix, SellOptions};
 pub use spmm::SpmmPlan;
 pub use spmv::{SpmvOptions, SpmvPlan, SpmvTuning};
 pub use spmv_transposed::SpmvTransposedPlan;

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::descriptor::SparseDescriptor;
 use super::generate::{generate, random_vector, MatrixClass};
-use super::{bench, convert, reference, spmm, spmv, spmv_transposed, verify, verify_convert};
+use super::{bench, convert, reference, sell, spmm, spmv, spmv_transposed, verify, verify_convert};
 use crate::error::Result;
 use crate::harness::{Baselines, BenchJob, VerifyJob};
 use crate::registry::Operator;
@@ -38,12 +38,25 @@ impl Operator for Sparse {
     }
 
     fn bench_jobs(&self, quick: bool) -> Vec<BenchJob> {
-        bench::cases(quick)
+        let cases = bench::cases(quick);
+        // SELL-C-sigma beside CSR on the short-row, uneven matrices (no baseline of its own)
+        let sell = cases
+            .iter()
+            .filter(|c| {
+                matches!(
+                    c.source,
+                    bench::MatrixSource::Generated(MatrixClass::PowerLaw { .. } | MatrixClass::FewLongRows { .. })
+                )
+            })
+            .map(|c| BenchJob::new(format!("{} sell", c.name()), None, c.clone(), bench::bench_sell_case))
+            .collect::<Vec<_>>();
+        cases
             .into_iter()
             .map(|c| {
                 let baseline = Some((c.name(), c.params()));
                 BenchJob::new(c.name(), baseline, c, bench::bench_case)
             })
+            .chain(sell)
             .collect()
     }
 
@@ -53,6 +66,7 @@ impl Operator for Sparse {
         spmv.chain(spmm::all_variants().into_iter().map(|v| v.spec()))
             .chain(transposed)
             .chain(convert::all_variants().into_iter().map(|v| v.spec()))
+            .chain(sell::all_variants().into_iter().map(|v| v.spec()))
             .collect()
     }
 

@@ -15,6 +15,7 @@ use super::generate::{random_vector, try_generate, MatrixClass};
 use super::host::{CooHost, CsrHost, Duplicates};
 use super::index::SparseIndex;
 use super::reference;
+use super::sell::{SellMatrix, SellOptions};
 use super::verify::{judge, with_types};
 use crate::check::to_f64_vec;
 use crate::dtype::{DType, Element};
@@ -23,7 +24,7 @@ use crate::harness::VerifyOutcome;
 use crate::runtime::Context;
 
 /// What a conversion case checks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ConvertKind {
     /// `CsrMatrix::transpose` / `transposed` against `CsrHost::transpose`.
     Transpose,
@@ -33,6 +34,8 @@ pub enum ConvertKind {
     BadCooIndex,
     /// `update_values`: the version, SpMV and the cached transpose follow the new values.
     UpdateValues,
+    /// SELL-C-sigma built from the device CSR: SpMV against the reference, twice bitwise.
+    Sell { sigma: usize, alpha: f64, beta: f64 },
 }
 
 #[derive(Clone, Debug)]
@@ -52,6 +55,7 @@ impl ConvertCase {
             ConvertKind::FromCoo { duplicates, repeated } => format!("coo->csr {duplicates:?} +{repeated} dup"),
             ConvertKind::BadCooIndex => "coo bad index".to_string(),
             ConvertKind::UpdateValues => "update_values".to_string(),
+            ConvertKind::Sell { sigma, alpha, beta } => format!("sell sigma {sigma} alpha {alpha} beta {beta}"),
         };
         format!(
             "convert {kind} {} {} {}x{} {} idx",
@@ -143,6 +147,28 @@ pub fn cases(quick: bool) -> Vec<ConvertCase> {
             }));
         }
     }
+    // SELL-C-sigma: every dtype on the power-law matrix, the other classes in fp32
+    for (i, &(class, rows, cols)) in shapes.iter().enumerate() {
+        if quick && i != 2 {
+            continue;
+        }
+        let dtypes: &[DType] = if i == 2 { &dtypes } else { &dtypes[..1] };
+        for (j, &value) in dtypes.iter().enumerate() {
+            let (alpha, beta) = [(1.0, 0.0), (-0.5, 2.0), (1.5, -1.0)][(i + j) % 3];
+            out.push(ConvertCase {
+                kind: ConvertKind::Sell {
+                    sigma: [32, 1024, 4096][(i + j) % 3],
+                    alpha,
+                    beta,
+                },
+                class,
+                rows,
+                cols,
+                value,
+                index: if (i + j) % 2 == 0 { DType::I32 } else { DType::I64 },
+            });
+        }
+    }
     let (class, rows, cols) = shapes[2];
     for (kind, value, index) in [
         (ConvertKind::BadCooIndex, DType::F32, DType::I32),
@@ -225,6 +251,33 @@ fn run<T: Element, I: SparseIndex>(ctx: &Context, case: &ConvertCase, seed: u64)
                 Ok(_) => vec!["an out-of-range column was accepted".to_string()],
             };
             Ok(verdict(case, "coo-check", problems))
+        }
+        ConvertKind::Sell { sigma, alpha, beta } => {
+            let a = CsrMatrix::from_host(ctx, &host)?;
+            let sell = SellMatrix::from_csr(&a, &SellOptions { sigma })?;
+            let x: Vec<T> = random_vector(case.cols, seed ^ 0x5eed)
+                .into_iter()
+                .map(T::from_f64)
+                .collect();
+            let y0: Vec<T> = if beta == 0.0 {
+                vec![T::from_f64(f64::NAN); case.rows]
+            } else {
+                random_vector(case.rows, seed ^ 0xbeef)
+                    .into_iter()
+                    .map(T::from_f64)
+                    .collect()
+            };
+            let mut want = to_f64_vec(&y0);
+            reference::spmv(&host, alpha, &to_f64_vec(&x), beta, &mut want);
+            let dx = upload_nonempty(ctx, &x)?;
+            let mut runs = Vec::new();
+            for _ in 0..2 {
+                let mut dy = upload_nonempty(ctx, &y0)?;
+                sell.spmv(alpha, &dx, beta, &mut dy)?;
+                runs.push(dy.to_host()?[..case.rows].to_vec());
+            }
+            let path = format!("sell padding {:.3}", sell.padding_ratio());
+            Ok(judge(case.name(), case.params(), path, &runs[0], Some(&runs[1]), &want))
         }
         ConvertKind::UpdateValues => {
             let mut a = CsrMatrix::from_host(ctx, &host)?;
