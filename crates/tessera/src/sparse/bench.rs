@@ -12,6 +12,7 @@ use super::generate::{random_vector, try_generate, MatrixClass};
 use super::host::CsrHost;
 use super::index::SparseIndex;
 use super::reference;
+use super::sell::{prefers_sell, SellMatrix, SellOptions};
 use super::spmv::{SpmvOptions, SpmvPlan, SpmvTuning};
 use crate::check::{compare, to_f64_vec};
 use crate::dtype::{DType, Element};
@@ -253,4 +254,58 @@ fn write_matrix<T: Element, I: SparseIndex>(a: &CsrHost<T, I>, stem: &str) -> Re
     std::fs::write(format!("{stem}.indices"), raw(&a.indices)).map_err(io)?;
     std::fs::write(format!("{stem}.values"), raw(&a.values)).map_err(io)?;
     Ok(())
+}
+
+/// SELL-C-sigma SpMV (impl `tessera-sell`, default sigma) on a generated case's matrix, for
+/// comparison with the CSR row of the same case; params carry the padding, the dispatch rule's
+/// answer and the build cost.
+pub fn bench_sell_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    crate::dispatch_float!("sparse sell bench"; case.value, [F32, F64], |T| run_sell::<T>(ctx, case, seed, timing))
+}
+
+fn run_sell<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    let MatrixSource::Generated(class) = case.source else {
+        return Err(Error::Unsupported("the SELL benchmark takes generated matrices".into()));
+    };
+    let host = try_generate::<T, i32>(class, case.rows, case.cols, seed)?;
+    let sell = SellMatrix::from_host(ctx, &host, &SellOptions::default())?;
+    let x: Vec<T> = random_vector(host.cols, seed ^ 0x5eed)
+        .into_iter()
+        .map(T::from_f64)
+        .collect();
+    let dx = ctx.upload(&x)?;
+    let mut dy = ctx.alloc::<T>(host.rows.max(1))?;
+    sell.spmv(1.0, &dx, 0.0, &mut dy)?;
+    let got = to_f64_vec(&dy.to_host()?[..host.rows]);
+    let mut want = vec![0.0; host.rows];
+    reference::spmv(&host, 1.0, &to_f64_vec(&x), 0.0, &mut want);
+    let cmp = compare(&got, &want, 0.0, 0.0);
+    if !cmp.passes(T::DTYPE.rel_l2_budget()) {
+        return Err(Error::Unsupported(format!(
+            "{} (sell): output failed verification before timing: {cmp}",
+            case.name()
+        )));
+    }
+    let t = time_median(ctx, timing, |_| sell.spmv(1.0, &dx, 0.0, &mut dy))?;
+    let descriptor = super::SparseDescriptor::of(&host);
+    Ok(BenchOutcome {
+        case: case.name(),
+        params: {
+            let mut p = case.params();
+            p["descriptor"] = json!(descriptor.to_string());
+            p["path"] = json!("sell");
+            p["padding"] = json!(sell.padding_ratio());
+            p["sell_preferred"] = json!(prefers_sell(&descriptor, sell.padding_ratio()));
+            p["build_ms"] = json!(sell.conversion().elapsed.as_secs_f64() * 1e3);
+            p
+        },
+        implementation: "tessera-sell".into(),
+        ms: t.median_ms,
+        // the same useful bytes as the CSR row (padding is overhead, not counted)
+        gbps: Some(bytes(&host) as f64 / (t.median_ms * 1e-3) / 1e9),
+        tflops: None,
+        extra_mib: Some(0.0),
+        max_abs_err: Some(cmp.max_abs_err),
+        rel_l2: Some(cmp.rel_l2),
+    })
 }

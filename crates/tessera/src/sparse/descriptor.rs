@@ -63,20 +63,8 @@ impl SparseDescriptor {
     /// Summarises `a` (see the module documentation for the cost).
     pub fn of<T: Element, I: SparseIndex>(a: &CsrHost<T, I>) -> Self {
         let rows = a.rows;
-        let nnz = a.nnz();
         let lengths: Vec<usize> = (0..rows).map(|r| a.row_len(r)).collect();
-        let avg_row = if rows == 0 { 0.0 } else { nnz as f64 / rows as f64 };
-        let max_row = lengths.iter().copied().max().unwrap_or(0);
-        let empty_rows = lengths.iter().filter(|&&n| n == 0).count();
-        let row_cv = if avg_row == 0.0 {
-            0.0
-        } else {
-            let variance = lengths.iter().map(|&n| (n as f64 - avg_row).powi(2)).sum::<f64>() / rows as f64;
-            variance.sqrt() / avg_row
-        };
-        let p95_row = percentile_95(lengths);
-
-        let counts = if nnz > PARALLEL_MIN_NNZ {
+        let counts = if a.nnz() > PARALLEL_MIN_NNZ {
             let ranges = split_rows(&a.offsets, thread_count(), BLOCK_SIZES[4]);
             std::thread::scope(|scope| {
                 let handles: Vec<_> = ranges
@@ -97,21 +85,41 @@ impl SparseDescriptor {
         } else {
             count_range(a, 0..rows)
         };
+        Self::from_counts(a.cols, lengths, counts.pairs, counts.local_pairs, counts.blocks)
+    }
 
-        let col_locality = if counts.pairs == 0 {
+    /// The descriptor of a `lengths.len() x cols` matrix with rows of `lengths` nonzeros, given
+    /// its nonzero-pass counts: `pairs` consecutive entry pairs within rows, `local_pairs` of
+    /// them within one 32-column line, and `blocks[s]` distinct nonempty aligned blocks of side
+    /// `BLOCK_SIZES[s]` (what [`of`](Self::of) counts on the host and the device conversions
+    /// count on the device).
+    pub fn from_counts(cols: usize, lengths: Vec<usize>, pairs: usize, local_pairs: usize, blocks: [usize; 5]) -> Self {
+        let rows = lengths.len();
+        let nnz: usize = lengths.iter().sum();
+        let avg_row = if rows == 0 { 0.0 } else { nnz as f64 / rows as f64 };
+        let max_row = lengths.iter().copied().max().unwrap_or(0);
+        let empty_rows = lengths.iter().filter(|&&n| n == 0).count();
+        let row_cv = if avg_row == 0.0 {
             0.0
         } else {
-            counts.local_pairs as f64 / counts.pairs as f64
+            let variance = lengths.iter().map(|&n| (n as f64 - avg_row).powi(2)).sum::<f64>() / rows as f64;
+            variance.sqrt() / avg_row
+        };
+        let p95_row = percentile_95(lengths);
+        let col_locality = if pairs == 0 {
+            0.0
+        } else {
+            local_pairs as f64 / pairs as f64
         };
         let mut block_fill = [0.0; 5];
-        for ((fill, &blocks), b) in block_fill.iter_mut().zip(&counts.blocks).zip(BLOCK_SIZES) {
-            if blocks > 0 {
-                *fill = nnz as f64 / (blocks as f64 * (b * b) as f64);
+        for ((fill, &count), b) in block_fill.iter_mut().zip(&blocks).zip(BLOCK_SIZES) {
+            if count > 0 {
+                *fill = nnz as f64 / (count as f64 * (b * b) as f64);
             }
         }
         SparseDescriptor {
             rows,
-            cols: a.cols,
+            cols,
             nnz,
             avg_row,
             p95_row,

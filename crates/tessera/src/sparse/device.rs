@@ -9,8 +9,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::convert::{self, ConversionReport, CooMatrix};
 use super::descriptor::SparseDescriptor;
-use super::host::{CsrHost, DenseLayout};
+use super::host::{CsrHost, DenseLayout, Duplicates};
 use super::index::SparseIndex;
 use super::spmm::SpmmPlan;
 use super::spmv::{choose_shape, SpmvOptions, SpmvPlan, SpmvTuning};
@@ -31,9 +32,15 @@ pub struct CsrMatrix<T: Element, I: SparseIndex> {
     pub(crate) indices: DeviceBuffer<I>,
     pub(crate) values: DeviceBuffer<T>,
     descriptor: SparseDescriptor,
+    /// Bumped by every in-place change of the values; what the caches below were made from.
+    version: u64,
+    /// How this matrix was made on the device, if it was converted there.
+    conversion: Option<ConversionReport>,
     spmv_plan: Mutex<Option<Arc<SpmvPlan>>>,
     spmm_plans: Mutex<HashMap<(usize, DenseLayout), Arc<SpmmPlan>>>,
     transposed_plan: Mutex<Option<Arc<SpmvTransposedPlan>>>,
+    /// The CSR of A^T, made on first use by [`transposed`](Self::transposed).
+    transposed: Mutex<Option<Arc<CsrMatrix<T, I>>>>,
 }
 
 impl<T: Element, I: SparseIndex> std::fmt::Debug for CsrMatrix<T, I> {
@@ -59,27 +66,124 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
             )));
         }
         host.validate()?;
-        let descriptor = SparseDescriptor::of(host);
-        let row_lengths: Vec<usize> = (0..host.rows).map(|r| host.row_len(r)).collect();
-        let all_rows = SpmvTuning {
-            long_threshold: Some(usize::MAX),
-            ..SpmvTuning::default()
-        };
-        let (row_lanes, _) = choose_shape(&row_lengths, &all_rows);
-        Ok(CsrMatrix {
+        let offsets = ctx.upload(&host.offsets)?;
+        let indices = upload_nonempty(ctx, &host.indices)?;
+        let values = upload_nonempty(ctx, &host.values)?;
+        Ok(Self::assemble(
+            ctx,
+            host.cols,
+            (0..host.rows).map(|r| host.row_len(r)).collect(),
+            (offsets, indices, values),
+            SparseDescriptor::of(host),
+            None,
+        ))
+    }
+
+    /// A matrix from arrays a device conversion made (`convert.rs`): offsets (`rows + 1`),
+    /// indices and values (nnz each, at least one element allocated), valid by construction,
+    /// with its row lengths (from the downloaded offsets), the descriptor counted on the device
+    /// and the conversion's report.
+    pub(crate) fn from_device_parts(
+        ctx: &Context,
+        cols: usize,
+        row_lengths: Vec<usize>,
+        arrays: (DeviceBuffer<I>, DeviceBuffer<I>, DeviceBuffer<T>),
+        descriptor: SparseDescriptor,
+        report: ConversionReport,
+    ) -> Self {
+        Self::assemble(ctx, cols, row_lengths, arrays, descriptor, Some(report))
+    }
+
+    fn assemble(
+        ctx: &Context,
+        cols: usize,
+        row_lengths: Vec<usize>,
+        (offsets, indices, values): (DeviceBuffer<I>, DeviceBuffer<I>, DeviceBuffer<T>),
+        descriptor: SparseDescriptor,
+        conversion: Option<ConversionReport>,
+    ) -> Self {
+        let (row_lanes, _) = choose_shape(&row_lengths, &all_rows_short());
+        CsrMatrix {
             ctx: ctx.clone(),
-            rows: host.rows,
-            cols: host.cols,
+            rows: row_lengths.len(),
+            cols,
             row_lengths,
             row_lanes,
-            offsets: ctx.upload(&host.offsets)?,
-            indices: upload_nonempty(ctx, &host.indices)?,
-            values: upload_nonempty(ctx, &host.values)?,
+            offsets,
+            indices,
+            values,
             descriptor,
+            version: 0,
+            conversion,
             spmv_plan: Mutex::new(None),
             spmm_plans: Mutex::new(HashMap::new()),
             transposed_plan: Mutex::new(None),
-        })
+            transposed: Mutex::new(None),
+        }
+    }
+
+    /// Converts triplets on the device to CSR: rows sorted, columns sorted within rows,
+    /// duplicates summed in input order (f64, rounded once) or rejected as `duplicates` says;
+    /// the same matrix as [`CsrHost::from_coo`] gives. The cost is in
+    /// [`conversion`](Self::conversion).
+    pub fn from_coo(coo: &CooMatrix<T, I>, duplicates: Duplicates) -> Result<Self> {
+        convert::from_coo(coo, duplicates)
+    }
+
+    /// The CSR of A^T (`cols x rows`), made on the device: within each of its rows, the entries
+    /// in the order of A's rows (deterministic; the same arrays as [`CsrHost::transpose`]).
+    /// A new matrix each call; [`transposed`](Self::transposed) makes it once and keeps it.
+    pub fn transpose(&self) -> Result<CsrMatrix<T, I>> {
+        convert::transpose(self)
+    }
+
+    /// The CSR of A^T, made by [`transpose`](Self::transpose) on first use and cached on the
+    /// matrix (until [`update_values`](Self::update_values)); its cost is in its
+    /// [`conversion`](Self::conversion).
+    pub fn transposed(&self) -> Result<Arc<CsrMatrix<T, I>>> {
+        let mut slot = self.transposed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = slot.as_ref() {
+            return Ok(t.clone());
+        }
+        let t = Arc::new(self.transpose()?);
+        *slot = Some(t.clone());
+        Ok(t)
+    }
+
+    /// What converting to this matrix on the device cost (`None` for an upload from the host).
+    pub fn conversion(&self) -> Option<&ConversionReport> {
+        self.conversion.as_ref()
+    }
+
+    /// How many times the values were changed in place ([`update_values`](Self::update_values));
+    /// 0 after construction.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Replaces the values in place (same pattern: `values` has one entry per stored nonzero, in
+    /// stored order), bumps [`version`](Self::version) and drops every cached plan and
+    /// conversion (the next use makes them again from the new values).
+    pub fn update_values(&mut self, values: &[T]) -> Result<()> {
+        if values.len() != self.nnz() {
+            return Err(Error::invalid(
+                "values",
+                format!(
+                    "has {} entries; the matrix stores {} nonzeros and update_values keeps its pattern",
+                    values.len(),
+                    self.nnz()
+                ),
+            ));
+        }
+        if !values.is_empty() {
+            self.values.copy_from_host(values)?;
+        }
+        self.version += 1;
+        *self.spmv_plan.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+        self.spmm_plans.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        *self.transposed_plan.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.transposed.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+        Ok(())
     }
 
     pub fn rows(&self) -> usize {
@@ -166,6 +270,15 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
             }
         };
         plan.run(self, alpha, x, beta, y)
+    }
+}
+
+/// Tuning that keeps every row in the row kernel: the lanes per row of kernels without a
+/// long-row path.
+fn all_rows_short() -> SpmvTuning {
+    SpmvTuning {
+        long_threshold: Some(usize::MAX),
+        ..SpmvTuning::default()
     }
 }
 

@@ -542,7 +542,7 @@ fn sort_rows<T: Element, I: SparseIndex>(offsets: &[I], base: usize, indices: &m
 }
 
 /// The error for a (row, column) stored more than once under [`Duplicates::Reject`].
-fn duplicate_error(row: usize, col: usize) -> Error {
+pub(crate) fn duplicate_error(row: usize, col: usize) -> Error {
     Error::invalid(
         "indices",
         format!(
@@ -553,7 +553,7 @@ fn duplicate_error(row: usize, col: usize) -> Error {
 }
 
 /// `rows`, `cols` and `nnz` must fit the index type.
-fn check_sizes<I: SparseIndex>(rows: usize, cols: usize, nnz: usize) -> Result<()> {
+pub(crate) fn check_sizes<I: SparseIndex>(rows: usize, cols: usize, nnz: usize) -> Result<()> {
     for (arg, what, n) in [
         ("rows", "rows", rows),
         ("cols", "columns", cols),
@@ -645,7 +645,7 @@ fn check_columns<I: SparseIndex>(offsets: &[I], indices: &[I], cols: usize) -> R
 }
 
 /// The three triplet arrays have one entry per triplet.
-fn check_triplet_lengths(rows: usize, cols: usize, values: usize) -> Result<()> {
+pub(crate) fn check_triplet_lengths(rows: usize, cols: usize, values: usize) -> Result<()> {
     if cols != rows {
         return Err(Error::invalid(
             "col_indices",
@@ -662,7 +662,7 @@ fn check_triplet_lengths(rows: usize, cols: usize, values: usize) -> Result<()> 
 }
 
 /// Every triplet index is in `0..bound` (`what` names the argument).
-fn check_triplet_indices<I: SparseIndex>(what: &'static str, indices: &[I], bound: usize) -> Result<()> {
+pub(crate) fn check_triplet_indices<I: SparseIndex>(what: &'static str, indices: &[I], bound: usize) -> Result<()> {
     if let Some((k, &v)) = indices
         .iter()
         .enumerate()

@@ -9,6 +9,7 @@
 
 #[cfg(feature = "harness")]
 pub mod bench;
+pub mod convert;
 pub mod descriptor;
 pub mod device;
 #[cfg(feature = "harness")]
@@ -21,11 +22,14 @@ mod operator;
 #[cfg(feature = "harness")]
 pub mod reference;
 mod row_ranges;
+pub mod sell;
 pub mod spmm;
 pub mod spmv;
 pub mod spmv_transposed;
 #[cfg(feature = "harness")]
 pub mod verify;
+#[cfg(feature = "harness")]
+pub mod verify_convert;
 
 #[cfg(test)]
 mod descriptor_tests;
@@ -38,6 +42,7 @@ mod mtx_tests;
 #[cfg(test)]
 mod reference_tests;
 
+pub use convert::{ConversionReport, CooMatrix};
 pub use descriptor::SparseDescriptor;
 pub use device::CsrMatrix;
 pub use host::{ColumnOrder, CooHost, CsrCheck, CsrHost, DenseLayout, Duplicates};
@@ -45,6 +50,7 @@ pub use index::SparseIndex;
 pub use mtx::{parse_mtx, read_mtx, read_mtx_csr, write_mtx, MtxField, MtxHeader, MtxSymmetry};
 #[cfg(feature = "harness")]
 pub use operator::OPERATOR;
+pub use sell::{prefers_sell, SellMatrix, SellOptions};
 pub use spmm::SpmmPlan;
 pub use spmv::{SpmvOptions, SpmvPlan, SpmvTuning};
 pub use spmv_transposed::SpmvTransposedPlan;

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::descriptor::SparseDescriptor;
 use super::generate::{generate, random_vector, MatrixClass};
-use super::{bench, reference, spmm, spmv, spmv_transposed, verify};
+use super::{bench, convert, reference, sell, spmm, spmv, spmv_transposed, verify, verify_convert};
 use crate::error::Result;
 use crate::harness::{Baselines, BenchJob, VerifyJob};
 use crate::registry::Operator;
@@ -31,16 +31,32 @@ impl Operator for Sparse {
         let transposed = verify::transposed_cases(quick)
             .into_iter()
             .map(|c| VerifyJob::new(c.name(), c, verify::verify_transposed_case));
-        spmv.chain(spmm).chain(transposed).collect()
+        let conversions = verify_convert::cases(quick)
+            .into_iter()
+            .map(|c| VerifyJob::new(c.name(), c, verify_convert::verify_case));
+        spmv.chain(spmm).chain(transposed).chain(conversions).collect()
     }
 
     fn bench_jobs(&self, quick: bool) -> Vec<BenchJob> {
-        bench::cases(quick)
+        let cases = bench::cases(quick);
+        // SELL-C-sigma beside CSR on the short-row, uneven matrices (no baseline of its own)
+        let sell = cases
+            .iter()
+            .filter(|c| {
+                matches!(
+                    c.source,
+                    bench::MatrixSource::Generated(MatrixClass::PowerLaw { .. } | MatrixClass::FewLongRows { .. })
+                )
+            })
+            .map(|c| BenchJob::new(format!("{} sell", c.name()), None, c.clone(), bench::bench_sell_case))
+            .collect::<Vec<_>>();
+        cases
             .into_iter()
             .map(|c| {
                 let baseline = Some((c.name(), c.params()));
                 BenchJob::new(c.name(), baseline, c, bench::bench_case)
             })
+            .chain(sell)
             .collect()
     }
 
@@ -49,6 +65,8 @@ impl Operator for Sparse {
         let transposed = spmv_transposed::all_variants().into_iter().map(|v| v.spec());
         spmv.chain(spmm::all_variants().into_iter().map(|v| v.spec()))
             .chain(transposed)
+            .chain(convert::all_variants().into_iter().map(|v| v.spec()))
+            .chain(sell::all_variants().into_iter().map(|v| v.spec()))
             .collect()
     }
 

@@ -190,14 +190,23 @@ pub fn cases(quick: bool) -> Vec<Case> {
     out
 }
 
+/// `$run::<T, I>(args)` with `T` the value type of `$value` (any sparse value dtype) and `I`
+/// that of `$index` (i32, else i64).
+macro_rules! with_types {
+    ($what:expr, $value:expr, $index:expr, $run:ident($($arg:expr),*)) => {
+        crate::dispatch_float!($what; $value, [F32, F64, F16, BF16], |T| {
+            match $index {
+                DType::I32 => $run::<T, i32>($($arg),*),
+                _ => $run::<T, i64>($($arg),*),
+            }
+        })
+    };
+}
+pub(crate) use with_types;
+
 /// Runs one case on the GPU and compares it with the f64 reference.
 pub fn verify_case(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcome> {
-    crate::dispatch_float!("sparse verify"; case.value, [F32, F64, F16, BF16], |T| {
-        match case.index {
-            DType::I32 => run::<T, i32>(ctx, case, seed),
-            _ => run::<T, i64>(ctx, case, seed),
-        }
-    })
+    with_types!("sparse verify", case.value, case.index, run(ctx, case, seed))
 }
 
 fn run<T: Element, I: SparseIndex>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcome> {
@@ -338,12 +347,7 @@ pub fn spmm_cases(quick: bool) -> Vec<SpmmCase> {
 /// Runs one SpMM case on the GPU and compares it with the f64 reference (and a second run,
 /// bitwise).
 pub fn verify_spmm_case(ctx: &Context, case: &SpmmCase, seed: u64) -> Result<VerifyOutcome> {
-    crate::dispatch_float!("sparse spmm verify"; case.value, [F32, F64, F16, BF16], |T| {
-        match case.index {
-            DType::I32 => run_spmm::<T, i32>(ctx, case, seed),
-            _ => run_spmm::<T, i64>(ctx, case, seed),
-        }
-    })
+    with_types!("sparse spmm verify", case.value, case.index, run_spmm(ctx, case, seed))
 }
 
 fn run_spmm<T: Element, I: SparseIndex>(ctx: &Context, case: &SpmmCase, seed: u64) -> Result<VerifyOutcome> {
@@ -516,7 +520,7 @@ fn run_transposed<T: Element, I: SparseIndex>(
 
 /// The verdict on `got` against the f64 reference `want` within `T`'s rel-L2 budget and, given a
 /// second run's output, that the two are bitwise equal (the deterministic kernels).
-fn judge<T: Element>(
+pub(crate) fn judge<T: Element>(
     case: String,
     params: Value,
     path: String,
