@@ -267,7 +267,8 @@ impl Default for LsmrRunOptions<'_> {
 ///
 /// Errors (nothing runs): `b` of a length other than `m`; `x0` of a length other than `n`;
 /// NaN or infinity in `b` or `x0`; `damp`, `atol`, `btol` or `conlim` negative, NaN or
-/// infinite; `T` other than f32/f64; `ctx` on another device than `b`.
+/// infinite; `T` other than f32/f64. (NaN or infinity in `b` is found from its norm on the
+/// device, after the setup kernels and before any iteration.)
 pub fn lsmr<T: Element>(
     ctx: &Context,
     a: &dyn LinearOperator<T>,
@@ -287,19 +288,12 @@ pub fn lsmr_with<T: Element>(
 ) -> Result<LsmrResult> {
     let (m, n) = a.shape();
     validate::<T>(m, n, b, opts, run)?;
-    let host_b = b.to_host()?;
-    if let Some((i, v)) = host_b.iter().enumerate().find(|(_, v)| !v.to_f64().is_finite()) {
-        return Err(Error::invalid(
-            "b",
-            format!("element {i} is {}; every element must be finite", v.to_f64()),
-        ));
-    }
     let mut solver = Solver::<T>::new(ctx, m, n)?;
     solver.solve(a, b, opts, run)
 }
 
 /// The checks of [`lsmr_with`]'s arguments that need no device data (b's values are checked
-/// after a download).
+/// through its norm, on the device).
 pub fn validate<T: Element>(
     m: usize,
     n: usize,
@@ -491,6 +485,23 @@ impl<T: Element> Solver<T> {
         self.launch_vec(&self.update_x, &p)?;
 
         let mut st = self.read_state()?;
+        // NaN or infinity in b shows in its norm (summed in f64: squares of f32 values cannot
+        // overflow; f64 values above ~1e154 would, and would break the recurrences as well)
+        if !st.normb.is_finite() {
+            return Err(Error::invalid(
+                "b",
+                format!(
+                    "contains NaN or infinity (||b|| = {}); every element must be finite",
+                    st.normb
+                ),
+            ));
+        }
+        if !st.beta.is_finite() {
+            return Err(Error::invalid(
+                "x0",
+                format!("||b - A x0|| = {}: A x0 overflows", st.beta),
+            ));
+        }
         if st.early == EARLY_NORMB_ZERO {
             self.x.fill_bytes(0)?;
         }
