@@ -7,7 +7,7 @@ Invoked by the tessera CLI on the GPU machine:
 
 CASES.json is a JSON list of {"case": str, "params": {...}}. For --op softmax the params are
 {"rows": int, "cols": int, "dtype": "fp16"|"fp32"|"bf16", "op": "softmax"|"log_softmax"}; for
---op sparse see bench_sparse below.
+--op sparse see bench_sparse below; for --op lsmr, bench_lsmr.
 
 OUT.json, the timing method and the {"missing": reason} answer when torch or CUDA is
 unavailable are described in bench_common.py (shared with bench_attention.py). A case that
@@ -108,14 +108,83 @@ def bench_sparse(case, params):
     return out
 
 
+# -- lsmr: whole least-squares solves with cupyx.scipy.sparse.linalg.lsmr (and SciPy on the
+# CPU when params["scipy"]) on the very system tessera solved: the matrix as for sparse
+# (STEM.offsets/.indices/.values) and b in STEM.b, both written by
+# crates/tessera/src/linalg/bench.rs. Same options (damp, atol, btol, conlim, maxiter), so with
+# atol = btol = conlim = 0 both run the same iterations. ms = median wall time of a whole
+# solve (5 runs after one warm-up), synchronised; the note gives itn, istop, ms per iteration
+# and the relative residual.
+
+def _solve_ms(solve, sync, runs=5):
+    import statistics  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    result = solve()  # warm-up (and the result reported)
+    sync()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        solve()
+        sync()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times), result
+
+
+def bench_lsmr(case, params):
+    import numpy as np  # noqa: PLC0415
+
+    rows, cols, offsets, indices, values = load_matrix(params)
+    b = np.fromfile(params["matrix"] + ".b", dtype=values.dtype)
+    if len(b) != rows:
+        raise ValueError(f"{params['matrix']}.b holds {len(b)} values, the matrix has {rows} rows")
+    opts = dict(damp=float(params.get("damp", 0.0)), atol=float(params["atol"]),
+                btol=float(params["btol"]), conlim=float(params["conlim"]),
+                maxiter=int(params["maxiter"]))
+    normb = float(np.linalg.norm(b.astype(np.float64)))
+    out = []
+
+    def note(res, ms):
+        itn = int(res[2])
+        return (f"itn {itn} istop {int(res[1])} ms/iter {ms / max(itn, 1):.4f} "
+                f"relres {float(res[3]) / normb if normb else float('nan'):.3e}")
+
+    try:
+        import cupy  # noqa: PLC0415
+        import cupyx.scipy.sparse as cusp  # noqa: PLC0415
+        import cupyx.scipy.sparse.linalg as cula  # noqa: PLC0415
+    except Exception as e:  # noqa: BLE001
+        out.append(row(case, params, "cupy", missing=f"cupy not importable: {e}"))
+    else:
+        a = cusp.csr_matrix((cupy.asarray(values), cupy.asarray(indices), cupy.asarray(offsets)),
+                            shape=(rows, cols))
+        bc = cupy.asarray(b)
+        ms, res = _solve_ms(lambda: cula.lsmr(a, bc, **opts), cupy.cuda.runtime.deviceSynchronize)
+        out.append(row(case, params, "cupy", ms=ms, note=note(res, ms)))
+
+    if params.get("scipy"):
+        try:
+            import scipy.sparse as sp  # noqa: PLC0415
+            import scipy.sparse.linalg as sla  # noqa: PLC0415
+        except Exception as e:  # noqa: BLE001
+            out.append(row(case, params, "scipy-cpu", missing=f"scipy not importable: {e}"))
+        else:
+            a = sp.csr_matrix((values, indices, offsets), shape=(rows, cols))
+            ms, res = _solve_ms(lambda: sla.lsmr(a, b, **opts), lambda: None, runs=3)
+            out.append(row(case, params, "scipy-cpu", ms=ms, note=note(res, ms)))
+    return out
+
+
 OPS = {
     "softmax": bench_softmax,
     "sparse": bench_sparse,
+    "lsmr": bench_lsmr,
 }
 # The impls each op reports (rows marked missing when torch is unavailable).
 IMPLS = {
     "softmax": ["torch"],
     "sparse": ["torch-csr", "cupy-csr"],
+    "lsmr": ["cupy", "scipy-cpu"],
 }
 
 

@@ -2,6 +2,7 @@
 //! reference path and say what is missing.
 
 mod cpu;
+mod lsmr;
 mod report;
 mod serve_sim;
 
@@ -108,6 +109,9 @@ enum Command {
     /// End-to-end serving simulation: a 32-layer Llama-3-8B-shaped attention stack with
     /// continuous batching over the paged KV cache (prefix sharing, eviction, preemption).
     ServeSim(serve_sim::ServeSimArgs),
+    /// Solves min ||A x - b||^2 + damp^2 ||x||^2 by LSMR (SciPy's options and stopping rules)
+    /// for Matrix Market A and b, on the GPU when present, else on the CPU; writes x.
+    Lsmr(lsmr::LsmrArgs),
 }
 
 /// Restores the default action of SIGPIPE (Rust's runtime ignores it), so that output piped into
@@ -144,6 +148,7 @@ fn main() -> ExitCode {
             filter,
         }) => compile(&ops, &arch, verbose, &filter),
         Some(Command::ServeSim(args)) => serve_sim::run(&args, &command_line),
+        Some(Command::Lsmr(args)) => lsmr::run(&args),
         Some(Command::Bench {
             ops,
             quick,

@@ -1,6 +1,6 @@
 // tessera/reduce.cuh: warp, sub-warp and block all-reductions.
 //
-// Defines: ts::shfl_xor (float, int, overloadable for state structs such as OnlineSoftmax),
+// Defines: ts::shfl_xor (float, int, double, overloadable for state structs such as OnlineSoftmax),
 //          ts::MaxOp / ts::MinOp (NaN-propagating), ts::SumOp (each with its kIdentity),
 //          ts::warp_allreduce<kWidth>(v, op), ts::warp_allreduce_max / _sum<kWidth>(v),
 //          ts::block_allreduce<kThreads>(v, op, identity, smem),
@@ -26,6 +26,7 @@ namespace ts {
 
 TS_DEVICE float shfl_xor(float v, int lane_mask) { return __shfl_xor_sync(kFullMask, v, lane_mask); }
 TS_DEVICE int shfl_xor(int v, int lane_mask) { return __shfl_xor_sync(kFullMask, v, lane_mask); }
+TS_DEVICE double shfl_xor(double v, int lane_mask) { return __shfl_xor_sync(kFullMask, v, lane_mask); }
 
 /// max with NaN propagation: a NaN anywhere makes the reduction NaN. Identity -inf.
 struct MaxOp {

@@ -434,13 +434,20 @@ pub(crate) fn stop_code(t: &StopTests, at_maxiter: bool, atol: f64, ctol: f64) -
 fn validate(a: &dyn HostLinearOperator, b: &[f64], opts: &LsmrOptions) -> Result<()> {
     a.check()?;
     let (m, n) = a.shape();
-    if b.len() != m {
+    check_problem(m, n, b.len(), opts)?;
+    check_finite("b", b)
+}
+
+/// The checks of a problem's shape and options that both solvers make before any work: `b`
+/// has `m` elements, `x0` (if any) `n` finite ones, and `damp`, `atol`, `btol`, `conlim` are
+/// finite and `>= 0`. (Each solver checks b's values itself: the GPU's are on the device.)
+pub(crate) fn check_problem(m: usize, n: usize, b_len: usize, opts: &LsmrOptions) -> Result<()> {
+    if b_len != m {
         return Err(Error::invalid(
             "b",
-            format!("has {} elements, A is {m} x {n} so b needs m = {m}", b.len()),
+            format!("has {b_len} elements, A is {m} x {n} so b needs m = {m}"),
         ));
     }
-    check_finite("b", b)?;
     if let Some(x0) = &opts.x0 {
         if x0.len() != n {
             return Err(Error::invalid(

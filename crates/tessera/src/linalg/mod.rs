@@ -1,21 +1,50 @@
-//! Iterative linear algebra on the host: the CPU reference of tessera's least-squares solver.
+//! Iterative linear algebra: LSMR for sparse (or matrix-free) least squares, on the GPU and,
+//! as its reference, on the host.
 //!
 //! * [`HostLinearOperator`]: a real matrix seen only through `y = alpha A x + beta y` and
 //!   `y = alpha A^T x + beta y` in f64, implemented for [`CsrHost`](crate::sparse::CsrHost),
 //!   a dense row-major [`DenseHost`] and a closure pair [`FnOperator`] (`operator`).
 //! * [`lsmr_host`]: LSMR (Fong and Saunders, 2011) for `min ||[b; 0] - [A; damp I] x||`, with
 //!   the options, stopping rules, estimates and return values of SciPy 1.17's
-//!   `scipy.sparse.linalg.lsmr` (`lsmr`). The GPU solver is checked against it.
+//!   `scipy.sparse.linalg.lsmr` (`lsmr` module docs). The GPU solver is checked against it.
+//! * [`LinearOperator`]: the same seam on the device (f32 or f64 [`DeviceBuffer`]s):
+//!   [`SparseDualOperator`] (CSR of A and of A^T), [`SparseSingleOperator`] (A^T x without a
+//!   copy), [`sparse_operator`] choosing between them from free memory, [`FnDeviceOperator`].
+//! * [`lsmr()`]: the GPU solver, SciPy's semantics with the iteration on the device
+//!   (`lsmr_device` module docs, `lsmr.cu`).
 //!
-//! Not behind the `harness` feature: the CLI falls back to this solver when there is no GPU.
+//! The host half is not behind the `harness` feature: the CLI falls back to it when there is no
+//! GPU.
+//!
+//! [`DeviceBuffer`]: crate::runtime::DeviceBuffer
 
+pub mod device_operator;
 pub mod lsmr;
+pub mod lsmr_device;
+pub mod mtx_vector;
 pub mod operator;
 
+#[cfg(feature = "harness")]
+pub mod bench;
+#[cfg(any(test, feature = "harness"))]
+pub(crate) mod fixtures;
+#[cfg(feature = "harness")]
+mod registry_entry;
+#[cfg(feature = "harness")]
+pub mod verify;
+
+#[cfg(test)]
+mod lsmr_device_tests;
 #[cfg(test)]
 mod lsmr_tests;
 #[cfg(test)]
 mod operator_tests;
 
+pub use device_operator::{
+    sparse_operator, FnDeviceOperator, LinearOperator, SparseDualOperator, SparseSingleOperator, Storage,
+};
 pub use lsmr::{istop_reason, lsmr_host, LsmrOptions, LsmrResult};
+pub use lsmr_device::{lsmr, lsmr_with, LsmrRunOptions, DEFAULT_CHECK_EVERY};
 pub use operator::{DenseHost, FnOperator, HostLinearOperator};
+#[cfg(feature = "harness")]
+pub use registry_entry::OPERATOR;

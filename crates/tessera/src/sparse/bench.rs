@@ -237,7 +237,7 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
 }
 
 /// Writes offsets, indices and values as raw little-endian arrays beside `stem`.
-fn write_matrix<T: Element, I: SparseIndex>(a: &CsrHost<T, I>, stem: &str) -> Result<()> {
+pub(crate) fn write_matrix<T: Element, I: SparseIndex>(a: &CsrHost<T, I>, stem: &str) -> Result<()> {
     let io = |e: std::io::Error| Error::Io {
         context: format!("writing the benchmark matrix {stem}.*"),
         source: e,

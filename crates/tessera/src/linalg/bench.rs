@@ -1,0 +1,221 @@
+//! `tessera bench lsmr`: GPU LSMR solves on the issue's tall tomography-shaped systems
+//! (synthetic stand-ins from sparse's generator: 306136 x 6177 with 18 nonzeros per row,
+//! ~5.5M nnz, and 936063 x 23394 with 21, ~19.7M nnz), fp32 and fp64, with a fixed iteration
+//! budget (`maxiter` [`BENCH_MAXITER`], `atol = btol = conlim = 0`, so only maxiter or a
+//! machine-precision test stops it, and CuPy runs the same iterations), plus one small case
+//! that SciPy also solves on the CPU.
+//!
+//! Each row: `ms` is the median wall time of a whole solve (setup, iterations, the stop-flag
+//! checks, x back to the host); `params` carry `itn`, `istop`, `ms_per_iter`, the two-SpMV
+//! floor (`floor_ms_per_iter`: one `A v` plus one `A^T u` timed alone) and their ratio, and
+//! the relative residual. GB/s count the bytes of `itn` iterations (two SpMVs' matrix, vector
+//! and output traffic plus the solver's vector passes, lsmr.cu's roofline). Before timing, the
+//! solve is checked: its `normr` estimate must match `||b - A x||` recomputed on the host.
+//!
+//! The matrix is written to `$TMPDIR/tessera-lsmr/<case>.{offsets,indices,values,b}` (raw
+//! little-endian) for the baseline runner (scripts/baselines/bench_torch.py --op lsmr:
+//! `cupyx.scipy.sparse.linalg.lsmr` with the same options, and SciPy on the CPU when the
+//! case's `scipy` flag is set), which solves the very same system.
+
+use serde_json::{json, Value};
+
+use super::device_operator::{sparse_operator, Storage};
+use super::lsmr::LsmrOptions;
+use super::lsmr_device::lsmr;
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::harness::BenchOutcome;
+use crate::runtime::{time_median, Context, TimingOptions};
+use crate::sparse::generate::{random_vector, try_generate, MatrixClass};
+use crate::sparse::CsrHost;
+
+/// The iteration budget of every case.
+pub const BENCH_MAXITER: usize = 200;
+
+/// One benchmark case.
+#[derive(Clone, Debug)]
+pub struct BenchCase {
+    pub rows: usize,
+    pub cols: usize,
+    pub per_row: usize,
+    pub value: DType,
+    pub storage: Storage,
+    /// Also solve with SciPy on the CPU (small cases only).
+    pub scipy: bool,
+}
+
+impl BenchCase {
+    pub fn name(&self) -> String {
+        let storage = match self.storage {
+            Storage::Single => " single",
+            _ => "",
+        };
+        format!(
+            "lsmr tallls{} {}x{} {}{storage}",
+            self.per_row, self.rows, self.cols, self.value
+        )
+    }
+    /// The file stem the system is written to for the baseline runner.
+    pub fn matrix_stem(&self) -> String {
+        let dir = std::env::temp_dir().join("tessera-lsmr");
+        dir.join(self.name().replace(' ', "_")).to_string_lossy().into_owned()
+    }
+    pub fn params(&self) -> Value {
+        json!({
+            "rows": self.rows, "cols": self.cols, "per_row": self.per_row,
+            "dtype": self.value.name(), "index": "i32", "maxiter": BENCH_MAXITER,
+            "atol": 0.0, "btol": 0.0, "conlim": 0.0, "damp": 0.0,
+            "storage": format!("{:?}", self.storage).to_lowercase(),
+            "matrix": self.matrix_stem(), "scipy": self.scipy,
+        })
+    }
+}
+
+/// The cases (`quick`: the small one only).
+pub fn cases(quick: bool) -> Vec<BenchCase> {
+    let c = |rows, cols, per_row, value, storage, scipy| BenchCase {
+        rows,
+        cols,
+        per_row,
+        value,
+        storage,
+        scipy,
+    };
+    let small = c(30_000, 617, 18, DType::F64, Storage::Dual, true);
+    if quick {
+        return vec![small];
+    }
+    let mut out = vec![small];
+    for value in [DType::F32, DType::F64] {
+        out.push(c(306_136, 6_177, 18, value, Storage::Dual, false));
+        out.push(c(936_063, 23_394, 21, value, Storage::Dual, false));
+    }
+    out.push(c(306_136, 6_177, 18, DType::F32, Storage::Single, false));
+    out
+}
+
+pub fn bench_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    crate::dispatch_float!("lsmr bench"; case.value, [F32, F64], |T| run::<T>(ctx, case, seed, timing))
+}
+
+/// Bytes one iteration moves at least: two SpMVs (A and A^T) and lsmr.cu's vector passes.
+pub fn bytes_per_iteration<T: Element>(a: &CsrHost<T, i32>) -> usize {
+    let s = T::DTYPE.size();
+    let spmv = crate::sparse::bench::bytes(a);
+    let spmv_t = a.nnz() * (s + 4) + (a.cols + 1) * 4 + a.rows * s + a.cols * s;
+    spmv + spmv_t + (3 * a.rows + 11 * a.cols) * s
+}
+
+fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    let a = try_generate::<T, i32>(
+        MatrixClass::TallLeastSquares { per_row: case.per_row },
+        case.rows,
+        case.cols,
+        seed,
+    )?;
+    let b: Vec<T> = random_vector(case.rows, seed ^ 0xb)
+        .into_iter()
+        .map(T::from_f64)
+        .collect();
+    let stem = case.matrix_stem();
+    crate::sparse::bench::write_matrix(&a, &stem)?;
+    write_raw(&format!("{stem}.b"), &b)?;
+
+    let op = sparse_operator(ctx, &a, case.storage)?;
+    let db = ctx.upload(&b)?;
+    let opts = LsmrOptions {
+        atol: 0.0,
+        btol: 0.0,
+        conlim: 0.0,
+        maxiter: Some(BENCH_MAXITER),
+        ..LsmrOptions::default()
+    };
+    let res = lsmr(ctx, op.as_ref(), &db, &opts)?;
+
+    // check: the normr estimate against ||b - A x|| on the host
+    let mut r: Vec<f64> = b.iter().map(|v| v.to_f64()).collect();
+    for (row, ri) in r.iter_mut().enumerate() {
+        let (cols, vals) = a.row(row);
+        let ax: f64 = cols
+            .iter()
+            .zip(vals)
+            .map(|(&c, v)| v.to_f64() * res.x[c as usize])
+            .sum();
+        *ri -= ax;
+    }
+    let true_normr = r.iter().map(|e| e * e).sum::<f64>().sqrt();
+    let normb = b.iter().map(|v| v.to_f64().powi(2)).sum::<f64>().sqrt();
+    let est_err = (res.normr - true_normr).abs() / normb;
+    let budget = if T::DTYPE == DType::F32 { 1e-3 } else { 1e-8 };
+    if est_err.is_nan() || est_err > budget {
+        return Err(Error::Unsupported(format!(
+            "{}: the normr estimate {:.6e} differs from ||b - A x|| = {:.6e} by {est_err:.2e} ||b|| (budget \
+             {budget:.0e}) before timing",
+            case.name(),
+            res.normr,
+            true_normr
+        )));
+    }
+
+    // the whole solve, wall time (one solve per group: it holds its own synchronisations)
+    let solve_timing = TimingOptions {
+        warmup: 1,
+        warmup_ms: 0.0,
+        groups: 5,
+        reps: Some(1),
+        ..timing
+    };
+    let t = time_median(ctx, solve_timing, |_| lsmr(ctx, op.as_ref(), &db, &opts).map(|_| ()))?;
+    // the floor: one A v and one A^T u alone
+    let dv = ctx.upload(
+        &random_vector(case.cols, seed ^ 0x7)
+            .into_iter()
+            .map(T::from_f64)
+            .collect::<Vec<T>>(),
+    )?;
+    let mut av = ctx.alloc::<T>(case.rows)?;
+    let mut atu = ctx.alloc::<T>(case.cols)?;
+    let floor = time_median(ctx, timing, |_| {
+        op.apply(1.0, &dv, 0.0, &mut av)?;
+        op.apply_transposed(1.0, &db, 0.0, &mut atu)
+    })?;
+    let itn = res.itn.max(1);
+    let ms_per_iter = t.median_ms / itn as f64;
+    Ok(BenchOutcome {
+        case: case.name(),
+        params: {
+            let mut p = case.params();
+            p["itn"] = json!(res.itn);
+            p["istop"] = json!(res.istop);
+            p["ms_per_iter"] = json!(ms_per_iter);
+            p["floor_ms_per_iter"] = json!(floor.median_ms);
+            p["per_iter_over_floor"] = json!(ms_per_iter / floor.median_ms);
+            p["relres"] = json!(res.normr / normb);
+            p["storage_used"] = json!(op.storage());
+            p["nnz"] = json!(a.nnz());
+            p
+        },
+        implementation: if case.storage == Storage::Single {
+            "tessera-single".into()
+        } else {
+            "tessera".into()
+        },
+        ms: t.median_ms,
+        gbps: Some(bytes_per_iteration(&a) as f64 * itn as f64 / (t.median_ms * 1e-3) / 1e9),
+        tflops: None,
+        extra_mib: None,
+        max_abs_err: None,
+        rel_l2: Some(est_err),
+    })
+}
+
+/// Writes `xs` as raw little-endian values.
+fn write_raw<T: Element>(path: &str, xs: &[T]) -> Result<()> {
+    // SAFETY: Element types are plain data without padding (dtype.rs); the byte view has
+    // exactly the slice's size and lifetime.
+    let bytes = unsafe { std::slice::from_raw_parts(xs.as_ptr() as *const u8, std::mem::size_of_val(xs)) };
+    std::fs::write(path, bytes).map_err(|e| Error::Io {
+        context: format!("writing the benchmark vector {path}"),
+        source: e,
+    })
+}

@@ -1,0 +1,251 @@
+//! Linear operators on the device: the seam between the GPU LSMR solver and matrix storage.
+//!
+//! [`LinearOperator`] is [`HostLinearOperator`](super::HostLinearOperator)'s device twin: a real
+//! `m x n` matrix seen only through `y = alpha A x + beta y` and `y = alpha A^T x + beta y` on
+//! [`DeviceBuffer`]s of the storage type `T` (f32 or f64), queued on the context's stream. The
+//! solver knows nothing else. Implementations:
+//!
+//! * [`SparseDualOperator`]: the CSR of `A` and the CSR of `A^T` (built once at construction,
+//!   from the host transpose), so both products are deterministic row-major SpMVs. Twice the
+//!   matrix memory; the fastest.
+//! * [`SparseSingleOperator`]: only the CSR of `A`; `A^T x` scatters with atomics
+//!   ([`CsrMatrix::spmv_transposed`]), so it is not bitwise reproducible. For matrices whose
+//!   second copy does not fit.
+//! * [`sparse_operator`] picks one of the two by [`Storage`]: `Auto` takes dual storage when
+//!   the copy of `A^T` plus a margin fits the device's free memory, else single.
+//! * [`FnDeviceOperator`]: a pair of closures (matrix-free operators, other libraries' kernels).
+//!
+//! Matrices are checked at construction: the CSR structure (by the upload) and every value
+//! finite (NaN or infinity in `A` is an error naming the first bad entry).
+
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::runtime::{Context, DeviceBuffer};
+use crate::sparse::{CsrHost, CsrMatrix, SparseIndex};
+
+/// A real `m x n` matrix on the device, seen only through its two products.
+///
+/// Both products are queued on the context's stream and must not synchronise with the host
+/// (the solver queues many iterations before it looks at a result), read only `x` and write
+/// only `y` (its first `m` or `n` elements). With `beta == 0` the old `y` is not read.
+pub trait LinearOperator<T: Element> {
+    /// `(m, n)`: rows and columns of `A`.
+    fn shape(&self) -> (usize, usize);
+    /// `y = alpha * A x + beta * y`: `x` has `n` elements, `y` has `m`.
+    fn apply(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()>;
+    /// `y = alpha * A^T x + beta * y`: `x` has `m` elements, `y` has `n`.
+    fn apply_transposed(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()>;
+    /// A short name of the storage, for reports (`csr-dual`, `csr-single`, `fn`).
+    fn storage(&self) -> &'static str;
+}
+
+/// How a sparse matrix is stored for the solver.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Storage {
+    /// Dual when the transposed copy fits in free device memory (with a margin), else single.
+    #[default]
+    Auto,
+    /// The CSR of `A` and of `A^T` ([`SparseDualOperator`]).
+    Dual,
+    /// Only the CSR of `A` ([`SparseSingleOperator`]).
+    Single,
+}
+
+/// Checks that every stored value of `a` is finite (NaN or infinity in `A` poisons every
+/// iterate, so it is refused up front).
+pub fn check_finite_values<T: Element, I: SparseIndex>(a: &CsrHost<T, I>) -> Result<()> {
+    match a.values.iter().position(|v| !v.to_f64().is_finite()) {
+        None => Ok(()),
+        Some(k) => {
+            let row = a.offsets.partition_point(|o| o.to_usize() <= k) - 1;
+            Err(Error::invalid(
+                "A",
+                format!(
+                    "entry ({row}, {}) is {}; every value must be finite",
+                    a.indices[k].to_usize(),
+                    a.values[k].to_f64()
+                ),
+            ))
+        }
+    }
+}
+
+fn check_value_type<T: Element>() -> Result<()> {
+    if !matches!(T::DTYPE, DType::F32 | DType::F64) {
+        return Err(Error::Unsupported(format!(
+            "LSMR on {} values; supported: fp32, fp64",
+            T::DTYPE
+        )));
+    }
+    Ok(())
+}
+
+/// `A` and `A^T` as two device CSR matrices: both products are deterministic SpMVs.
+pub struct SparseDualOperator<T: Element, I: SparseIndex> {
+    a: CsrMatrix<T, I>,
+    at: CsrMatrix<T, I>,
+}
+
+impl<T: Element, I: SparseIndex> SparseDualOperator<T, I> {
+    /// Checks `a` (structure, finite values), transposes it on the host and uploads both.
+    pub fn new(ctx: &Context, a: &CsrHost<T, I>) -> Result<Self> {
+        check_value_type::<T>()?;
+        a.validate()?;
+        check_finite_values(a)?;
+        Ok(SparseDualOperator {
+            a: CsrMatrix::from_host(ctx, a)?,
+            at: CsrMatrix::from_host(ctx, &a.transpose())?,
+        })
+    }
+    pub fn matrix(&self) -> &CsrMatrix<T, I> {
+        &self.a
+    }
+}
+
+impl<T: Element, I: SparseIndex> LinearOperator<T> for SparseDualOperator<T, I> {
+    fn shape(&self) -> (usize, usize) {
+        (self.a.rows(), self.a.cols())
+    }
+    fn apply(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
+        self.a.spmv(alpha, x, beta, y)
+    }
+    fn apply_transposed(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
+        self.at.spmv(alpha, x, beta, y)
+    }
+    fn storage(&self) -> &'static str {
+        "csr-dual"
+    }
+}
+
+/// Only the CSR of `A`; `A^T x` without a transposed copy (atomic scatter: not bitwise
+/// reproducible).
+pub struct SparseSingleOperator<T: Element, I: SparseIndex> {
+    a: CsrMatrix<T, I>,
+}
+
+impl<T: Element, I: SparseIndex> SparseSingleOperator<T, I> {
+    /// Checks `a` (structure, finite values) and uploads it.
+    pub fn new(ctx: &Context, a: &CsrHost<T, I>) -> Result<Self> {
+        check_value_type::<T>()?;
+        a.validate()?;
+        check_finite_values(a)?;
+        Ok(SparseSingleOperator {
+            a: CsrMatrix::from_host(ctx, a)?,
+        })
+    }
+    pub fn matrix(&self) -> &CsrMatrix<T, I> {
+        &self.a
+    }
+}
+
+impl<T: Element, I: SparseIndex> LinearOperator<T> for SparseSingleOperator<T, I> {
+    fn shape(&self) -> (usize, usize) {
+        (self.a.rows(), self.a.cols())
+    }
+    fn apply(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
+        self.a.spmv(alpha, x, beta, y)
+    }
+    fn apply_transposed(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
+        self.a.spmv_transposed(alpha, x, beta, y)
+    }
+    fn storage(&self) -> &'static str {
+        "csr-single"
+    }
+}
+
+/// Bytes of the device CSR of `A^T` for `a` (values, indices, `cols + 1` offsets).
+pub fn transpose_bytes<T: Element, I: SparseIndex>(a: &CsrHost<T, I>) -> usize {
+    let (v, i) = (T::DTYPE.size(), I::DTYPE.size());
+    a.nnz()
+        .saturating_mul(v + i)
+        .saturating_add((a.cols + 1).saturating_mul(i))
+}
+
+/// Dual storage fits when the transposed copy takes at most this fraction of free memory
+/// (the rest covers the solver's vectors, the SpMV plans and other users of the device).
+pub const DUAL_FREE_FRACTION: f64 = 0.8;
+
+/// Whether `storage` means dual storage for a transposed copy of `copy_bytes`, with
+/// `free_bytes` of device memory free (after `A` itself was uploaded).
+pub fn choose_dual(storage: Storage, copy_bytes: usize, free_bytes: usize) -> bool {
+    match storage {
+        Storage::Dual => true,
+        Storage::Single => false,
+        Storage::Auto => (copy_bytes as f64) <= DUAL_FREE_FRACTION * free_bytes as f64,
+    }
+}
+
+/// A sparse operator for `a` with the chosen [`Storage`] (`Auto`: dual when the transposed
+/// copy fits the device's free memory, else single, so a large matrix degrades to the slower
+/// storage instead of failing).
+pub fn sparse_operator<T: Element, I: SparseIndex>(
+    ctx: &Context,
+    a: &CsrHost<T, I>,
+    storage: Storage,
+) -> Result<Box<dyn LinearOperator<T>>> {
+    check_value_type::<T>()?;
+    a.validate()?;
+    check_finite_values(a)?;
+    let matrix = CsrMatrix::from_host(ctx, a)?;
+    let free = if storage == Storage::Auto {
+        free_device_bytes(ctx)?
+    } else {
+        0
+    };
+    if choose_dual(storage, transpose_bytes(a), free) {
+        let at = CsrMatrix::from_host(ctx, &a.transpose())?;
+        Ok(Box::new(SparseDualOperator { a: matrix, at }))
+    } else {
+        Ok(Box::new(SparseSingleOperator { a: matrix }))
+    }
+}
+
+/// Free device memory in bytes (`cuMemGetInfo`).
+pub fn free_device_bytes(ctx: &Context) -> Result<usize> {
+    ctx.bind()?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: two out-parameters; the context is bound.
+    crate::runtime::context::check("cuMemGetInfo", unsafe {
+        cudarc::driver::sys::cuMemGetInfo_v2(&mut free, &mut total)
+    })?;
+    Ok(free)
+}
+
+/// The closure signature of [`FnDeviceOperator`]: `(alpha, x, beta, y)`.
+pub type DeviceApplyFn<'a, T> = Box<dyn Fn(f64, &DeviceBuffer<T>, f64, &mut DeviceBuffer<T>) -> Result<()> + 'a>;
+
+/// A matrix-free operator: a shape and two closures computing `y = alpha A x + beta y` and
+/// `y = alpha A^T x + beta y` on the context's stream (they must honour `beta == 0` and must
+/// not synchronise with the host).
+pub struct FnDeviceOperator<'a, T: Element> {
+    rows: usize,
+    cols: usize,
+    apply: DeviceApplyFn<'a, T>,
+    apply_transposed: DeviceApplyFn<'a, T>,
+}
+
+impl<'a, T: Element> FnDeviceOperator<'a, T> {
+    pub fn new(rows: usize, cols: usize, apply: DeviceApplyFn<'a, T>, apply_transposed: DeviceApplyFn<'a, T>) -> Self {
+        FnDeviceOperator {
+            rows,
+            cols,
+            apply,
+            apply_transposed,
+        }
+    }
+}
+
+impl<T: Element> LinearOperator<T> for FnDeviceOperator<'_, T> {
+    fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+    fn apply(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
+        (self.apply)(alpha, x, beta, y)
+    }
+    fn apply_transposed(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
+        (self.apply_transposed)(alpha, x, beta, y)
+    }
+    fn storage(&self) -> &'static str {
+        "fn"
+    }
+}

@@ -1,0 +1,568 @@
+//! LSMR on the GPU ([`lsmr`]): SciPy's `lsmr` semantics (the options, stopping rules and
+//! returns of [`lsmr_host`](super::lsmr_host), which is its reference), with the matrix behind
+//! a device [`LinearOperator`] and the iteration entirely on the device.
+//!
+//! # Precision
+//!
+//! `T = f64`: everything in f64. `T = f32`: the vectors (`u`, `v`, `h`, `hbar`, `x`) are stored
+//! in f32 and the products are f32 SpMVs, but every element update is computed in f64 and
+//! rounded once, the norms are summed in f64, and the scalar recurrences (rotations, the
+//! estimates, the stopping tests) are f64 throughout. An f32 solve therefore stops on the same
+//! rules as an f64 one, but its iterates carry f32 rounding: it reaches about 1e-6 relative
+//! accuracy on well-conditioned problems, and `atol`/`btol` much below 1e-6 are not reachable
+//! (it then stops by another rule, typically `maxiter` or a machine-precision test).
+//!
+//! # Device design (lsmr.cu has the kernel-level detail)
+//!
+//! Per iteration: the two products of the operator into work vectors, three fused vector
+//! kernels (`u` update, `v` update, the `v` normalisation with the `h`, `hbar`, `x` updates)
+//! that each write a per-CTA partial sum of squares, and two one-CTA scalar kernels that add
+//! the partials in a fixed order (deterministic two-pass norms, no float atomics) and run the
+//! recurrences and every stopping test on an f64 state struct in device memory ([`LsmrState`]).
+//! When a test holds, the state's stop flag is set and every later kernel of the solver returns
+//! at once, so the result is the iterate at which the rules first held, exactly as if the host
+//! had checked after every iteration.
+//!
+//! The host queues [`LsmrRunOptions::check_every`] iterations (default
+//! [`DEFAULT_CHECK_EVERY`]), then a test kernel, then reads the 400-byte state (one
+//! synchronisation) to see the stop flag and report progress. Iterations queued after the stop
+//! cost only their products (up to `check_every - 1` wasted pairs of SpMVs, about 6% at the
+//! default when a solve takes 100+ iterations). The loop allocates no device memory: the
+//! vectors, the partials and the state are allocated once per solve.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::device_operator::LinearOperator;
+use super::lsmr::{check_problem, LsmrOptions, LsmrResult};
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
+
+/// Source of the solver's kernels.
+pub const SOURCE: &str = include_str!("lsmr.cu");
+/// Threads per CTA of every kernel.
+pub const BLOCK_THREADS: u32 = 256;
+/// The most CTAs of a vector kernel: the length of each partial-sum array.
+pub const MAX_PARTIALS: usize = 1024;
+/// Iterations queued between two looks at the stop flag.
+pub const DEFAULT_CHECK_EVERY: usize = 16;
+
+/// The kernels of lsmr.cu.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LsmrKernel {
+    SumSq,
+    UpdateU,
+    UpdateV,
+    UpdateX,
+    Scalar,
+}
+
+impl LsmrKernel {
+    pub const ALL: [LsmrKernel; 5] = [
+        LsmrKernel::SumSq,
+        LsmrKernel::UpdateU,
+        LsmrKernel::UpdateV,
+        LsmrKernel::UpdateX,
+        LsmrKernel::Scalar,
+    ];
+    fn entry(self) -> &'static str {
+        match self {
+            LsmrKernel::SumSq => "lsmr_sumsq",
+            LsmrKernel::UpdateU => "lsmr_update_u",
+            LsmrKernel::UpdateV => "lsmr_update_v",
+            LsmrKernel::UpdateX => "lsmr_update_x",
+            LsmrKernel::Scalar => "lsmr_scalar",
+        }
+    }
+}
+
+/// One kernel variant: which kernel and the vector type (the scalar kernel has none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LsmrVariant {
+    pub kernel: LsmrKernel,
+    pub value: DType,
+}
+
+impl LsmrVariant {
+    pub fn key(&self) -> KernelKey {
+        let key = KernelKey::new(self.kernel.entry());
+        let key = if self.kernel == LsmrKernel::Scalar {
+            key.ty("Val", DType::F64)
+        } else {
+            key.ty("Val", self.value)
+        };
+        key.int("kBlockThreads", "t", BLOCK_THREADS)
+            .int("kMaxPartials", "p", MAX_PARTIALS as i64)
+    }
+    pub fn spec(&self) -> KernelSpec {
+        self.key().spec("lsmr.cu", SOURCE, self.kernel.entry(), &[])
+    }
+}
+
+/// Every variant (what CI compiles): four vector kernels for f32 and f64, one scalar kernel.
+pub fn all_variants() -> Vec<LsmrVariant> {
+    let mut v = Vec::new();
+    for value in [DType::F32, DType::F64] {
+        for kernel in LsmrKernel::ALL {
+            if kernel != LsmrKernel::Scalar {
+                v.push(LsmrVariant { kernel, value });
+            }
+        }
+    }
+    v.push(LsmrVariant {
+        kernel: LsmrKernel::Scalar,
+        value: DType::F64,
+    });
+    v
+}
+
+/// The f64 state of one solve: `struct LsmrState` of lsmr.cu, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LsmrState {
+    pub damp: f64,
+    pub atol: f64,
+    pub btol: f64,
+    pub ctol: f64,
+    pub maxiter: f64,
+    pub stop: f64,
+    pub istop: f64,
+    pub itn: f64,
+    pub tested_itn: f64,
+    pub early: f64,
+    pub normb: f64,
+    pub alpha: f64,
+    pub beta: f64,
+    pub u_scale: f64,
+    pub v_scale: f64,
+    pub zetabar: f64,
+    pub alphabar: f64,
+    pub rho: f64,
+    pub rhobar: f64,
+    pub cbar: f64,
+    pub sbar: f64,
+    pub betadd: f64,
+    pub betad: f64,
+    pub rhodold: f64,
+    pub tautildeold: f64,
+    pub thetatilde: f64,
+    pub zeta: f64,
+    pub d: f64,
+    pub norma2: f64,
+    pub maxrbar: f64,
+    pub minrbar: f64,
+    pub normr: f64,
+    pub normar: f64,
+    pub norma: f64,
+    pub conda: f64,
+    pub normx: f64,
+    pub hbar_factor: f64,
+    pub x_step: f64,
+    pub h_factor: f64,
+}
+
+/// Doubles in [`LsmrState`].
+pub const STATE_LEN: usize = std::mem::size_of::<LsmrState>() / 8;
+const _: () = assert!(std::mem::size_of::<LsmrState>() == 39 * 8);
+
+impl LsmrState {
+    /// The state as its f64 slots (what is uploaded).
+    pub fn to_slots(&self) -> [f64; STATE_LEN] {
+        // SAFETY: #[repr(C)] struct of STATE_LEN f64 fields: same size, alignment and no padding.
+        unsafe { std::mem::transmute::<LsmrState, [f64; STATE_LEN]>(*self) }
+    }
+    /// The state from its f64 slots (what is downloaded).
+    pub fn from_slots(slots: &[f64]) -> LsmrState {
+        let mut a = [0.0; STATE_LEN];
+        a.copy_from_slice(&slots[..STATE_LEN]);
+        // SAFETY: as in to_slots; every bit pattern is a valid f64.
+        unsafe { std::mem::transmute::<[f64; STATE_LEN], LsmrState>(a) }
+    }
+}
+
+/// Which early exit the setup took (SciPy's two returns before the first iteration).
+const EARLY_NORMAR_ZERO: f64 = 1.0;
+const EARLY_NORMB_ZERO: f64 = 2.0;
+
+/// `ScalarMode` of lsmr.cu.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+enum ScalarMode {
+    SetupBeta = 0,
+    SetupAlpha = 1,
+    IterBeta = 2,
+    IterAlpha = 3,
+    Test = 4,
+}
+
+/// `struct VecParams` of lsmr.cu (80 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct VecParams {
+    a: u64,
+    u: u64,
+    h: u64,
+    hbar: u64,
+    x: u64,
+    partials: u64,
+    state: u64,
+    len: i64,
+    first: i32,
+    pad: i32,
+}
+const _: () = assert!(std::mem::size_of::<VecParams>() == 72);
+// SAFETY: #[repr(C)]: seven pointers as u64, one i64, two i32, in the order and of the types of
+// the kernel's struct (pointers, long long, int, int).
+unsafe impl KernelParams for VecParams {}
+
+/// `struct ScalarParams` of lsmr.cu (48 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct ScalarParams {
+    state: u64,
+    partials_u: u64,
+    partials_v: u64,
+    partials_x: u64,
+    count_u: i32,
+    count_v: i32,
+    count_x: i32,
+    mode: i32,
+}
+const _: () = assert!(std::mem::size_of::<ScalarParams>() == 48);
+// SAFETY: #[repr(C)]: four pointers as u64 then four i32, as the kernel's struct.
+unsafe impl KernelParams for ScalarParams {}
+
+/// CTAs of a vector kernel over `len` elements: one per BLOCK_THREADS elements, at most
+/// [`MAX_PARTIALS`] (then grid-stride), at least 1.
+pub fn vector_grid(len: usize) -> u32 {
+    len.div_ceil(BLOCK_THREADS as usize).clamp(1, MAX_PARTIALS) as u32
+}
+
+/// What the progress callback gets at each check: `(itn, normr, normar, elapsed seconds)`.
+pub type ProgressFn<'a> = Box<dyn FnMut(usize, f64, f64, f64) + 'a>;
+
+/// How the GPU solve runs (beyond SciPy's options in [`LsmrOptions`]).
+pub struct LsmrRunOptions<'a> {
+    /// Iterations queued between two looks at the stop flag (>= 1). Default
+    /// [`DEFAULT_CHECK_EVERY`]. Only speed depends on it, never the result.
+    pub check_every: usize,
+    /// Called after each check with `(itn, normr, normar, elapsed seconds)`.
+    pub progress: Option<ProgressFn<'a>>,
+}
+
+impl Default for LsmrRunOptions<'_> {
+    fn default() -> Self {
+        LsmrRunOptions {
+            check_every: DEFAULT_CHECK_EVERY,
+            progress: None,
+        }
+    }
+}
+
+/// Solves `min ||[b; 0] - [A; damp I] x||_2` on the GPU by LSMR with SciPy's semantics: the
+/// options, stopping rules and returns of [`lsmr_host`](super::lsmr_host) (see
+/// [`lsmr`](super::lsmr) for the contract); `x` is returned on the host in f64. `opts.show`
+/// is ignored (use [`lsmr_with`] and a progress callback).
+///
+/// Errors (nothing runs): `b` of a length other than `m`; `x0` of a length other than `n`;
+/// NaN or infinity in `b` or `x0`; `damp`, `atol`, `btol` or `conlim` negative, NaN or
+/// infinite; `T` other than f32/f64. (NaN or infinity in `b` is found from its norm on the
+/// device, after the setup kernels and before any iteration.)
+pub fn lsmr<T: Element>(
+    ctx: &Context,
+    a: &dyn LinearOperator<T>,
+    b: &DeviceBuffer<T>,
+    opts: &LsmrOptions,
+) -> Result<LsmrResult> {
+    lsmr_with(ctx, a, b, opts, &mut LsmrRunOptions::default())
+}
+
+/// [`lsmr`] with the run options (check interval, progress callback).
+pub fn lsmr_with<T: Element>(
+    ctx: &Context,
+    a: &dyn LinearOperator<T>,
+    b: &DeviceBuffer<T>,
+    opts: &LsmrOptions,
+    run: &mut LsmrRunOptions<'_>,
+) -> Result<LsmrResult> {
+    let (m, n) = a.shape();
+    validate::<T>(m, n, b, opts, run)?;
+    let mut solver = Solver::<T>::new(ctx, m, n)?;
+    solver.solve(a, b, opts, run)
+}
+
+/// The checks of [`lsmr_with`]'s arguments that need no device data (b's values are checked
+/// through its norm, on the device).
+pub fn validate<T: Element>(
+    m: usize,
+    n: usize,
+    b: &DeviceBuffer<T>,
+    opts: &LsmrOptions,
+    run: &LsmrRunOptions<'_>,
+) -> Result<()> {
+    if !matches!(T::DTYPE, DType::F32 | DType::F64) {
+        return Err(Error::Unsupported(format!(
+            "LSMR on {} vectors; supported: fp32, fp64",
+            T::DTYPE
+        )));
+    }
+    check_problem(m, n, b.len(), opts)?;
+    if run.check_every == 0 {
+        return Err(Error::invalid("check_every", "is 0; must be at least 1"));
+    }
+    Ok(())
+}
+
+/// The kernels and device memory of one solve of an `m x n` problem.
+struct Solver<T: Element> {
+    ctx: Context,
+    m: usize,
+    n: usize,
+    sumsq: Arc<Kernel>,
+    update_u: Arc<Kernel>,
+    update_v: Arc<Kernel>,
+    update_x: Arc<Kernel>,
+    scalar: Arc<Kernel>,
+    u: DeviceBuffer<T>,
+    av: DeviceBuffer<T>,
+    v: DeviceBuffer<T>,
+    atu: DeviceBuffer<T>,
+    h: DeviceBuffer<T>,
+    hbar: DeviceBuffer<T>,
+    x: DeviceBuffer<T>,
+    partials_u: DeviceBuffer<f64>,
+    partials_v: DeviceBuffer<f64>,
+    partials_x: DeviceBuffer<f64>,
+    state: DeviceBuffer<f64>,
+}
+
+impl<T: Element> Solver<T> {
+    fn new(ctx: &Context, m: usize, n: usize) -> Result<Self> {
+        let kernel = |k| {
+            ctx.kernel(
+                &LsmrVariant {
+                    kernel: k,
+                    value: T::DTYPE,
+                }
+                .spec(),
+            )
+        };
+        // every vector at least one element: a valid pointer for the kernels of an empty side
+        let vec = |len: usize| ctx.alloc::<T>(len.max(1));
+        Ok(Solver {
+            ctx: ctx.clone(),
+            m,
+            n,
+            sumsq: kernel(LsmrKernel::SumSq)?,
+            update_u: kernel(LsmrKernel::UpdateU)?,
+            update_v: kernel(LsmrKernel::UpdateV)?,
+            update_x: kernel(LsmrKernel::UpdateX)?,
+            scalar: kernel(LsmrKernel::Scalar)?,
+            u: vec(m)?,
+            av: vec(m)?,
+            v: vec(n)?,
+            atu: vec(n)?,
+            h: vec(n)?,
+            hbar: vec(n)?,
+            x: vec(n)?,
+            partials_u: ctx.alloc(MAX_PARTIALS)?,
+            partials_v: ctx.alloc(MAX_PARTIALS)?,
+            partials_x: ctx.alloc(MAX_PARTIALS)?,
+            state: ctx.alloc(STATE_LEN)?,
+        })
+    }
+
+    fn vec_params(&self, a: u64, u: u64, partials: &DeviceBuffer<f64>, len: usize, first: bool) -> VecParams {
+        VecParams {
+            a,
+            u,
+            h: self.h.device_ptr(),
+            hbar: self.hbar.device_ptr(),
+            x: self.x.device_ptr(),
+            partials: partials.device_ptr(),
+            state: self.state.device_ptr(),
+            len: len as i64,
+            first: first as i32,
+            pad: 0,
+        }
+    }
+
+    fn launch_vec(&self, kernel: &Kernel, p: &VecParams) -> Result<()> {
+        let grid = vector_grid(p.len as usize);
+        // SAFETY: every pointer in p is one of this solver's buffers (or b, of m elements,
+        // checked by validate): a, u hold >= len elements, h, hbar, x hold n (the kernels that
+        // read them run with len = n), partials MAX_PARTIALS >= grid doubles, state STATE_LEN.
+        // Each element is written by one thread; VecParams mirrors the kernel's struct.
+        unsafe { kernel.launch(&self.ctx, LaunchConfig::linear(grid, BLOCK_THREADS, 0), p) }
+    }
+
+    fn launch_scalar(&self, mode: ScalarMode) -> Result<()> {
+        let p = ScalarParams {
+            state: self.state.device_ptr(),
+            partials_u: self.partials_u.device_ptr(),
+            partials_v: self.partials_v.device_ptr(),
+            partials_x: self.partials_x.device_ptr(),
+            count_u: vector_grid(self.m) as i32,
+            count_v: vector_grid(self.n) as i32,
+            // setup: the partials of ||b|| (m elements) sit in partials_x
+            count_x: vector_grid(if mode == ScalarMode::SetupBeta { self.m } else { self.n }) as i32,
+            mode: mode as i32,
+        };
+        // SAFETY: state holds STATE_LEN doubles; each partials array MAX_PARTIALS, of which the
+        // counts (each <= MAX_PARTIALS) are read. One CTA; ScalarParams mirrors the kernel's.
+        unsafe {
+            self.scalar
+                .launch(&self.ctx, LaunchConfig::linear(1, BLOCK_THREADS, 0), &p)
+        }
+    }
+
+    fn read_state(&self) -> Result<LsmrState> {
+        Ok(LsmrState::from_slots(&self.state.to_host()?))
+    }
+
+    /// One LSMR iteration, queued.
+    fn iteration(&mut self, a: &dyn LinearOperator<T>) -> Result<()> {
+        let (m, n) = (self.m, self.n);
+        a.apply(1.0, &self.v, 0.0, &mut self.av)?;
+        let p = self.vec_params(self.av.device_ptr(), self.u.device_ptr(), &self.partials_u, m, false);
+        self.launch_vec(&self.update_u, &p)?;
+        self.launch_scalar(ScalarMode::IterBeta)?;
+        a.apply_transposed(1.0, &self.u, 0.0, &mut self.atu)?;
+        let p = self.vec_params(self.atu.device_ptr(), self.v.device_ptr(), &self.partials_v, n, false);
+        self.launch_vec(&self.update_v, &p)?;
+        self.launch_scalar(ScalarMode::IterAlpha)?;
+        let p = self.vec_params(0, self.v.device_ptr(), &self.partials_x, n, false);
+        self.launch_vec(&self.update_x, &p)
+    }
+
+    fn solve(
+        &mut self,
+        a: &dyn LinearOperator<T>,
+        b: &DeviceBuffer<T>,
+        opts: &LsmrOptions,
+        run: &mut LsmrRunOptions<'_>,
+    ) -> Result<LsmrResult> {
+        let started = Instant::now();
+        let (m, n) = (self.m, self.n);
+        let maxiter = opts.maxiter.unwrap_or(m.min(n));
+        let init = LsmrState {
+            damp: opts.damp,
+            atol: opts.atol,
+            btol: opts.btol,
+            ctol: if opts.conlim > 0.0 { 1.0 / opts.conlim } else { 0.0 },
+            maxiter: maxiter as f64,
+            ..LsmrState::default()
+        };
+        self.state.copy_from_host(&init.to_slots())?;
+
+        // x = x0 (or 0); u = b - A x0 (or b)
+        match &opts.x0 {
+            Some(x0) => {
+                let x0: Vec<T> = x0.iter().map(|&e| T::from_f64(e)).collect();
+                self.x.copy_from_host_at(0, &x0)?;
+            }
+            None => self.x.fill_bytes(0)?,
+        }
+        if m > 0 {
+            copy_prefix(&mut self.u, b, m)?;
+        }
+        if opts.x0.is_some() {
+            a.apply(-1.0, &self.x, 1.0, &mut self.u)?;
+        }
+        // normb (partials_x), beta (partials_u)
+        let p = self.vec_params(b.device_ptr(), 0, &self.partials_x, m, true);
+        self.launch_vec(&self.sumsq, &p)?;
+        let p = self.vec_params(self.u.device_ptr(), 0, &self.partials_u, m, true);
+        self.launch_vec(&self.sumsq, &p)?;
+        self.launch_scalar(ScalarMode::SetupBeta)?;
+        // v = A^T u / beta, alpha = ||v||, h = v / alpha, hbar = 0
+        a.apply_transposed(1.0, &self.u, 0.0, &mut self.atu)?;
+        let p = self.vec_params(self.atu.device_ptr(), self.v.device_ptr(), &self.partials_v, n, true);
+        self.launch_vec(&self.update_v, &p)?;
+        self.launch_scalar(ScalarMode::SetupAlpha)?;
+        let p = self.vec_params(0, self.v.device_ptr(), &self.partials_x, n, true);
+        self.launch_vec(&self.update_x, &p)?;
+
+        let mut st = self.read_state()?;
+        // NaN or infinity in b shows in its norm (summed in f64: squares of f32 values cannot
+        // overflow; f64 values above ~1e154 would, and would break the recurrences as well)
+        if !st.normb.is_finite() {
+            return Err(Error::invalid(
+                "b",
+                format!(
+                    "contains NaN or infinity (||b|| = {}); every element must be finite",
+                    st.normb
+                ),
+            ));
+        }
+        if !st.beta.is_finite() {
+            return Err(Error::invalid(
+                "x0",
+                format!("||b - A x0|| = {}: A x0 overflows", st.beta),
+            ));
+        }
+        if st.early == EARLY_NORMB_ZERO {
+            self.x.fill_bytes(0)?;
+        }
+        let mut launched = 0usize;
+        if st.stop == 0.0 {
+            while launched < maxiter {
+                let batch = run.check_every.min(maxiter - launched);
+                for _ in 0..batch {
+                    self.iteration(a)?;
+                }
+                launched += batch;
+                self.launch_scalar(ScalarMode::Test)?;
+                st = self.read_state()?;
+                if let Some(progress) = run.progress.as_mut() {
+                    progress(st.itn as usize, st.normr, st.normar, started.elapsed().as_secs_f64());
+                }
+                if st.stop != 0.0 {
+                    break;
+                }
+            }
+        }
+        let x = self.x.to_host()?[..n].iter().map(|e| e.to_f64()).collect();
+        Ok(result_of(&st, x))
+    }
+}
+
+/// The result from a final state (SciPy's early-exit quirks included: see lsmr.rs).
+fn result_of(st: &LsmrState, x: Vec<f64>) -> LsmrResult {
+    let early = st.early == EARLY_NORMAR_ZERO || st.early == EARLY_NORMB_ZERO;
+    LsmrResult {
+        x,
+        istop: st.istop as u32,
+        itn: st.itn as usize,
+        normr: st.normr,
+        normar: st.normar,
+        norma: st.norma,
+        conda: st.conda,
+        normx: if early { 0.0 } else { st.normx },
+    }
+}
+
+/// `dst[..len] = src[..len]` on the stream.
+fn copy_prefix<T: Element>(dst: &mut DeviceBuffer<T>, src: &DeviceBuffer<T>, len: usize) -> Result<()> {
+    if dst.len() < len || src.len() < len {
+        return Err(Error::invalid(
+            "b",
+            format!(
+                "copy of {len} elements between buffers of {} and {}",
+                src.len(),
+                dst.len()
+            ),
+        ));
+    }
+    src.context().bind()?;
+    // SAFETY: both allocations hold at least len elements (checked).
+    crate::runtime::context::check("cuMemcpyDtoDAsync", unsafe {
+        cudarc::driver::sys::cuMemcpyDtoDAsync_v2(
+            dst.device_ptr(),
+            src.device_ptr(),
+            len * std::mem::size_of::<T>(),
+            src.context().cu_stream(),
+        )
+    })
+}

@@ -1,0 +1,370 @@
+//! `tessera verify lsmr`: the GPU solver against the CPU reference [`lsmr_host`] on the same
+//! problems: the 25 SciPy fixture problems (square, tall, wide, rank deficient, inconsistent,
+//! ill conditioned with the conlim and the machine-precision stops, zero b with and without x0,
+//! an exact x0, damped tall and wide, warm starts, maxiter-limited and maxiter = 0, tight
+//! tolerances, SciPy's bidiagonal and Lauchli matrices) and larger seeded random sparse
+//! problems (tall, wide, damped, warm-started, maxiter-limited), in fp64 with dual and single
+//! storage and in fp32 with dual storage.
+//!
+//! Each case requires the same `istop` as the reference, `itn` within 1, and `x`, `normr`, `normar`, `norma`,
+//! `conda`, `normx` within the case's tolerance; fp64 fixture cases are also held to SciPy's
+//! own result (in the fixture file) with the same tolerance. Dual-storage cases are
+//! also solved a second time checking the stop flag after every iteration
+//! (`check_every = 1`): the result must be bitwise the same (the batched stop is exact and the
+//! solver deterministic). One more case checks the solver's argument errors on the device.
+//!
+//! Tolerances. fp64: the fixtures' own tolerances against SciPy (`fixtures::tolerance`, whose
+//! reasons `lsmr_tests.rs` gives; our GPU sums norms in another order than the CPU reference,
+//! as SciPy's BLAS does), and for the random problems, which run tens to hundreds of
+//! iterations past the loss of orthogonality, the loose class `LONG_RUN`. fp32: the vectors are
+//! rounded to f32 (error ~ cond * 6e-8 per step), so only well-conditioned fixtures are used,
+//! with `atol`/`btol` raised to at least [`F32_MIN_TOL`] (reachable in f32), compared against
+//! the f64 reference on the f32-rounded matrix and `b` with `FP32`.
+
+use serde_json::{json, Value};
+
+use super::device_operator::{LinearOperator, SparseDualOperator, SparseSingleOperator};
+use super::fixtures::{compare, fixture_cases, rel_l2, tolerance, Tol};
+use super::lsmr::{lsmr_host, LsmrOptions, LsmrResult};
+use super::lsmr_device::{lsmr, lsmr_with, LsmrRunOptions};
+use crate::check::compare as compare_vectors;
+use crate::dtype::{DType, Element};
+use crate::error::{Error, Result};
+use crate::harness::VerifyOutcome;
+use crate::runtime::Context;
+use crate::sparse::generate::{random_vector, try_generate, MatrixClass};
+use crate::sparse::CsrHost;
+
+/// fp32 solves use `atol`, `btol` of at least this (smaller ones are below f32 rounding).
+pub const F32_MIN_TOL: f64 = 1e-4;
+
+/// Random problems run long (loss of orthogonality): x to 1e-4, estimates to 1e-2.
+const LONG_RUN: Tol = Tol {
+    x: 1e-4,
+    est: 1e-2,
+    floor: 1e-6,
+    conda: 1.5,
+};
+
+/// fp32 against the f64 reference on the same (rounded) data.
+const FP32: Tol = Tol {
+    x: 1e-2,
+    est: 1e-2,
+    floor: 1e-4,
+    conda: 1.1,
+};
+
+/// The fixtures that are well conditioned (tolerance class WELL): the fp32 cases.
+fn well_conditioned(name: &str) -> bool {
+    let t = tolerance(name);
+    t.x <= Tol::WELL.x
+}
+
+/// Where a case's problem comes from.
+#[derive(Clone, Debug)]
+pub enum Problem {
+    /// A SciPy fixture, by name.
+    Fixture(String),
+    /// A seeded random sparse problem.
+    Random {
+        label: &'static str,
+        rows: usize,
+        cols: usize,
+        per_row: usize,
+        damp: f64,
+        x0: bool,
+        maxiter: Option<usize>,
+    },
+}
+
+/// One verification case.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub problem: Problem,
+    pub value: DType,
+    /// Dual storage (CSR of A and A^T) or single (A^T x by atomic scatter).
+    pub dual: bool,
+}
+
+impl Case {
+    pub fn name(&self) -> String {
+        let what = match &self.problem {
+            Problem::Fixture(n) => n.clone(),
+            Problem::Random { label, rows, cols, .. } => format!("{label} {rows}x{cols}"),
+        };
+        format!(
+            "lsmr {what} {} {}",
+            self.value,
+            if self.dual { "dual" } else { "single" }
+        )
+    }
+    pub fn params(&self) -> Value {
+        json!({"problem": self.name(), "dtype": self.value.name(), "dual": self.dual})
+    }
+}
+
+fn random_problems() -> Vec<Problem> {
+    let r = |label, rows, cols, per_row, damp, x0, maxiter| Problem::Random {
+        label,
+        rows,
+        cols,
+        per_row,
+        damp,
+        x0,
+        maxiter,
+    };
+    vec![
+        r("random tall", 3001, 257, 9, 0.0, false, None),
+        r("random wide", 203, 1500, 40, 0.0, false, None),
+        r("random tall damped", 2500, 300, 7, 0.7, false, None),
+        r("random tall x0", 1999, 211, 8, 0.0, true, None),
+        r("random tall maxiter 13", 4000, 500, 6, 0.0, false, Some(13)),
+    ]
+}
+
+/// The cases (`quick`: a handful of fixtures and one random problem, fp64 dual and fp32).
+pub fn cases(quick: bool) -> Vec<Case> {
+    let fixtures: Vec<String> = fixture_cases().into_iter().map(|c| c.name).collect();
+    let mut out = Vec::new();
+    let quick_set = [
+        "tall_inconsistent",
+        "damped",
+        "warm_start_x0",
+        "maxiter_limited",
+        "zero_rhs",
+    ];
+    for name in &fixtures {
+        if quick && !quick_set.contains(&name.as_str()) {
+            continue;
+        }
+        for dual in [true, false] {
+            if quick && !dual {
+                continue;
+            }
+            out.push(Case {
+                problem: Problem::Fixture(name.clone()),
+                value: DType::F64,
+                dual,
+            });
+        }
+        if well_conditioned(name) {
+            out.push(Case {
+                problem: Problem::Fixture(name.clone()),
+                value: DType::F32,
+                dual: true,
+            });
+        }
+    }
+    for (i, p) in random_problems().into_iter().enumerate() {
+        if quick && i > 0 {
+            break;
+        }
+        for dual in [true, false] {
+            out.push(Case {
+                problem: p.clone(),
+                value: DType::F64,
+                dual,
+            });
+        }
+    }
+    out
+}
+
+/// A problem built: the f64 matrix, b, options and the tolerance class.
+struct Built {
+    a: CsrHost<f64, i32>,
+    b: Vec<f64>,
+    opts: LsmrOptions,
+    tol: Tol,
+    /// SciPy's result (fixtures).
+    scipy: Option<LsmrResult>,
+}
+
+fn build(problem: &Problem, seed: u64) -> Result<Built> {
+    match problem {
+        Problem::Fixture(name) => {
+            let c = fixture_cases()
+                .into_iter()
+                .find(|c| &c.name == name)
+                .ok_or_else(|| Error::invalid("case", format!("no fixture named {name}")))?;
+            let tol = tolerance(name);
+            Ok(Built {
+                a: c.csr,
+                b: c.b,
+                opts: c.opts,
+                tol,
+                scipy: Some(c.expected),
+            })
+        }
+        Problem::Random {
+            rows,
+            cols,
+            per_row,
+            damp,
+            x0,
+            maxiter,
+            ..
+        } => {
+            let class = if rows >= cols {
+                MatrixClass::TallLeastSquares { per_row: *per_row }
+            } else {
+                MatrixClass::Uniform { per_row: *per_row }
+            };
+            let a = try_generate::<f64, i32>(class, *rows, *cols, seed)?;
+            let b = random_vector(*rows, seed ^ 0xb);
+            let opts = LsmrOptions {
+                damp: *damp,
+                maxiter: *maxiter,
+                x0: x0.then(|| random_vector(*cols, seed ^ 0x70)),
+                ..LsmrOptions::default()
+            };
+            Ok(Built {
+                a,
+                b,
+                opts,
+                tol: LONG_RUN,
+                scipy: None,
+            })
+        }
+    }
+}
+
+pub fn verify_case(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcome> {
+    crate::dispatch_float!("lsmr verify"; case.value, [F32, F64], |T| run::<T>(ctx, case, seed))
+}
+
+fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcome> {
+    let mut built = build(&case.problem, seed)?;
+    if T::DTYPE == DType::F32 {
+        built.opts.atol = built.opts.atol.max(F32_MIN_TOL);
+        built.opts.btol = built.opts.btol.max(F32_MIN_TOL);
+        built.tol = FP32;
+    }
+    // the matrix and b as the device sees them (rounded to T), and the reference on those
+    let a_t: CsrHost<T, i32> = CsrHost {
+        rows: built.a.rows,
+        cols: built.a.cols,
+        offsets: built.a.offsets.clone(),
+        indices: built.a.indices.clone(),
+        values: built.a.values.iter().map(|&v| T::from_f64(v)).collect(),
+        sorted: built.a.sorted,
+    };
+    let a_ref: CsrHost<f64, i32> = CsrHost {
+        values: a_t.values.iter().map(|v| v.to_f64()).collect(),
+        ..built.a.clone()
+    };
+    let b_t: Vec<T> = built.b.iter().map(|&v| T::from_f64(v)).collect();
+    let b_ref: Vec<f64> = b_t.iter().map(|v| v.to_f64()).collect();
+    let want = lsmr_host(&a_ref, &b_ref, &built.opts)?;
+
+    let db = ctx.upload(&b_t)?;
+    let op: Box<dyn LinearOperator<T>> = if case.dual {
+        Box::new(SparseDualOperator::new(ctx, &a_t)?)
+    } else {
+        Box::new(SparseSingleOperator::new(ctx, &a_t)?)
+    };
+    let got = lsmr(ctx, op.as_ref(), &db, &built.opts)?;
+    let normb = b_ref.iter().map(|e| e * e).sum::<f64>().sqrt();
+    let mut failures = compare(&case.name(), &got, &want, normb, built.tol);
+    if let (Some(scipy), DType::F64) = (&built.scipy, T::DTYPE) {
+        failures.extend(compare(
+            &format!("{} vs SciPy", case.name()),
+            &got,
+            scipy,
+            normb,
+            built.tol,
+        ));
+    }
+    if case.dual {
+        let mut every = LsmrRunOptions {
+            check_every: 1,
+            progress: None,
+        };
+        let stepwise = lsmr_with(ctx, op.as_ref(), &db, &built.opts, &mut every)?;
+        if !bitwise_equal(&stepwise, &got) {
+            failures.push(format!(
+                "checking the stop flag every iteration gave another result (istop {} itn {} vs istop {} \
+                 itn {}, x differs by {:.2e})",
+                stepwise.istop,
+                stepwise.itn,
+                got.istop,
+                got.itn,
+                rel_l2(&stepwise.x, &got.x)
+            ));
+        }
+    }
+    let comparison = compare_vectors(&got.x, &want.x, 0.0, 0.0);
+    Ok(VerifyOutcome {
+        case: case.name(),
+        params: {
+            let mut p = case.params();
+            p["istop"] = json!(got.istop);
+            p["itn"] = json!(got.itn);
+            p["ref_itn"] = json!(want.itn);
+            p
+        },
+        path: format!("{} itn {}/{}", op.storage(), got.itn, want.itn),
+        comparison,
+        budget: built.tol.x,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
+
+/// Bitwise equality of two results (x and every estimate).
+fn bitwise_equal(a: &LsmrResult, b: &LsmrResult) -> bool {
+    let bits = |r: &LsmrResult| {
+        let mut v: Vec<u64> = r.x.iter().map(|e| e.to_bits()).collect();
+        v.extend([r.normr, r.normar, r.norma, r.conda, r.normx].map(f64::to_bits));
+        v.extend([r.istop as u64, r.itn as u64]);
+        v
+    };
+    bits(a) == bits(b)
+}
+
+/// The argument errors on the device: b of the wrong length, NaN in b, negative damp, NaN in A
+/// at construction. Each must be an error naming the argument.
+pub fn verify_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<VerifyOutcome> {
+    let a = try_generate::<f64, i32>(MatrixClass::TallLeastSquares { per_row: 4 }, 50, 10, 1)?;
+    let op = SparseDualOperator::new(ctx, &a)?;
+    let mut failures = Vec::new();
+    let mut expect = |what: &str, r: Result<LsmrResult>, arg: &str| match r {
+        Err(Error::InvalidArgument { arg: got, .. }) if got == arg => {}
+        Err(e) => failures.push(format!("{what}: error {e} does not name {arg}")),
+        Ok(_) => failures.push(format!("{what}: no error")),
+    };
+    let short = ctx.upload(&[1.0f64; 49])?;
+    expect(
+        "b of 49 for 50 rows",
+        lsmr(ctx, &op, &short, &LsmrOptions::default()),
+        "b",
+    );
+    let mut nan_b = vec![1.0f64; 50];
+    nan_b[17] = f64::NAN;
+    let nan_b = ctx.upload(&nan_b)?;
+    expect("NaN in b", lsmr(ctx, &op, &nan_b, &LsmrOptions::default()), "b");
+    let b = ctx.upload(&[1.0f64; 50])?;
+    let neg = LsmrOptions {
+        damp: -1.0,
+        ..LsmrOptions::default()
+    };
+    expect("damp -1", lsmr(ctx, &op, &b, &neg), "damp");
+    let mut bad = a.clone();
+    bad.values[3] = f64::INFINITY;
+    match SparseDualOperator::new(ctx, &bad) {
+        Err(Error::InvalidArgument { arg: "A", .. }) => {}
+        Err(e) => failures.push(format!("inf in A: error {e} does not name A")),
+        Ok(_) => failures.push("inf in A: no error".into()),
+    }
+    Ok(VerifyOutcome {
+        case: "lsmr argument errors".into(),
+        params: json!({"problem": "errors"}),
+        path: "-".into(),
+        comparison: compare_vectors(&[], &[], 0.0, 0.0),
+        budget: 0.0,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
