@@ -2,10 +2,11 @@
 // mma.sync, SIMT, skinny, DMMA and the sm_90a wgmma kernel). Handed to NVRTC as the named header
 // "tessera/gemm_epilogue.cuh" (gemm::DEVICE_HEADERS); header-free like src/cuda/.
 //
-// Defines: ts::gemm::kActNone .. kActSilu (activation codes, = gemm::Activation::code() in Rust),
-//          ts::gemm::gemm_activate<kActivation>(x),
-//          ts::gemm::gemm_epilogue<kActivation, kHasBias, kHasC, kHasResidual>(acc, alpha, beta,
-//          c, bias, residual).
+// Defines (global namespace, every name prefixed gemm_/kGemm):
+//          kGemmActNone .. kGemmActSilu (activation codes, = gemm::Activation::code() in Rust),
+//          gemm_activate<kActivation>(x),
+//          gemm_epilogue<kActivation, kHasBias, kHasC, kHasResidual>(acc, alpha, beta, c, bias,
+//          residual).
 //
 // Order (cuBLASLt's, and the CPU reference's in gemm/reference.rs):
 //     d = act(alpha * acc + beta * c + bias) + residual
@@ -23,32 +24,29 @@
 #pragma once
 #include "tessera/common.cuh"
 
-namespace ts {
-namespace gemm {
-
-constexpr int kActNone = 0;
-constexpr int kActRelu = 1;
-constexpr int kActGeluErf = 2;
-constexpr int kActGeluTanh = 3;
-constexpr int kActSilu = 4;
+constexpr int kGemmActNone = 0;
+constexpr int kGemmActRelu = 1;
+constexpr int kGemmActGeluErf = 2;
+constexpr int kGemmActGeluTanh = 3;
+constexpr int kGemmActSilu = 4;
 
 /// sqrt(1/2) and sqrt(2/pi), rounded to f32.
-constexpr float kSqrtHalf = 0.70710678118654752f;
-constexpr float kSqrt2OverPi = 0.79788456080286536f;
-constexpr float kGeluTanhCubic = 0.044715f;
+constexpr float kGemmSqrtHalf = 0.70710678118654752f;
+constexpr float kGemmSqrt2OverPi = 0.79788456080286536f;
+constexpr float kGemmGeluTanhCubic = 0.044715f;
 
 /// The activation with code kActivation applied to x (see the table above).
 template <int kActivation>
 __device__ __forceinline__ float gemm_activate(float x) {
-  static_assert(kActivation >= kActNone && kActivation <= kActSilu, "gemm_activate: unknown activation code");
-  if constexpr (kActivation == kActNone) {
+  static_assert(kActivation >= kGemmActNone && kActivation <= kGemmActSilu, "gemm_activate: unknown activation code");
+  if constexpr (kActivation == kGemmActNone) {
     return x;
-  } else if constexpr (kActivation == kActRelu) {
+  } else if constexpr (kActivation == kGemmActRelu) {
     return x < 0.0f ? 0.0f : x;
-  } else if constexpr (kActivation == kActGeluErf) {
-    return 0.5f * x * (1.0f + erff(x * kSqrtHalf));
-  } else if constexpr (kActivation == kActGeluTanh) {
-    return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluTanhCubic * x * x * x)));
+  } else if constexpr (kActivation == kGemmActGeluErf) {
+    return 0.5f * x * (1.0f + erff(x * kGemmSqrtHalf));
+  } else if constexpr (kActivation == kGemmActGeluTanh) {
+    return 0.5f * x * (1.0f + tanhf(kGemmSqrt2OverPi * (x + kGemmGeluTanhCubic * x * x * x)));
   } else {
     return x / (1.0f + expf(-x));
   }
@@ -65,6 +63,3 @@ __device__ __forceinline__ float gemm_epilogue(float acc, float alpha, float bet
   if constexpr (kHasResidual) d += residual;
   return d;
 }
-
-}  // namespace gemm
-}  // namespace ts
