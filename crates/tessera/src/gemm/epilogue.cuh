@@ -2,7 +2,8 @@
 // mma.sync, SIMT, skinny, DMMA and the sm_90a wgmma kernel). Handed to NVRTC as the named header
 // "tessera/gemm_epilogue.cuh" (gemm::DEVICE_HEADERS); header-free like src/cuda/.
 //
-// Defines (global namespace, every name prefixed gemm_/kGemm):
+// Defines (global namespace, every name prefixed gemm_/kGemm; also reachable as ts::gemm_epilogue,
+//          ts::kActRelu, ...):
 //          kGemmActNone .. kGemmActSilu (activation codes, = gemm::Activation::code() in Rust),
 //          gemm_activate<kActivation>(x),
 //          gemm_epilogue<kActivation, kHasBias, kHasC, kHasResidual>(acc, alpha, beta, c, bias,
@@ -63,3 +64,14 @@ __device__ __forceinline__ float gemm_epilogue(float acc, float alpha, float bet
   if constexpr (kHasResidual) d += residual;
   return d;
 }
+
+// The same names inside namespace ts, for kernels that spell them ts::gemm_epilogue or ts::kActRelu.
+namespace ts {
+using ::gemm_activate;
+using ::gemm_epilogue;
+constexpr int kActNone = kGemmActNone;
+constexpr int kActRelu = kGemmActRelu;
+constexpr int kActGeluErf = kGemmActGeluErf;
+constexpr int kActGeluTanh = kGemmActGeluTanh;
+constexpr int kActSilu = kGemmActSilu;
+}  // namespace ts
