@@ -44,6 +44,7 @@ pub static OPERATORS: &[&dyn Operator] = &[
     &crate::attention::OPERATOR,
     &crate::kvcache::OPERATOR,
     &crate::sparse::OPERATOR,
+    &crate::gemm::OPERATOR,
 ];
 
 /// The operator called `name` (ignoring case).
