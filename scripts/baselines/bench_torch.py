@@ -7,7 +7,7 @@ Invoked by the tessera CLI on the GPU machine:
 
 CASES.json is a JSON list of {"case": str, "params": {...}}. For --op softmax the params are
 {"rows": int, "cols": int, "dtype": "fp16"|"fp32"|"bf16", "op": "softmax"|"log_softmax"}; for
---op sparse see bench_sparse below; for --op lsmr, bench_lsmr.
+--op sparse, --op lsmr and --op gemm see bench_sparse, bench_lsmr and bench_gemm below.
 
 OUT.json, the timing method and the {"missing": reason} answer when torch or CUDA is
 unavailable are described in bench_common.py (shared with bench_attention.py). A case that
@@ -173,18 +173,78 @@ def bench_lsmr(case, params):
             ms, res = _solve_ms(lambda: sla.lsmr(a, b, **opts), lambda: None, runs=3)
             out.append(row(case, params, "scipy-cpu", ms=ms, note=note(res, ms)))
     return out
+# -- gemm: D = act(A @ B + bias) through cuBLAS / cuBLASLt, on the shapes tessera timed. Params
+# {"M", "N", "K", "dtype": "fp16"|"bf16"|"fp32"|"fp64", "out", "b_layout": "nk"|"kn", "bias",
+# "activation": "none"|"relu"|"gelu"|"gelu_tanh"|"silu"}. B is [N, K] (a weight) for "nk" and
+# is passed as b.t(), as torch.nn.functional.linear does. Plain products use torch.mm, a bias
+# torch.addmm, bias + relu/gelu torch._addmm_activation (cuBLASLt's fused epilogue; its GELU is
+# the tanh form); other activations run after torch.addmm. fp32 is timed with TF32 off (exact).
+# TFLOP/s for every row; GB/s (A, B and D bytes once) for M <= 16.
+
+GEMM_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
+
+
+def bench_gemm(case, params):
+    m, n, k = int(params["M"]), int(params["N"]), int(params["K"])
+    name = params.get("dtype", "bf16")
+    dtype = getattr(torch, GEMM_DTYPES[name])
+    if params.get("out", name) != name:
+        return [row(case, params, "torch", missing=f"torch.mm writes {name}, not {params['out']}")]
+    nk = params.get("b_layout", "nk") == "nk"
+    act = params.get("activation", "none")
+    has_bias = bool(params.get("bias"))
+    esize = torch.empty((), dtype=dtype).element_size()
+    nbuf = rotation_count((m * k + k * n) * esize)
+    gen = torch.Generator(device="cuda").manual_seed(0x6E33)
+
+    def randn(*shape):
+        return torch.randn(shape, device="cuda", dtype=torch.float32, generator=gen).to(dtype)
+
+    sets = [(randn(m, k), randn(n, k) if nk else randn(k, n)) for _ in range(nbuf)]
+    bias = randn(n) if has_bias else None
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    def op_b(b):
+        return b.t() if nk else b
+
+    if not has_bias and act == "none":
+        fn = lambda ab: torch.mm(ab[0], op_b(ab[1]))  # noqa: E731
+    elif has_bias and act == "none":
+        fn = lambda ab: torch.addmm(bias, ab[0], op_b(ab[1]))  # noqa: E731
+    elif has_bias and act in ("relu", "gelu", "gelu_tanh"):
+        gelu = act != "relu"
+        fn = lambda ab: torch._addmm_activation(bias, ab[0], op_b(ab[1]), use_gelu=gelu)  # noqa: E731
+    else:
+        f = {"relu": torch.relu, "gelu": torch.nn.functional.gelu,
+             "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+             "silu": torch.nn.functional.silu}[act]
+        if has_bias:
+            fn = lambda ab: f(torch.addmm(bias, ab[0], op_b(ab[1])))  # noqa: E731
+        else:
+            fn = lambda ab: f(torch.mm(ab[0], op_b(ab[1])))  # noqa: E731
+    try:
+        ms = time_ms(fn, sets)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+        del sets
+    tflops = 2.0 * m * n * k / (ms * 1e-3) / 1e12
+    gbps = (m * k + k * n + m * n) * esize / (ms * 1e-3) / 1e9 if m <= 16 else None
+    return [row(case, params, "torch", ms=ms, tflops=tflops, gbps=gbps)]
 
 
 OPS = {
     "softmax": bench_softmax,
     "sparse": bench_sparse,
     "lsmr": bench_lsmr,
+    "gemm": bench_gemm,
 }
 # The impls each op reports (rows marked missing when torch is unavailable).
 IMPLS = {
     "softmax": ["torch"],
     "sparse": ["torch-csr", "cupy-csr"],
     "lsmr": ["cupy", "scipy-cpu"],
+    "gemm": ["torch"],
 }
 
 

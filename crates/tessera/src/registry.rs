@@ -45,6 +45,7 @@ pub static OPERATORS: &[&dyn Operator] = &[
     &crate::kvcache::OPERATOR,
     &crate::sparse::OPERATOR,
     &crate::linalg::OPERATOR,
+    &crate::gemm::OPERATOR,
 ];
 
 /// The operator called `name` (ignoring case).

@@ -6,7 +6,7 @@
 // every group of this thread, cp_async_wait<N> for all but the N most recent groups
 // (cp_async_wait_pending(n) the same with n folded to a constant in an unrolled loop).
 // cp_async_16_zfill zero-fills a chunk whose source lies beyond a tensor's end (cp_async_16_zfill_at:
-// at a compile-time offset from both addresses). The copied data
+// at a compile-time offset from both addresses; cp_async_16_zfill_bytes: a partial chunk). The copied data
 // is visible to other threads only after a barrier that follows the wait.
 //
 // Both addresses must be 16-byte aligned. `.cg` caches the line in L2 only (streamed data).
@@ -44,6 +44,12 @@ TS_DEVICE void cp_async_16(uint32_t dst, const void* src) {
 TS_DEVICE void cp_async_16_zfill(uint32_t dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
+}
+
+/// As cp_async_16_zfill, copying only the first `bytes` (0..16) bytes of the chunk and zero-filling
+/// the rest (a row's ragged end: the source is never read past `src + bytes`).
+TS_DEVICE void cp_async_16_zfill_bytes(uint32_t dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
 }
 
 /// cp_async_16_zfill of the chunk kOffset bytes past both `dst` and `src` (kOffset a multiple

@@ -3,6 +3,7 @@
 //
 // Defines: ts::ldmatrix_x4 / ts::ldmatrix_x4_trans (four 8x8 b16 matrices from shared memory),
 //          ts::mma_m16n8k16<Elem> (D += A * B, f16 or bf16 inputs, f32 accumulators),
+//          ts::mma_m8n8k4_f64 (D += A * B in f64, DMMA),
 //          ts::pack2<Elem>(lo, hi) (two floats -> one f16x2 / bf16x2 register),
 //          ts::pack_a_fragment<Elem> (an accumulator pair packed as the A fragment of the next
 //          MMA), ts::quad_row_max (a row's max over the accumulator tile and its lane quad),
@@ -74,6 +75,14 @@ TS_DEVICE void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, 
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+}
+
+/// d += a * b for one m8n8k4 tile of f64 (DMMA, sm_80+), with g = lane / 4 and t = lane % 4:
+/// a = A[g][t] (8 x 4, row major), b = B[t][g] (4 x 8, "col"), d = {D[g][2t], D[g][2t + 1]}.
+TS_DEVICE void mma_m8n8k4_f64(double (&d)[2], double a, double b) {
+  asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
+               : "+d"(d[0]), "+d"(d[1])
+               : "d"(a), "d"(b));
 }
 
 /// Two floats -> one register of two Elem (lo in the low half, as in memory), round to nearest.

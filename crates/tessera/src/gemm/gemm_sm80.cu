@@ -1,0 +1,205 @@
+// gemm_sm80.cu: fp16/bf16 GEMM on the sm_80+ tensor cores (ldmatrix + mma.sync m16n8k16 + a
+// cp.async multistage pipeline), f32 accumulate, fused epilogue (gemm_params.cuh), any M, N, K.
+//
+//   D[z] = act(alpha * A[z] @ B[z] + beta * C[z] + bias) + R[z]
+//   A [M, K] row-major (lda), B [K, N] row-major (ldb, kBColMajor = false) or stored [N, K]
+//   (kBColMajor = true, the weight layout), Elem = ts::f16 or ts::bf16, Out = f16, bf16 or f32.
+//
+// CTA tile kBM x kBN x kBK = 128 x 128 x 64, 8 warps as 2 (M) x 4 (N), each warp 64 x 32 of D:
+// 4 m16 x 4 n8 mma tiles, 64 f32 accumulators per thread. Grid (N tiles, M tiles, batch).
+//
+// Shared memory: kStages = 3 stages of an A tile [128 m][64 k] and a B tile ([128 n][64 k] for
+// kBColMajor, else [64 k][128 n]), 16 KiB each: 96 KiB (dynamic, opt-in above 48 KiB; fits
+// sm_86/89's 99 KiB). Rows are made of 16-byte chunks of 8 elements; chunk c of row r is stored
+// at chunk c ^ (r % 8) (XOR swizzle on the low three chunk bits), so both the cp.async writes of a
+// row and the ldmatrix reads of 8 consecutive rows at one logical chunk hit 8 distinct 16-byte
+// bank groups.
+//
+// Pipeline: tiles kt + 1 .. kt + kStages - 1 are in flight (one cp.async group each) while tile
+// kt is multiplied; one __syncthreads per K tile. Tails: a chunk wholly past M, N or K is
+// zero-filled by cp.async (src-size 0) and a ragged last chunk of a row copies only its valid
+// bytes (the rest zero-filled), so the K tail contributes zeros and nothing outside an operand is
+// read; the epilogue writes only rows < M and columns < N.
+//
+// Host-checked rules (plan.rs): A, B 16-byte aligned; lda, ldb and the batch strides of A and B
+// multiples of 8 elements; M, N, K < 2^31; M tiles <= 65535 (grid y), batch <= 65535 (grid z).
+//
+// Roofline: 2 M N K flops; at 128 x 128 tiles each K step reads (128 + 128) x 64 x 2 bytes for
+// 2 x 128 x 128 x 64 flops, 64 flops per byte from L2, compute-bound on A100/H100.
+#ifndef TS_GENERATED_PREAMBLE
+#error "gemm_sm80.cu is compiled with a generated preamble (gemm/sm80.rs)"
+#endif
+#include "tessera/common.cuh"
+#include "tessera/dtype.cuh"
+#include "tessera/async_copy.cuh"
+#include "tessera/mma.cuh"
+#include "tessera/gemm_params.cuh"
+
+namespace {
+
+constexpr int kBM = 128;
+constexpr int kBN = 128;
+constexpr int kBK = 64;
+constexpr int kStages = 3;
+constexpr int kThreads = 256;
+constexpr int kWarpsM = 2;
+constexpr int kWarpsN = 4;
+constexpr int kWarpTileM = kBM / kWarpsM;  // 64
+constexpr int kWarpTileN = kBN / kWarpsN;  // 32
+constexpr int kMmaM = kWarpTileM / 16;     // 4 m16 tiles
+constexpr int kMmaN = kWarpTileN / 8;      // 4 n8 tiles
+constexpr int kChunk = 8;                  // elements per 16-byte chunk
+constexpr int kTileElems = kBM * kBK;      // per operand and stage (A and B tiles have the same size)
+static_assert(kBN * kBK == kTileElems, "A and B tiles share one size");
+static_assert(kWarpsM * kWarpsN * 32 == kThreads, "8 warps");
+
+/// Element offset in a tile of rows of `kRowChunks` chunks of the chunk `c` of row `r` (swizzled).
+template <int kRowChunks>
+TS_DEVICE int swz(int r, int c) {
+  return r * (kRowChunks * kChunk) + ((c ^ (r & 7)) * kChunk);
+}
+
+/// Starts the copies of one rows x (kRowChunks chunks) tile of a row-major operand: row r of
+/// the tile is global row row0 + r (valid below rows), chunk c starts at column col0 + 8c
+/// (valid below cols; a ragged last chunk copies its valid bytes only).
+template <int kRows, int kRowChunks>
+TS_DEVICE void load_tile(uint32_t smem, const Elem* g, long long ld, int row0, int rows, int col0, int cols) {
+  constexpr int kChunks = kRows * kRowChunks;
+  static_assert(kChunks % kThreads == 0, "whole chunks per thread");
+#pragma unroll
+  for (int i = 0; i < kChunks / kThreads; ++i) {
+    const int id = ts::thread_id() + i * kThreads;
+    const int r = id / kRowChunks;
+    const int c = id % kRowChunks;
+    const int row = row0 + r;
+    const int col = col0 + c * kChunk;
+    const int valid = (row < rows) ? ts::min_c(kChunk, cols - col) : 0;
+    const int bytes = valid > 0 ? valid * (int)sizeof(Elem) : 0;
+    // a chunk with nothing to copy still needs an address: the operand's first element
+    const Elem* src = bytes > 0 ? g + (long long)row * ld + col : g;
+    ts::cp_async_16_zfill_bytes(smem + swz<kRowChunks>(r, c) * (int)sizeof(Elem), src, bytes);
+  }
+}
+
+struct Tiles {
+  const Elem* a;
+  const Elem* b;
+  int m0, n0;
+};
+
+/// Starts the copies of K tile `kt` into stage `s`.
+TS_DEVICE void load_stage(const GemmParams& p, const Tiles& t, uint32_t smem, int s, int kt) {
+  const uint32_t sa = smem + s * 2 * kTileElems * (int)sizeof(Elem);
+  const uint32_t sb = sa + kTileElems * (int)sizeof(Elem);
+  const int k0 = kt * kBK;
+  load_tile<kBM, kBK / kChunk>(sa, t.a, p.lda, t.m0, p.m, k0, p.k);
+  if constexpr (kBColMajor) {
+    load_tile<kBN, kBK / kChunk>(sb, t.b, p.ldb, t.n0, p.n, k0, p.k);  // [n][k]
+  } else {
+    load_tile<kBK, kBN / kChunk>(sb, t.b, p.ldb, k0, p.k, t.n0, p.n);  // [k][n]
+  }
+}
+
+/// The A fragments of k16 step kk for the warp's 4 m16 tiles (ldmatrix.x4: lane l addresses row
+/// l % 16 at chunk 2 kk + l / 16).
+TS_DEVICE void load_a_frags(uint32_t (&a)[kMmaM][4], uint32_t sa, int warp_m, int kk) {
+  const int lane = ts::lane_id();
+#pragma unroll
+  for (int mi = 0; mi < kMmaM; ++mi) {
+    const int r = warp_m * kWarpTileM + mi * 16 + (lane & 15);
+    const int c = kk * 2 + (lane >> 4);
+    ts::ldmatrix_x4(a[mi], sa + swz<kBK / kChunk>(r, c) * (int)sizeof(Elem));
+  }
+}
+
+/// The B fragments {b0, b1} of k16 step kk for the warp's 4 n8 tiles, two tiles per ldmatrix.x4.
+TS_DEVICE void load_b_frags(uint32_t (&b)[kMmaN][2], uint32_t sb, int warp_n, int kk) {
+  const int lane = ts::lane_id();
+#pragma unroll
+  for (int pair = 0; pair < kMmaN / 2; ++pair) {
+    uint32_t r[4];
+    const int nbase = warp_n * kWarpTileN + pair * 16;
+    if constexpr (kBColMajor) {
+      // [n][k] tile: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+      const int n = nbase + (lane & 7) + ((lane >> 4) << 3);
+      const int c = kk * 2 + ((lane >> 3) & 1);
+      ts::ldmatrix_x4(r, sb + swz<kBK / kChunk>(n, c) * (int)sizeof(Elem));
+    } else {
+      // [k][n] tile, transposed: matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15)
+      const int k = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+      const int c = nbase / kChunk + (lane >> 4);
+      ts::ldmatrix_x4_trans(r, sb + swz<kBN / kChunk>(k, c) * (int)sizeof(Elem));
+    }
+    b[2 * pair][0] = r[0];
+    b[2 * pair][1] = r[1];
+    b[2 * pair + 1][0] = r[2];
+    b[2 * pair + 1][1] = r[3];
+  }
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1) gemm_sm80(const __grid_constant__ GemmParams p) {
+  const int z = blockIdx.z;
+  Tiles t;
+  t.m0 = blockIdx.y * kBM;
+  t.n0 = blockIdx.x * kBN;
+  t.a = static_cast<const Elem*>(p.a) + z * p.stride_a;
+  t.b = static_cast<const Elem*>(p.b) + z * p.stride_b;
+  const uint32_t smem = ts::smem_addr(ts::dynamic_smem<Elem>());
+  const int warp_m = ts::warp_id() / kWarpsN;
+  const int warp_n = ts::warp_id() % kWarpsN;
+  const int k_tiles = (p.k + kBK - 1) / kBK;
+
+  float acc[kMmaM][kMmaN][4];
+#pragma unroll
+  for (int mi = 0; mi < kMmaM; ++mi)
+#pragma unroll
+    for (int nj = 0; nj < kMmaN; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][nj][e] = 0.0f;
+
+  // prologue: tiles 0 .. kStages - 2 in flight, one group each (empty groups keep the count)
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(p, t, smem, s, s);
+    ts::cp_async_commit();
+  }
+
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    ts::cp_async_wait<kStages - 2>();  // tile kt has landed (for this thread)
+    __syncthreads();                   // ... for every thread; and stage (kt - 1) % kStages is free
+    const int next = kt + kStages - 1;
+    if (next < k_tiles) load_stage(p, t, smem, next % kStages, next);
+    ts::cp_async_commit();
+
+    const uint32_t sa = smem + (kt % kStages) * 2 * kTileElems * (int)sizeof(Elem);
+    const uint32_t sb = sa + kTileElems * (int)sizeof(Elem);
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      uint32_t a[kMmaM][4];
+      uint32_t b[kMmaN][2];
+      load_a_frags(a, sa, warp_m, kk);
+      load_b_frags(b, sb, warp_n, kk);
+#pragma unroll
+      for (int mi = 0; mi < kMmaM; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < kMmaN; ++nj) ts::mma_m16n8k16<Elem>(acc[mi][nj], a[mi], b[nj][0], b[nj][1]);
+    }
+  }
+  ts::cp_async_wait_all();
+
+  // epilogue: accumulator e of tile (mi, nj) is D[g + 8 (e / 2)][2 t + e % 2] of that tile
+  const int g = ts::lane_id() >> 2;
+  const int tq = ts::lane_id() & 3;
+#pragma unroll
+  for (int mi = 0; mi < kMmaM; ++mi)
+#pragma unroll
+    for (int nj = 0; nj < kMmaN; ++nj)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = t.m0 + warp_m * kWarpTileM + mi * 16 + g + 8 * (e >> 1);
+        const int col = t.n0 + warp_n * kWarpTileN + nj * 8 + 2 * tq + (e & 1);
+        if (row < p.m && col < p.n) ts::gemm_store<Out, float>(p, z, row, col, acc[mi][nj][e]);
+      }
+}

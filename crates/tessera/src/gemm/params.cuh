@@ -1,0 +1,83 @@
+// tessera/gemm_params.cuh: the launch parameters of the non-Hopper GEMM kernels (sm_80 mma.sync,
+// SIMT, DMMA, skinny and its split-K reduction) and the epilogue store they share. Mirrored by
+// `GemmParams` in gemm/plan.rs (#[repr(C)], 200 bytes).
+//
+// Indexing: element (row, col) of batch entry z of a matrix X is X[z * stride_x + row * ldx + col]
+// with 64-bit offsets (so only M, N, K and the grid need 32-bit ints). A column-major A (B) is
+// indexed as its row-major transpose (k * lda + m; n * ldb + k).
+//
+// The epilogue terms are run-time flags of the launch, uniform over the grid (a branch that every
+// thread takes the same way), and the activation a run-time code dispatched to the templates of
+// gemm_epilogue.cuh: one kernel variant serves every epilogue. Absent terms enter as zeros added
+// (alpha * acc + 0 * 0 + 0), which differs from leaving them out only in the sign of a zero.
+#pragma once
+#include "tessera/common.cuh"
+#include "tessera/dtype.cuh"
+#include "tessera/gemm_epilogue.cuh"
+
+struct GemmParams {
+  const void* a;
+  const void* b;
+  const void* c;         // C, or D itself (in place); nullptr when !has_c
+  const void* bias;      // [N], D's dtype
+  const void* residual;  // like D
+  void* d;
+  float* workspace;      // split-K partials [splits][batch][M][N] (skinny path)
+  long long lda, ldb, ldc, ldr, ldd;
+  long long stride_a, stride_b, stride_c, stride_r, stride_d;
+  double alpha, beta;
+  int m, n, k, batch;
+  int a_col_major, b_col_major;  // run-time layouts (SIMT, DMMA); the sm80 kernel's are constants
+  int activation, has_c, has_bias, has_residual;
+  int splits, k_per_split;       // skinny split-K: CTAs along K and the K range of each
+};
+static_assert(sizeof(GemmParams) == 200, "GemmParams layout (plan.rs)");
+
+namespace ts {
+
+/// x as the accumulate type Acc (float or double).
+template <typename Acc, typename T>
+TS_DEVICE Acc gemm_load_as(T x) {
+  if constexpr (is_same_v<Acc, double>) {
+    if constexpr (is_same_v<T, double>) return x;
+    else return (double)to_float(x);
+  } else {
+    return to_float(x);
+  }
+}
+
+/// act(alpha acc + beta c + bias) + residual with the activation chosen at run time.
+template <typename Acc>
+TS_DEVICE Acc gemm_epilogue_rt(int activation, Acc acc, Acc alpha, Acc beta, Acc c, Acc bias, Acc residual) {
+  switch (activation) {
+    case kGemmActRelu:
+      return gemm_epilogue_t<kGemmActRelu, true, true, true, Acc>(acc, alpha, beta, c, bias, residual);
+    case kGemmActGeluErf:
+      return gemm_epilogue_t<kGemmActGeluErf, true, true, true, Acc>(acc, alpha, beta, c, bias, residual);
+    case kGemmActGeluTanh:
+      return gemm_epilogue_t<kGemmActGeluTanh, true, true, true, Acc>(acc, alpha, beta, c, bias, residual);
+    case kGemmActSilu:
+      return gemm_epilogue_t<kGemmActSilu, true, true, true, Acc>(acc, alpha, beta, c, bias, residual);
+    default:
+      return gemm_epilogue_t<kGemmActNone, true, true, true, Acc>(acc, alpha, beta, c, bias, residual);
+  }
+}
+
+/// Applies the epilogue to the accumulator of D[z][row][col] and stores it as Out. The caller
+/// has checked row < m and col < n. C, bias and R are read only when their flag is set; C may be
+/// D itself (this thread reads the element before writing it).
+template <typename Out, typename Acc>
+TS_DEVICE void gemm_store(const GemmParams& p, int z, int row, int col, Acc acc) {
+  const Acc zero = Acc(0);
+  Acc c = zero, bias = zero, res = zero;
+  if (p.has_c) c = gemm_load_as<Acc>(static_cast<const Out*>(p.c)[z * p.stride_c + row * p.ldc + col]);
+  if (p.has_bias) bias = gemm_load_as<Acc>(static_cast<const Out*>(p.bias)[col]);
+  if (p.has_residual) res = gemm_load_as<Acc>(static_cast<const Out*>(p.residual)[z * p.stride_r + row * p.ldr + col]);
+  const Acc beta = p.has_c ? Acc(p.beta) : zero;
+  const Acc d = gemm_epilogue_rt<Acc>(p.activation, acc, Acc(p.alpha), beta, c, bias, res);
+  Out* out = static_cast<Out*>(p.d) + z * p.stride_d + (long long)row * p.ldd + col;
+  if constexpr (is_same_v<Acc, double>) *out = d;
+  else *out = from_float<Out>(d);
+}
+
+}  // namespace ts

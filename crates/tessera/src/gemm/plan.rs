@@ -1,0 +1,442 @@
+//! Dispatch and launch: [`GemmPlan::new`] validates a [`GemmProblem`], chooses a kernel path
+//! ([`GemmPath`]), compiles it and sizes its workspace; [`GemmPlan::run`] checks one call's
+//! operands against the plan and launches, allocating nothing.
+//!
+//! Dispatch ([`choose_path`]), by precision, shape, layout and alignment:
+//! - fp64: [`GemmPath::Dmma`] on sm_80+, else [`GemmPath::Simt`];
+//! - fp32 (exact): [`GemmPath::Simt`];
+//! - fp16/bf16: [`GemmPath::Skinny`] for M <= 16 with B stored [N, K] and A row-major (decode);
+//!   else [`GemmPath::Sm80`] when A is row-major and the 16-byte rule holds (A and B 16-byte
+//!   aligned; lda, ldb and their batch strides multiples of 8 elements); else the slower
+//!   [`GemmPath::Simt`] (any layout and alignment). The Hopper kernel's arm goes in
+//!   [`choose_path`] (marked there) before the sm80 one.
+
+use std::sync::Arc;
+
+use super::problem::{check_aligned, check_operands, COperand, GemmOperands, GemmProblem, Layout, Precision};
+use super::{dmma, simt, skinny, sm80};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::runtime::{Arch, Context, DeviceBuffer, Kernel, KernelParams, KernelSpec, LaunchConfig, TensorViewMut};
+
+/// A kernel path of the GEMM.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum GemmPath {
+    /// The dispatcher's choice (module docs).
+    #[default]
+    Auto,
+    /// fp16/bf16 on the sm_80+ tensor cores (ldmatrix + mma.sync + cp.async), `gemm_sm80.cu`.
+    Sm80,
+    /// CUDA cores, any precision and alignment, `gemm_simt.cu`.
+    Simt,
+    /// fp16/bf16 decode, M <= 16 with B stored [N, K], split-K, `gemm_skinny.cu`.
+    Skinny,
+    /// fp64 on the DMMA tensor cores (sm_80+), `gemm_dmma.cu`.
+    Dmma,
+    /// fp16/bf16 on sm_90a (wgmma + TMA). Not part of this build yet: planning it is an error.
+    Hopper,
+}
+
+impl GemmPath {
+    pub const ALL: [GemmPath; 6] = [
+        GemmPath::Auto,
+        GemmPath::Sm80,
+        GemmPath::Simt,
+        GemmPath::Skinny,
+        GemmPath::Dmma,
+        GemmPath::Hopper,
+    ];
+    pub const fn name(self) -> &'static str {
+        match self {
+            GemmPath::Auto => "auto",
+            GemmPath::Sm80 => "sm80",
+            GemmPath::Simt => "simt",
+            GemmPath::Skinny => "skinny",
+            GemmPath::Dmma => "dmma",
+            GemmPath::Hopper => "hopper",
+        }
+    }
+    pub fn parse(s: &str) -> Option<GemmPath> {
+        GemmPath::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
+    }
+}
+
+/// Forced kernel choices, for benchmarks and tests; the defaults are the dispatcher's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GemmTuning {
+    /// The kernel path. Default [`GemmPath::Auto`]. A forced path that cannot run the problem
+    /// is an error saying why.
+    pub path: GemmPath,
+    /// K splits of the skinny path. Default `None`: enough CTAs for about four per SM.
+    pub splits: Option<u32>,
+}
+
+/// Options of a GEMM plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GemmOptions {
+    /// Default: nothing forced.
+    pub tuning: GemmTuning,
+}
+
+/// `struct GemmParams` of gemm_params.cuh (200 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct GemmParams {
+    a: u64,
+    b: u64,
+    c: u64,
+    bias: u64,
+    residual: u64,
+    d: u64,
+    workspace: u64,
+    lda: i64,
+    ldb: i64,
+    ldc: i64,
+    ldr: i64,
+    ldd: i64,
+    stride_a: i64,
+    stride_b: i64,
+    stride_c: i64,
+    stride_r: i64,
+    stride_d: i64,
+    alpha: f64,
+    beta: f64,
+    m: i32,
+    n: i32,
+    k: i32,
+    batch: i32,
+    a_col_major: i32,
+    b_col_major: i32,
+    activation: i32,
+    has_c: i32,
+    has_bias: i32,
+    has_residual: i32,
+    splits: i32,
+    k_per_split: i32,
+}
+const _: () = assert!(std::mem::size_of::<GemmParams>() == 200);
+// SAFETY: #[repr(C)]: 7 pointers as u64, 10 i64, 2 f64, 12 i32, in the order and of the types of
+// the kernel's struct (const void*, long long, double, int); no padding (200 = 7*8+10*8+2*8+12*4).
+unsafe impl KernelParams for GemmParams {}
+
+/// Why the 16-byte vector paths (sm80, skinny) cannot take this problem, or `None`.
+pub fn vector_rule_broken(p: &GemmProblem) -> Option<Error> {
+    if !matches!(p.precision, Precision::F16 | Precision::BF16) {
+        return Some(Error::Unsupported(format!(
+            "the tensor-core fp16/bf16 paths take fp16 or bf16 inputs, not {}",
+            p.precision.name()
+        )));
+    }
+    if p.a_layout != Layout::RowMajor {
+        return Some(Error::Unsupported(
+            "the sm80 and skinny paths take a row-major A; a column-major A runs on the simt path".into(),
+        ));
+    }
+    let v = sm80::VEC;
+    for (arg, x) in [("lda", p.lda), ("ldb", p.ldb)] {
+        if x % v != 0 {
+            return Some(Error::invalid(
+                arg,
+                format!("{x} is not a multiple of {v} elements (16 bytes), which the vector paths' loads need"),
+            ));
+        }
+    }
+    if p.batch > 1 {
+        for (arg, x) in [
+            ("batch_stride_a", p.batch_stride_a),
+            ("batch_stride_b", p.batch_stride_b),
+        ] {
+            if x % v != 0 {
+                return Some(Error::invalid(
+                    arg,
+                    format!("{x} is not a multiple of {v} elements (16 bytes), which the vector paths' loads need"),
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Why the skinny path cannot take this problem, or `None`.
+pub fn skinny_rule_broken(p: &GemmProblem) -> Option<Error> {
+    if p.m > skinny::MAX_M {
+        return Some(Error::Unsupported(format!(
+            "the skinny path takes M <= {}, not {}",
+            skinny::MAX_M,
+            p.m
+        )));
+    }
+    if p.b_layout != Layout::ColMajor {
+        return Some(Error::Unsupported(
+            "the skinny path takes B stored [N, K] (column-major)".into(),
+        ));
+    }
+    vector_rule_broken(p)
+}
+
+/// The path the dispatcher takes for `p` on `arch`, or the reason a forced path cannot run it.
+pub fn choose_path(p: &GemmProblem, arch: Arch, forced: GemmPath) -> Result<GemmPath> {
+    let ampere = arch.major >= 8;
+    let need_ampere =
+        |what: &str| Error::Unsupported(format!("the {what} path needs sm_80 or newer; this device is {arch}"));
+    match forced {
+        GemmPath::Auto => {}
+        GemmPath::Hopper => {
+            return Err(Error::Unsupported(
+                "the Hopper (wgmma + TMA) GEMM path is not part of this build; use auto, sm80, skinny or simt".into(),
+            ))
+        }
+        GemmPath::Simt => return Ok(GemmPath::Simt),
+        GemmPath::Dmma => {
+            if p.precision != Precision::F64 {
+                return Err(Error::Unsupported(format!(
+                    "the dmma path takes fp64, not {}",
+                    p.precision.name()
+                )));
+            }
+            return if ampere {
+                Ok(GemmPath::Dmma)
+            } else {
+                Err(need_ampere("dmma"))
+            };
+        }
+        GemmPath::Sm80 => {
+            return match vector_rule_broken(p) {
+                Some(e) => Err(e),
+                None if ampere => Ok(GemmPath::Sm80),
+                None => Err(need_ampere("sm80")),
+            }
+        }
+        GemmPath::Skinny => {
+            return match skinny_rule_broken(p) {
+                Some(e) => Err(e),
+                None if ampere => Ok(GemmPath::Skinny),
+                None => Err(need_ampere("skinny")),
+            }
+        }
+    }
+    Ok(match p.precision {
+        Precision::F64 if ampere => GemmPath::Dmma,
+        Precision::F64 | Precision::F32 => GemmPath::Simt,
+        Precision::F16 | Precision::BF16 if ampere => {
+            if skinny_rule_broken(p).is_none() {
+                GemmPath::Skinny
+            } else if vector_rule_broken(p).is_none() {
+                // HOPPER ARM: on sm_90 (arch.major == 9) return GemmPath::Hopper here when the
+                // Hopper kernel accepts the problem (its own alignment and shape rules).
+                GemmPath::Sm80
+            } else {
+                GemmPath::Simt
+            }
+        }
+        Precision::F16 | Precision::BF16 => GemmPath::Simt,
+        other => {
+            return Err(Error::Unsupported(format!(
+                "GEMM precision {} is not yet supported",
+                other.name()
+            )))
+        }
+    })
+}
+
+/// Every kernel variant the dispatcher can produce for `arch` (what CI compiles).
+pub fn kernel_specs(arch: Arch) -> Vec<KernelSpec> {
+    let mut v: Vec<KernelSpec> = simt::all_variants().iter().map(|s| s.spec()).collect();
+    if arch.major >= 8 {
+        v.extend(sm80::all_variants().iter().map(|s| s.spec()));
+        v.extend(skinny::all_variants().iter().map(|s| s.spec()));
+        v.extend([DType::F16, DType::BF16, DType::F32].map(skinny::reduce_spec));
+        v.push(dmma::spec());
+    }
+    v
+}
+
+/// A planned GEMM: made once per problem, run many times.
+pub struct GemmPlan {
+    ctx: Context,
+    problem: GemmProblem,
+    path: GemmPath,
+    kernel: Arc<Kernel>,
+    config: LaunchConfig,
+    /// Skinny split-K: the reduction, its launch and the f32 partials.
+    reduce: Option<(Arc<Kernel>, LaunchConfig)>,
+    workspace: Option<DeviceBuffer<f32>>,
+    splits: usize,
+    k_per_split: usize,
+    /// Byte alignment the path needs of A's and B's addresses (1: none).
+    operand_align: u64,
+}
+
+impl std::fmt::Debug for GemmPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GemmPlan")
+            .field("path", &self.path)
+            .field("kernel", &self.kernel.name)
+            .field("splits", &self.splits)
+            .finish()
+    }
+}
+
+impl GemmPlan {
+    /// Validates `problem`, chooses the path (or takes `opts.tuning.path`), compiles the kernel
+    /// and allocates the split-K workspace when the skinny path splits K.
+    pub fn new(ctx: &Context, problem: &GemmProblem, opts: &GemmOptions) -> Result<GemmPlan> {
+        problem.validate()?;
+        let input = problem.input()?;
+        let arch = ctx.arch();
+        let path = choose_path(problem, arch, opts.tuning.path)?;
+        let (m, n, batch) = (problem.m, problem.n, problem.batch);
+        let mut splits = 1;
+        let mut k_per_split = problem.k;
+        let mut reduce = None;
+        let mut workspace = None;
+        let (spec, config, operand_align) = match path {
+            GemmPath::Sm80 => {
+                let v = sm80::Sm80Variant {
+                    input,
+                    out: problem.out,
+                    b_col_major: problem.b_layout == Layout::ColMajor,
+                };
+                (v.spec(), sm80::Sm80Variant::launch_config(m, n, batch), 16)
+            }
+            GemmPath::Simt => {
+                let v = simt::SimtVariant {
+                    input,
+                    out: problem.out,
+                };
+                (v.spec(), v.launch_config(m, n, batch), 1)
+            }
+            GemmPath::Dmma => (dmma::spec(), dmma::launch_config(m, n, batch), 1),
+            GemmPath::Skinny => {
+                let sms = ctx.info().sm_count;
+                (splits, k_per_split) = skinny::choose_splits(n, problem.k, batch, sms, opts.tuning.splits);
+                if splits > 1 {
+                    let elements = batch * m * n;
+                    reduce = Some((
+                        ctx.kernel(&skinny::reduce_spec(problem.out))?,
+                        skinny::reduce_config(elements, sms),
+                    ));
+                    workspace = Some(ctx.alloc::<f32>(splits * elements)?);
+                }
+                let v = skinny::SkinnyVariant {
+                    input,
+                    out: problem.out,
+                };
+                (v.spec(), skinny::SkinnyVariant::launch_config(n, splits, batch), 16)
+            }
+            GemmPath::Auto | GemmPath::Hopper => unreachable!("choose_path resolves these"),
+        };
+        if config.grid.1 > 65535 {
+            return Err(Error::invalid(
+                "m",
+                format!("{m} rows need {} CTA rows, more than the grid's 65535", config.grid.1),
+            ));
+        }
+        let kernel = ctx.kernel(&spec)?;
+        Ok(GemmPlan {
+            ctx: ctx.clone(),
+            problem: problem.clone(),
+            path,
+            kernel,
+            config,
+            reduce,
+            workspace,
+            splits,
+            k_per_split,
+            operand_align,
+        })
+    }
+
+    /// The path this plan runs.
+    pub fn path(&self) -> GemmPath {
+        self.path
+    }
+    /// K splits (skinny path; 1 elsewhere).
+    pub fn splits(&self) -> usize {
+        self.splits
+    }
+    pub fn problem(&self) -> &GemmProblem {
+        &self.problem
+    }
+    /// The kernel variant's name.
+    pub fn kernel_name(&self) -> &str {
+        &self.kernel.name
+    }
+
+    /// `D = act(alpha * A @ B + beta * C + bias) + R` for the planned problem. The operands must
+    /// match the plan (dtypes, shapes, strides, which epilogue terms); on any violation nothing is
+    /// launched and D is untouched. alpha and beta must be finite (beta is ignored without C).
+    pub fn run(&self, alpha: f64, beta: f64, ops: &GemmOperands<'_>, d: &mut TensorViewMut<'_>) -> Result<()> {
+        let p = &self.problem;
+        check_operands(p, ops, d)?;
+        if !alpha.is_finite() {
+            return Err(Error::invalid("alpha", format!("{alpha} is not finite")));
+        }
+        if p.epilogue.c && !beta.is_finite() {
+            return Err(Error::invalid("beta", format!("{beta} is not finite")));
+        }
+        if self.operand_align > 1 {
+            let why = format!("the {} path's 16-byte loads", self.path.name());
+            check_aligned("a", ops.a.device_ptr(), self.operand_align, &why)?;
+            check_aligned("b", ops.b.device_ptr(), self.operand_align, &why)?;
+        }
+        if p.is_empty() {
+            return Ok(());
+        }
+        let (c, ldc, stride_c) = match ops.c {
+            COperand::None => (0, 0, 0),
+            COperand::Tensor(c) => (c.device_ptr(), p.ldc, p.batch_stride_c),
+            COperand::D => (d.device_ptr(), p.ldd, p.batch_stride_d),
+        };
+        let params = GemmParams {
+            a: ops.a.device_ptr(),
+            b: ops.b.device_ptr(),
+            c,
+            bias: ops.bias.map_or(0, |b| b.device_ptr()),
+            residual: ops.residual.map_or(0, |r| r.device_ptr()),
+            d: d.device_ptr(),
+            workspace: self.workspace.as_ref().map_or(0, |w| w.device_ptr()),
+            lda: p.lda as i64,
+            ldb: p.ldb as i64,
+            ldc: ldc as i64,
+            ldr: p.ldr as i64,
+            ldd: p.ldd as i64,
+            stride_a: p.batch_stride_a as i64,
+            stride_b: p.batch_stride_b as i64,
+            stride_c: stride_c as i64,
+            stride_r: p.batch_stride_r as i64,
+            stride_d: p.batch_stride_d as i64,
+            alpha,
+            beta: if p.epilogue.c { beta } else { 0.0 },
+            m: p.m as i32,
+            n: p.n as i32,
+            k: p.k as i32,
+            batch: p.batch as i32,
+            a_col_major: (p.a_layout == Layout::ColMajor) as i32,
+            b_col_major: (p.b_layout == Layout::ColMajor) as i32,
+            activation: p.epilogue.activation.code() as i32,
+            has_c: p.epilogue.c as i32,
+            has_bias: p.epilogue.bias as i32,
+            has_residual: p.epilogue.residual as i32,
+            splits: self.splits as i32,
+            k_per_split: self.k_per_split.min(i32::MAX as usize) as i32,
+        };
+        // SAFETY: check_operands matched every view to the problem (dtype, shape, leading
+        // dimension, batch stride), and each view was bounds-checked against its allocation
+        // when made, so every element the kernel addresses (rows < M, columns < N, k < K of each
+        // batch entry, 64-bit offsets) lies inside its buffer. The vector paths' 16-byte
+        // alignment of A and B was checked above and that of lda/ldb/strides at planning. Each
+        // element of D is written by one thread, which reads C (possibly D itself) first. The
+        // workspace holds splits x batch x M x N f32, written by the first kernel and read by
+        // the reduction after it on the same stream. GemmParams mirrors the kernel's struct.
+        unsafe {
+            self.kernel.launch(&self.ctx, self.config, &params)?;
+            if let Some((reduce, cfg)) = &self.reduce {
+                reduce.launch(&self.ctx, *cfg, &params)?;
+            }
+        }
+        Ok(())
+    }
+}
