@@ -10,6 +10,7 @@ pub mod check;
 pub mod devicelib;
 pub mod dtype;
 pub mod error;
+pub mod gemm;
 #[cfg(feature = "harness")]
 pub mod harness;
 pub mod kvcache;
