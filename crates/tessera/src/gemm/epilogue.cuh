@@ -1,52 +1,97 @@
-// epilogue.cuh: the fused GEMM epilogue shared by every GEMM kernel (the contract of issue 47).
+// tessera/gemm_epilogue.cuh: the fused GEMM epilogue shared by every GEMM kernel (sm_80
+// mma.sync, SIMT, skinny, DMMA and the sm_90a wgmma kernel). Handed to NVRTC as the named header
+// "tessera/gemm_epilogue.cuh" (gemm::DEVICE_HEADERS); header-free like src/cuda/.
 //
-// PLACEHOLDER of the Hopper worktree: an identical-signature copy of the core engineer's header
-// (gemm-core owns gemm/epilogue.cuh); the lead replaces it with theirs at merge.
+// Defines (global namespace, every name prefixed gemm_/kGemm; also reachable as ts::gemm_epilogue,
+//          ts::kActRelu, ...):
+//          kGemmActNone .. kGemmActSilu (activation codes, = gemm::Activation::code() in Rust),
+//          gemm_activate<kActivation>(x),
+//          gemm_epilogue<kActivation, kHasBias, kHasC, kHasResidual>(acc, alpha, beta, c, bias,
+//          residual), both in f32, and their forms in any T (gemm_activate_t, gemm_epilogue_t:
+//          float or double, for the fp64 GEMM).
 //
-// Defines: ts::gemm_activate<kActivation>(x), ts::gemm_epilogue<kActivation, kHasBias, kHasC,
-//          kHasResidual>(acc, alpha, beta, c, bias, residual)
-//          = act(alpha * acc + beta * c + bias) + residual, in f32.
-// Activation codes: 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh approximation), 4 silu.
+// Order (cuBLASLt's, and the CPU reference's in gemm/reference.rs):
+//     d = act(alpha * acc + beta * c + bias) + residual
+// i.e. the bias is added before the activation and the residual after it; a term whose flag is
+// false is absent (not added as zero, so -0 and NaN/Inf behave as if it did not exist). `acc` is
+// the f32 accumulator of sum_k A[m,k] B[k,n]; `c` is C[m,n] and `residual` R[m,n] converted to
+// f32, `bias` is bias[n] (one value per output column). The caller converts d to the output type.
+//
+// Activations, all in f32 and NaN-propagating (a NaN input gives a NaN output):
+//   1 relu       x < 0 ? 0 : x                      (NaN < 0 is false, so NaN passes through)
+//   2 gelu_erf   0.5 x (1 + erf(x / sqrt 2))        (torch gelu(approximate='none'))
+//   3 gelu_tanh  0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))   (approximate='tanh')
+//   4 silu       x / (1 + exp(-x))                  (x sigmoid(x); -0 for x -> -inf ... -88)
+// erff/tanhf/expf (erf/tanh/exp in double) are NVRTC's built-in device math (full precision,
+// not the __ intrinsics). fmaf(beta, c, alpha * acc): one rounding for the C term.
 #pragma once
-
 #include "tessera/common.cuh"
 
-namespace ts {
+constexpr int kGemmActNone = 0;
+constexpr int kGemmActRelu = 1;
+constexpr int kGemmActGeluErf = 2;
+constexpr int kGemmActGeluTanh = 3;
+constexpr int kGemmActSilu = 4;
 
-constexpr int kActNone = 0;
-constexpr int kActRelu = 1;
-constexpr int kActGeluErf = 2;
-constexpr int kActGeluTanh = 3;
-constexpr int kActSilu = 4;
+/// erf / tanh / exp / fma of float (the f-suffixed builtins) and of double.
+__device__ __forceinline__ float gemm_erf(float x) { return erff(x); }
+__device__ __forceinline__ double gemm_erf(double x) { return erf(x); }
+__device__ __forceinline__ float gemm_tanh(float x) { return tanhf(x); }
+__device__ __forceinline__ double gemm_tanh(double x) { return tanh(x); }
+__device__ __forceinline__ float gemm_exp(float x) { return expf(x); }
+__device__ __forceinline__ double gemm_exp(double x) { return exp(x); }
+__device__ __forceinline__ float gemm_fma(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double gemm_fma(double a, double b, double c) { return fma(a, b, c); }
 
-/// The activation `kActivation` of x (f32). NaN propagates through every one of them.
-template <int kActivation>
-__device__ __forceinline__ float gemm_activate(float x) {
-  if constexpr (kActivation == kActRelu) {
-    return x > 0.0f ? x : (x != x ? x : 0.0f);
-  } else if constexpr (kActivation == kActGeluErf) {
-    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-  } else if constexpr (kActivation == kActGeluTanh) {
-    const float u = 0.79788456080286536f * (x + 0.044715f * x * x * x);  // sqrt(2/pi) (x + 0.044715 x^3)
-    return 0.5f * x * (1.0f + tanhf(u));
-  } else if constexpr (kActivation == kActSilu) {
-    return x / (1.0f + expf(-x));
-  } else {
-    static_assert(kActivation == kActNone, "gemm_activate: code 0..4");
+/// The activation with code kActivation applied to x (see the table above), in T = float or
+/// double (the fp64 GEMM's epilogue runs in double).
+template <int kActivation, typename T>
+__device__ __forceinline__ T gemm_activate_t(T x) {
+  static_assert(kActivation >= kGemmActNone && kActivation <= kGemmActSilu, "gemm_activate: unknown activation code");
+  if constexpr (kActivation == kGemmActNone) {
     return x;
+  } else if constexpr (kActivation == kGemmActRelu) {
+    return x < T(0) ? T(0) : x;
+  } else if constexpr (kActivation == kGemmActGeluErf) {
+    return T(0.5) * x * (T(1) + gemm_erf(x * T(0.70710678118654752440)));
+  } else if constexpr (kActivation == kGemmActGeluTanh) {
+    return T(0.5) * x * (T(1) + gemm_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x)));
+  } else {
+    return x / (T(1) + gemm_exp(-x));
   }
 }
 
-/// act(alpha * acc + beta * c + bias) + residual; the inputs a variant does not have are not read.
+/// d = act(alpha * acc + beta * c + bias) + residual in T, terms absent when their flag is false.
+template <int kActivation, bool kHasBias, bool kHasC, bool kHasResidual, typename T>
+__device__ __forceinline__ T gemm_epilogue_t(T acc, T alpha, T beta, T c, T bias, T residual) {
+  T x = alpha * acc;
+  if constexpr (kHasC) x = gemm_fma(beta, c, x);
+  if constexpr (kHasBias) x += bias;
+  T d = gemm_activate_t<kActivation>(x);
+  if constexpr (kHasResidual) d += residual;
+  return d;
+}
+
+/// The activation with code kActivation applied to x (see the table above).
+template <int kActivation>
+__device__ __forceinline__ float gemm_activate(float x) {
+  return gemm_activate_t<kActivation, float>(x);
+}
+
+/// d = act(alpha * acc + beta * c + bias) + residual, terms absent when their flag is false.
 template <int kActivation, bool kHasBias, bool kHasC, bool kHasResidual>
 __device__ __forceinline__ float gemm_epilogue(float acc, float alpha, float beta, float c, float bias,
                                                float residual) {
-  float v = alpha * acc;
-  if constexpr (kHasC) v = fmaf(beta, c, v);
-  if constexpr (kHasBias) v += bias;
-  v = gemm_activate<kActivation>(v);
-  if constexpr (kHasResidual) v += residual;
-  return v;
+  return gemm_epilogue_t<kActivation, kHasBias, kHasC, kHasResidual, float>(acc, alpha, beta, c, bias, residual);
 }
 
+// The same names inside namespace ts, for kernels that spell them ts::gemm_epilogue or ts::kActRelu.
+namespace ts {
+using ::gemm_activate;
+using ::gemm_epilogue;
+constexpr int kActNone = kGemmActNone;
+constexpr int kActRelu = kGemmActRelu;
+constexpr int kActGeluErf = kGemmActGeluErf;
+constexpr int kActGeluTanh = kGemmActGeluTanh;
+constexpr int kActSilu = kGemmActSilu;
 }  // namespace ts

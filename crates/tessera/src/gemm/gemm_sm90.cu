@@ -14,7 +14,7 @@
 //   B !kBNK [batch][K][ldb]      map (N, K, batch, 1), box (64, 64) x kBlockN/64
 //                                -> kBlockN/64 column blocks of [64 k rows][128 B]
 //   D [batch][M][ldd] (OutT)     map (N, M, batch, 1), box (kStoreCols, 64), TMA stores clip
-//   C, R [batch][M][ld] (OutT), bias [N] (f32): plain loads, bounds-checked.
+//   C, R [batch][M][ld] and bias [N] (all OutT): plain loads, bounds-checked.
 // Every tile is stored as 128-byte rows with TMA's 128-byte swizzle (16-byte chunk j of row r at
 // chunk j ^ (r % 8)), 1024-byte aligned: the canonical SW128 layouts wgmma reads (wgmma.cuh).
 // Rows, columns and k past the tensor load as zeros (so a K tail adds 0), stores past it are
@@ -71,7 +71,7 @@ struct GemmParams {
   ts::TensorMap d_map;
   const void* c;         // OutT [batch][M][ldc], or null (then beta is ignored)
   const void* residual;  // OutT [batch][M][ldr], or null
-  const float* bias;     // f32 [N] (the same for every batch), or null
+  const void* bias;      // OutT [N] (the same for every batch), or null
   long long ldc, c_batch_stride;  // elements
   long long ldr, r_batch_stride;  // elements
   float alpha, beta;
@@ -262,9 +262,10 @@ TS_DEVICE void mainloop(const GemmParams& p, uint32_t smem_base, uint64_t* full,
   ts::mbar_arrive_if(&empty[prev_slot], warp_leader && p.k_blocks > 0);
 }
 
-/// Two consecutive OutT values at `ptr` (columns col, col + 1 of a row), the ones at or past
-/// column n read as 0. Pairs start at even columns of rows whose stride is a multiple of 16 bytes
-/// (hopper_supports), so the pair load is aligned.
+/// Two consecutive OutT values at `ptr` (columns col, col + 1 of a row of C or R, or of the
+/// bias), the ones at or past column n read as 0. Pairs start at even columns of rows whose
+/// stride is a multiple of 16 bytes and whose base is aligned to a pair (hopper_supports), so the
+/// pair load is aligned.
 TS_DEVICE void load_pair(const OutT* ptr, int col, int n, float& x0, float& x1) {
   if (col + 1 < n) {
     if constexpr (ts::is_same_v<OutT, float>) {
@@ -279,18 +280,6 @@ TS_DEVICE void load_pair(const OutT* ptr, int col, int n, float& x0, float& x1) 
     }
   } else {
     x0 = col < n ? ts::to_float(ptr[0]) : 0.0f;
-    x1 = 0.0f;
-  }
-}
-
-/// Two f32 bias values at columns col, col + 1 (0 past n; bias is 16-byte aligned).
-TS_DEVICE void load_bias_pair(const float* bias, int col, int n, float& x0, float& x1) {
-  if (col + 1 < n) {
-    const float2 v = *reinterpret_cast<const float2*>(bias + col);
-    x0 = v.x;
-    x1 = v.y;
-  } else {
-    x0 = col < n ? bias[col] : 0.0f;
     x1 = 0.0f;
   }
 }
@@ -314,8 +303,10 @@ TS_DEVICE void stage_pair(uint8_t* buf, int r, int bc, float y0, float y1) {
 /// beta C + bias) + R in 128-byte column chunks. Per chunk: the store leader (thread 0) waits
 /// until the chunk's staging buffer is no longer read by the store before last, the warpgroup
 /// syncs, every thread writes its fragments (fence.proxy.async: visible to the TMA engine), syncs
-/// again, and the leader issues the chunk's TMA store. Inputs a call lacks read as 0 (beta and the
-/// null pointer go together: C is never read when it is absent). Chunks wholly past column n and
+/// again, and the leader issues the chunk's TMA store. Inputs a call lacks are added as 0 (one
+/// epilogue instantiation per activation instead of eight per input set; beta and the null
+/// pointer go together: C is never read when it is absent). The only difference from leaving the
+/// terms out is the sign of a zero result (-0 + 0 = +0), which no comparison sees. Chunks wholly past column n and
 /// consumers wholly past row m store nothing (uniform over the warpgroup).
 template <int kAct>
 TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const float (&acc)[kAccRegs], const Tile& tl, int wg,
@@ -343,7 +334,7 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const float (&acc)[k
       const int cc = 8 * lb + 2 * (lane % 4);   // column inside the chunk
       const int col = tl.n0 + ch * kStoreCols + cc;
       float bias0 = 0.0f, bias1 = 0.0f;
-      if (p.bias != nullptr) load_bias_pair(p.bias, col, p.n, bias0, bias1);
+      if (p.bias != nullptr) load_pair(static_cast<const OutT*>(p.bias) + col, col, p.n, bias0, bias1);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = r_local + 8 * h;
@@ -390,7 +381,11 @@ TS_DEVICE void consumer(const GemmParams& p, uint8_t* smem, uint64_t* full, uint
   const int tiles = tile_count(p);
   for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
     const Tile tl = tile_of(p, t);
+    // Zeroed although the first k-step overwrites it (scale_d = 0): the wgmma asm reads its
+    // accumulators ("+f"), which must not be undefined values to the compiler.
     float acc[kAccRegs];
+#pragma unroll
+    for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
     mainloop(p, smem_base, full, empty, ring, wg, warp_leader, acc);
     epilogue_any(p, smem, acc, tl, wg, stores);
   }

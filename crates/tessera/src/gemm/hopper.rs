@@ -7,13 +7,12 @@
 //! - A `[M, K]` row-major (leading dimension `lda`), f16 or bf16;
 //! - B `[N, K]` row-major (`b_nk`, K-major: how LLM weights are stored) or `[K, N]` row-major;
 //! - C, R, D `[M, N]` row-major in the output dtype (the operand dtype or f32);
-//! - bias: one **f32** per column, shared by every batch (f32 whatever the output dtype: the
-//!   epilogue adds it in f32, and a bias rounded to bf16 would add its rounding to every row);
+//! - bias `[N]` in the output dtype (as the GEMM core's API has it), shared by every batch;
 //! - act: epilogue.cuh's codes (0 none, 1 relu, 2 gelu erf, 3 gelu tanh, 4 silu).
 //!
-//! Alignment ([`hopper_supports`]): every base address 16-byte aligned, every leading dimension
-//! and batch stride a multiple of 16 bytes (TMA's rule, kept for C, R and bias as well so the
-//! epilogue's pair loads are aligned). M, N, K >= 1 and below 2^31; any M, N, K otherwise (TMA
+//! Alignment ([`hopper_supports`]): every matrix's base address 16-byte aligned, every leading
+//! dimension and batch stride a multiple of 16 bytes (TMA's rule, kept for C and R as well so the
+//! epilogue's pair loads are aligned); the bias aligned to two elements. M, N, K >= 1 and below 2^31; any M, N, K otherwise (TMA
 //! zero-fills loads past the tensor and clips stores). C is read only when given (then `beta`
 //! applies; a null C ignores beta, as BLAS with beta = 0 does not read C). C may alias D exactly
 //! (same address, leading dimension and batch stride): every element is read before its tile is
@@ -73,7 +72,7 @@ pub(crate) struct HopperGemmArgs {
     pub d: u64,
     pub ldd: usize,
     pub stride_d: usize,
-    /// f32 bias `[N]` (0 = none).
+    /// Bias `[N]` in `out_dtype` (0 = none).
     pub bias: u64,
     /// Residual R `[M, N]` (0 = none), added after the activation.
     pub residual: u64,
@@ -112,6 +111,69 @@ impl HopperGemmArgs {
     }
 }
 
+/// One matrix operand's description, for [`hopper_supports`]'s rules.
+struct Operand {
+    name: &'static str,
+    ptr: u64,
+    /// A null pointer is an error (else: the operand is absent).
+    required: bool,
+    /// Bytes per element.
+    size: usize,
+    ld: usize,
+    /// Elements of one row (the smallest valid `ld`).
+    row_len: usize,
+    stride: usize,
+    rows: usize,
+}
+
+impl Operand {
+    /// TMA's rules (16-byte aligned base, leading dimension and batch stride multiples of 16
+    /// bytes below 2^40), the leading dimension covering a row, and for D batches that do not
+    /// overlap.
+    fn check(&self, batch: usize) -> std::result::Result<(), String> {
+        let (name, size, ld) = (self.name, self.size, self.ld);
+        if self.ptr == 0 {
+            return if self.required {
+                Err(format!("{name}: null device pointer"))
+            } else {
+                Ok(())
+            };
+        }
+        if self.ptr % 16 != 0 {
+            return Err(format!(
+                "{name}: base address {:#x} is not 16-byte aligned (TMA and vector epilogue rule)",
+                self.ptr
+            ));
+        }
+        if ld < self.row_len {
+            return Err(format!(
+                "{name}: leading dimension {ld} is below the row length {}",
+                self.row_len
+            ));
+        }
+        if (ld * size) % 16 != 0 || ld * size >= MAX_STRIDE_BYTES {
+            return Err(format!(
+                "{name}: leading dimension {ld} x {size} bytes is not a multiple of 16 bytes below 2^40"
+            ));
+        }
+        if batch > 1 {
+            let stride = self.stride;
+            if (stride * size) % 16 != 0 || stride == 0 || stride * size >= MAX_STRIDE_BYTES {
+                return Err(format!(
+                    "{name}: batch stride {stride} x {size} bytes is not a positive multiple of 16 bytes below 2^40"
+                ));
+            }
+            let extent = ld * (self.rows - 1) + self.row_len;
+            if name == "d" && stride < extent {
+                return Err(format!(
+                    "d: batch stride {stride} is below one batch's extent {extent} (batches of D would overlap)"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Largest M, N, K, batch and tile count (the kernel indexes them with `int`).
 const MAX_DIM: usize = i32::MAX as usize;
 /// TMA strides must stay below 2^40 bytes.
@@ -122,7 +184,10 @@ const MAX_STRIDE_BYTES: usize = 1 << 40;
 pub(crate) fn hopper_supports(args: &HopperGemmArgs) -> std::result::Result<(), String> {
     let a = args;
     if !matches!(a.dtype, DType::F16 | DType::BF16) {
-        return Err(format!("dtype: the Hopper GEMM takes fp16 or bf16 operands, got {}", a.dtype));
+        return Err(format!(
+            "dtype: the Hopper GEMM takes fp16 or bf16 operands, got {}",
+            a.dtype
+        ));
     }
     if a.out_dtype != a.dtype && a.out_dtype != DType::F32 {
         return Err(format!(
@@ -137,7 +202,9 @@ pub(crate) fn hopper_supports(args: &HopperGemmArgs) -> std::result::Result<(), 
     }
     let tiles = a.m.div_ceil(BLOCK_M) as u128 * a.n.div_ceil(128) as u128 * a.batch as u128;
     if tiles > MAX_DIM as u128 {
-        return Err(format!("batch: {tiles} output tiles exceed the kernel's 32-bit tile index"));
+        return Err(format!(
+            "batch: {tiles} output tiles exceed the kernel's 32-bit tile index"
+        ));
     }
     if a.activation > MAX_ACTIVATION {
         return Err(format!(
@@ -147,51 +214,33 @@ pub(crate) fn hopper_supports(args: &HopperGemmArgs) -> std::result::Result<(), 
     }
     let es = a.dtype.size();
     let os = a.out_dtype.size();
-    // (name, address, required, element size, leading dim, its minimum, batch stride, rows)
     let (b_rows, b_cols) = if a.b_nk { (a.n, a.k) } else { (a.k, a.n) };
-    let operands: [(&str, u64, bool, usize, usize, usize, usize, usize); 5] = [
-        ("a", a.a, true, es, a.lda, a.k, a.stride_a, a.m),
-        ("b", a.b, true, es, a.ldb, b_cols, a.stride_b, b_rows),
-        ("d", a.d, true, os, a.ldd, a.n, a.stride_d, a.m),
-        ("c", a.c, false, os, a.ldc, a.n, a.stride_c, a.m),
-        ("residual", a.residual, false, os, a.ldr, a.n, a.stride_r, a.m),
+    let operand = |name, ptr, required, size, ld, row_len, stride, rows| Operand {
+        name,
+        ptr,
+        required,
+        size,
+        ld,
+        row_len,
+        stride,
+        rows,
+    };
+    let operands = [
+        operand("a", a.a, true, es, a.lda, a.k, a.stride_a, a.m),
+        operand("b", a.b, true, es, a.ldb, b_cols, a.stride_b, b_rows),
+        operand("d", a.d, true, os, a.ldd, a.n, a.stride_d, a.m),
+        operand("c", a.c, false, os, a.ldc, a.n, a.stride_c, a.m),
+        operand("residual", a.residual, false, os, a.ldr, a.n, a.stride_r, a.m),
     ];
-    for (name, ptr, required, size, ld, min_ld, stride, rows) in operands {
-        if ptr == 0 {
-            if required {
-                return Err(format!("{name}: null device pointer"));
-            }
-            continue;
-        }
-        if ptr % 16 != 0 {
-            return Err(format!(
-                "{name}: base address {ptr:#x} is not 16-byte aligned (TMA and vector epilogue rule)"
-            ));
-        }
-        if ld < min_ld {
-            return Err(format!("{name}: leading dimension {ld} is below the row length {min_ld}"));
-        }
-        if (ld * size) % 16 != 0 || ld * size >= MAX_STRIDE_BYTES {
-            return Err(format!(
-                "{name}: leading dimension {ld} x {size} bytes is not a multiple of 16 bytes below 2^40"
-            ));
-        }
-        if a.batch > 1 {
-            if (stride * size) % 16 != 0 || stride == 0 || stride * size >= MAX_STRIDE_BYTES {
-                return Err(format!(
-                    "{name}: batch stride {stride} x {size} bytes is not a positive multiple of 16 bytes below 2^40"
-                ));
-            }
-            if name == "d" && stride < ld * (rows - 1) + min_ld {
-                return Err(format!(
-                    "d: batch stride {stride} is below one batch's extent {} (batches of D would overlap)",
-                    ld * (rows - 1) + min_ld
-                ));
-            }
-        }
+    for o in &operands {
+        o.check(a.batch)?;
     }
-    if a.bias != 0 && a.bias % 16 != 0 {
-        return Err(format!("bias: base address {:#x} is not 16-byte aligned", a.bias));
+    if a.bias != 0 && a.bias % (2 * os as u64) != 0 {
+        return Err(format!(
+            "bias: base address {:#x} is not aligned to two elements ({} bytes: the epilogue loads pairs)",
+            a.bias,
+            2 * os
+        ));
     }
     if a.c != 0 && a.c == a.d && (a.ldc != a.ldd || (a.batch > 1 && a.stride_c != a.stride_d)) {
         return Err("c: aliases d with a different leading dimension or batch stride".into());
@@ -243,7 +292,10 @@ pub(crate) fn choose_tile(m: usize, n: usize, batch: usize, sms: u32) -> HopperT
 /// Dynamic shared memory of a tiling: the A and B rings, the staging buffers, the barriers and
 /// 1024 bytes of slack to align the base to the 128-byte swizzle's period.
 pub(crate) fn shared_bytes(tile: HopperTile) -> u32 {
-    tile.stages * (BLOCK_M * BLOCK_K * 2 + tile.block_n as usize * BLOCK_K * 2) as u32 + STAGING_BYTES + 16 * tile.stages + 1024
+    tile.stages * (BLOCK_M * BLOCK_K * 2 + tile.block_n as usize * BLOCK_K * 2) as u32
+        + STAGING_BYTES
+        + 16 * tile.stages
+        + 1024
 }
 
 /// Tile rows per group of the tile order (gemm_sm90.cu tile_of): the `grid` tiles in flight
@@ -266,7 +318,12 @@ pub(crate) fn kernel_key(dtype: DType, out_dtype: DType, b_nk: bool, tile: Hoppe
 }
 
 fn spec(key: &KernelKey) -> KernelSpec {
-    key.spec("gemm_sm90.cu", include_str!("gemm_sm90.cu"), "gemm_sm90", DEVICE_HEADERS)
+    key.spec(
+        "gemm_sm90.cu",
+        include_str!("gemm_sm90.cu"),
+        "gemm_sm90",
+        DEVICE_HEADERS,
+    )
 }
 
 /// Every variant this path can launch on `arch`: on sm_90, {fp16, bf16} x {same, fp32 out} x
@@ -365,7 +422,11 @@ impl MapShape {
             box_dims: &[self.box_cols, self.box_rows, 1, 1],
             element_strides: &[1, 1, 1, 1],
             swizzle: Swizzle::B128,
-            l2_promotion: if self.load { L2Promotion::B256 } else { L2Promotion::None },
+            l2_promotion: if self.load {
+                L2Promotion::B256
+            } else {
+                L2Promotion::None
+            },
             oob_fill: OobFill::Zeros,
         })
     }
@@ -436,7 +497,18 @@ pub(crate) struct HopperGemmPlan {
     tiles_m: usize,
     tiles_n: usize,
     group_m: u32,
-    maps: Mutex<Option<([MapShape; 3], [TensorMap; 3])>>,
+    /// Tensor maps of the last [`MAP_CACHE`] operand sets (capacity reserved at planning, so a
+    /// run never allocates), replaced oldest first.
+    maps: Mutex<MapCache>,
+}
+
+/// Operand sets whose tensor maps a plan keeps: a benchmark's rotated inputs, or a layer's
+/// few weight matrices of one shape.
+pub(crate) const MAP_CACHE: usize = 8;
+
+struct MapCache {
+    entries: Vec<([MapShape; 3], [TensorMap; 3])>,
+    next: usize,
 }
 
 impl HopperGemmPlan {
@@ -455,7 +527,9 @@ impl HopperGemmPlan {
             )));
         }
         if !TILES.contains(&tile) {
-            return Err(Error::Unsupported(format!("no Hopper GEMM tiling {tile:?}; tilings: {TILES:?}")));
+            return Err(Error::Unsupported(format!(
+                "no Hopper GEMM tiling {tile:?}; tilings: {TILES:?}"
+            )));
         }
         let kernel = ctx.kernel(&spec(&kernel_key(key.dtype, key.out_dtype, key.b_nk, tile)))?;
         let tiles_m = key.m.div_ceil(BLOCK_M);
@@ -470,7 +544,10 @@ impl HopperGemmPlan {
             tiles_m,
             tiles_n,
             group_m: group_rows(tiles_m, grid, tile.block_n),
-            maps: Mutex::new(None),
+            maps: Mutex::new(MapCache {
+                entries: Vec::with_capacity(MAP_CACHE),
+                next: 0,
+            }),
         })
     }
 
@@ -479,21 +556,26 @@ impl HopperGemmPlan {
         self.tile
     }
 
-    /// The tensor maps for `args`: the cached ones when the operands are those of the last run.
+    /// The tensor maps for `args`: cached ones when these operands ran recently, else encoded on
+    /// the host (no allocation) and cached in place of the oldest entry.
     fn maps(&self, args: &HopperGemmArgs) -> Result<[TensorMap; 3]> {
         let shapes = map_shapes(args, self.tile);
-        let mut cached = self.maps.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((s, m)) = cached.as_ref() {
-            if *s == shapes {
-                return Ok(*m);
-            }
+        let mut cache = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, m)) = cache.entries.iter().find(|(s, _)| *s == shapes) {
+            return Ok(*m);
         }
         let maps = [
             shapes[0].encode().map_err(tma_error)?,
             shapes[1].encode().map_err(tma_error)?,
             shapes[2].encode().map_err(tma_error)?,
         ];
-        *cached = Some((shapes, maps));
+        if cache.entries.len() < MAP_CACHE {
+            cache.entries.push((shapes, maps));
+        } else {
+            let at = cache.next;
+            cache.entries[at] = (shapes, maps);
+        }
+        cache.next = (cache.next + 1) % MAP_CACHE;
         Ok(maps)
     }
 
@@ -746,9 +828,13 @@ pub(crate) fn check_case(ctx: &Context, case: &CheckCase, seed: u64) -> Result<(
     let (sa, sb, sd) = (lda * cs.m, ldb * b_rows, ldd * cs.m);
     let a_h = Host::random(cs.dtype, sa * cs.batch, 1.0, &mut rng);
     let b_h = Host::random(cs.dtype, sb * cs.batch, 1.0, &mut rng);
-    let c_h = cs.beta.map(|_| Host::random(cs.out_dtype, sd * cs.batch, 1.0, &mut rng));
-    let r_h = cs.residual.then(|| Host::random(cs.out_dtype, sd * cs.batch, 1.0, &mut rng));
-    let bias_h: Option<Vec<f32>> = cs.bias.then(|| (0..cs.n).map(|_| rng.next()).collect());
+    let c_h = cs
+        .beta
+        .map(|_| Host::random(cs.out_dtype, sd * cs.batch, 1.0, &mut rng));
+    let r_h = cs
+        .residual
+        .then(|| Host::random(cs.out_dtype, sd * cs.batch, 1.0, &mut rng));
+    let bias_h = cs.bias.then(|| Host::random(cs.out_dtype, cs.n, 1.0, &mut rng));
 
     let a_d = Dev::upload(ctx, &a_h)?;
     let b_d = Dev::upload(ctx, &b_h)?;
@@ -757,7 +843,7 @@ pub(crate) fn check_case(ctx: &Context, case: &CheckCase, seed: u64) -> Result<(
         _ => None,
     };
     let r_d = r_h.as_ref().map(|h| Dev::upload(ctx, h)).transpose()?;
-    let bias_d = bias_h.as_ref().map(|h| ctx.upload(h)).transpose()?;
+    let bias_d = bias_h.as_ref().map(|h| Dev::upload(ctx, h)).transpose()?;
     let d_d = match (&c_h, cs.c_is_d) {
         (Some(h), true) => Dev::upload(ctx, h)?,
         _ => {
@@ -780,14 +866,18 @@ pub(crate) fn check_case(ctx: &Context, case: &CheckCase, seed: u64) -> Result<(
         ldb,
         stride_b: sb,
         b_nk: cs.b_nk,
-        c: if cs.c_is_d { d_d.ptr() } else { c_d.as_ref().map_or(0, Dev::ptr) },
+        c: if cs.c_is_d {
+            d_d.ptr()
+        } else {
+            c_d.as_ref().map_or(0, Dev::ptr)
+        },
         ldc: ldd,
         stride_c: sd,
         beta: cs.beta.unwrap_or(0.0),
         d: d_d.ptr(),
         ldd,
         stride_d: sd,
-        bias: bias_d.as_ref().map_or(0, |b| b.device_ptr()),
+        bias: bias_d.as_ref().map_or(0, Dev::ptr),
         residual: r_d.as_ref().map_or(0, Dev::ptr),
         ldr: ldd,
         stride_r: sd,
@@ -826,7 +916,7 @@ pub(crate) fn check_case(ctx: &Context, case: &CheckCase, seed: u64) -> Result<(
                     v += beta as f64 * c.get(at);
                 }
                 if let Some(b) = &bias_h {
-                    v += b[j] as f64;
+                    v += b.get(j);
                 }
                 v = activate(cs.activation, v);
                 if let Some(r) = &r_h {

@@ -94,23 +94,62 @@ fn a_valid_call_is_supported_in_every_variant() {
 #[test]
 fn broken_rules_name_the_argument() {
     let cases: Vec<(HopperGemmArgs, &str)> = vec![
-        (HopperGemmArgs { dtype: DType::F32, ..args() }, "dtype"),
-        (HopperGemmArgs { out_dtype: DType::F16, ..args() }, "out_dtype"),
+        (
+            HopperGemmArgs {
+                dtype: DType::F32,
+                ..args()
+            },
+            "dtype",
+        ),
+        (
+            HopperGemmArgs {
+                out_dtype: DType::F16,
+                ..args()
+            },
+            "out_dtype",
+        ),
         (HopperGemmArgs { m: 0, ..args() }, "m:"),
         (HopperGemmArgs { k: 0, ..args() }, "k:"),
         (HopperGemmArgs { n: 1 << 31, ..args() }, "n:"),
-        (HopperGemmArgs { activation: 5, ..args() }, "activation"),
+        (
+            HopperGemmArgs {
+                activation: 5,
+                ..args()
+            },
+            "activation",
+        ),
         (HopperGemmArgs { a: 0, ..args() }, "a: null"),
         (HopperGemmArgs { a: 0x10008, ..args() }, "a: base address"),
-        (HopperGemmArgs { lda: 512, ..args() }, "a: leading dimension 512 is below"),
+        (
+            HopperGemmArgs { lda: 512, ..args() },
+            "a: leading dimension 512 is below",
+        ),
         (HopperGemmArgs { lda: 530, ..args() }, "a: leading dimension 530"),
         (HopperGemmArgs { ldb: 524, ..args() }, "b: leading dimension"),
-        (HopperGemmArgs { stride_b: 528 * 1000 + 4, ..args() }, "b: batch stride"),
+        (
+            HopperGemmArgs {
+                stride_b: 528 * 1000 + 4,
+                ..args()
+            },
+            "b: batch stride",
+        ),
         (HopperGemmArgs { ldd: 1004, ..args() }, "d: leading dimension"),
-        (HopperGemmArgs { stride_d: 1008 * 299, ..args() }, "d: batch stride"),
+        (
+            HopperGemmArgs {
+                stride_d: 1008 * 299,
+                ..args()
+            },
+            "d: batch stride",
+        ),
         (HopperGemmArgs { c: 0x30004, ..args() }, "c: base address"),
         (HopperGemmArgs { ldr: 1001, ..args() }, "residual: leading dimension"),
-        (HopperGemmArgs { bias: 0x50008, ..args() }, "bias"),
+        (
+            HopperGemmArgs {
+                bias: 0x50002,
+                ..args()
+            },
+            "bias",
+        ),
         (
             HopperGemmArgs {
                 c: 0x40000,
@@ -133,14 +172,23 @@ fn broken_rules_name_the_argument() {
         ldb: 528,
         ..args()
     };
-    assert!(hopper_supports(&kn).unwrap_err().starts_with("b: leading dimension 528 is below the row length 1000"));
+    assert!(hopper_supports(&kn)
+        .unwrap_err()
+        .starts_with("b: leading dimension 528 is below the row length 1000"));
 }
 
 #[test]
 fn tile_choice_follows_waves() {
     let sms = 132;
     // The shapes all take 128 x 256 tiles.
-    for (m, n) in [(2048, 2048), (4096, 4096), (8192, 8192), (4096, 14336), (4096, 28672), (4096, 8192)] {
+    for (m, n) in [
+        (2048, 2048),
+        (4096, 4096),
+        (8192, 8192),
+        (4096, 14336),
+        (4096, 28672),
+        (4096, 8192),
+    ] {
         assert_eq!(choose_tile(m, n, 1, sms), TILES[0], "{m} x {n}");
     }
     // 4096 x 384: 256-column tiles pad N to 512 and both fill one wave; 128 columns cost less.
@@ -237,7 +285,10 @@ fn tensor_maps_describe_the_operands() {
             oob_fill: tma::OobFill::Zeros,
         };
         assert!(tma::check(&m).is_ok(), "{s:?}");
-        assert!(s.box_cols as usize * s.dtype.size() <= 128 && s.box_rows <= 256, "{s:?}");
+        assert!(
+            s.box_cols as usize * s.dtype.size() <= 128 && s.box_rows <= 256,
+            "{s:?}"
+        );
     }
 }
 
@@ -273,9 +324,9 @@ fn staging_layout_is_tmas_swizzle_without_bank_conflicts() {
                         // TMA's 128-byte swizzle: 16-byte chunk j of row r at chunk j ^ (r % 8).
                         assert_eq!(off / 128, r);
                         assert_eq!((off % 128) / 16, (bc / 16) ^ (r % 8));
-                        for byte in off..off + 2 * out_size {
-                            assert!(!seen[byte], "byte {byte} written twice");
-                            seen[byte] = true;
+                        for (byte, s) in seen.iter_mut().enumerate().skip(off).take(2 * out_size) {
+                            assert!(!*s, "byte {byte} written twice");
+                            *s = true;
                         }
                         for word in (off / 4)..(off + 2 * out_size) / 4 {
                             banks[word % 32] += 1;
