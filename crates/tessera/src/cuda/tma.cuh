@@ -5,7 +5,8 @@
 //          and passed inside a `__grid_constant__` kernel parameter), ts::tma_prefetch_map,
 //          ts::tma_load_4d (with an L2 cache policy: ts::L2Evict, ts::l2_policy of async_copy.cuh),
 //          ts::tma_load_4d_multicast (one copy into several CTAs of a cluster),
-//          ts::tma_store_4d, ts::tma_store_commit, ts::tma_store_wait_read.
+//          ts::tma_store_4d, ts::tma_store_commit, ts::tma_store_wait_read,
+//          ts::tma_store_wait_read_pending<N> (a ring of store buffers), ts::tma_store_wait_all.
 //
 // Coordinates are element indices per tensor-map dimension, innermost first; boxes that run past
 // the tensor's extent are zero-filled on load and clipped on store. The shared-memory tile must
@@ -74,6 +75,16 @@ TS_DEVICE void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" :
 
 /// Waits until this thread's bulk stores have finished reading shared memory.
 TS_DEVICE void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+
+/// Waits until at most the N most recent of this thread's bulk store groups may still read
+/// shared memory: with N + 1 store buffers used in turn, the buffer about to be rewritten is free.
+template <int N>
+TS_DEVICE void tma_store_wait_read_pending() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+/// Waits until this thread's bulk stores have completed (written to global memory).
+TS_DEVICE void tma_store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 }  // namespace ts
 

@@ -62,6 +62,9 @@
 #[cfg(feature = "harness")]
 pub mod bench;
 pub mod dmma;
+pub(crate) mod hopper;
+#[cfg(test)]
+mod hopper_tests;
 #[cfg(feature = "harness")]
 mod operator;
 pub mod plan;

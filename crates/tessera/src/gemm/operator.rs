@@ -28,6 +28,15 @@ impl Operator for Gemm {
             .map(|c| VerifyJob::new(c.name(), c, verify::verify_case))
             .collect();
         jobs.push(VerifyJob::new("gemm bad input".into(), (), verify::verify_bad_inputs));
+        jobs.push(VerifyJob::new(
+            "gemm hopper self-check".into(),
+            false,
+            verify::verify_hopper,
+        ));
+        if !quick {
+            // In-process side-by-side with cuBLAS until the Hopper path is in the dispatch.
+            jobs.push(VerifyJob::new("gemm hopper bench".into(), true, verify::verify_hopper));
+        }
         jobs
     }
 
@@ -47,7 +56,9 @@ impl Operator for Gemm {
     }
 
     fn kernel_specs(&self, arch: Arch) -> Vec<KernelSpec> {
-        plan::kernel_specs(arch)
+        let mut specs = plan::kernel_specs(arch);
+        specs.extend(super::hopper::kernel_specs(arch));
+        specs
     }
 
     fn device_headers(&self) -> &'static [(&'static str, &'static str)] {

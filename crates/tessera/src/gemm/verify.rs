@@ -588,3 +588,36 @@ pub fn verify_bad_inputs(ctx: &Context, _case: &(), _seed: u64) -> Result<Verify
         skipped: None,
     })
 }
+
+/// The Hopper path's own self-check (`bench = false`: odd tails, both B layouts, every
+/// epilogue against an f64 host reference) or its side-by-side timing against cuBLAS
+/// (`bench = true`), on sm_90 only; the report goes in the note.
+pub fn verify_hopper(ctx: &Context, bench: &bool, _seed: u64) -> Result<VerifyOutcome> {
+    let name = if *bench {
+        "gemm hopper bench"
+    } else {
+        "gemm hopper self-check"
+    };
+    if ctx.arch().major != 9 {
+        return Ok(VerifyOutcome::skipped(name.into(), json!({}), "needs sm_90".into()));
+    }
+    let run = if *bench {
+        super::hopper::hopper_bench(ctx)
+    } else {
+        super::hopper::hopper_self_check(ctx)
+    };
+    let (passed, note) = match run {
+        Ok(report) => (true, report),
+        Err(e) => (false, e.to_string()),
+    };
+    Ok(VerifyOutcome {
+        case: name.into(),
+        params: json!({}),
+        path: "hopper".into(),
+        comparison: compare(&[], &[], 0.0, 0.0),
+        budget: 0.0,
+        passed,
+        note: Some(note),
+        skipped: None,
+    })
+}

@@ -1,0 +1,430 @@
+// gemm_sm90.cu: dense f16/bf16 GEMM for Hopper (sm_90a) with a fused epilogue:
+//   D[b] = act(alpha * A[b] B[b] + beta * C[b] + bias) + R[b]     (f32 accumulation)
+// TMA loads into an mbarrier ring, wgmma from shared memory, one producer and two consumer
+// warpgroups (setmaxnreg), persistent CTAs over a grouped tile order, TMA-store epilogue.
+//
+// Preamble (gemm/hopper.rs, HopperTile::key): Elem (ts::f16 / ts::bf16), OutT (Elem or float),
+// kBlockN (128 or 256 output columns per CTA tile), kStages (ring depth), kBNK (B stored [N, K],
+// K-major; false: [K, N], N-major).
+//
+// Layouts (row-major, element strides; hopper.rs builds the tensor maps, 4-D with a trailing
+// extent-1 dimension so that the shared 4-D TMA wrappers serve them):
+//   A [batch][M][lda]            map (K, M, batch, 1), box (64, 128)      -> [128 rows][128 B]
+//   B kBNK  [batch][N][ldb]      map (K, N, batch, 1), box (64, kBlockN)  -> [kBlockN rows][128 B]
+//   B !kBNK [batch][K][ldb]      map (N, K, batch, 1), box (64, 64) x kBlockN/64
+//                                -> kBlockN/64 column blocks of [64 k rows][128 B]
+//   D [batch][M][ldd] (OutT)     map (N, M, batch, 1), box (kStoreCols, 64), TMA stores clip
+//   C, R [batch][M][ld] and bias [N] (all OutT): plain loads, bounds-checked.
+// Every tile is stored as 128-byte rows with TMA's 128-byte swizzle (16-byte chunk j of row r at
+// chunk j ^ (r % 8)), 1024-byte aligned: the canonical SW128 layouts wgmma reads (wgmma.cuh).
+// Rows, columns and k past the tensor load as zeros (so a K tail adds 0), stores past it are
+// clipped: any M, N, K >= 1 runs with no special path.
+//
+// CTA: 384 threads = 3 warpgroups, 1 CTA per SM, grid = min(tiles, SMs), CTA tile 128 x kBlockN
+// x 64 (k-block).
+//   WG0 (producer, 40 registers): thread 0 walks the CTA's tiles and their k-blocks, and for each
+//     waits for a free ring slot (empty barrier), announces the slot's bytes (expect_tx) and
+//     issues the A and B copies, which complete on the slot's full barrier.
+//   WG1, WG2 (consumers, 232 registers): rows 64 (w - 1) .. 64 w - 1 of the tile, an m64 x
+//     kBlockN f32 accumulator (kBlockN / 2 registers per thread). Per k-block: wait full, four
+//     wgmma m64nNk16 (k-steps of 16), commit; the previous k-block's batch is then waited for
+//     (wgmma_wait<1>) and its slot released, so one batch is always queued behind the running one.
+//   Epilogue (per consumer, its 64 rows): fragments -> gemm_epilogue (epilogue.cuh) -> OutT into
+//     one of two 8 KiB staging buffers per consumer, in 128-byte column chunks (kStoreCols
+//     columns), each chunk stored by one TMA store while the next one is being written. The
+//     producer keeps filling the ring for the next tile meanwhile.
+//
+// Tile order (tile_of): batch-major, then groups of p.group_m tile rows; inside a group the tile
+// row runs fastest. CTA c takes tiles c, c + grid, ...: the ~SM-count tiles in flight together
+// cover a near-square block of D, whose A rows and B columns stay in L2.
+//
+// Shared memory (offsets from the 1024-aligned base; hopper.rs shared_bytes adds 1024 of slack):
+//   A ring   kStages x 16 KiB
+//   B ring   kStages x kBlockN x 128 B
+//   staging  2 consumers x 2 buffers x 8 KiB
+//   barriers full[kStages], empty[kStages]
+// kBlockN = 256: 4 stages (192 KiB + 32 KiB); 128: 6 stages (192 KiB + 32 KiB).
+//
+// Roofline: 2 M N K flops over (M K + N K) elements read once per tile row/column in the ideal
+// order; at 128 x 256 tiles each k-block moves 48 KiB for 4 MFLOP (85 flop/B from shared
+// memory, ~170 flop/B from L2 with the grouped order): compute-bound on H100/H200 for the
+// issue's shapes.
+#include "tessera/gemm_epilogue.cuh"
+#include "tessera/mbarrier.cuh"
+#include "tessera/tma.cuh"
+#include "tessera/wgmma.cuh"
+
+#ifndef TS_GENERATED_PREAMBLE
+// Defaults so the file can be read and compiled on its own; the plan always prepends its own.
+#include "tessera/dtype.cuh"
+using Elem = ts::bf16;
+using OutT = ts::bf16;
+constexpr int kBlockN = 256;
+constexpr int kStages = 4;
+constexpr bool kBNK = true;
+#endif
+
+/// The kernel parameter, mirrored by `GemmParams` in gemm/hopper.rs (512 bytes).
+struct GemmParams {
+  ts::TensorMap a_map;
+  ts::TensorMap b_map;
+  ts::TensorMap d_map;
+  const void* c;         // OutT [batch][M][ldc], or null (then beta is ignored)
+  const void* residual;  // OutT [batch][M][ldr], or null
+  const void* bias;      // OutT [N] (the same for every batch), or null
+  long long ldc, c_batch_stride;  // elements
+  long long ldr, r_batch_stride;  // elements
+  float alpha, beta;
+  int m, n, k, batch;
+  int tiles_m, tiles_n, k_blocks, group_m;
+  int activation;  // epilogue.cuh codes 0..4
+  int pad_[7];
+};
+
+#if defined(TS_HAS_WGMMA) && defined(TS_HAS_TMA)
+
+namespace {
+
+constexpr int kThreads = 384;
+constexpr int kBlockM = 128;
+constexpr int kBlockK = 64;  // one 128-byte swizzle row of 16-bit elements
+constexpr int kConsumers = 2;
+constexpr int kConsumerRows = kBlockM / kConsumers;  // 64: one wgmma M
+constexpr int kKSteps = kBlockK / 16;                // wgmma k16 steps per k-block
+constexpr uint32_t kABytes = kBlockM * kBlockK * 2;
+constexpr uint32_t kBBytes = kBlockN * kBlockK * 2;
+constexpr uint32_t kBColBlockBytes = kBlockK * 128;  // !kBNK: one 64-column block of the B tile
+constexpr uint32_t kStageBytes = kABytes + kBBytes;  // expect_tx per slot (boxes count whole,
+                                                     // zero-filled parts included)
+constexpr int kAccRegs = kBlockN / 2;
+constexpr int kStoreCols = 128 / int(sizeof(OutT));  // columns per 128-byte store chunk
+constexpr int kChunks = kBlockN / kStoreCols;
+constexpr int kBlocksPerChunk = kStoreCols / 8;  // 8-column accumulator blocks per chunk
+constexpr uint32_t kChunkBytes = kConsumerRows * 128;
+constexpr int kStoreBuffers = 2;
+constexpr uint32_t kConsumerWarps = 4 * kConsumers;  // arrivals that release a ring slot
+// setmaxnreg budgets: 128 * (producer + 2 consumers) <= the 384 * 168 registers held at launch
+// (__launch_bounds__(384, 1)); setmaxnreg.inc waits for the producer's release, so a larger sum
+// would hang the consumers.
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
+static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * kLaunchRegs,
+              "setmaxnreg budgets exceed the registers held at launch");
+static_assert(sizeof(Elem) == 2, "f16 or bf16 operands");
+static_assert(ts::is_same_v<OutT, Elem> || ts::is_same_v<OutT, float>, "output: the operand type or f32");
+static_assert(kBlockN == 128 || kBlockN == 256, "CTA tile: 128 x 128 or 128 x 256");
+static_assert(kBlockN % kStoreCols == 0, "whole store chunks per tile");
+static_assert(sizeof(GemmParams) == 512, "GemmParams layout (hopper.rs)");
+
+/// Named barriers (0 is __syncthreads): consumer w's epilogue syncs its 128 threads on 1 + w.
+constexpr uint32_t kStoreBarrier0 = 1;
+
+/// Shared-memory carve-up (offsets from the 1024-aligned base); every tile 1024-aligned.
+struct Smem {
+  static constexpr uint32_t a = 0;
+  static constexpr uint32_t b = a + kStages * kABytes;
+  static constexpr uint32_t store = b + kStages * kBBytes;
+  static constexpr uint32_t bars = store + kConsumers * kStoreBuffers * kChunkBytes;
+  static constexpr uint32_t end = bars + 16 * kStages;  // full[kStages], empty[kStages]
+};
+static_assert(Smem::b % 1024 == 0 && Smem::store % 1024 == 0, "1024-byte aligned tiles");
+static_assert(Smem::end + 1024 <= 227 * 1024, "shared memory of one CTA (hopper.rs shared_bytes)");
+
+/// A ring position: slot index and the parity of its current phase. Producer and consumers walk
+/// the same sequence of (tile, k-block) pairs, so their positions agree slot by slot.
+struct Ring {
+  int slot = 0;
+  uint32_t phase = 0;
+  TS_DEVICE void advance() {
+    if (++slot == kStages) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
+};
+
+/// One output tile: first row, first column, batch.
+struct Tile {
+  int m0, n0, b;
+};
+
+/// Tile t of the launch (see the header: batch, then groups of group_m tile rows, tile row
+/// fastest inside a group). The last group of a batch may have fewer rows.
+TS_DEVICE Tile tile_of(const GemmParams& p, int t) {
+  const int per_batch = p.tiles_m * p.tiles_n;
+  const int b = t / per_batch;
+  int r = t - b * per_batch;
+  const int group_tiles = p.group_m * p.tiles_n;
+  const int g = r / group_tiles;
+  const int first_row = g * p.group_m;
+  const int rows = min(p.tiles_m - first_row, p.group_m);
+  r -= g * group_tiles;
+  Tile tl;
+  tl.m0 = (first_row + r % rows) * kBlockM;
+  tl.n0 = (r / rows) * kBlockN;
+  tl.b = b;
+  return tl;
+}
+
+TS_DEVICE int tile_count(const GemmParams& p) { return p.tiles_m * p.tiles_n * p.batch; }
+
+// ---- producer ------------------------------------------------------------------------------
+
+/// Copies k-block `kb` of tile `tl` into ring slot `slot`, completing on `full`.
+TS_DEVICE void load_stage(const GemmParams& p, uint8_t* smem, uint64_t* full, int slot, const Tile& tl, int kb,
+                          uint64_t policy) {
+  uint8_t* a_dst = smem + Smem::a + slot * kABytes;
+  uint8_t* b_dst = smem + Smem::b + slot * kBBytes;
+  const int k0 = kb * kBlockK;
+  // Announce the whole slot before the copies: a copy may complete before a later arrival, and
+  // the phase must not complete on the first copy's bytes alone.
+  ts::mbar_arrive_expect_tx(full, kStageBytes);
+  ts::tma_load_4d(a_dst, &p.a_map, full, k0, tl.m0, tl.b, 0, policy);
+  if constexpr (kBNK) {
+    ts::tma_load_4d(b_dst, &p.b_map, full, k0, tl.n0, tl.b, 0, policy);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kBlockN / 64; ++j)
+      ts::tma_load_4d(b_dst + j * kBColBlockBytes, &p.b_map, full, tl.n0 + 64 * j, k0, tl.b, 0, policy);
+  }
+}
+
+/// The producer (one thread): every k-block of every tile of this CTA, in the consumers' order.
+/// A slot is reused once all eight consumer warps released it: waiting on the empty barrier with
+/// the parity before the ring's current one passes at once on the first lap (a fresh barrier's
+/// preceding phase counts as complete) and afterwards waits for the release of the lap before.
+TS_DEVICE void producer(const GemmParams& p, uint8_t* smem, uint64_t* full, uint64_t* empty) {
+  ts::tma_prefetch_map(&p.a_map);
+  ts::tma_prefetch_map(&p.b_map);
+  // Every A tile row and B tile column is read by many CTAs (tiles_n and tiles_m of them).
+  const uint64_t policy = ts::l2_policy<ts::L2Evict::kNormal>();
+  Ring ring;
+  const int tiles = tile_count(p);
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const Tile tl = tile_of(p, t);
+    for (int kb = 0; kb < p.k_blocks; ++kb) {
+      ts::mbar_wait(&empty[ring.slot], ring.phase ^ 1);
+      load_stage(p, smem, &full[ring.slot], ring.slot, tl, kb, policy);
+      ring.advance();
+    }
+  }
+}
+
+// ---- consumers -----------------------------------------------------------------------------
+
+/// acc (+)= A(slot rows of this consumer) B(slot): four wgmma k-steps. A is K-major: step k by
+/// 32 bytes inside the 128-byte swizzled row. B [N, K] is K-major the same way; B [K, N] is
+/// N-major (kTransB = 1): step k by 16 rows (2048 bytes), 64-column blocks kBColBlockBytes apart
+/// (the descriptor's leading byte offset). `accumulate` false overwrites acc (first k-block).
+TS_DEVICE void issue_kblock(float (&acc)[kAccRegs], uint32_t a_tile, uint32_t b_tile, bool accumulate) {
+  const uint64_t da0 = ts::wgmma_desc_sw128(a_tile, 16);
+  const uint64_t db0 = ts::wgmma_desc_sw128(b_tile, kBNK ? 16u : kBColBlockBytes);
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    const uint64_t da = ts::wgmma_desc_advance(da0, kk * 32);
+    const uint64_t db = ts::wgmma_desc_advance(db0, kBNK ? kk * 32 : kk * 16 * 128);
+    ts::wgmma_ss<Elem, kBlockN, kBNK ? 0 : 1>(acc, da, db, (accumulate || kk > 0) ? 1 : 0);
+  }
+}
+
+/// Shared address of ring slot `slot` of the A or B ring (`ring_base` its start), read from
+/// lane 0: warp-uniform to ptxas, so the wgmma descriptors stay in uniform registers.
+TS_DEVICE uint32_t slot_addr(uint32_t ring_base, int slot, uint32_t slot_bytes) {
+  return __shfl_sync(0xffffffffu, ring_base + slot * slot_bytes, 0);
+}
+
+/// The k-loop of one tile for consumer `wg`: acc = A B over all k-blocks. One wgmma batch stays
+/// queued behind the running one: after committing k-block kb, wgmma_wait<1> retires kb - 1,
+/// whose slot is then released (the arrival is predicated, not branched, inside the window
+/// where a wgmma is in flight: ptxas serialises wgmma around branches there, C7520). wgmmas of
+/// one shape that accumulate into the same registers are ordered by the hardware, so no fence
+/// is needed between the batches; the wgmma_fence before each batch orders the first batch
+/// after the epilogue's reads of the previous tile's accumulators.
+TS_DEVICE void mainloop(const GemmParams& p, uint32_t smem_base, uint64_t* full, uint64_t* empty, Ring& ring,
+                        int wg, bool warp_leader, float (&acc)[kAccRegs]) {
+  const uint32_t a_ring = smem_base + Smem::a + wg * kConsumerRows * 128;
+  const uint32_t b_ring = smem_base + Smem::b;
+  int prev_slot = 0;
+  ts::wgmma_fence_acc(acc);
+  for (int kb = 0; kb < p.k_blocks; ++kb) {
+    ts::mbar_wait(&full[ring.slot], ring.phase);
+    ts::wgmma_fence();
+    issue_kblock(acc, slot_addr(a_ring, ring.slot, kABytes), slot_addr(b_ring, ring.slot, kBBytes), kb > 0);
+    ts::wgmma_commit();
+    ts::wgmma_wait<1>();
+    ts::mbar_arrive_if(&empty[prev_slot], warp_leader && kb > 0);
+    prev_slot = ring.slot;
+    ring.advance();
+  }
+  ts::wgmma_wait<0>();
+  ts::wgmma_fence_acc(acc);
+  ts::mbar_arrive_if(&empty[prev_slot], warp_leader && p.k_blocks > 0);
+}
+
+/// Two consecutive OutT values at `ptr` (columns col, col + 1 of a row of C or R, or of the
+/// bias), the ones at or past column n read as 0. Pairs start at even columns of rows whose
+/// stride is a multiple of 16 bytes and whose base is aligned to a pair (hopper_supports), so the
+/// pair load is aligned.
+TS_DEVICE void load_pair(const OutT* ptr, int col, int n, float& x0, float& x1) {
+  if (col + 1 < n) {
+    if constexpr (ts::is_same_v<OutT, float>) {
+      const float2 v = *reinterpret_cast<const float2*>(ptr);
+      x0 = v.x;
+      x1 = v.y;
+    } else {
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(ptr);
+      const ts::Array<float, 2> f = ts::is_same_v<OutT, ts::f16> ? ts::unpack_f16x2(w) : ts::unpack_bf16x2(w);
+      x0 = f[0];
+      x1 = f[1];
+    }
+  } else {
+    x0 = col < n ? ts::to_float(ptr[0]) : 0.0f;
+    x1 = 0.0f;
+  }
+}
+
+/// Stores a pair of outputs at byte column `bc` of row `r` of a staging buffer laid out as TMA's
+/// 128-byte swizzle expects: 16-byte chunk j of row r sits at chunk j ^ (r % 8). For 16-bit
+/// outputs a warp's 32 stores (8 rows x 16 bytes, one chunk per row) land in 8 distinct chunk
+/// columns: no bank conflict; f32 pairs conflict two ways.
+TS_DEVICE void stage_pair(uint8_t* buf, int r, int bc, float y0, float y1) {
+  uint8_t* dst = buf + r * 128 + ((((bc >> 4) ^ (r & 7)) << 4) | (bc & 15));
+  if constexpr (ts::is_same_v<OutT, float>) {
+    *reinterpret_cast<float2*>(dst) = make_float2(y0, y1);
+  } else if constexpr (ts::is_same_v<OutT, ts::f16>) {
+    *reinterpret_cast<uint32_t*>(dst) = ts::pack_f16x2(y0, y1);
+  } else {
+    *reinterpret_cast<uint32_t*>(dst) = ts::pack_bf16x2(y0, y1);
+  }
+}
+
+/// The epilogue of one tile for consumer `wg` (its 64 rows), activation kAct: D = act(alpha acc +
+/// beta C + bias) + R in 128-byte column chunks. Per chunk: the store leader (thread 0) waits
+/// until the chunk's staging buffer is no longer read by the store before last, the warpgroup
+/// syncs, every thread writes its fragments (fence.proxy.async: visible to the TMA engine), syncs
+/// again, and the leader issues the chunk's TMA store. Inputs a call lacks are added as 0 (one
+/// epilogue instantiation per activation instead of eight per input set; beta and the null
+/// pointer go together: C is never read when it is absent). The only difference from leaving the
+/// terms out is the sign of a zero result (-0 + 0 = +0), which no comparison sees. Chunks wholly past column n and
+/// consumers wholly past row m store nothing (uniform over the warpgroup).
+template <int kAct>
+TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const float (&acc)[kAccRegs], const Tile& tl, int wg,
+                        uint32_t& stores) {
+  const int tid = threadIdx.x % 128;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int row_base = tl.m0 + wg * kConsumerRows;
+  if (row_base >= p.m) return;
+  const int r_local = warp * 16 + lane / 4;  // and r_local + 8
+  const uint32_t bar = kStoreBarrier0 + wg;
+  const OutT* c_rows = p.c != nullptr ? static_cast<const OutT*>(p.c) + tl.b * p.c_batch_stride : nullptr;
+  const OutT* r_rows =
+      p.residual != nullptr ? static_cast<const OutT*>(p.residual) + tl.b * p.r_batch_stride : nullptr;
+  const float beta = p.c != nullptr ? p.beta : 0.0f;
+#pragma unroll
+  for (int ch = 0; ch < kChunks; ++ch) {
+    if (tl.n0 + ch * kStoreCols >= p.n) break;
+    uint8_t* buf = smem + Smem::store + (wg * kStoreBuffers + stores % kStoreBuffers) * kChunkBytes;
+    if (tid == 0) ts::tma_store_wait_read_pending<kStoreBuffers - 1>();
+    ts::named_barrier_sync(bar, 128);
+#pragma unroll
+    for (int lb = 0; lb < kBlocksPerChunk; ++lb) {
+      const int i = ch * kBlocksPerChunk + lb;  // 8-column accumulator block
+      const int cc = 8 * lb + 2 * (lane % 4);   // column inside the chunk
+      const int col = tl.n0 + ch * kStoreCols + cc;
+      float bias0 = 0.0f, bias1 = 0.0f;
+      if (p.bias != nullptr) load_pair(static_cast<const OutT*>(p.bias) + col, col, p.n, bias0, bias1);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = r_local + 8 * h;
+        const int row = row_base + r;
+        float c0 = 0.0f, c1 = 0.0f, res0 = 0.0f, res1 = 0.0f;
+        if (row < p.m) {
+          if (c_rows != nullptr) load_pair(c_rows + (long long)row * p.ldc + col, col, p.n, c0, c1);
+          if (r_rows != nullptr) load_pair(r_rows + (long long)row * p.ldr + col, col, p.n, res0, res1);
+        }
+        const float y0 = ts::gemm_epilogue<kAct, true, true, true>(acc[4 * i + 2 * h], p.alpha, beta, c0, bias0, res0);
+        const float y1 =
+            ts::gemm_epilogue<kAct, true, true, true>(acc[4 * i + 2 * h + 1], p.alpha, beta, c1, bias1, res1);
+        stage_pair(buf, r, cc * int(sizeof(OutT)), y0, y1);
+      }
+    }
+    ts::fence_proxy_async();
+    ts::named_barrier_sync(bar, 128);
+    if (tid == 0) {
+      ts::tma_store_4d(&p.d_map, buf, tl.n0 + ch * kStoreCols, row_base, tl.b, 0);
+      ts::tma_store_commit();
+    }
+    ++stores;
+  }
+}
+
+/// The epilogue with the call's activation (one uniform switch per tile).
+TS_DEVICE void epilogue_any(const GemmParams& p, uint8_t* smem, const float (&acc)[kAccRegs], const Tile& tl, int wg,
+                            uint32_t& stores) {
+  switch (p.activation) {
+    case ts::kActRelu: epilogue<ts::kActRelu>(p, smem, acc, tl, wg, stores); break;
+    case ts::kActGeluErf: epilogue<ts::kActGeluErf>(p, smem, acc, tl, wg, stores); break;
+    case ts::kActGeluTanh: epilogue<ts::kActGeluTanh>(p, smem, acc, tl, wg, stores); break;
+    case ts::kActSilu: epilogue<ts::kActSilu>(p, smem, acc, tl, wg, stores); break;
+    default: epilogue<ts::kActNone>(p, smem, acc, tl, wg, stores); break;
+  }
+}
+
+TS_DEVICE void consumer(const GemmParams& p, uint8_t* smem, uint64_t* full, uint64_t* empty, int wg) {
+  const bool warp_leader = threadIdx.x % 32 == 0;
+  const uint32_t smem_base = ts::smem_addr(smem);
+  if (wg == 0 && threadIdx.x % 128 == 0) ts::tma_prefetch_map(&p.d_map);
+  Ring ring;
+  uint32_t stores = 0;
+  const int tiles = tile_count(p);
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const Tile tl = tile_of(p, t);
+    // Zeroed although the first k-step overwrites it (scale_d = 0): the wgmma asm reads its
+    // accumulators ("+f"), which must not be undefined values to the compiler.
+    float acc[kAccRegs];
+#pragma unroll
+    for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
+    mainloop(p, smem_base, full, empty, ring, wg, warp_leader, acc);
+    epilogue_any(p, smem, acc, tl, wg, stores);
+  }
+  // The staging buffers must outlive the stores that read them.
+  if (threadIdx.x % 128 == 0) ts::tma_store_wait_all();
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1) gemm_sm90(const __grid_constant__ GemmParams p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // The tiles need 1024-byte alignment (128-byte swizzle); the plan adds 1024 bytes of slack.
+  uint8_t* smem = smem_raw + ((1024 - (ts::smem_addr(smem_raw) & 1023)) & 1023);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
+  uint64_t* empty = full + kStages;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      ts::mbar_init(&full[s], 1);                 // the producer's expect_tx arrival (+ bytes)
+      ts::mbar_init(&empty[s], kConsumerWarps);  // one arrival per consumer warp
+    }
+    ts::mbar_init_fence();
+  }
+  __syncthreads();
+  // Broadcast from lane 0: warp-uniform to the compiler (uniform-register descriptor math).
+  const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
+  if (wg == 0) {
+    ts::setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x == 0) producer(p, smem, full, empty);
+  } else {
+    ts::setmaxnreg_inc<kConsumerRegs>();
+    consumer(p, smem, full, empty, wg - 1);
+  }
+}
+
+#else
+
+extern "C" __global__ void gemm_sm90(const __grid_constant__ GemmParams p) {
+  // Built for a target without wgmma/TMA: the plan never launches this path there.
+  __trap();
+}
+
+#endif

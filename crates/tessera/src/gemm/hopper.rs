@@ -1,0 +1,1156 @@
+//! Host side of the Hopper (sm_90a) f16/bf16 GEMM path (`gemm_sm90.cu`): the call's arguments
+//! ([`HopperGemmArgs`]), what the path supports ([`hopper_supports`]), the tile choice, the TMA
+//! tensor maps, the kernel parameter struct and the plan ([`HopperGemmPlan`]: built once per
+//! shape key, run many times without allocating).
+//!
+//! Computes, per batch `b`: `D = act(alpha * A B + beta * C + bias) + R` with
+//! - A `[M, K]` row-major (leading dimension `lda`), f16 or bf16;
+//! - B `[N, K]` row-major (`b_nk`, K-major: how LLM weights are stored) or `[K, N]` row-major;
+//! - C, R, D `[M, N]` row-major in the output dtype (the operand dtype or f32);
+//! - bias `[N]` in the output dtype (as the GEMM core's API has it), shared by every batch;
+//! - act: epilogue.cuh's codes (0 none, 1 relu, 2 gelu erf, 3 gelu tanh, 4 silu).
+//!
+//! Alignment ([`hopper_supports`]): every matrix's base address 16-byte aligned, every leading
+//! dimension and batch stride a multiple of 16 bytes (TMA's rule, kept for C and R as well so the
+//! epilogue's pair loads are aligned); the bias aligned to two elements. M, N, K >= 1 and below 2^31; any M, N, K otherwise (TMA
+//! zero-fills loads past the tensor and clips stores). C is read only when given (then `beta`
+//! applies; a null C ignores beta, as BLAS with beta = 0 does not read C). C may alias D exactly
+//! (same address, leading dimension and batch stride): every element is read before its tile is
+//! stored.
+
+use std::sync::{Arc, Mutex};
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::runtime::tma::{self, L2Promotion, OobFill, Swizzle, TensorMap, TiledMap, TmaError};
+use crate::runtime::{Arch, Context, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
+
+/// The GEMM path's own device headers: the shared epilogue (owned by the GEMM core; see
+/// epilogue.cuh).
+pub(crate) const DEVICE_HEADERS: &[(&str, &str)] = &[("tessera/gemm_epilogue.cuh", include_str!("epilogue.cuh"))];
+
+/// Output rows per CTA tile (two consumer warpgroups of 64 rows).
+pub(crate) const BLOCK_M: usize = 128;
+/// Reduction depth of one pipeline stage (one 128-byte swizzle row of 16-bit elements).
+pub(crate) const BLOCK_K: usize = 64;
+/// Threads per CTA: one producer and two consumer warpgroups.
+pub(crate) const THREADS: u32 = 384;
+/// Largest activation code (epilogue.cuh: 0 none, 1 relu, 2 gelu erf, 3 gelu tanh, 4 silu).
+pub(crate) const MAX_ACTIVATION: u32 = 4;
+/// Shared memory one CTA may use on sm_90 (227 KiB).
+const SHARED_LIMIT: u32 = 227 * 1024;
+/// Bytes of the epilogue's staging buffers: 2 consumers x 2 buffers x 64 rows x 128 bytes.
+const STAGING_BYTES: u32 = 2 * 2 * 64 * 128;
+
+/// One GEMM call on the Hopper path. Pointers are device addresses; leading dimensions and
+/// batch strides count elements. Batch strides are ignored when `batch == 1`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HopperGemmArgs {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    /// Operand dtype of A and B: F16 or BF16.
+    pub dtype: DType,
+    /// Dtype of D (and of C and R): `dtype` or F32.
+    pub out_dtype: DType,
+    /// A `[M, K]` row-major.
+    pub a: u64,
+    pub lda: usize,
+    pub stride_a: usize,
+    /// B `[N, K]` (`b_nk`) or `[K, N]` row-major.
+    pub b: u64,
+    pub ldb: usize,
+    pub stride_b: usize,
+    pub b_nk: bool,
+    /// C `[M, N]` (0 = none; then `beta` is ignored).
+    pub c: u64,
+    pub ldc: usize,
+    pub stride_c: usize,
+    pub beta: f32,
+    /// D `[M, N]`.
+    pub d: u64,
+    pub ldd: usize,
+    pub stride_d: usize,
+    /// Bias `[N]` in `out_dtype` (0 = none).
+    pub bias: u64,
+    /// Residual R `[M, N]` (0 = none), added after the activation.
+    pub residual: u64,
+    pub ldr: usize,
+    pub stride_r: usize,
+    pub alpha: f32,
+    /// Activation code 0..=[`MAX_ACTIVATION`].
+    pub activation: u32,
+}
+
+/// What a [`HopperGemmPlan`] is built for: everything but the pointers, leading dimensions and
+/// epilogue values (which every run may change).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct HopperShapeKey {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    pub b_nk: bool,
+    pub dtype: DType,
+    pub out_dtype: DType,
+}
+
+impl HopperGemmArgs {
+    /// The plan key of this call.
+    pub(crate) fn shape_key(&self) -> HopperShapeKey {
+        HopperShapeKey {
+            m: self.m,
+            n: self.n,
+            k: self.k,
+            batch: self.batch,
+            b_nk: self.b_nk,
+            dtype: self.dtype,
+            out_dtype: self.out_dtype,
+        }
+    }
+}
+
+/// One matrix operand's description, for [`hopper_supports`]'s rules.
+struct Operand {
+    name: &'static str,
+    ptr: u64,
+    /// A null pointer is an error (else: the operand is absent).
+    required: bool,
+    /// Bytes per element.
+    size: usize,
+    ld: usize,
+    /// Elements of one row (the smallest valid `ld`).
+    row_len: usize,
+    stride: usize,
+    rows: usize,
+}
+
+impl Operand {
+    /// TMA's rules (16-byte aligned base, leading dimension and batch stride multiples of 16
+    /// bytes below 2^40), the leading dimension covering a row, and for D batches that do not
+    /// overlap.
+    fn check(&self, batch: usize) -> std::result::Result<(), String> {
+        let (name, size, ld) = (self.name, self.size, self.ld);
+        if self.ptr == 0 {
+            return if self.required {
+                Err(format!("{name}: null device pointer"))
+            } else {
+                Ok(())
+            };
+        }
+        if self.ptr % 16 != 0 {
+            return Err(format!(
+                "{name}: base address {:#x} is not 16-byte aligned (TMA and vector epilogue rule)",
+                self.ptr
+            ));
+        }
+        if ld < self.row_len {
+            return Err(format!(
+                "{name}: leading dimension {ld} is below the row length {}",
+                self.row_len
+            ));
+        }
+        if (ld * size) % 16 != 0 || ld * size >= MAX_STRIDE_BYTES {
+            return Err(format!(
+                "{name}: leading dimension {ld} x {size} bytes is not a multiple of 16 bytes below 2^40"
+            ));
+        }
+        if batch > 1 {
+            let stride = self.stride;
+            if (stride * size) % 16 != 0 || stride == 0 || stride * size >= MAX_STRIDE_BYTES {
+                return Err(format!(
+                    "{name}: batch stride {stride} x {size} bytes is not a positive multiple of 16 bytes below 2^40"
+                ));
+            }
+            let extent = ld * (self.rows - 1) + self.row_len;
+            if name == "d" && stride < extent {
+                return Err(format!(
+                    "d: batch stride {stride} is below one batch's extent {extent} (batches of D would overlap)"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Largest M, N, K, batch and tile count (the kernel indexes them with `int`).
+const MAX_DIM: usize = i32::MAX as usize;
+/// TMA strides must stay below 2^40 bytes.
+const MAX_STRIDE_BYTES: usize = 1 << 40;
+
+/// Whether the Hopper path can run `args`, or the first rule it breaks (naming the argument).
+/// Does not look at the device (the caller dispatches here on sm_90 only).
+pub(crate) fn hopper_supports(args: &HopperGemmArgs) -> std::result::Result<(), String> {
+    let a = args;
+    if !matches!(a.dtype, DType::F16 | DType::BF16) {
+        return Err(format!(
+            "dtype: the Hopper GEMM takes fp16 or bf16 operands, got {}",
+            a.dtype
+        ));
+    }
+    if a.out_dtype != a.dtype && a.out_dtype != DType::F32 {
+        return Err(format!(
+            "out_dtype: the Hopper GEMM writes {} or fp32 for {} operands, got {}",
+            a.dtype, a.dtype, a.out_dtype
+        ));
+    }
+    for (name, v) in [("m", a.m), ("n", a.n), ("k", a.k), ("batch", a.batch)] {
+        if v == 0 || v > MAX_DIM {
+            return Err(format!("{name}: must be in 1..=2^31-1 on the Hopper path, got {v}"));
+        }
+    }
+    let tiles = a.m.div_ceil(BLOCK_M) as u128 * a.n.div_ceil(128) as u128 * a.batch as u128;
+    if tiles > MAX_DIM as u128 {
+        return Err(format!(
+            "batch: {tiles} output tiles exceed the kernel's 32-bit tile index"
+        ));
+    }
+    if a.activation > MAX_ACTIVATION {
+        return Err(format!(
+            "activation: code {} is not one of 0 none, 1 relu, 2 gelu_erf, 3 gelu_tanh, 4 silu",
+            a.activation
+        ));
+    }
+    let es = a.dtype.size();
+    let os = a.out_dtype.size();
+    let (b_rows, b_cols) = if a.b_nk { (a.n, a.k) } else { (a.k, a.n) };
+    let operand = |name, ptr, required, size, ld, row_len, stride, rows| Operand {
+        name,
+        ptr,
+        required,
+        size,
+        ld,
+        row_len,
+        stride,
+        rows,
+    };
+    let operands = [
+        operand("a", a.a, true, es, a.lda, a.k, a.stride_a, a.m),
+        operand("b", a.b, true, es, a.ldb, b_cols, a.stride_b, b_rows),
+        operand("d", a.d, true, os, a.ldd, a.n, a.stride_d, a.m),
+        operand("c", a.c, false, os, a.ldc, a.n, a.stride_c, a.m),
+        operand("residual", a.residual, false, os, a.ldr, a.n, a.stride_r, a.m),
+    ];
+    for o in &operands {
+        o.check(a.batch)?;
+    }
+    if a.bias != 0 && a.bias % (2 * os as u64) != 0 {
+        return Err(format!(
+            "bias: base address {:#x} is not aligned to two elements ({} bytes: the epilogue loads pairs)",
+            a.bias,
+            2 * os
+        ));
+    }
+    if a.c != 0 && a.c == a.d && (a.ldc != a.ldd || (a.batch > 1 && a.stride_c != a.stride_d)) {
+        return Err("c: aliases d with a different leading dimension or batch stride".into());
+    }
+    Ok(())
+}
+
+/// A CTA tiling: 128 x `block_n` output tiles, `stages` k-blocks of 64 in the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct HopperTile {
+    pub block_n: u32,
+    pub stages: u32,
+}
+
+/// The kernel's tilings: 128 x 256 (what the fastest public Hopper GEMMs run on large shapes:
+/// two m64n256 consumers, 85 flop per shared-memory byte) and 128 x 128 (half the columns, for
+/// N where 256-column tiles waste a large share of a wave). Each takes the ring depth that
+/// fills 192 KiB, leaving 32 KiB for the epilogue's staging buffers.
+pub(crate) const TILES: [HopperTile; 2] = [
+    HopperTile {
+        block_n: 256,
+        stages: 4,
+    },
+    HopperTile {
+        block_n: 128,
+        stages: 6,
+    },
+];
+
+/// Time of a 128 x 128 tile relative to half a 128 x 256 one: its k-blocks do half the MMA
+/// work for two thirds of the bytes, and the tensor cores run m64n128 below their m64n256 rate.
+const NARROW_TILE_COST: f64 = 1.1;
+
+/// The tiling for an M x N x batch output on `sms` SMs: each candidate's time is modelled as
+/// (tiles per CTA, rounded up: whole waves) x (time per tile); the 128-column tile costs
+/// [`NARROW_TILE_COST`] / 2 of the 256-column one. 256 wins ties (fewer, larger tiles).
+pub(crate) fn choose_tile(m: usize, n: usize, batch: usize, sms: u32) -> HopperTile {
+    let sms = sms.max(1) as u64;
+    let waves = |bn: usize| (m.div_ceil(BLOCK_M) as u64 * n.div_ceil(bn) as u64 * batch as u64).div_ceil(sms) as f64;
+    let wide = waves(256) * 2.0;
+    let narrow = waves(128) * NARROW_TILE_COST;
+    if narrow < wide {
+        TILES[1]
+    } else {
+        TILES[0]
+    }
+}
+
+/// Dynamic shared memory of a tiling: the A and B rings, the staging buffers, the barriers and
+/// 1024 bytes of slack to align the base to the 128-byte swizzle's period.
+pub(crate) fn shared_bytes(tile: HopperTile) -> u32 {
+    let bytes = tile.stages * (BLOCK_M * BLOCK_K * 2 + tile.block_n as usize * BLOCK_K * 2) as u32
+        + STAGING_BYTES
+        + 16 * tile.stages
+        + 1024;
+    debug_assert!(bytes <= SHARED_LIMIT, "tile {tile:?} needs {bytes} B of shared memory");
+    bytes
+}
+
+/// Tile rows per group of the tile order (gemm_sm90.cu tile_of): the `grid` tiles in flight
+/// then cover about `group` x `grid / group` tiles, a square of D when `group` ~ sqrt(grid *
+/// block_n / 128) (16 for 132 CTAs of 256 columns), so A and B are each read from HBM about once
+/// per sqrt(grid) tiles. Clamped to the tile rows there are.
+pub(crate) fn group_rows(tiles_m: usize, grid: u32, block_n: u32) -> u32 {
+    let ideal = ((grid as f64) * block_n as f64 / BLOCK_M as f64).sqrt().round() as usize;
+    ideal.clamp(1, tiles_m.max(1)) as u32
+}
+
+/// The kernel variant of an operand dtype, output dtype, B layout and tiling.
+pub(crate) fn kernel_key(dtype: DType, out_dtype: DType, b_nk: bool, tile: HopperTile) -> KernelKey {
+    KernelKey::new("gemm_sm90")
+        .ty("Elem", dtype)
+        .ty("OutT", out_dtype)
+        .int("kBlockN", "n", tile.block_n)
+        .int("kStages", "s", tile.stages)
+        .flag("kBNK", "bnk", b_nk)
+}
+
+fn spec(key: &KernelKey) -> KernelSpec {
+    key.spec(
+        "gemm_sm90.cu",
+        include_str!("gemm_sm90.cu"),
+        "gemm_sm90",
+        DEVICE_HEADERS,
+    )
+}
+
+/// Every variant this path can launch on `arch`: on sm_90, {fp16, bf16} x {same, fp32 out} x
+/// {B [N, K], [K, N]} x [`TILES`] (16 kernels); none elsewhere. Activations and the epilogue's
+/// inputs are run-time values, not variants.
+pub(crate) fn kernel_specs(arch: Arch) -> Vec<KernelSpec> {
+    if arch != Arch::SM90 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16] {
+        for out_dtype in [dtype, DType::F32] {
+            for b_nk in [true, false] {
+                for tile in TILES {
+                    out.push(spec(&kernel_key(dtype, out_dtype, b_nk, tile)));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The kernel parameter of `gemm_sm90`, mirrored by `GemmParams` in gemm_sm90.cu (512 bytes).
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GemmParams {
+    pub a_map: TensorMap,
+    pub b_map: TensorMap,
+    pub d_map: TensorMap,
+    pub c: u64,
+    pub residual: u64,
+    pub bias: u64,
+    pub ldc: i64,
+    pub c_batch_stride: i64,
+    pub ldr: i64,
+    pub r_batch_stride: i64,
+    pub alpha: f32,
+    pub beta: f32,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub batch: i32,
+    pub tiles_m: i32,
+    pub tiles_n: i32,
+    pub k_blocks: i32,
+    pub group_m: i32,
+    pub activation: i32,
+    pub pad_: [i32; 7],
+}
+
+// SAFETY: plain data with the C layout of `GemmParams` in gemm_sm90.cu (the kernel
+// static_asserts its size, 512 bytes; hopper_tests checks this side and the field offsets).
+unsafe impl KernelParams for GemmParams {}
+
+/// The geometry of one 2-D (batched) operand's tensor map: `(cols, rows, batch, 1)` with byte
+/// strides, a box of `box_cols x box_rows`, 128-byte swizzle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MapShape {
+    pub ptr: u64,
+    pub dtype: DType,
+    pub cols: usize,
+    pub rows: usize,
+    pub batch: usize,
+    /// Elements between rows and between batches (the latter ignored when batch == 1).
+    pub ld: usize,
+    pub batch_stride: usize,
+    pub box_cols: u32,
+    pub box_rows: u32,
+    /// Load maps promote to L2 in 256-byte lines; the store map does not promote.
+    pub load: bool,
+}
+
+impl MapShape {
+    /// `(dims, byte strides)` of the 4-D map; a batch of one gets the packed stride (any valid
+    /// value would do) and the trailing extent-1 dimension the whole tensor's.
+    pub(crate) fn geometry(&self) -> ([u64; 4], [u64; 3]) {
+        let es = self.dtype.size() as u64;
+        let row = self.ld as u64 * es;
+        let batch = if self.batch > 1 {
+            self.batch_stride as u64 * es
+        } else {
+            row * self.rows.max(1) as u64
+        };
+        let dims = [self.cols as u64, self.rows as u64, self.batch as u64, 1];
+        (dims, [row, batch, batch * self.batch as u64])
+    }
+
+    pub(crate) fn encode(&self) -> std::result::Result<TensorMap, TmaError> {
+        let (dims, strides) = self.geometry();
+        tma::encode_tiled(&TiledMap {
+            ptr: self.ptr,
+            dtype: self.dtype,
+            dims: &dims,
+            byte_strides: &strides,
+            stride_names: &["row", "batch", "tensor"],
+            box_dims: &[self.box_cols, self.box_rows, 1, 1],
+            element_strides: &[1, 1, 1, 1],
+            swizzle: Swizzle::B128,
+            l2_promotion: if self.load {
+                L2Promotion::B256
+            } else {
+                L2Promotion::None
+            },
+            oob_fill: OobFill::Zeros,
+        })
+    }
+}
+
+/// The A, B and D tensor maps of a call on a tiling (gemm_sm90.cu's header lists their boxes).
+pub(crate) fn map_shapes(a: &HopperGemmArgs, tile: HopperTile) -> [MapShape; 3] {
+    let (b_cols, b_rows, b_box_rows) = if a.b_nk {
+        (a.k, a.n, tile.block_n)
+    } else {
+        (a.n, a.k, BLOCK_K as u32)
+    };
+    [
+        MapShape {
+            ptr: a.a,
+            dtype: a.dtype,
+            cols: a.k,
+            rows: a.m,
+            batch: a.batch,
+            ld: a.lda,
+            batch_stride: a.stride_a,
+            box_cols: BLOCK_K as u32,
+            box_rows: BLOCK_M as u32,
+            load: true,
+        },
+        MapShape {
+            ptr: a.b,
+            dtype: a.dtype,
+            cols: b_cols,
+            rows: b_rows,
+            batch: a.batch,
+            ld: a.ldb,
+            batch_stride: a.stride_b,
+            box_cols: 64,
+            box_rows: b_box_rows,
+            load: true,
+        },
+        MapShape {
+            ptr: a.d,
+            dtype: a.out_dtype,
+            cols: a.n,
+            rows: a.m,
+            batch: a.batch,
+            ld: a.ldd,
+            batch_stride: a.stride_d,
+            box_cols: (128 / a.out_dtype.size()) as u32,
+            box_rows: (BLOCK_M / 2) as u32,
+            load: false,
+        },
+    ]
+}
+
+fn tma_error(e: TmaError) -> Error {
+    match e {
+        TmaError::Misaligned(w) => Error::invalid("tensor map", w),
+        TmaError::Invalid(e) | TmaError::Driver(e) => e,
+    }
+}
+
+/// A Hopper GEMM plan: the tiling, the loaded kernel and the persistent grid for one
+/// [`HopperShapeKey`], and the tensor maps of the last pointers it ran on (a run on the same
+/// operands reuses them; others are encoded on the host, which allocates nothing).
+pub(crate) struct HopperGemmPlan {
+    key: HopperShapeKey,
+    tile: HopperTile,
+    kernel: Arc<Kernel>,
+    grid: u32,
+    tiles_m: usize,
+    tiles_n: usize,
+    group_m: u32,
+    /// Tensor maps of the last [`MAP_CACHE`] operand sets (capacity reserved at planning, so a
+    /// run never allocates), replaced oldest first.
+    maps: Mutex<MapCache>,
+}
+
+/// Operand sets whose tensor maps a plan keeps: a benchmark's rotated inputs, or a layer's
+/// few weight matrices of one shape.
+pub(crate) const MAP_CACHE: usize = 8;
+
+struct MapCache {
+    entries: Vec<([MapShape; 3], [TensorMap; 3])>,
+    next: usize,
+}
+
+impl HopperGemmPlan {
+    /// Plans `key` on `ctx` (an sm_90 device) with the tiling [`choose_tile`] picks.
+    pub(crate) fn new(ctx: &Context, key: &HopperShapeKey) -> Result<HopperGemmPlan> {
+        let tile = choose_tile(key.m, key.n, key.batch, ctx.info().sm_count);
+        Self::with_tile(ctx, key, tile)
+    }
+
+    /// Plans `key` with a given tiling (tests and benchmarks force each).
+    pub(crate) fn with_tile(ctx: &Context, key: &HopperShapeKey, tile: HopperTile) -> Result<HopperGemmPlan> {
+        if ctx.arch() != Arch::SM90 {
+            return Err(Error::Unsupported(format!(
+                "the Hopper GEMM path runs on sm_90 only, this device is {}",
+                ctx.arch()
+            )));
+        }
+        if !TILES.contains(&tile) {
+            return Err(Error::Unsupported(format!(
+                "no Hopper GEMM tiling {tile:?}; tilings: {TILES:?}"
+            )));
+        }
+        let kernel = ctx.kernel(&spec(&kernel_key(key.dtype, key.out_dtype, key.b_nk, tile)))?;
+        let tiles_m = key.m.div_ceil(BLOCK_M);
+        let tiles_n = key.n.div_ceil(tile.block_n as usize);
+        let tiles = tiles_m * tiles_n * key.batch;
+        let grid = tiles.min(ctx.info().sm_count.max(1) as usize) as u32;
+        Ok(HopperGemmPlan {
+            key: *key,
+            tile,
+            kernel,
+            grid,
+            tiles_m,
+            tiles_n,
+            group_m: group_rows(tiles_m, grid, tile.block_n),
+            maps: Mutex::new(MapCache {
+                entries: Vec::with_capacity(MAP_CACHE),
+                next: 0,
+            }),
+        })
+    }
+
+    /// The tiling this plan runs.
+    pub(crate) fn tile(&self) -> HopperTile {
+        self.tile
+    }
+
+    /// The tensor maps for `args`: cached ones when these operands ran recently, else encoded on
+    /// the host (no allocation) and cached in place of the oldest entry.
+    fn maps(&self, args: &HopperGemmArgs) -> Result<[TensorMap; 3]> {
+        let shapes = map_shapes(args, self.tile);
+        let mut cache = self.maps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, m)) = cache.entries.iter().find(|(s, _)| *s == shapes) {
+            return Ok(*m);
+        }
+        let maps = [
+            shapes[0].encode().map_err(tma_error)?,
+            shapes[1].encode().map_err(tma_error)?,
+            shapes[2].encode().map_err(tma_error)?,
+        ];
+        if cache.entries.len() < MAP_CACHE {
+            cache.entries.push((shapes, maps));
+        } else {
+            let at = cache.next;
+            cache.entries[at] = (shapes, maps);
+        }
+        cache.next = (cache.next + 1) % MAP_CACHE;
+        Ok(maps)
+    }
+
+    /// Runs the GEMM for `args` (whose shape key must be the plan's) on `ctx`'s stream.
+    pub(crate) fn run(&self, ctx: &Context, args: &HopperGemmArgs) -> Result<()> {
+        if args.shape_key() != self.key {
+            return Err(Error::invalid(
+                "args",
+                format!("shape {:?} differs from the plan's {:?}", args.shape_key(), self.key),
+            ));
+        }
+        hopper_supports(args).map_err(|rule| Error::invalid("args", rule))?;
+        let [a_map, b_map, d_map] = self.maps(args)?;
+        let batched = args.batch > 1;
+        let params = GemmParams {
+            a_map,
+            b_map,
+            d_map,
+            c: args.c,
+            residual: args.residual,
+            bias: args.bias,
+            ldc: args.ldc as i64,
+            c_batch_stride: if batched { args.stride_c as i64 } else { 0 },
+            ldr: args.ldr as i64,
+            r_batch_stride: if batched { args.stride_r as i64 } else { 0 },
+            alpha: args.alpha,
+            beta: args.beta,
+            m: args.m as i32,
+            n: args.n as i32,
+            k: args.k as i32,
+            batch: args.batch as i32,
+            tiles_m: self.tiles_m as i32,
+            tiles_n: self.tiles_n as i32,
+            k_blocks: args.k.div_ceil(BLOCK_K) as i32,
+            group_m: self.group_m as i32,
+            activation: args.activation as i32,
+            pad_: [0; 7],
+        };
+        let cfg = LaunchConfig::linear(self.grid, THREADS, shared_bytes(self.tile));
+        // SAFETY: `params` mirrors the kernel's GemmParams; hopper_supports checked that every
+        // operand is non-null, aligned and described with leading dimensions covering its rows,
+        // and the tensor maps bound every TMA access to the tensors' extents (loads zero-fill,
+        // stores clip); C and R are read only at rows < M, columns < N of their leading
+        // dimensions; the caller guarantees the addresses are live device allocations of at
+        // least those extents and that nothing else writes D meanwhile.
+        unsafe { self.kernel.launch(ctx, cfg, &params) }
+    }
+}
+
+// ---- GPU self-check and benchmark (for the lead to wire into `tessera verify/bench gemm`) ----
+
+/// A small xorshift generator: uniform values in [-1, 1) for the self-check.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// Host values of a 16-bit or f32 device buffer, as f64 and as raw storage.
+enum Host {
+    F16(Vec<half::f16>),
+    BF16(Vec<half::bf16>),
+    F32(Vec<f32>),
+}
+
+impl Host {
+    /// `len` random values in [-scale, scale) rounded to `dtype`.
+    fn random(dtype: DType, len: usize, scale: f32, rng: &mut Lcg) -> Host {
+        let v = (0..len).map(|_| rng.next() * scale);
+        match dtype {
+            DType::F16 => Host::F16(v.map(half::f16::from_f32).collect()),
+            DType::BF16 => Host::BF16(v.map(half::bf16::from_f32).collect()),
+            _ => Host::F32(v.collect()),
+        }
+    }
+    fn get(&self, i: usize) -> f64 {
+        match self {
+            Host::F16(v) => v[i].to_f64(),
+            Host::BF16(v) => v[i].to_f64(),
+            Host::F32(v) => v[i] as f64,
+        }
+    }
+}
+
+/// A device buffer of either dtype, kept alive with its address.
+enum Dev {
+    F16(crate::runtime::DeviceBuffer<half::f16>),
+    BF16(crate::runtime::DeviceBuffer<half::bf16>),
+    F32(crate::runtime::DeviceBuffer<f32>),
+}
+
+impl Dev {
+    fn upload(ctx: &Context, h: &Host) -> Result<Dev> {
+        Ok(match h {
+            Host::F16(v) => Dev::F16(ctx.upload(v)?),
+            Host::BF16(v) => Dev::BF16(ctx.upload(v)?),
+            Host::F32(v) => Dev::F32(ctx.upload(v)?),
+        })
+    }
+    fn alloc(ctx: &Context, dtype: DType, len: usize) -> Result<Dev> {
+        Ok(match dtype {
+            DType::F16 => Dev::F16(ctx.alloc(len)?),
+            DType::BF16 => Dev::BF16(ctx.alloc(len)?),
+            _ => Dev::F32(ctx.alloc(len)?),
+        })
+    }
+    fn ptr(&self) -> u64 {
+        match self {
+            Dev::F16(b) => b.device_ptr(),
+            Dev::BF16(b) => b.device_ptr(),
+            Dev::F32(b) => b.device_ptr(),
+        }
+    }
+    fn poison(&mut self) -> Result<()> {
+        match self {
+            Dev::F16(b) => b.fill_bytes(0xff),
+            Dev::BF16(b) => b.fill_bytes(0xff),
+            Dev::F32(b) => b.fill_bytes(0xff),
+        }
+    }
+    fn download(&self) -> Result<Host> {
+        Ok(match self {
+            Dev::F16(b) => Host::F16(b.to_host()?),
+            Dev::BF16(b) => Host::BF16(b.to_host()?),
+            Dev::F32(b) => Host::F32(b.to_host()?),
+        })
+    }
+}
+
+/// One self-check case.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CheckCase {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub batch: usize,
+    pub dtype: DType,
+    pub out_dtype: DType,
+    pub b_nk: bool,
+    pub tile: Option<HopperTile>,
+    pub bias: bool,
+    /// beta of C (None: no C); `c_is_d` reads C from D's buffer (filled with C first).
+    pub beta: Option<f32>,
+    pub c_is_d: bool,
+    pub residual: bool,
+    pub alpha: f32,
+    pub activation: u32,
+}
+
+impl CheckCase {
+    const fn plain(m: usize, n: usize, k: usize, dtype: DType, b_nk: bool) -> CheckCase {
+        CheckCase {
+            m,
+            n,
+            k,
+            batch: 1,
+            dtype,
+            out_dtype: dtype,
+            b_nk,
+            tile: None,
+            bias: false,
+            beta: None,
+            c_is_d: false,
+            residual: false,
+            alpha: 1.0,
+            activation: 0,
+        }
+    }
+}
+
+/// The self-check's cases: odd M/N/K tails (below, at and past a tile), both B layouts, both
+/// dtypes, f32 output, both tilings forced, batches, and every epilogue input and activation.
+pub(crate) fn check_cases() -> Vec<CheckCase> {
+    use DType::{BF16, F16, F32};
+    let narrow = Some(TILES[1]);
+    let wide = Some(TILES[0]);
+    vec![
+        CheckCase::plain(256, 512, 256, BF16, true),
+        CheckCase::plain(129, 257, 100, BF16, true),
+        CheckCase::plain(129, 257, 100, F16, false),
+        CheckCase::plain(1, 7, 13, F16, true),
+        CheckCase::plain(7, 1, 1, BF16, false),
+        CheckCase {
+            tile: narrow,
+            ..CheckCase::plain(127, 129, 4095 - 4000 + 64, BF16, false)
+        },
+        CheckCase {
+            tile: wide,
+            ..CheckCase::plain(300, 1000, 520, F16, true)
+        },
+        CheckCase {
+            out_dtype: F32,
+            bias: true,
+            alpha: 0.5,
+            activation: 2,
+            ..CheckCase::plain(200, 130, 77, F16, false)
+        },
+        CheckCase {
+            bias: true,
+            activation: 3,
+            tile: narrow,
+            ..CheckCase::plain(300, 1000, 512, BF16, true)
+        },
+        CheckCase {
+            beta: Some(0.7),
+            residual: true,
+            activation: 4,
+            ..CheckCase::plain(64, 96, 1000, BF16, false)
+        },
+        CheckCase {
+            beta: Some(-1.25),
+            c_is_d: true,
+            activation: 1,
+            batch: 3,
+            out_dtype: F32,
+            ..CheckCase::plain(127, 300, 129, BF16, true)
+        },
+        CheckCase {
+            batch: 2,
+            bias: true,
+            residual: true,
+            activation: 2,
+            ..CheckCase::plain(513, 640, 1024, F16, true)
+        },
+    ]
+}
+
+/// Leading dimension of a row of `cols` elements padded by one 16-byte vector (so that ld != cols
+/// is exercised) and kept a multiple of 16 bytes.
+fn padded_ld(cols: usize, size: usize) -> usize {
+    let per = 16 / size;
+    cols.div_ceil(per) * per + per
+}
+
+/// Runs one case on the device against an f64 host reference; returns (max abs error, rel l2,
+/// budget).
+pub(crate) fn check_case(ctx: &Context, case: &CheckCase, seed: u64) -> Result<(f64, f64, f64)> {
+    let cs = case;
+    let mut rng = Lcg(seed | 1);
+    let es = cs.dtype.size();
+    let os = cs.out_dtype.size();
+    let lda = padded_ld(cs.k, es);
+    let (b_rows, b_cols) = if cs.b_nk { (cs.n, cs.k) } else { (cs.k, cs.n) };
+    let ldb = padded_ld(b_cols, es);
+    let ldd = padded_ld(cs.n, os);
+    let (sa, sb, sd) = (lda * cs.m, ldb * b_rows, ldd * cs.m);
+    let a_h = Host::random(cs.dtype, sa * cs.batch, 1.0, &mut rng);
+    let b_h = Host::random(cs.dtype, sb * cs.batch, 1.0, &mut rng);
+    let c_h = cs
+        .beta
+        .map(|_| Host::random(cs.out_dtype, sd * cs.batch, 1.0, &mut rng));
+    let r_h = cs
+        .residual
+        .then(|| Host::random(cs.out_dtype, sd * cs.batch, 1.0, &mut rng));
+    let bias_h = cs.bias.then(|| Host::random(cs.out_dtype, cs.n, 1.0, &mut rng));
+
+    let a_d = Dev::upload(ctx, &a_h)?;
+    let b_d = Dev::upload(ctx, &b_h)?;
+    let c_d = match (&c_h, cs.c_is_d) {
+        (Some(h), false) => Some(Dev::upload(ctx, h)?),
+        _ => None,
+    };
+    let r_d = r_h.as_ref().map(|h| Dev::upload(ctx, h)).transpose()?;
+    let bias_d = bias_h.as_ref().map(|h| Dev::upload(ctx, h)).transpose()?;
+    let d_d = match (&c_h, cs.c_is_d) {
+        (Some(h), true) => Dev::upload(ctx, h)?,
+        _ => {
+            let mut d = Dev::alloc(ctx, cs.out_dtype, sd * cs.batch)?;
+            d.poison()?;
+            d
+        }
+    };
+    let args = HopperGemmArgs {
+        m: cs.m,
+        n: cs.n,
+        k: cs.k,
+        batch: cs.batch,
+        dtype: cs.dtype,
+        out_dtype: cs.out_dtype,
+        a: a_d.ptr(),
+        lda,
+        stride_a: sa,
+        b: b_d.ptr(),
+        ldb,
+        stride_b: sb,
+        b_nk: cs.b_nk,
+        c: if cs.c_is_d {
+            d_d.ptr()
+        } else {
+            c_d.as_ref().map_or(0, Dev::ptr)
+        },
+        ldc: ldd,
+        stride_c: sd,
+        beta: cs.beta.unwrap_or(0.0),
+        d: d_d.ptr(),
+        ldd,
+        stride_d: sd,
+        bias: bias_d.as_ref().map_or(0, Dev::ptr),
+        residual: r_d.as_ref().map_or(0, Dev::ptr),
+        ldr: ldd,
+        stride_r: sd,
+        alpha: cs.alpha,
+        activation: cs.activation,
+    };
+    let plan = match cs.tile {
+        Some(t) => HopperGemmPlan::with_tile(ctx, &args.shape_key(), t)?,
+        None => HopperGemmPlan::new(ctx, &args.shape_key())?,
+    };
+    plan.run(ctx, &args)?;
+    let out = d_d.download()?;
+
+    let mut err2 = 0.0f64;
+    let mut ref2 = 0.0f64;
+    let mut max_abs = 0.0f64;
+    let mut acc_row = vec![0.0f64; cs.n];
+    for bt in 0..cs.batch {
+        for i in 0..cs.m {
+            acc_row.iter_mut().for_each(|x| *x = 0.0);
+            for kk in 0..cs.k {
+                let av = a_h.get(bt * sa + i * lda + kk);
+                for (j, acc) in acc_row.iter_mut().enumerate() {
+                    let bv = if cs.b_nk {
+                        b_h.get(bt * sb + j * ldb + kk)
+                    } else {
+                        b_h.get(bt * sb + kk * ldb + j)
+                    };
+                    *acc += av * bv;
+                }
+            }
+            for (j, &acc) in acc_row.iter().enumerate() {
+                let at = bt * sd + i * ldd + j;
+                let mut v = cs.alpha as f64 * acc;
+                if let (Some(beta), Some(c)) = (cs.beta, &c_h) {
+                    v += beta as f64 * c.get(at);
+                }
+                if let Some(b) = &bias_h {
+                    v += b.get(j);
+                }
+                v = activate(cs.activation, v);
+                if let Some(r) = &r_h {
+                    v += r.get(at);
+                }
+                let got = out.get(at);
+                let e = if got.is_nan() { f64::INFINITY } else { (got - v).abs() };
+                max_abs = max_abs.max(e);
+                err2 += e * e;
+                ref2 += v * v;
+            }
+        }
+    }
+    let rel = (err2 / ref2.max(f64::MIN_POSITIVE)).sqrt();
+    Ok((max_abs, rel, cs.out_dtype.rel_l2_budget()))
+}
+
+/// The f64 activation of epilogue.cuh's code.
+pub(crate) fn activate(code: u32, x: f64) -> f64 {
+    match code {
+        1 => x.max(0.0),
+        2 => 0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2)),
+        3 => {
+            let u = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+            0.5 * x * (1.0 + u.tanh())
+        }
+        4 => x / (1.0 + (-x).exp()),
+        _ => x,
+    }
+}
+
+/// erf(x) to ~1e-13 (a series below 3, the continued-fraction tail above; the self-check's
+/// budgets are 1e-5 at the tightest).
+pub(crate) fn erf(x: f64) -> f64 {
+    let a = x.abs();
+    let r = if a < 3.0 {
+        // erf(a) = 2/sqrt(pi) * sum_n (-1)^n a^(2n+1) / (n! (2n+1))
+        let mut term = a;
+        let mut sum = a;
+        let a2 = a * a;
+        let mut n = 0.0;
+        while term.abs() > 1e-17 * sum.abs() {
+            n += 1.0;
+            term *= -a2 / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        // erfc(a) = exp(-a^2) / sqrt(pi) * 1 / (a + 1/2 / (a + 1 / (a + 3/2 / (a + ...))))
+        let mut f = a;
+        for k in (1..60).rev() {
+            f = a + (k as f64 / 2.0) / f;
+        }
+        1.0 - (-a * a).exp() / (std::f64::consts::PI.sqrt() * f)
+    };
+    if x < 0.0 {
+        -r
+    } else {
+        r
+    }
+}
+
+/// Runs every [`check_cases`] case on `ctx` against the f64 reference; the report has one line
+/// per case (max abs error, rel l2 against the output dtype's budget) and ends with the verdict.
+/// An error when any case fails.
+pub(crate) fn hopper_self_check(ctx: &Context) -> Result<String> {
+    let mut report = String::new();
+    let mut failed = 0;
+    for (i, case) in check_cases().iter().enumerate() {
+        let seed = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1);
+        let (max_abs, rel, budget) = check_case(ctx, case, seed)?;
+        let ok = rel.is_finite() && rel < budget;
+        failed += usize::from(!ok);
+        report += &format!(
+            "{} {:?} seed {seed:#x}: max_abs_err {max_abs:.3e} rel_l2 {rel:.3e} (budget {budget:.0e})\n",
+            if ok { "PASS" } else { "FAIL" },
+            case
+        );
+    }
+    if failed > 0 {
+        return Err(Error::Unsupported(format!(
+            "Hopper GEMM self-check: {failed} case(s) failed\n{report}"
+        )));
+    }
+    report += "Hopper GEMM self-check: all cases passed\n";
+    Ok(report)
+}
+
+/// The benchmark shapes (M, N, K), B stored [N, K]: squares, then Llama projections
+/// (whose (4096, 4096, 4096) is the square 4096 already listed).
+pub(crate) const BENCH_SHAPES: [(usize, usize, usize); 7] = [
+    (2048, 2048, 2048),
+    (4096, 4096, 4096),
+    (8192, 8192, 8192),
+    (4096, 14336, 4096),
+    (4096, 4096, 14336),
+    (4096, 28672, 8192),
+    (4096, 8192, 28672),
+];
+
+/// cuBLAS `D[M, N] = A[M, K] B[N, K]^T` (row-major; column-major D^T = B^T' A^T), f32 compute.
+#[allow(clippy::too_many_arguments)]
+fn cublas_gemm_nt(ctx: &Context, dtype: DType, m: usize, n: usize, k: usize, a: u64, b: u64, d: u64) -> Result<()> {
+    use cudarc::cublas::sys as cb;
+    let blas = ctx.cublas()?;
+    let ty = if dtype == DType::F16 {
+        cb::cudaDataType::CUDA_R_16F
+    } else {
+        cb::cudaDataType::CUDA_R_16BF
+    };
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let dim = |v: usize| i32::try_from(v).map_err(|_| Error::invalid("shape", "must fit in i32 for cuBLAS"));
+    let (mi, ni, ki) = (dim(m)?, dim(n)?, dim(k)?);
+    // SAFETY: a holds M x K, b N x K and d M x N elements of `dtype`; the handle is bound to the
+    // context's stream.
+    let st = unsafe {
+        cb::cublasGemmEx(
+            *blas.handle(),
+            cb::cublasOperation_t::CUBLAS_OP_T,
+            cb::cublasOperation_t::CUBLAS_OP_N,
+            ni,
+            mi,
+            ki,
+            &alpha as *const f32 as *const _,
+            b as *const _,
+            ty,
+            ki,
+            a as *const _,
+            ty,
+            ki,
+            &beta as *const f32 as *const _,
+            d as *mut _,
+            ty,
+            ni,
+            cb::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cb::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    };
+    if st != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        return Err(Error::cuda("cublasGemmEx", format!("{st:?}")));
+    }
+    Ok(())
+}
+
+/// Times the Hopper path against cuBLAS on [`BENCH_SHAPES`] in fp16 and bf16 (B as [N, K], output
+/// in the operand dtype, no epilogue), sustained timing ([`crate::runtime::TimingOptions`]
+/// default), inputs rotated over enough copies to exceed the L2; checks first that our output
+/// matches cuBLAS's (rel l2 of the difference). One line per shape and dtype: ms and TFLOP/s of
+/// each and the ratio; then the geometric mean of the ratios.
+pub(crate) fn hopper_bench(ctx: &Context) -> Result<String> {
+    use crate::runtime::{time_median, TimingOptions};
+    let mut report = String::new();
+    let mut log_ratio = 0.0;
+    let mut rows = 0;
+    for dtype in [DType::BF16, DType::F16] {
+        for &(m, n, k) in &BENCH_SHAPES {
+            let set_bytes = (m * k + n * k) * 2;
+            let sets = (256usize << 20).div_ceil(set_bytes).clamp(1, 8);
+            let mut rng = Lcg(0x5eed ^ (m * 31 + n * 7 + k) as u64);
+            let mut inputs = Vec::with_capacity(sets);
+            for _ in 0..sets {
+                let a = Dev::upload(ctx, &Host::random(dtype, m * k, 1.0, &mut rng))?;
+                let b = Dev::upload(ctx, &Host::random(dtype, n * k, 1.0, &mut rng))?;
+                inputs.push((a, b));
+            }
+            let mut d = Dev::alloc(ctx, dtype, m * n)?;
+            let mut d_ref = Dev::alloc(ctx, dtype, m * n)?;
+            let args = |i: usize, d: u64| HopperGemmArgs {
+                m,
+                n,
+                k,
+                batch: 1,
+                dtype,
+                out_dtype: dtype,
+                a: inputs[i % sets].0.ptr(),
+                lda: k,
+                stride_a: 0,
+                b: inputs[i % sets].1.ptr(),
+                ldb: k,
+                stride_b: 0,
+                b_nk: true,
+                c: 0,
+                ldc: n,
+                stride_c: 0,
+                beta: 0.0,
+                d,
+                ldd: n,
+                stride_d: 0,
+                bias: 0,
+                residual: 0,
+                ldr: n,
+                stride_r: 0,
+                alpha: 1.0,
+                activation: 0,
+            };
+            let plan = HopperGemmPlan::new(ctx, &args(0, d.ptr()).shape_key())?;
+            // Verify before timing: ours against cuBLAS on the first input set.
+            d.poison()?;
+            d_ref.poison()?;
+            plan.run(ctx, &args(0, d.ptr()))?;
+            cublas_gemm_nt(ctx, dtype, m, n, k, inputs[0].0.ptr(), inputs[0].1.ptr(), d_ref.ptr())?;
+            let (got, want) = (d.download()?, d_ref.download()?);
+            let (mut e2, mut r2) = (0.0f64, 0.0f64);
+            for i in 0..m * n {
+                let (g, w) = (got.get(i), want.get(i));
+                e2 += if g.is_nan() { f64::INFINITY } else { (g - w) * (g - w) };
+                r2 += w * w;
+            }
+            let diff = (e2 / r2.max(f64::MIN_POSITIVE)).sqrt();
+            let ours = time_median(ctx, TimingOptions::default(), |i| plan.run(ctx, &args(i, d.ptr())))?;
+            let theirs = time_median(ctx, TimingOptions::default(), |i| {
+                let (a, b) = &inputs[i % sets];
+                cublas_gemm_nt(ctx, dtype, m, n, k, a.ptr(), b.ptr(), d_ref.ptr())
+            })?;
+            let flops = 2.0 * m as f64 * n as f64 * k as f64;
+            let tf = |ms: f64| flops / (ms * 1e-3) / 1e12;
+            let ratio = theirs.median_ms / ours.median_ms;
+            log_ratio += ratio.ln();
+            rows += 1;
+            report += &format!(
+                "{dtype} {m}x{n}x{k} (tile {}): tessera {:.3} ms {:.1} TFLOP/s | cublas {:.3} ms {:.1} TFLOP/s | {ratio:.3}x | rel_l2 vs cublas {diff:.2e}\n",
+                plan.tile().block_n,
+                ours.median_ms,
+                tf(ours.median_ms),
+                theirs.median_ms,
+                tf(theirs.median_ms)
+            );
+        }
+    }
+    report += &format!(
+        "geometric mean speed-up over cuBLAS: {:.3}x ({rows} rows)\n",
+        (log_ratio / rows.max(1) as f64).exp()
+    );
+    Ok(report)
+}

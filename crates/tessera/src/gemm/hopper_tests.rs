@@ -1,0 +1,405 @@
+//! Tests of the Hopper GEMM path that need no GPU: argument rules, tile choice, tensor-map
+//! geometry, the parameter struct's layout, the tile order, the epilogue's staging layout, the
+//! f64 reference's activations, and (with NVRTC) every kernel variant compiled for sm_90a
+//! without spills or serialised wgmma.
+
+use std::mem::{align_of, offset_of, size_of};
+
+use super::hopper::*;
+use crate::dtype::DType;
+use crate::runtime::probe::nvrtc_or_skip;
+use crate::runtime::{compile_only, tma, Arch};
+
+/// A valid call: bf16, B [N, K], every epilogue input present, batched, padded leading dims.
+fn args() -> HopperGemmArgs {
+    let (m, n, k) = (300, 1000, 520);
+    HopperGemmArgs {
+        m,
+        n,
+        k,
+        batch: 2,
+        dtype: DType::BF16,
+        out_dtype: DType::BF16,
+        a: 0x10000,
+        lda: 528,
+        stride_a: 528 * m,
+        b: 0x20000,
+        ldb: 528,
+        stride_b: 528 * n,
+        b_nk: true,
+        c: 0x30000,
+        ldc: 1008,
+        stride_c: 1008 * m,
+        beta: 0.5,
+        d: 0x40000,
+        ldd: 1008,
+        stride_d: 1008 * m,
+        bias: 0x50000,
+        residual: 0x60000,
+        ldr: 1008,
+        stride_r: 1008 * m,
+        alpha: 1.0,
+        activation: 2,
+    }
+}
+
+#[test]
+fn a_valid_call_is_supported_in_every_variant() {
+    assert_eq!(hopper_supports(&args()), Ok(()));
+    for dtype in [DType::F16, DType::BF16] {
+        for out_dtype in [dtype, DType::F32] {
+            for b_nk in [true, false] {
+                let a = HopperGemmArgs {
+                    dtype,
+                    out_dtype,
+                    b_nk,
+                    ldb: if b_nk { 528 } else { 1008 },
+                    stride_b: 528 * 1008,
+                    ..args()
+                };
+                assert_eq!(hopper_supports(&a), Ok(()), "{a:?}");
+            }
+        }
+    }
+    // Optional inputs may be absent; C may alias D exactly; a batch of one ignores strides.
+    let bare = HopperGemmArgs {
+        c: 0,
+        bias: 0,
+        residual: 0,
+        batch: 1,
+        stride_a: 3,
+        stride_d: 0,
+        ..args()
+    };
+    assert_eq!(hopper_supports(&bare), Ok(()));
+    let alias = HopperGemmArgs { c: 0x40000, ..args() };
+    assert_eq!(hopper_supports(&alias), Ok(()));
+    // Tails of every size: M = N = K = 1.
+    let tiny = HopperGemmArgs {
+        m: 1,
+        n: 1,
+        k: 1,
+        lda: 8,
+        ldb: 8,
+        ldc: 8,
+        ldd: 8,
+        ldr: 8,
+        batch: 1,
+        ..args()
+    };
+    assert_eq!(hopper_supports(&tiny), Ok(()));
+}
+
+/// Every rule names its argument.
+#[test]
+fn broken_rules_name_the_argument() {
+    let cases: Vec<(HopperGemmArgs, &str)> = vec![
+        (
+            HopperGemmArgs {
+                dtype: DType::F32,
+                ..args()
+            },
+            "dtype",
+        ),
+        (
+            HopperGemmArgs {
+                out_dtype: DType::F16,
+                ..args()
+            },
+            "out_dtype",
+        ),
+        (HopperGemmArgs { m: 0, ..args() }, "m:"),
+        (HopperGemmArgs { k: 0, ..args() }, "k:"),
+        (HopperGemmArgs { n: 1 << 31, ..args() }, "n:"),
+        (
+            HopperGemmArgs {
+                activation: 5,
+                ..args()
+            },
+            "activation",
+        ),
+        (HopperGemmArgs { a: 0, ..args() }, "a: null"),
+        (HopperGemmArgs { a: 0x10008, ..args() }, "a: base address"),
+        (
+            HopperGemmArgs { lda: 512, ..args() },
+            "a: leading dimension 512 is below",
+        ),
+        (HopperGemmArgs { lda: 530, ..args() }, "a: leading dimension 530"),
+        (HopperGemmArgs { ldb: 524, ..args() }, "b: leading dimension"),
+        (
+            HopperGemmArgs {
+                stride_b: 528 * 1000 + 4,
+                ..args()
+            },
+            "b: batch stride",
+        ),
+        (HopperGemmArgs { ldd: 1004, ..args() }, "d: leading dimension"),
+        (
+            HopperGemmArgs {
+                stride_d: 1008 * 299,
+                ..args()
+            },
+            "d: batch stride",
+        ),
+        (HopperGemmArgs { c: 0x30004, ..args() }, "c: base address"),
+        (HopperGemmArgs { ldr: 1001, ..args() }, "residual: leading dimension"),
+        (
+            HopperGemmArgs {
+                bias: 0x50002,
+                ..args()
+            },
+            "bias",
+        ),
+        (
+            HopperGemmArgs {
+                c: 0x40000,
+                ldc: 1016,
+                stride_c: 1016 * 300,
+                ..args()
+            },
+            "c: aliases d",
+        ),
+    ];
+    for (a, name) in cases {
+        match hopper_supports(&a) {
+            Err(rule) => assert!(rule.starts_with(name), "{name}: got `{rule}`"),
+            Ok(()) => panic!("{name}: accepted {a:?}"),
+        }
+    }
+    // [K, N] B: its rows are N long.
+    let kn = HopperGemmArgs {
+        b_nk: false,
+        ldb: 528,
+        ..args()
+    };
+    assert!(hopper_supports(&kn)
+        .unwrap_err()
+        .starts_with("b: leading dimension 528 is below the row length 1000"));
+}
+
+#[test]
+fn tile_choice_follows_waves() {
+    let sms = 132;
+    // The shapes all take 128 x 256 tiles.
+    for (m, n) in [
+        (2048, 2048),
+        (4096, 4096),
+        (8192, 8192),
+        (4096, 14336),
+        (4096, 28672),
+        (4096, 8192),
+    ] {
+        assert_eq!(choose_tile(m, n, 1, sms), TILES[0], "{m} x {n}");
+    }
+    // 4096 x 384: 256-column tiles pad N to 512 and both fill one wave; 128 columns cost less.
+    assert_eq!(choose_tile(4096, 384, 1, sms), TILES[1]);
+    // A problem of one tile either way: the narrow tile has half the work.
+    assert_eq!(choose_tile(1, 1, 1, sms), TILES[1]);
+    // 2048 x 2048: one wave of 128 wide tiles against two of 256 narrow ones.
+    assert_eq!(choose_tile(2048, 2048, 1, sms), TILES[0]);
+    for t in TILES {
+        assert!(shared_bytes(t) <= 227 * 1024, "{t:?}: {}", shared_bytes(t));
+        assert_eq!(shared_bytes(t), 4 * 48 * 1024 + 32 * 1024 + 16 * t.stages + 1024);
+    }
+}
+
+#[test]
+fn group_rows_make_square_waves() {
+    assert_eq!(group_rows(32, 132, 256), 16);
+    assert_eq!(group_rows(32, 132, 128), 11);
+    assert_eq!(group_rows(4, 132, 256), 4);
+    assert_eq!(group_rows(1, 1, 128), 1);
+}
+
+/// gemm_sm90.cu's tile_of, mirrored: tile t of a launch.
+fn tile_of(tiles_m: usize, tiles_n: usize, group_m: usize, t: usize) -> (usize, usize, usize) {
+    let per_batch = tiles_m * tiles_n;
+    let b = t / per_batch;
+    let mut r = t - b * per_batch;
+    let group_tiles = group_m * tiles_n;
+    let g = r / group_tiles;
+    let first = g * group_m;
+    let rows = (tiles_m - first).min(group_m);
+    r -= g * group_tiles;
+    (first + r % rows, r / rows, b)
+}
+
+/// The grouped order visits every tile exactly once, for group sizes that do and do not divide
+/// the tile rows.
+#[test]
+fn tile_order_is_a_permutation() {
+    for (tm, tn, batch) in [(1, 1, 1), (3, 5, 2), (32, 16, 1), (33, 57, 1), (7, 1, 3)] {
+        for g in [1, 2, 5, 16, 40] {
+            let g = g.min(tm);
+            let mut seen = vec![false; tm * tn * batch];
+            for t in 0..tm * tn * batch {
+                let (i, j, b) = tile_of(tm, tn, g, t);
+                assert!(i < tm && j < tn && b < batch, "{tm} {tn} {g} t {t}");
+                let at = (b * tm + i) * tn + j;
+                assert!(!seen[at], "tile visited twice: {tm} {tn} {g} t {t}");
+                seen[at] = true;
+            }
+        }
+    }
+}
+
+#[test]
+fn tensor_maps_describe_the_operands() {
+    let a = args();
+    let [am, bm, dm] = map_shapes(&a, TILES[0]);
+    assert_eq!((am.box_cols, am.box_rows), (64, 128));
+    assert_eq!(am.geometry(), ([520, 300, 2, 1], [1056, 1056 * 300, 1056 * 300 * 2]));
+    assert_eq!((bm.cols, bm.rows, bm.box_cols, bm.box_rows), (520, 1000, 64, 256));
+    assert_eq!((dm.box_cols, dm.box_rows, dm.load), (64, 64, false));
+    // B [K, N]: N is the inner dimension, 64 x 64 boxes.
+    let kn = HopperGemmArgs {
+        b_nk: false,
+        ldb: 1008,
+        ..a
+    };
+    let [_, bm, _] = map_shapes(&kn, TILES[1]);
+    assert_eq!((bm.cols, bm.rows, bm.box_cols, bm.box_rows), (1000, 520, 64, 64));
+    // f32 output: 32-column (128-byte) boxes; a batch of one gets a packed batch stride.
+    let f32_out = HopperGemmArgs {
+        out_dtype: DType::F32,
+        batch: 1,
+        ldd: 1004,
+        ..a
+    };
+    let [_, _, dm] = map_shapes(&f32_out, TILES[0]);
+    assert_eq!(dm.box_cols, 32);
+    assert_eq!(dm.geometry(), ([1000, 300, 1, 1], [4016, 4016 * 300, 4016 * 300]));
+    // TMA's host-side rules hold for every map of a supported call.
+    for s in map_shapes(&a, TILES[0]).iter().chain(map_shapes(&kn, TILES[1]).iter()) {
+        let (dims, strides) = s.geometry();
+        let m = tma::TiledMap {
+            ptr: s.ptr,
+            dtype: s.dtype,
+            dims: &dims,
+            byte_strides: &strides,
+            stride_names: &[],
+            box_dims: &[s.box_cols, s.box_rows, 1, 1],
+            element_strides: &[1; 4],
+            swizzle: tma::Swizzle::B128,
+            l2_promotion: tma::L2Promotion::None,
+            oob_fill: tma::OobFill::Zeros,
+        };
+        assert!(tma::check(&m).is_ok(), "{s:?}");
+        assert!(
+            s.box_cols as usize * s.dtype.size() <= 128 && s.box_rows <= 256,
+            "{s:?}"
+        );
+    }
+}
+
+#[test]
+fn params_struct_matches_the_kernel() {
+    assert_eq!(size_of::<GemmParams>(), 512);
+    assert_eq!(align_of::<GemmParams>(), 64);
+    // The field order of gemm_sm90.cu (which static_asserts the size).
+    assert_eq!(offset_of!(GemmParams, c), 384);
+    assert_eq!(offset_of!(GemmParams, ldc), 408);
+    assert_eq!(offset_of!(GemmParams, alpha), 440);
+    assert_eq!(offset_of!(GemmParams, m), 448);
+    assert_eq!(offset_of!(GemmParams, activation), 480);
+}
+
+/// The epilogue's staging writes (gemm_sm90.cu stage_pair): every output of a consumer's chunk
+/// lands in its own place of the 8 KiB buffer at TMA's 128-byte swizzle position, and a warp's
+/// 16-bit stores of one accumulator block hit 32 distinct banks.
+#[test]
+fn staging_layout_is_tmas_swizzle_without_bank_conflicts() {
+    for out_size in [2usize, 4] {
+        let store_cols = 128 / out_size;
+        let mut seen = vec![false; 64 * 128];
+        for warp in 0..4 {
+            for lb in 0..store_cols / 8 {
+                for h in 0..2 {
+                    let mut banks = vec![0; 32];
+                    for lane in 0..32 {
+                        let r = warp * 16 + lane / 4 + 8 * h;
+                        let cc = 8 * lb + 2 * (lane % 4);
+                        let bc = cc * out_size;
+                        let off = r * 128 + ((((bc >> 4) ^ (r & 7)) << 4) | (bc & 15));
+                        // TMA's 128-byte swizzle: 16-byte chunk j of row r at chunk j ^ (r % 8).
+                        assert_eq!(off / 128, r);
+                        assert_eq!((off % 128) / 16, (bc / 16) ^ (r % 8));
+                        for (byte, s) in seen.iter_mut().enumerate().skip(off).take(2 * out_size) {
+                            assert!(!*s, "byte {byte} written twice");
+                            *s = true;
+                        }
+                        for word in (off / 4)..(off + 2 * out_size) / 4 {
+                            banks[word % 32] += 1;
+                        }
+                    }
+                    if out_size == 2 {
+                        assert!(banks.iter().all(|&b| b == 1), "bank conflict: {banks:?}");
+                    }
+                }
+            }
+        }
+        assert!(seen.iter().all(|&s| s), "every byte of the chunk written");
+    }
+}
+
+#[test]
+fn reference_activations() {
+    // erf against known values.
+    for (x, want) in [
+        (0.0, 0.0),
+        (0.5, 0.520_499_877_813_046_5),
+        (1.0, 0.842_700_792_949_714_9),
+        (2.5, 0.999_593_047_982_555),
+        (3.5, 0.999_999_256_901_628),
+        (-1.0, -0.842_700_792_949_714_9),
+    ] {
+        assert!((erf(x) - want).abs() < 1e-13, "erf({x}) = {}", erf(x));
+    }
+    assert_eq!(activate(0, -2.0), -2.0);
+    assert_eq!(activate(1, -2.0), 0.0);
+    assert!((activate(2, 1.0) - 0.841_344_746_068_543).abs() < 1e-12);
+    assert!((activate(3, 1.0) - 0.841_191_990_607_477_2).abs() < 1e-12);
+    assert!((activate(4, 1.0) - 0.731_058_578_630_004_9).abs() < 1e-12);
+}
+
+#[test]
+fn kernel_variants_are_hopper_only_and_distinct() {
+    let specs = kernel_specs(Arch::SM90);
+    assert_eq!(specs.len(), 16);
+    let mut names: Vec<_> = specs.iter().map(|s| s.name.clone()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 16);
+    for arch in [Arch::SM80, Arch::SM86, Arch::SM89] {
+        assert!(kernel_specs(arch).is_empty());
+    }
+    // The self-check covers both dtypes, layouts, tilings and output kinds.
+    let cases = check_cases();
+    assert!(cases.iter().any(|c| c.b_nk) && cases.iter().any(|c| !c.b_nk));
+    assert!(cases.iter().any(|c| c.out_dtype == DType::F32));
+    assert!(cases.iter().any(|c| c.dtype == DType::F16) && cases.iter().any(|c| c.dtype == DType::BF16));
+    for code in 0..=MAX_ACTIVATION {
+        assert!(cases.iter().any(|c| c.activation == code), "activation {code}");
+    }
+}
+
+/// Every variant compiles for sm_90a with no spills, no stack and no serialised wgmma (C7520),
+/// within the consumers' 232 registers.
+#[test]
+fn every_hopper_gemm_variant_compiles_without_spills() {
+    if !nvrtc_or_skip("every_hopper_gemm_variant_compiles_without_spills") {
+        return;
+    }
+    let mut failures = Vec::new();
+    for spec in kernel_specs(Arch::SM90) {
+        match compile_only(&spec, Arch::SM90) {
+            Ok(c) if c.log.contains("wgmma.mma_async instructions are serialized") => {
+                failures.push(format!("{}: serialised wgmma (C7520)\n{}", spec.name, c.log))
+            }
+            Ok(c) if !c.resources.spill_free() => failures.push(format!("{}: spills {:?}", spec.name, c.resources)),
+            Ok(c) => eprintln!("{}: {} registers", spec.name, c.resources.registers),
+            Err(e) => failures.push(format!("{}: {e}", spec.name)),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
