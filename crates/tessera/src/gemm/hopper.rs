@@ -596,7 +596,8 @@ impl HopperGemmPlan {
             a_map,
             b_map,
             d_map,
-            c: args.c,
+            // BLAS rule: beta = 0 never reads C (a NaN there must not reach D).
+            c: if args.beta == 0.0 { 0 } else { args.c },
             residual: args.residual,
             bias: args.bias,
             ldc: args.ldc as i64,

@@ -263,11 +263,11 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_u(const 
 }
 
 // v = atu * u_scale - beta * v (setup: v = atu * u_scale, v = 0 when beta == 0); partials of
-// v^2. When beta == 0 after the setup, v keeps its value (SciPy) and nothing is written.
+// v^2. When beta is not positive (0, or NaN) after the setup, v keeps its value (SciPy) and nothing is written.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_v(const __grid_constant__ VecParams p) {
   __shared__ double smem[kBlockThreads / 32];
   const LsmrState* st = p.state;
-  if (!p.first && (stopped(st) || st->beta == 0.0)) return;
+  if (!p.first && (stopped(st) || !(st->beta > 0.0))) return;
   const double beta = st->beta, scale = st->u_scale;
   double s = 0.0;
   const long long stride = (long long)gridDim.x * kBlockThreads;

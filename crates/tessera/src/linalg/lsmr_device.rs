@@ -24,7 +24,7 @@
 //! had checked after every iteration.
 //!
 //! The host queues [`LsmrRunOptions::check_every`] iterations (default
-//! [`DEFAULT_CHECK_EVERY`]), then a test kernel, then reads the 400-byte state (one
+//! [`DEFAULT_CHECK_EVERY`]), then a test kernel, then reads the 312-byte state (one
 //! synchronisation) to see the stop flag and report progress. Iterations queued after the stop
 //! cost only their products (up to `check_every - 1` wasted pairs of SpMVs, about 6% at the
 //! default when a solve takes 100+ iterations). The loop allocates no device memory: the
@@ -196,7 +196,7 @@ enum ScalarMode {
     Test = 4,
 }
 
-/// `struct VecParams` of lsmr.cu (80 bytes).
+/// `struct VecParams` of lsmr.cu (72 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct VecParams {
