@@ -314,6 +314,21 @@ pub(crate) fn check_operand(arg: &'static str, len: usize, need: usize, what: st
     Ok(())
 }
 
+/// Checks the operands of `y = alpha * A x + beta * y` for an `rows x cols` matrix: `x` reads
+/// `cols` elements, `y` is `rows` long, both scalars finite.
+pub(crate) fn check_spmv_operands(
+    rows: usize,
+    cols: usize,
+    x_len: usize,
+    y_len: usize,
+    alpha: f64,
+    beta: f64,
+) -> Result<()> {
+    check_operand("x", x_len, cols, format_args!("the matrix has {cols} columns"))?;
+    check_operand("y", y_len, rows, format_args!("the matrix has {rows} rows"))?;
+    check_scalars(alpha, beta)
+}
+
 /// Checks the scalars of `alpha * product + beta * output`.
 pub(crate) fn check_scalars(alpha: f64, beta: f64) -> Result<()> {
     if !alpha.is_finite() || !beta.is_finite() {

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use super::convert::ConversionReport;
 use super::descriptor::SparseDescriptor;
-use super::device::{check_operand, check_scalars, upload_nonempty, CsrMatrix, VALUE_DTYPES};
+use super::device::{check_spmv_operands, upload_nonempty, CsrMatrix, VALUE_DTYPES};
 use super::host::{check_sizes, CsrHost};
 use super::index::SparseIndex;
 use crate::dtype::{DType, Element};
@@ -298,19 +298,7 @@ impl<T: Element, I: SparseIndex> SellMatrix<T, I> {
     /// `y = alpha * A x + beta * y` (deterministic); `x` has `cols` elements, `y` `rows`;
     /// `beta == 0` does not read `y`.
     pub fn spmv(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
-        check_operand(
-            "x",
-            x.len(),
-            self.cols,
-            format_args!("the matrix has {} columns", self.cols),
-        )?;
-        check_operand(
-            "y",
-            y.len(),
-            self.rows,
-            format_args!("the matrix has {} rows", self.rows),
-        )?;
-        check_scalars(alpha, beta)?;
+        check_spmv_operands(self.rows, self.cols, x.len(), y.len(), alpha, beta)?;
         if self.rows == 0 {
             return Ok(());
         }

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use super::device::{check_operand, check_planned, check_scalars, CsrMatrix};
+use super::device::{check_planned, check_spmv_operands, CsrMatrix};
 use super::index::SparseIndex;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -332,19 +332,7 @@ impl SpmvPlan {
         y: &mut DeviceBuffer<T>,
     ) -> Result<()> {
         check_planned(a, self.value, self.index, self.rows, self.cols)?;
-        check_operand(
-            "x",
-            x.len(),
-            self.cols,
-            format_args!("the matrix has {} columns", self.cols),
-        )?;
-        check_operand(
-            "y",
-            y.len(),
-            self.rows,
-            format_args!("the matrix has {} rows", self.rows),
-        )?;
-        check_scalars(alpha, beta)?;
+        check_spmv_operands(self.rows, self.cols, x.len(), y.len(), alpha, beta)?;
         if self.rows == 0 {
             return Ok(());
         }
