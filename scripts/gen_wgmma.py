@@ -15,6 +15,8 @@ out = [
     "// bf16 inputs: `_ss` takes A and B as shared-memory descriptors, `_rs` takes A as four 32-bit",
     "// registers (the m16k16 fragment of each warp, as mma.sync) and B as a descriptor. scale_d = 0",
     "// overwrites the accumulators, 1 adds to them. kTransB = 1 reads B N-major (transposed).",
+    "// Then K-major-only `_ss` wrappers: m64nNk8 tf32 and m64nNk32 e4m3 / e5m2 (f32 accumulators),",
+    "// m64nNk32 s8 (s32 accumulators), N in {128, 256}.",
     "// Included by wgmma.cuh, which documents the fragment layouts and the synchronisation rules.",
     "#pragma once",
     "",
@@ -56,6 +58,37 @@ for n in SHAPES:
                 "}",
                 "",
             ]
+# K-major-only shapes of the GEMM's other precisions (PTX: only f16/bf16 take transpose
+# immediates): tf32 (k8) and fp8 e4m3 / e5m2 (k32) with f32 accumulators and the two
+# imm-scale operands, int8 (k32, s32 accumulators, scale-d only). Every k-step reads 32 bytes
+# of each 128-byte swizzled row, as the k16 16-bit ones do.
+KMAJOR_SHAPES = [128, 256]
+KMAJOR_TYPES = [
+    # (name, k, ptx type, accumulator ptx type, C type, asm constraint, imm-scale operands)
+    ("tf32", 8, "tf32", "f32", "float", "f", True),
+    ("e4m3", 32, "e4m3", "f32", "float", "f", True),
+    ("e5m2", 32, "e5m2", "f32", "float", "f", True),
+    ("s8", 32, "s8", "s32", "int", "r", False),
+]
+for n in KMAJOR_SHAPES:
+    r = n // 2
+    for name, k, ptx, acc_ptx, ctype, con, imm_scale in KMAJOR_TYPES:
+        acc = ", ".join(f"%{i}" for i in range(r))
+        outs = ", ".join(f'"+{con}"(d[{i}])' for i in range(r))
+        tail = f"%{r}, %{r + 1}, p" + (", 1, 1" if imm_scale else "")
+        out += [
+            f"TS_DEVICE void m64n{n}k{k}_ss_{name}({ctype} (&d)[{r}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{",
+            "  asm volatile(",
+            '      "{\\n.reg .pred p;\\n"',
+            f'      "setp.ne.b32 p, %{r + 2}, 0;\\n"',
+            f'      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.{acc_ptx}.{ptx}.{ptx} "',
+            f'      "{{{acc}}}, "',
+            f'      "{tail};\\n}}\\n"',
+            f"      : {outs}",
+            '      : "l"(desc_a), "l"(desc_b), "r"(scale_d));',
+            "}",
+            "",
+        ]
 out += ["}  // namespace wgmma_detail", "}  // namespace ts", ""]
 path = pathlib.Path(__file__).resolve().parent.parent / "crates/tessera/src/cuda/wgmma_ops.cuh"
 path.write_text("\n".join(out))

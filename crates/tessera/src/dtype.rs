@@ -14,7 +14,9 @@ pub enum DType {
     F64,
     /// Raw bytes (workspaces, L2 flush buffers).
     U8,
-    /// 32-bit signed integers (offsets such as `cu_seqlens`, block tables).
+    /// 8-bit signed integers (int8 GEMM operands).
+    I8,
+    /// 32-bit signed integers (offsets such as `cu_seqlens`, block tables; int8 GEMM outputs).
     I32,
     /// 64-bit signed integers (sparse offsets and indices beyond 2^31).
     I64,
@@ -27,7 +29,7 @@ impl DType {
             DType::F64 => 8,
             DType::F32 => 4,
             DType::F16 | DType::BF16 => 2,
-            DType::F8E4M3 | DType::F8E5M2 | DType::U8 => 1,
+            DType::F8E4M3 | DType::F8E5M2 | DType::U8 | DType::I8 => 1,
             DType::I32 => 4,
             DType::I64 => 8,
         }
@@ -42,6 +44,7 @@ impl DType {
             DType::F8E4M3 => "fp8e4m3",
             DType::F8E5M2 => "fp8e5m2",
             DType::U8 => "u8",
+            DType::I8 => "i8",
             DType::I32 => "i32",
             DType::I64 => "i64",
         }
@@ -56,6 +59,7 @@ impl DType {
             DType::F8E4M3 => "ts::fp8e4m3",
             DType::F8E5M2 => "ts::fp8e5m2",
             DType::U8 => "uint8_t",
+            DType::I8 => "int8_t",
             DType::I32 => "int",
             DType::I64 => "long long",
         }
@@ -68,7 +72,7 @@ impl DType {
             DType::F16 => 2e-3,
             DType::BF16 => 1e-2,
             DType::F8E4M3 | DType::F8E5M2 => 6e-2,
-            DType::U8 | DType::I32 | DType::I64 => 0.0,
+            DType::U8 | DType::I8 | DType::I32 | DType::I64 => 0.0,
         }
     }
     /// Parses `fp32|f32|float32`, `fp16|f16|half|float16`, `bf16|bfloat16`.
@@ -81,6 +85,7 @@ impl DType {
             "fp8e4m3" | "e4m3" => DType::F8E4M3,
             "fp8e5m2" | "e5m2" => DType::F8E5M2,
             "u8" | "uint8" => DType::U8,
+            "i8" | "int8" => DType::I8,
             "i32" | "int32" => DType::I32,
             "i64" | "int64" => DType::I64,
             _ => return None,
@@ -227,6 +232,16 @@ unsafe impl Element for i64 {
     }
     fn from_f64(v: f64) -> Self {
         v as i64
+    }
+}
+// SAFETY: one byte, every pattern valid (two's complement on host and device).
+unsafe impl Element for i8 {
+    const DTYPE: DType = DType::I8;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as i8
     }
 }
 // SAFETY: one byte, every pattern valid.

@@ -5,7 +5,9 @@
 //          ts::wgmma_fence, ts::wgmma_commit, ts::wgmma_wait<N>, ts::wgmma_fence_acc,
 //          ts::wgmma_fence_operand,
 //          ts::wgmma_ss<Elem, N, kTransB>, ts::wgmma_rs<Elem, N, kTransB> (m64nNk16, f32 +=
-//          Elem x Elem), ts::setmaxnreg_inc<R> / setmaxnreg_dec<R>.
+//          Elem x Elem), ts::wgmma_ss_kmajor<Elem, N> (K-major operands of every GEMM type:
+//          f16, bf16, tf32, fp8e4m3, fp8e5m2, int8), ts::wgmma_k<Elem>, ts::WgmmaAcc<Elem>,
+//          ts::setmaxnreg_inc<R> / setmaxnreg_dec<R>.
 //
 // A warpgroup is 4 consecutive warps starting at a warp index divisible by 4; every wgmma_* call
 // is collective over it. One instruction computes D[64 x N] (+)= A[64 x 16] B[16 x N]:
@@ -80,6 +82,12 @@ TS_DEVICE void wgmma_fence_acc(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+/// The same for s32 accumulators (int8 operands).
+template <int R>
+TS_DEVICE void wgmma_fence_acc(int (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+r"(d[i])::"memory");
+}
 
 /// Pins the A-operand registers of wgmma_rs calls (K k-steps of 4 words): the compiler may not
 /// move their reads or writes across this point (place it after the wgmma_wait that retires them,
@@ -137,6 +145,51 @@ TS_DEVICE void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc
   } else {
     if constexpr (h) wgmma_detail::m64n256k16_rs_f16<kTransB>(d, a, desc_b, scale_d);
     else wgmma_detail::m64n256k16_rs_bf16<kTransB>(d, a, desc_b, scale_d);
+  }
+}
+
+/// Elements of E that one wgmma k-step reads: 32 bytes of each 128-byte row (k16 for 16-bit
+/// operands, k8 for tf32, k32 for fp8 and int8), so a k-step always advances a descriptor by 32.
+template <typename E>
+constexpr int wgmma_k = 32 / int(sizeof(E));
+
+/// The accumulator type of operand type E: int (s32) for int8, float otherwise.
+template <typename E>
+struct WgmmaAcc {
+  using type = float;
+};
+template <>
+struct WgmmaAcc<int8_t> {
+  using type = int;
+};
+
+/// D[64 x N] (+)= A B with A and B K-major in shared memory, for every GEMM operand type: f16 and
+/// bf16 (m64nNk16), float read as tf32 by the tensor core (m64nNk8: the low 13 mantissa bits are
+/// ignored), fp8e4m3 / fp8e5m2 (m64nNk32, f32 accumulators), int8 (m64nNk32, s32 accumulators).
+/// Only f16 / bf16 have an N-major form (wgmma_ss's kTransB); the others take N in {128, 256}.
+template <typename E, int N>
+TS_DEVICE void wgmma_ss_kmajor(typename WgmmaAcc<E>::type (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                               int scale_d) {
+  if constexpr (sizeof(E) == 2) {
+    wgmma_ss<E, N, 0>(d, desc_a, desc_b, scale_d);
+  } else {
+    static_assert(N == 128 || N == 256, "wgmma_ss_kmajor: N in {128, 256} for tf32, fp8 and int8");
+    static_assert(is_same_v<E, float> || is_same_v<E, fp8e4m3> || is_same_v<E, fp8e5m2> || is_same_v<E, int8_t>,
+                  "wgmma_ss_kmajor: f16, bf16, float (tf32), fp8e4m3, fp8e5m2 or int8_t");
+    constexpr bool wide = N == 256;
+    if constexpr (is_same_v<E, float>) {
+      if constexpr (wide) wgmma_detail::m64n256k8_ss_tf32(d, desc_a, desc_b, scale_d);
+      else wgmma_detail::m64n128k8_ss_tf32(d, desc_a, desc_b, scale_d);
+    } else if constexpr (is_same_v<E, fp8e4m3>) {
+      if constexpr (wide) wgmma_detail::m64n256k32_ss_e4m3(d, desc_a, desc_b, scale_d);
+      else wgmma_detail::m64n128k32_ss_e4m3(d, desc_a, desc_b, scale_d);
+    } else if constexpr (is_same_v<E, fp8e5m2>) {
+      if constexpr (wide) wgmma_detail::m64n256k32_ss_e5m2(d, desc_a, desc_b, scale_d);
+      else wgmma_detail::m64n128k32_ss_e5m2(d, desc_a, desc_b, scale_d);
+    } else {
+      if constexpr (wide) wgmma_detail::m64n256k32_ss_s8(d, desc_a, desc_b, scale_d);
+      else wgmma_detail::m64n128k32_ss_s8(d, desc_a, desc_b, scale_d);
+    }
   }
 }
 

@@ -1,20 +1,31 @@
-// gemm_sm90.cu: dense f16/bf16 GEMM for Hopper (sm_90a) with a fused epilogue:
-//   D[b] = act(alpha * A[b] B[b] + beta * C[b] + bias) + R[b]     (f32 accumulation)
+// gemm_sm90.cu: dense GEMM for Hopper (sm_90a) with a fused epilogue:
+//   D[b] = act(alpha * sa[m] sb[n] * A[b] B[b] + beta * C[b] + bias) + R[b]
+// Operands f16 / bf16 (f32 accumulation), f32 read as tf32 by the tensor cores (opt-in, f32
+// accumulation), fp8 e4m3 / e5m2 (f32 accumulation; the per-tensor or per-row sa and
+// per-tensor or per-column sb scales of torch._scaled_mm), int8 (s32 accumulation; s32 out
+// with no epilogue, as torch._int_mm, or f32 / f16 / bf16 out dequantised by sa, sb and the
+// epilogue).
 // TMA loads into an mbarrier ring, wgmma from shared memory, one producer and two consumer
 // warpgroups (setmaxnreg), persistent CTAs over a grouped tile order, TMA-store epilogue.
 //
-// Preamble (gemm/hopper.rs, HopperTile::key): Elem (ts::f16 / ts::bf16), OutT (Elem or float),
-// kBlockN (128 or 256 output columns per CTA tile), kStages (ring depth), kBNK (B stored [N, K],
-// K-major; false: [K, N], N-major).
+// Preamble (gemm/hopper.rs, kernel_key): Elem (ts::f16, ts::bf16, float = tf32, ts::fp8e4m3,
+// ts::fp8e5m2, int8_t), OutT (16-bit Elem: Elem or float; tf32: float; fp8: f16, bf16 or float;
+// int8: int, f16, bf16 or float), kBlockN (128 or 256 output columns per CTA tile), kStages
+// (ring depth), kBNK (B stored [N, K], K-major; false: [K, N], N-major, 16-bit Elem only: the
+// other wgmma types read K-major operands only).
+// Every k-block is one 128-byte swizzle row of each operand row: kBlockK = 128 / sizeof(Elem)
+// elements (64 for 16-bit, 32 tf32, 128 for 8-bit), four wgmma k-steps of 32 bytes; the ring's
+// byte sizes are the same for every Elem.
 //
 // Layouts (row-major, element strides; hopper.rs builds the tensor maps, 4-D with a trailing
 // extent-1 dimension so that the shared 4-D TMA wrappers serve them):
-//   A [batch][M][lda]            map (K, M, batch, 1), box (64, 128)      -> [128 rows][128 B]
-//   B kBNK  [batch][N][ldb]      map (K, N, batch, 1), box (64, kBlockN)  -> [kBlockN rows][128 B]
+//   A [batch][M][lda]            map (K, M, batch, 1), box (kBlockK, 128)      -> [128 rows][128 B]
+//   B kBNK  [batch][N][ldb]      map (K, N, batch, 1), box (kBlockK, kBlockN)  -> [kBlockN rows][128 B]
 //   B !kBNK [batch][K][ldb]      map (N, K, batch, 1), box (64, 64) x kBlockN/64
 //                                -> kBlockN/64 column blocks of [64 k rows][128 B]
 //   D [batch][M][ldd] (OutT)     map (N, M, batch, 1), box (kStoreCols, 64), TMA stores clip
 //   C, R [batch][M][ld] and bias [N] (all OutT): plain loads, bounds-checked.
+//   sa (f32, [1] or [M]) and sb (f32, [1] or [N]) scales: plain loads, null = 1 (8-bit Elem).
 // Every tile is stored as 128-byte rows with TMA's 128-byte swizzle (16-byte chunk j of row r at
 // chunk j ^ (r % 8)), 1024-byte aligned: the canonical SW128 layouts wgmma reads (wgmma.cuh).
 // Rows, columns and k past the tensor load as zeros (so a K tail adds 0), stores past it are
@@ -26,10 +37,11 @@
 //     waits for a free ring slot (empty barrier), announces the slot's bytes (expect_tx) and
 //     issues the A and B copies, which complete on the slot's full barrier.
 //   WG1, WG2 (consumers, 232 registers): rows 64 (w - 1) .. 64 w - 1 of the tile, an m64 x
-//     kBlockN f32 accumulator (kBlockN / 2 registers per thread). Per k-block: wait full, four
-//     wgmma m64nNk16 (k-steps of 16), commit; the previous k-block's batch is then waited for
+//     kBlockN f32 (s32 for int8) accumulator (kBlockN / 2 registers per thread). Per k-block:
+//     wait full, four wgmma k-steps of 32 bytes, commit; the previous k-block's batch is then waited for
 //     (wgmma_wait<1>) and its slot released, so one batch is always queued behind the running one.
-//   Epilogue (per consumer, its 64 rows): fragments -> gemm_epilogue (epilogue.cuh) -> OutT into
+//   Epilogue (per consumer, its 64 rows): fragments (x sa x sb for 8-bit Elem) -> gemm_epilogue
+//     (epilogue.cuh; skipped for int out) -> OutT into
 //     one of two 8 KiB staging buffers per consumer, in 128-byte column chunks (kStoreCols
 //     columns), each chunk stored by one TMA store while the next one is being written. The
 //     producer keeps filling the ring for the next tile meanwhile.
@@ -46,9 +58,10 @@
 // kBlockN = 256: 4 stages (192 KiB + 32 KiB); 128: 6 stages (192 KiB + 32 KiB).
 //
 // Roofline: 2 M N K flops over (M K + N K) elements read once per tile row/column in the ideal
-// order; at 128 x 256 tiles each k-block moves 48 KiB for 4 MFLOP (85 flop/B from shared
-// memory, ~170 flop/B from L2 with the grouped order): compute-bound on H100/H200 for the
-// issue's shapes.
+// order; at 128 x 256 tiles each 16-bit k-block moves 48 KiB for 4 MFLOP (85 flop/B from shared
+// memory, ~170 flop/B from L2 with the grouped order; twice that for 8-bit operands, half for
+// tf32, matching the tensor cores' rate ratios): compute-bound on H100/H200 for the issue's
+// shapes.
 #include "tessera/gemm_epilogue.cuh"
 #include "tessera/mbarrier.cuh"
 #include "tessera/tma.cuh"
@@ -57,7 +70,7 @@
 #ifndef TS_GENERATED_PREAMBLE
 // Defaults so the file can be read and compiled on its own; the plan always prepends its own.
 #include "tessera/dtype.cuh"
-using Elem = ts::bf16;
+using Elem = ts::bf16;  // ts::f16, ts::bf16, float (tf32), ts::fp8e4m3, ts::fp8e5m2, int8_t
 using OutT = ts::bf16;
 constexpr int kBlockN = 256;
 constexpr int kStages = 4;
@@ -78,7 +91,11 @@ struct GemmParams {
   int m, n, k, batch;
   int tiles_m, tiles_n, k_blocks, group_m;
   int activation;  // epilogue.cuh codes 0..4
-  int pad_[7];
+  int pad_;
+  const float* scale_a;  // [1] or [M] (scale_a_rows), or null = 1
+  const float* scale_b;  // [1] or [N] (scale_b_cols), or null = 1
+  int scale_a_rows;      // 1: scale_a[row], 0: scale_a[0]
+  int scale_b_cols;      // 1: scale_b[col], 0: scale_b[0]
 };
 
 #if defined(TS_HAS_WGMMA) && defined(TS_HAS_TMA)
@@ -87,13 +104,16 @@ namespace {
 
 constexpr int kThreads = 384;
 constexpr int kBlockM = 128;
-constexpr int kBlockK = 64;  // one 128-byte swizzle row of 16-bit elements
+constexpr int kBlockK = 128 / int(sizeof(Elem));  // one 128-byte swizzle row of Elem
 constexpr int kConsumers = 2;
 constexpr int kConsumerRows = kBlockM / kConsumers;  // 64: one wgmma M
-constexpr int kKSteps = kBlockK / 16;                // wgmma k16 steps per k-block
-constexpr uint32_t kABytes = kBlockM * kBlockK * 2;
-constexpr uint32_t kBBytes = kBlockN * kBlockK * 2;
+constexpr int kKSteps = kBlockK / ts::wgmma_k<Elem>;  // wgmma k-steps (32 bytes each) per k-block
+constexpr uint32_t kABytes = kBlockM * 128;
+constexpr uint32_t kBBytes = kBlockN * 128;
 constexpr uint32_t kBColBlockBytes = kBlockK * 128;  // !kBNK: one 64-column block of the B tile
+using Acc = typename ts::WgmmaAcc<Elem>::type;       // f32, or s32 for int8
+constexpr bool kIntOut = ts::is_same_v<OutT, int>;   // int8 -> s32 out, no epilogue
+constexpr bool kScaled = sizeof(Elem) == 1;          // fp8 / int8: sa, sb scales
 constexpr uint32_t kStageBytes = kABytes + kBBytes;  // expect_tx per slot (boxes count whole,
                                                      // zero-filled parts included)
 constexpr int kAccRegs = kBlockN / 2;
@@ -111,8 +131,14 @@ constexpr int kConsumerRegs = 232;
 constexpr int kLaunchRegs = (65536 / kThreads) / 8 * 8;
 static_assert(128 * (kProducerRegs + kConsumers * kConsumerRegs) <= kThreads * kLaunchRegs,
               "setmaxnreg budgets exceed the registers held at launch");
-static_assert(sizeof(Elem) == 2, "f16 or bf16 operands");
-static_assert(ts::is_same_v<OutT, Elem> || ts::is_same_v<OutT, float>, "output: the operand type or f32");
+static_assert(kKSteps == 4, "four 32-byte k-steps per 128-byte k-block");
+static_assert(sizeof(Elem) == 2 || kBNK, "tf32, fp8 and int8 wgmma read B K-major ([N, K]) only");
+static_assert(sizeof(Elem) == 2 ? (ts::is_same_v<OutT, Elem> || ts::is_same_v<OutT, float>)
+              : ts::is_same_v<Elem, float> ? ts::is_same_v<OutT, float>
+              : (ts::is_same_v<OutT, ts::f16> || ts::is_same_v<OutT, ts::bf16> || ts::is_same_v<OutT, float> ||
+                 (ts::is_same_v<OutT, int> && ts::is_same_v<Elem, int8_t>)),
+              "output: 16-bit operands -> the operand type or f32; tf32 -> f32; fp8 -> f16, bf16 or f32; "
+              "int8 -> s32, f16, bf16 or f32");
 static_assert(kBlockN == 128 || kBlockN == 256, "CTA tile: 128 x 128 or 128 x 256");
 static_assert(kBlockN % kStoreCols == 0, "whole store chunks per tile");
 static_assert(sizeof(GemmParams) == 512, "GemmParams layout (hopper.rs)");
@@ -217,14 +243,21 @@ TS_DEVICE void producer(const GemmParams& p, uint8_t* smem, uint64_t* full, uint
 /// 32 bytes inside the 128-byte swizzled row. B [N, K] is K-major the same way; B [K, N] is
 /// N-major (kTransB = 1): step k by 16 rows (2048 bytes), 64-column blocks kBColBlockBytes apart
 /// (the descriptor's leading byte offset). `accumulate` false overwrites acc (first k-block).
-TS_DEVICE void issue_kblock(float (&acc)[kAccRegs], uint32_t a_tile, uint32_t b_tile, bool accumulate) {
+/// (A template on the accumulator type only so that the N-major branch, f16 / bf16 only, is not
+/// instantiated for the other operand types.)
+template <typename AccT>
+TS_DEVICE void issue_kblock(AccT (&acc)[kAccRegs], uint32_t a_tile, uint32_t b_tile, bool accumulate) {
   const uint64_t da0 = ts::wgmma_desc_sw128(a_tile, 16);
   const uint64_t db0 = ts::wgmma_desc_sw128(b_tile, kBNK ? 16u : kBColBlockBytes);
 #pragma unroll
   for (int kk = 0; kk < kKSteps; ++kk) {
     const uint64_t da = ts::wgmma_desc_advance(da0, kk * 32);
-    const uint64_t db = ts::wgmma_desc_advance(db0, kBNK ? kk * 32 : kk * 16 * 128);
-    ts::wgmma_ss<Elem, kBlockN, kBNK ? 0 : 1>(acc, da, db, (accumulate || kk > 0) ? 1 : 0);
+    const int scale_d = (accumulate || kk > 0) ? 1 : 0;
+    if constexpr (kBNK) {
+      ts::wgmma_ss_kmajor<Elem, kBlockN>(acc, da, ts::wgmma_desc_advance(db0, kk * 32), scale_d);
+    } else {
+      ts::wgmma_ss<Elem, kBlockN, 1>(acc, da, ts::wgmma_desc_advance(db0, kk * 16 * 128), scale_d);
+    }
   }
 }
 
@@ -242,7 +275,7 @@ TS_DEVICE uint32_t slot_addr(uint32_t ring_base, int slot, uint32_t slot_bytes) 
 /// is needed between the batches; the wgmma_fence before each batch orders the first batch
 /// after the epilogue's reads of the previous tile's accumulators.
 TS_DEVICE void mainloop(const GemmParams& p, uint32_t smem_base, uint64_t* full, uint64_t* empty, Ring& ring,
-                        int wg, bool warp_leader, float (&acc)[kAccRegs]) {
+                        int wg, bool warp_leader, Acc (&acc)[kAccRegs]) {
   const uint32_t a_ring = smem_base + Smem::a + wg * kConsumerRows * 128;
   const uint32_t b_ring = smem_base + Smem::b;
   int prev_slot = 0;
@@ -266,15 +299,17 @@ TS_DEVICE void mainloop(const GemmParams& p, uint32_t smem_base, uint64_t* full,
 /// bias), the ones at or past column n read as 0. Pairs start at even columns of rows whose
 /// stride is a multiple of 16 bytes and whose base is aligned to a pair (hopper_supports), so the
 /// pair load is aligned.
-TS_DEVICE void load_pair(const OutT* ptr, int col, int n, float& x0, float& x1) {
+/// A template (on OutT) so that s32 outputs, which have no epilogue inputs, never instantiate it.
+template <typename T>
+TS_DEVICE void load_pair(const T* ptr, int col, int n, float& x0, float& x1) {
   if (col + 1 < n) {
-    if constexpr (ts::is_same_v<OutT, float>) {
+    if constexpr (ts::is_same_v<T, float>) {
       const float2 v = *reinterpret_cast<const float2*>(ptr);
       x0 = v.x;
       x1 = v.y;
     } else {
       const uint32_t w = *reinterpret_cast<const uint32_t*>(ptr);
-      const ts::Array<float, 2> f = ts::is_same_v<OutT, ts::f16> ? ts::unpack_f16x2(w) : ts::unpack_bf16x2(w);
+      const ts::Array<float, 2> f = ts::is_same_v<T, ts::f16> ? ts::unpack_f16x2(w) : ts::unpack_bf16x2(w);
       x0 = f[0];
       x1 = f[1];
     }
@@ -288,8 +323,15 @@ TS_DEVICE void load_pair(const OutT* ptr, int col, int n, float& x0, float& x1) 
 /// 128-byte swizzle expects: 16-byte chunk j of row r sits at chunk j ^ (r % 8). For 16-bit
 /// outputs a warp's 32 stores (8 rows x 16 bytes, one chunk per row) land in 8 distinct chunk
 /// columns: no bank conflict; f32 pairs conflict two ways.
+TS_DEVICE uint8_t* staged_at(uint8_t* buf, int r, int bc) {
+  return buf + r * 128 + ((((bc >> 4) ^ (r & 7)) << 4) | (bc & 15));
+}
+/// Stores a pair of s32 outputs (int8 operands, s32 out: the accumulators as they are).
+TS_DEVICE void stage_int_pair(uint8_t* buf, int r, int bc, int y0, int y1) {
+  *reinterpret_cast<int2*>(staged_at(buf, r, bc)) = make_int2(y0, y1);
+}
 TS_DEVICE void stage_pair(uint8_t* buf, int r, int bc, float y0, float y1) {
-  uint8_t* dst = buf + r * 128 + ((((bc >> 4) ^ (r & 7)) << 4) | (bc & 15));
+  uint8_t* dst = staged_at(buf, r, bc);
   if constexpr (ts::is_same_v<OutT, float>) {
     *reinterpret_cast<float2*>(dst) = make_float2(y0, y1);
   } else if constexpr (ts::is_same_v<OutT, ts::f16>) {
@@ -307,9 +349,11 @@ TS_DEVICE void stage_pair(uint8_t* buf, int r, int bc, float y0, float y1) {
 /// epilogue instantiation per activation instead of eight per input set; beta and the null
 /// pointer go together: C is never read when it is absent). The only difference from leaving the
 /// terms out is the sign of a zero result (-0 + 0 = +0), which no comparison sees. Chunks wholly past column n and
-/// consumers wholly past row m store nothing (uniform over the warpgroup).
+/// consumers wholly past row m store nothing (uniform over the warpgroup). 8-bit operands
+/// multiply the accumulators by sa[row] sb[col] first (s32 converted to f32); s32 outputs store
+/// the accumulators unchanged.
 template <int kAct>
-TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const float (&acc)[kAccRegs], const Tile& tl, int wg,
+TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAccRegs], const Tile& tl, int wg,
                         uint32_t& stores) {
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32;
@@ -333,21 +377,41 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const float (&acc)[k
       const int i = ch * kBlocksPerChunk + lb;  // 8-column accumulator block
       const int cc = 8 * lb + 2 * (lane % 4);   // column inside the chunk
       const int col = tl.n0 + ch * kStoreCols + cc;
-      float bias0 = 0.0f, bias1 = 0.0f;
-      if (p.bias != nullptr) load_pair(static_cast<const OutT*>(p.bias) + col, col, p.n, bias0, bias1);
+      if constexpr (kIntOut) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = r_local + 8 * h;
-        const int row = row_base + r;
-        float c0 = 0.0f, c1 = 0.0f, res0 = 0.0f, res1 = 0.0f;
-        if (row < p.m) {
-          if (c_rows != nullptr) load_pair(c_rows + (long long)row * p.ldc + col, col, p.n, c0, c1);
-          if (r_rows != nullptr) load_pair(r_rows + (long long)row * p.ldr + col, col, p.n, res0, res1);
+        for (int h = 0; h < 2; ++h)
+          stage_int_pair(buf, r_local + 8 * h, cc * 4, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+      } else {
+        float bias0 = 0.0f, bias1 = 0.0f;
+        if (p.bias != nullptr) load_pair(static_cast<const OutT*>(p.bias) + col, col, p.n, bias0, bias1);
+        float sb0 = 1.0f, sb1 = 1.0f;
+        if (kScaled && p.scale_b != nullptr) {
+          if (p.scale_b_cols) {
+            sb0 = col < p.n ? p.scale_b[col] : 0.0f;
+            sb1 = col + 1 < p.n ? p.scale_b[col + 1] : 0.0f;
+          } else {
+            sb0 = sb1 = p.scale_b[0];
+          }
         }
-        const float y0 = ts::gemm_epilogue<kAct, true, true, true>(acc[4 * i + 2 * h], p.alpha, beta, c0, bias0, res0);
-        const float y1 =
-            ts::gemm_epilogue<kAct, true, true, true>(acc[4 * i + 2 * h + 1], p.alpha, beta, c1, bias1, res1);
-        stage_pair(buf, r, cc * int(sizeof(OutT)), y0, y1);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = r_local + 8 * h;
+          const int row = row_base + r;
+          float c0 = 0.0f, c1 = 0.0f, res0 = 0.0f, res1 = 0.0f, sa = 1.0f;
+          if (row < p.m) {
+            if (c_rows != nullptr) load_pair(c_rows + (long long)row * p.ldc + col, col, p.n, c0, c1);
+            if (r_rows != nullptr) load_pair(r_rows + (long long)row * p.ldr + col, col, p.n, res0, res1);
+            if (kScaled && p.scale_a != nullptr) sa = p.scale_a[p.scale_a_rows ? row : 0];
+          }
+          float x0 = float(acc[4 * i + 2 * h]), x1 = float(acc[4 * i + 2 * h + 1]);
+          if constexpr (kScaled) {
+            x0 *= sa * sb0;
+            x1 *= sa * sb1;
+          }
+          const float y0 = ts::gemm_epilogue<kAct, true, true, true>(x0, p.alpha, beta, c0, bias0, res0);
+          const float y1 = ts::gemm_epilogue<kAct, true, true, true>(x1, p.alpha, beta, c1, bias1, res1);
+          stage_pair(buf, r, cc * int(sizeof(OutT)), y0, y1);
+        }
       }
     }
     ts::fence_proxy_async();
@@ -361,14 +425,18 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const float (&acc)[k
 }
 
 /// The epilogue with the call's activation (one uniform switch per tile).
-TS_DEVICE void epilogue_any(const GemmParams& p, uint8_t* smem, const float (&acc)[kAccRegs], const Tile& tl, int wg,
+TS_DEVICE void epilogue_any(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAccRegs], const Tile& tl, int wg,
                             uint32_t& stores) {
-  switch (p.activation) {
-    case ts::kActRelu: epilogue<ts::kActRelu>(p, smem, acc, tl, wg, stores); break;
-    case ts::kActGeluErf: epilogue<ts::kActGeluErf>(p, smem, acc, tl, wg, stores); break;
-    case ts::kActGeluTanh: epilogue<ts::kActGeluTanh>(p, smem, acc, tl, wg, stores); break;
-    case ts::kActSilu: epilogue<ts::kActSilu>(p, smem, acc, tl, wg, stores); break;
-    default: epilogue<ts::kActNone>(p, smem, acc, tl, wg, stores); break;
+  if constexpr (kIntOut) {  // s32 out: no epilogue terms (hopper_supports), one instantiation
+    epilogue<ts::kActNone>(p, smem, acc, tl, wg, stores);
+  } else {
+    switch (p.activation) {
+      case ts::kActRelu: epilogue<ts::kActRelu>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActGeluErf: epilogue<ts::kActGeluErf>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActGeluTanh: epilogue<ts::kActGeluTanh>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActSilu: epilogue<ts::kActSilu>(p, smem, acc, tl, wg, stores); break;
+      default: epilogue<ts::kActNone>(p, smem, acc, tl, wg, stores); break;
+    }
   }
 }
 
@@ -383,9 +451,9 @@ TS_DEVICE void consumer(const GemmParams& p, uint8_t* smem, uint64_t* full, uint
     const Tile tl = tile_of(p, t);
     // Zeroed although the first k-step overwrites it (scale_d = 0): the wgmma asm reads its
     // accumulators ("+f"), which must not be undefined values to the compiler.
-    float acc[kAccRegs];
+    Acc acc[kAccRegs];
 #pragma unroll
-    for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < kAccRegs; ++i) acc[i] = Acc(0);
     mainloop(p, smem_base, full, empty, ring, wg, warp_leader, acc);
     epilogue_any(p, smem, acc, tl, wg, stores);
   }

@@ -1,12 +1,19 @@
-//! Host side of the Hopper (sm_90a) f16/bf16 GEMM path (`gemm_sm90.cu`): the call's arguments
+//! Host side of the Hopper (sm_90a) GEMM path (`gemm_sm90.cu`): the call's arguments
 //! ([`HopperGemmArgs`]), what the path supports ([`hopper_supports`]), the tile choice, the TMA
 //! tensor maps, the kernel parameter struct and the plan ([`HopperGemmPlan`]: built once per
 //! shape key, run many times without allocating).
 //!
-//! Computes, per batch `b`: `D = act(alpha * A B + beta * C + bias) + R` with
-//! - A `[M, K]` row-major (leading dimension `lda`), f16 or bf16;
-//! - B `[N, K]` row-major (`b_nk`, K-major: how LLM weights are stored) or `[K, N]` row-major;
-//! - C, R, D `[M, N]` row-major in the output dtype (the operand dtype or f32);
+//! Computes, per batch `b`: `D = act(alpha * sa sb * A B + beta * C + bias) + R` with
+//! - A `[M, K]` row-major (leading dimension `lda`): f16, bf16, f32 (read as tf32 by the tensor
+//!   cores: the caller opted in), fp8 e4m3 / e5m2 or int8 ([`HOPPER_OPERANDS`]);
+//! - B `[N, K]` row-major (`b_nk`, K-major: how LLM weights are stored) or, for 16-bit operands
+//!   only, `[K, N]` row-major (wgmma reads tf32, fp8 and int8 operands K-major only);
+//! - C, R, D `[M, N]` row-major in the output dtype ([`hopper_outputs`]: 16-bit operands write
+//!   their own dtype or f32, tf32 f32, fp8 f16 / bf16 / f32, int8 s32 or f16 / bf16 / f32);
+//! - sa (f32 `[1]` or `[M]`) and sb (f32 `[1]` or `[N]`): the dequantisation scales of fp8 and
+//!   int8 operands (torch._scaled_mm's per-tensor and row-wise scales), null = 1;
+//! - s32 output (int8 operands, torch._int_mm): the exact int32 sums (wrapping past 2^31 as the
+//!   tensor core's s32 accumulator does), with no epilogue term, alpha 1 and no scales;
 //! - bias `[N]` in the output dtype (as the GEMM core's API has it), shared by every batch;
 //! - act: epilogue.cuh's codes (0 none, 1 relu, 2 gelu erf, 3 gelu tanh, 4 silu).
 //!
@@ -31,8 +38,36 @@ pub(crate) const DEVICE_HEADERS: &[(&str, &str)] = &[("tessera/gemm_epilogue.cuh
 
 /// Output rows per CTA tile (two consumer warpgroups of 64 rows).
 pub(crate) const BLOCK_M: usize = 128;
-/// Reduction depth of one pipeline stage (one 128-byte swizzle row of 16-bit elements).
-pub(crate) const BLOCK_K: usize = 64;
+/// Bytes of one operand row per pipeline stage: one 128-byte swizzle row (64 16-bit elements,
+/// 32 tf32, 128 fp8 / int8).
+pub(crate) const BLOCK_K_BYTES: usize = 128;
+
+/// Reduction depth of one pipeline stage for operands of `dtype`.
+pub(crate) fn block_k(dtype: DType) -> usize {
+    BLOCK_K_BYTES / dtype.size()
+}
+
+/// Operand dtypes of the path (F32 is read as tf32).
+pub(crate) const HOPPER_OPERANDS: [DType; 6] = [
+    DType::F16,
+    DType::BF16,
+    DType::F32,
+    DType::F8E4M3,
+    DType::F8E5M2,
+    DType::I8,
+];
+
+/// The output dtypes of an operand dtype on this path (gemm_sm90.cu's static_assert).
+pub(crate) fn hopper_outputs(dtype: DType) -> &'static [DType] {
+    match dtype {
+        DType::F16 => &[DType::F16, DType::F32],
+        DType::BF16 => &[DType::BF16, DType::F32],
+        DType::F32 => &[DType::F32],
+        DType::F8E4M3 | DType::F8E5M2 => &[DType::BF16, DType::F16, DType::F32],
+        DType::I8 => &[DType::I32, DType::BF16, DType::F16, DType::F32],
+        _ => &[],
+    }
+}
 /// Threads per CTA: one producer and two consumer warpgroups.
 pub(crate) const THREADS: u32 = 384;
 /// Largest activation code (epilogue.cuh: 0 none, 1 relu, 2 gelu erf, 3 gelu tanh, 4 silu).
@@ -50,9 +85,9 @@ pub(crate) struct HopperGemmArgs {
     pub n: usize,
     pub k: usize,
     pub batch: usize,
-    /// Operand dtype of A and B: F16 or BF16.
+    /// Operand dtype of A and B ([`HOPPER_OPERANDS`]).
     pub dtype: DType,
-    /// Dtype of D (and of C and R): `dtype` or F32.
+    /// Dtype of D (and of C, R and the bias): one of [`hopper_outputs`].
     pub out_dtype: DType,
     /// A `[M, K]` row-major.
     pub a: u64,
@@ -81,6 +116,12 @@ pub(crate) struct HopperGemmArgs {
     pub alpha: f32,
     /// Activation code 0..=[`MAX_ACTIVATION`].
     pub activation: u32,
+    /// f32 scale of A's rows (0 = none): `[M]` when `scale_a_rows`, else `[1]`. 8-bit operands.
+    pub scale_a: u64,
+    pub scale_a_rows: bool,
+    /// f32 scale of B's columns (0 = none): `[N]` when `scale_b_cols`, else `[1]`. 8-bit operands.
+    pub scale_b: u64,
+    pub scale_b_cols: bool,
 }
 
 /// What a [`HopperGemmPlan`] is built for: everything but the pointers, leading dimensions and
@@ -183,17 +224,54 @@ const MAX_STRIDE_BYTES: usize = 1 << 40;
 /// Does not look at the device (the caller dispatches here on sm_90 only).
 pub(crate) fn hopper_supports(args: &HopperGemmArgs) -> std::result::Result<(), String> {
     let a = args;
-    if !matches!(a.dtype, DType::F16 | DType::BF16) {
+    if !HOPPER_OPERANDS.contains(&a.dtype) {
         return Err(format!(
-            "dtype: the Hopper GEMM takes fp16 or bf16 operands, got {}",
+            "dtype: the Hopper GEMM takes fp16, bf16, fp32 (as tf32), fp8e4m3, fp8e5m2 or i8 operands, got {}",
             a.dtype
         ));
     }
-    if a.out_dtype != a.dtype && a.out_dtype != DType::F32 {
+    let outputs = hopper_outputs(a.dtype);
+    if !outputs.contains(&a.out_dtype) {
+        let names: Vec<&str> = outputs.iter().map(|d| d.name()).collect();
         return Err(format!(
-            "out_dtype: the Hopper GEMM writes {} or fp32 for {} operands, got {}",
-            a.dtype, a.dtype, a.out_dtype
+            "out_dtype: the Hopper GEMM writes {} for {} operands, got {}",
+            names.join(", "),
+            a.dtype,
+            a.out_dtype
         ));
+    }
+    if a.dtype.size() != 2 && !a.b_nk {
+        return Err(format!(
+            "b: {} operands need B stored [N, K] (K-major); wgmma reads only 16-bit B [K, N]",
+            a.dtype
+        ));
+    }
+    let eight_bit = a.dtype.size() == 1;
+    for (name, ptr) in [("scale_a", a.scale_a), ("scale_b", a.scale_b)] {
+        if ptr != 0 && !eight_bit {
+            return Err(format!(
+                "{name}: scales apply to fp8 and int8 operands only, got {}",
+                a.dtype
+            ));
+        }
+        if ptr % 4 != 0 {
+            return Err(format!("{name}: address {ptr:#x} is not 4-byte aligned (f32 scales)"));
+        }
+    }
+    if a.out_dtype == DType::I32
+        && (a.c != 0
+            || a.bias != 0
+            || a.residual != 0
+            || a.activation != 0
+            || a.alpha != 1.0
+            || a.scale_a != 0
+            || a.scale_b != 0)
+    {
+        return Err(
+            "out_dtype: an i32 output is the plain int8 product (torch._int_mm): no C, bias, residual, \
+             activation, scales, and alpha 1; ask for f32, f16 or bf16 output to dequantise"
+                .into(),
+        );
     }
     for (name, v) in [("m", a.m), ("n", a.n), ("k", a.k), ("batch", a.batch)] {
         if v == 0 || v > MAX_DIM {
@@ -292,7 +370,7 @@ pub(crate) fn choose_tile(m: usize, n: usize, batch: usize, sms: u32) -> HopperT
 /// Dynamic shared memory of a tiling: the A and B rings, the staging buffers, the barriers and
 /// 1024 bytes of slack to align the base to the 128-byte swizzle's period.
 pub(crate) fn shared_bytes(tile: HopperTile) -> u32 {
-    let bytes = tile.stages * (BLOCK_M * BLOCK_K * 2 + tile.block_n as usize * BLOCK_K * 2) as u32
+    let bytes = tile.stages * (BLOCK_M * BLOCK_K_BYTES + tile.block_n as usize * BLOCK_K_BYTES) as u32
         + STAGING_BYTES
         + 16 * tile.stages
         + 1024;
@@ -328,17 +406,18 @@ fn spec(key: &KernelKey) -> KernelSpec {
     )
 }
 
-/// Every variant this path can launch on `arch`: on sm_90, {fp16, bf16} x {same, fp32 out} x
-/// {B [N, K], [K, N]} x [`TILES`] (16 kernels); none elsewhere. Activations and the epilogue's
-/// inputs are run-time values, not variants.
+/// Every variant this path can launch on `arch`: on sm_90, each operand dtype x each of its
+/// [`hopper_outputs`] x {B [N, K], and for 16-bit operands [K, N]} x [`TILES`] (38 kernels);
+/// none elsewhere. Activations, scales and the epilogue's inputs are run-time values.
 pub(crate) fn kernel_specs(arch: Arch) -> Vec<KernelSpec> {
     if arch != Arch::SM90 {
         return Vec::new();
     }
     let mut out = Vec::new();
-    for dtype in [DType::F16, DType::BF16] {
-        for out_dtype in [dtype, DType::F32] {
-            for b_nk in [true, false] {
+    for dtype in HOPPER_OPERANDS {
+        for &out_dtype in hopper_outputs(dtype) {
+            let layouts: &[bool] = if dtype.size() == 2 { &[true, false] } else { &[true] };
+            for &b_nk in layouts {
                 for tile in TILES {
                     out.push(spec(&kernel_key(dtype, out_dtype, b_nk, tile)));
                 }
@@ -373,7 +452,11 @@ pub(crate) struct GemmParams {
     pub k_blocks: i32,
     pub group_m: i32,
     pub activation: i32,
-    pub pad_: [i32; 7],
+    pub pad_: i32,
+    pub scale_a: u64,
+    pub scale_b: u64,
+    pub scale_a_rows: i32,
+    pub scale_b_cols: i32,
 }
 
 // SAFETY: plain data with the C layout of `GemmParams` in gemm_sm90.cu (the kernel
@@ -435,34 +518,37 @@ impl MapShape {
 }
 
 /// The A, B and D tensor maps of a call on a tiling (gemm_sm90.cu's header lists their boxes).
+/// 8-bit operands are described to TMA as bytes (it has no fp8 or s8 type; a copy moves bits).
 pub(crate) fn map_shapes(a: &HopperGemmArgs, tile: HopperTile) -> [MapShape; 3] {
-    let (b_cols, b_rows, b_box_rows) = if a.b_nk {
-        (a.k, a.n, tile.block_n)
+    let bk = block_k(a.dtype);
+    let (b_cols, b_rows, b_box_rows, b_box_cols) = if a.b_nk {
+        (a.k, a.n, tile.block_n, bk as u32)
     } else {
-        (a.n, a.k, BLOCK_K as u32)
+        (a.n, a.k, bk as u32, 64)
     };
+    let map_dtype = if a.dtype.size() == 1 { DType::U8 } else { a.dtype };
     [
         MapShape {
             ptr: a.a,
-            dtype: a.dtype,
+            dtype: map_dtype,
             cols: a.k,
             rows: a.m,
             batch: a.batch,
             ld: a.lda,
             batch_stride: a.stride_a,
-            box_cols: BLOCK_K as u32,
+            box_cols: bk as u32,
             box_rows: BLOCK_M as u32,
             load: true,
         },
         MapShape {
             ptr: a.b,
-            dtype: a.dtype,
+            dtype: map_dtype,
             cols: b_cols,
             rows: b_rows,
             batch: a.batch,
             ld: a.ldb,
             batch_stride: a.stride_b,
-            box_cols: 64,
+            box_cols: b_box_cols,
             box_rows: b_box_rows,
             load: true,
         },
@@ -612,10 +698,14 @@ impl HopperGemmPlan {
             batch: args.batch as i32,
             tiles_m: self.tiles_m as i32,
             tiles_n: self.tiles_n as i32,
-            k_blocks: args.k.div_ceil(BLOCK_K) as i32,
+            k_blocks: args.k.div_ceil(block_k(args.dtype)) as i32,
             group_m: self.group_m as i32,
             activation: args.activation as i32,
-            pad_: [0; 7],
+            pad_: 0,
+            scale_a: args.scale_a,
+            scale_b: args.scale_b,
+            scale_a_rows: i32::from(args.scale_a_rows),
+            scale_b_cols: i32::from(args.scale_b_cols),
         };
         let cfg = LaunchConfig::linear(self.grid, THREADS, shared_bytes(self.tile));
         // SAFETY: `params` mirrors the kernel's GemmParams; hopper_supports checked that every
@@ -641,73 +731,66 @@ impl Lcg {
     }
 }
 
-/// Host values of a 16-bit or f32 device buffer, as f64 and as raw storage.
-enum Host {
-    F16(Vec<half::f16>),
-    BF16(Vec<half::bf16>),
-    F32(Vec<f32>),
+/// Host values of a device buffer: its dtype and little-endian storage.
+struct Host {
+    dtype: DType,
+    bytes: Vec<u8>,
 }
 
 impl Host {
-    /// `len` random values in [-scale, scale) rounded to `dtype`.
+    /// `len` random values in [-scale, scale) rounded to `dtype` (fp8 saturating); int8 takes
+    /// the whole range -128..=127 whatever `scale`.
     fn random(dtype: DType, len: usize, scale: f32, rng: &mut Lcg) -> Host {
-        let v = (0..len).map(|_| rng.next() * scale);
-        match dtype {
-            DType::F16 => Host::F16(v.map(half::f16::from_f32).collect()),
-            DType::BF16 => Host::BF16(v.map(half::bf16::from_f32).collect()),
-            _ => Host::F32(v.collect()),
+        let size = dtype.size();
+        let mut bytes = vec![0u8; len * size];
+        for i in 0..len {
+            let x = rng.next();
+            match dtype {
+                DType::I8 => bytes[i] = ((x * 128.0).floor().clamp(-128.0, 127.0) as i8) as u8,
+                DType::I32 => bytes[4 * i..4 * i + 4].copy_from_slice(&((x * 1000.0) as i32).to_le_bytes()),
+                d => crate::numeric::store(d, x * scale, &mut bytes[i * size..]),
+            }
         }
+        Host { dtype, bytes }
     }
     fn get(&self, i: usize) -> f64 {
-        match self {
-            Host::F16(v) => v[i].to_f64(),
-            Host::BF16(v) => v[i].to_f64(),
-            Host::F32(v) => v[i] as f64,
+        match self.dtype {
+            DType::I8 => self.bytes[i] as i8 as f64,
+            DType::I32 => i32::from_le_bytes(self.bytes[4 * i..4 * i + 4].try_into().unwrap_or([0; 4])) as f64,
+            d => crate::numeric::load(d, &self.bytes, i),
         }
     }
 }
 
-/// A device buffer of either dtype, kept alive with its address.
-enum Dev {
-    F16(crate::runtime::DeviceBuffer<half::f16>),
-    BF16(crate::runtime::DeviceBuffer<half::bf16>),
-    F32(crate::runtime::DeviceBuffer<f32>),
+/// A device buffer holding a [`Host`]'s bytes, kept alive with its address.
+struct Dev {
+    dtype: DType,
+    buf: crate::runtime::DeviceBuffer<u8>,
 }
 
 impl Dev {
     fn upload(ctx: &Context, h: &Host) -> Result<Dev> {
-        Ok(match h {
-            Host::F16(v) => Dev::F16(ctx.upload(v)?),
-            Host::BF16(v) => Dev::BF16(ctx.upload(v)?),
-            Host::F32(v) => Dev::F32(ctx.upload(v)?),
+        Ok(Dev {
+            dtype: h.dtype,
+            buf: ctx.upload(&h.bytes)?,
         })
     }
     fn alloc(ctx: &Context, dtype: DType, len: usize) -> Result<Dev> {
-        Ok(match dtype {
-            DType::F16 => Dev::F16(ctx.alloc(len)?),
-            DType::BF16 => Dev::BF16(ctx.alloc(len)?),
-            _ => Dev::F32(ctx.alloc(len)?),
+        Ok(Dev {
+            dtype,
+            buf: ctx.alloc(len * dtype.size())?,
         })
     }
     fn ptr(&self) -> u64 {
-        match self {
-            Dev::F16(b) => b.device_ptr(),
-            Dev::BF16(b) => b.device_ptr(),
-            Dev::F32(b) => b.device_ptr(),
-        }
+        self.buf.device_ptr()
     }
     fn poison(&mut self) -> Result<()> {
-        match self {
-            Dev::F16(b) => b.fill_bytes(0xff),
-            Dev::BF16(b) => b.fill_bytes(0xff),
-            Dev::F32(b) => b.fill_bytes(0xff),
-        }
+        self.buf.fill_bytes(0xff)
     }
     fn download(&self) -> Result<Host> {
-        Ok(match self {
-            Dev::F16(b) => Host::F16(b.to_host()?),
-            Dev::BF16(b) => Host::BF16(b.to_host()?),
-            Dev::F32(b) => Host::F32(b.to_host()?),
+        Ok(Host {
+            dtype: self.dtype,
+            bytes: self.buf.to_host()?,
         })
     }
 }
@@ -730,6 +813,9 @@ pub(crate) struct CheckCase {
     pub residual: bool,
     pub alpha: f32,
     pub activation: u32,
+    /// Dequantisation scales of 8-bit operands: 0 none, 1 per-tensor, 2 per-row of A and
+    /// per-column of B.
+    pub scales: u8,
 }
 
 impl CheckCase {
@@ -749,6 +835,22 @@ impl CheckCase {
             residual: false,
             alpha: 1.0,
             activation: 0,
+            scales: 0,
+        }
+    }
+    /// A plain case with another output dtype.
+    const fn out(self, out_dtype: DType) -> CheckCase {
+        CheckCase { out_dtype, ..self }
+    }
+    /// The rel-l2 budget: the output dtype's, widened for tf32 operands (10-bit mantissas) and
+    /// fp8 operands (the tensor core adds fp8 products with fewer than f32's bits); s32 outputs
+    /// must be exact.
+    fn budget(&self) -> f64 {
+        let out = self.out_dtype.rel_l2_budget();
+        match self.dtype {
+            DType::F32 => out.max(5e-3),
+            DType::F8E4M3 | DType::F8E5M2 => out.max(1e-3),
+            _ => out,
         }
     }
 }
@@ -756,7 +858,7 @@ impl CheckCase {
 /// The self-check's cases: odd M/N/K tails (below, at and past a tile), both B layouts, both
 /// dtypes, f32 output, both tilings forced, batches, and every epilogue input and activation.
 pub(crate) fn check_cases() -> Vec<CheckCase> {
-    use DType::{BF16, F16, F32};
+    use DType::{BF16, F16, F32, F8E4M3, F8E5M2, I32, I8};
     let narrow = Some(TILES[1]);
     let wide = Some(TILES[0]);
     vec![
@@ -807,6 +909,48 @@ pub(crate) fn check_cases() -> Vec<CheckCase> {
             activation: 2,
             ..CheckCase::plain(513, 640, 1024, F16, true)
         },
+        // tf32, fp8 and int8 operands (B [N, K] only), with K tails inside their longer k-blocks
+        CheckCase::plain(129, 257, 100, F32, true),
+        CheckCase {
+            bias: true,
+            activation: 4,
+            tile: narrow,
+            ..CheckCase::plain(200, 130, 77, F32, true)
+        },
+        CheckCase::plain(256, 512, 256, F8E4M3, true).out(BF16),
+        CheckCase {
+            scales: 1,
+            ..CheckCase::plain(129, 257, 100, F8E4M3, true).out(F32)
+        },
+        CheckCase {
+            scales: 2,
+            bias: true,
+            activation: 2,
+            tile: wide,
+            ..CheckCase::plain(300, 1000, 520, F8E4M3, true).out(BF16)
+        },
+        CheckCase {
+            scales: 2,
+            beta: Some(0.5),
+            residual: true,
+            ..CheckCase::plain(127, 129, 300, F8E5M2, true).out(F16)
+        },
+        CheckCase::plain(256, 512, 256, I8, true).out(I32),
+        CheckCase {
+            batch: 2,
+            ..CheckCase::plain(129, 257, 1000, I8, true).out(I32)
+        },
+        CheckCase {
+            scales: 2,
+            bias: true,
+            tile: narrow,
+            ..CheckCase::plain(1, 7, 13, I8, true).out(BF16)
+        },
+        CheckCase {
+            scales: 1,
+            alpha: 0.25,
+            ..CheckCase::plain(200, 130, 4100, I8, true).out(F32)
+        },
     ]
 }
 
@@ -838,6 +982,14 @@ pub(crate) fn check_case(ctx: &Context, case: &CheckCase, seed: u64) -> Result<(
         .residual
         .then(|| Host::random(cs.out_dtype, sd * cs.batch, 1.0, &mut rng));
     let bias_h = cs.bias.then(|| Host::random(cs.out_dtype, cs.n, 1.0, &mut rng));
+    // scales in [0.25, 1.75): per-tensor ones are [1]
+    let (sa_len, sb_len) = if cs.scales == 2 { (cs.m, cs.n) } else { (1, 1) };
+    let mut scale = |len: usize| -> Vec<f32> { (0..len).map(|_| 1.0 + 0.75 * rng.next()).collect() };
+    let scales_h = (cs.scales > 0).then(|| (scale(sa_len), scale(sb_len)));
+    let scales_d = match &scales_h {
+        Some((sa_h, sb_h)) => Some((ctx.upload(sa_h)?, ctx.upload(sb_h)?)),
+        None => None,
+    };
 
     let a_d = Dev::upload(ctx, &a_h)?;
     let b_d = Dev::upload(ctx, &b_h)?;
@@ -886,6 +1038,10 @@ pub(crate) fn check_case(ctx: &Context, case: &CheckCase, seed: u64) -> Result<(
         stride_r: sd,
         alpha: cs.alpha,
         activation: cs.activation,
+        scale_a: scales_d.as_ref().map_or(0, |s| s.0.device_ptr()),
+        scale_a_rows: cs.scales == 2,
+        scale_b: scales_d.as_ref().map_or(0, |s| s.1.device_ptr()),
+        scale_b_cols: cs.scales == 2,
     };
     let plan = match cs.tile {
         Some(t) => HopperGemmPlan::with_tile(ctx, &args.shape_key(), t)?,
@@ -914,7 +1070,10 @@ pub(crate) fn check_case(ctx: &Context, case: &CheckCase, seed: u64) -> Result<(
             }
             for (j, &acc) in acc_row.iter().enumerate() {
                 let at = bt * sd + i * ldd + j;
-                let mut v = cs.alpha as f64 * acc;
+                let dequant = scales_h.as_ref().map_or(1.0, |(sa_h, sb_h)| {
+                    sa_h[if cs.scales == 2 { i } else { 0 }] as f64 * sb_h[if cs.scales == 2 { j } else { 0 }] as f64
+                });
+                let mut v = cs.alpha as f64 * dequant * acc;
                 if let (Some(beta), Some(c)) = (cs.beta, &c_h) {
                     v += beta as f64 * c.get(at);
                 }
@@ -934,7 +1093,7 @@ pub(crate) fn check_case(ctx: &Context, case: &CheckCase, seed: u64) -> Result<(
         }
     }
     let rel = (err2 / ref2.max(f64::MIN_POSITIVE)).sqrt();
-    Ok((max_abs, rel, cs.out_dtype.rel_l2_budget()))
+    Ok((max_abs, rel, cs.budget()))
 }
 
 /// The f64 activation of epilogue.cuh's code.
@@ -991,7 +1150,8 @@ pub(crate) fn hopper_self_check(ctx: &Context) -> Result<String> {
     for (i, case) in check_cases().iter().enumerate() {
         let seed = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1);
         let (max_abs, rel, budget) = check_case(ctx, case, seed)?;
-        let ok = rel.is_finite() && rel < budget;
+        // a zero budget (s32 output) asks for the exact result
+        let ok = rel.is_finite() && (rel < budget || rel == 0.0);
         failed += usize::from(!ok);
         report += &format!(
             "{} {:?} seed {seed:#x}: max_abs_err {max_abs:.3e} rel_l2 {rel:.3e} (budget {budget:.0e})\n",
@@ -1101,6 +1261,10 @@ pub(crate) fn hopper_bench(ctx: &Context) -> Result<String> {
                 ldb: k,
                 stride_b: 0,
                 b_nk: true,
+                scale_a: 0,
+                scale_a_rows: false,
+                scale_b: 0,
+                scale_b_cols: false,
                 c: 0,
                 ldc: n,
                 stride_c: 0,

@@ -40,6 +40,24 @@ fn args() -> HopperGemmArgs {
         stride_r: 1008 * m,
         alpha: 1.0,
         activation: 2,
+        scale_a: 0,
+        scale_a_rows: false,
+        scale_b: 0,
+        scale_b_cols: false,
+    }
+}
+
+/// A valid int8 call with s32 output (torch._int_mm): no epilogue, B [N, K].
+fn int_args() -> HopperGemmArgs {
+    HopperGemmArgs {
+        dtype: DType::I8,
+        out_dtype: DType::I32,
+        c: 0,
+        beta: 0.0,
+        bias: 0,
+        residual: 0,
+        activation: 0,
+        ..args()
     }
 }
 
@@ -88,6 +106,31 @@ fn a_valid_call_is_supported_in_every_variant() {
         ..args()
     };
     assert_eq!(hopper_supports(&tiny), Ok(()));
+    // tf32, fp8 and int8 operands: every output of each, B [N, K], scales on the 8-bit ones.
+    for dtype in [DType::F32, DType::F8E4M3, DType::F8E5M2, DType::I8] {
+        for &out_dtype in hopper_outputs(dtype) {
+            let eight = dtype.size() == 1;
+            let a = if out_dtype == DType::I32 {
+                int_args()
+            } else {
+                HopperGemmArgs {
+                    dtype,
+                    out_dtype,
+                    ldc: 1024,
+                    ldd: 1024,
+                    ldr: 1024,
+                    stride_c: 1024 * 300,
+                    stride_d: 1024 * 300,
+                    stride_r: 1024 * 300,
+                    scale_a: if eight { 0x70000 } else { 0 },
+                    scale_a_rows: eight,
+                    scale_b: if eight { 0x80000 } else { 0 },
+                    ..args()
+                }
+            };
+            assert_eq!(hopper_supports(&a), Ok(()), "{a:?}");
+        }
+    }
 }
 
 /// Every rule names its argument.
@@ -96,10 +139,57 @@ fn broken_rules_name_the_argument() {
     let cases: Vec<(HopperGemmArgs, &str)> = vec![
         (
             HopperGemmArgs {
-                dtype: DType::F32,
+                dtype: DType::F64,
                 ..args()
             },
             "dtype",
+        ),
+        (
+            HopperGemmArgs {
+                dtype: DType::F32,
+                out_dtype: DType::F32,
+                b_nk: false,
+                ldb: 1008,
+                ldc: 1008,
+                ..args()
+            },
+            "b: fp32 operands need B stored [N, K]",
+        ),
+        (
+            HopperGemmArgs {
+                scale_a: 0x70000,
+                ..args()
+            },
+            "scale_a: scales apply to fp8 and int8",
+        ),
+        (
+            HopperGemmArgs {
+                dtype: DType::F8E4M3,
+                scale_b: 0x70002,
+                ..args()
+            },
+            "scale_b: address",
+        ),
+        (
+            HopperGemmArgs {
+                bias: 0x50000,
+                ..int_args()
+            },
+            "out_dtype: an i32 output",
+        ),
+        (
+            HopperGemmArgs {
+                alpha: 2.0,
+                ..int_args()
+            },
+            "out_dtype: an i32 output",
+        ),
+        (
+            HopperGemmArgs {
+                out_dtype: DType::I32,
+                ..args()
+            },
+            "out_dtype",
         ),
         (
             HopperGemmArgs {
@@ -269,8 +359,34 @@ fn tensor_maps_describe_the_operands() {
     let [_, _, dm] = map_shapes(&f32_out, TILES[0]);
     assert_eq!(dm.box_cols, 32);
     assert_eq!(dm.geometry(), ([1000, 300, 1, 1], [4016, 4016 * 300, 4016 * 300]));
+    // 8-bit operands: 128-element (128-byte) k boxes described as bytes; tf32: 32 elements.
+    let fp8 = HopperGemmArgs {
+        dtype: DType::F8E4M3,
+        ..a
+    };
+    let [am8, bm8, _] = map_shapes(&fp8, TILES[0]);
+    assert_eq!(
+        (am8.dtype, am8.box_cols, bm8.dtype, bm8.box_cols),
+        (DType::U8, 128, DType::U8, 128)
+    );
+    let tf32 = HopperGemmArgs {
+        dtype: DType::F32,
+        out_dtype: DType::F32,
+        ..a
+    };
+    let [am32, bm32, _] = map_shapes(&tf32, TILES[1]);
+    assert_eq!((am32.box_cols, bm32.box_cols, bm32.box_rows), (32, 32, 128));
+    assert_eq!(
+        (block_k(DType::F16), block_k(DType::F32), block_k(DType::I8)),
+        (64, 32, 128)
+    );
     // TMA's host-side rules hold for every map of a supported call.
-    for s in map_shapes(&a, TILES[0]).iter().chain(map_shapes(&kn, TILES[1]).iter()) {
+    for s in map_shapes(&a, TILES[0])
+        .iter()
+        .chain(map_shapes(&kn, TILES[1]).iter())
+        .chain(map_shapes(&fp8, TILES[0]).iter())
+        .chain(map_shapes(&tf32, TILES[1]).iter())
+    {
         let (dims, strides) = s.geometry();
         let m = tma::TiledMap {
             ptr: s.ptr,
@@ -302,6 +418,10 @@ fn params_struct_matches_the_kernel() {
     assert_eq!(offset_of!(GemmParams, alpha), 440);
     assert_eq!(offset_of!(GemmParams, m), 448);
     assert_eq!(offset_of!(GemmParams, activation), 480);
+    assert_eq!(offset_of!(GemmParams, scale_a), 488);
+    assert_eq!(offset_of!(GemmParams, scale_b), 496);
+    assert_eq!(offset_of!(GemmParams, scale_a_rows), 504);
+    assert_eq!(offset_of!(GemmParams, scale_b_cols), 508);
 }
 
 /// The epilogue's staging writes (gemm_sm90.cu stage_pair): every output of a consumer's chunk
@@ -365,11 +485,13 @@ fn reference_activations() {
 #[test]
 fn kernel_variants_are_hopper_only_and_distinct() {
     let specs = kernel_specs(Arch::SM90);
-    assert_eq!(specs.len(), 16);
+    // 16-bit: 2 dtypes x 2 outputs x 2 B layouts x 2 tilings; tf32: 1 x 1 x 2; fp8: 2 x 3 x 1 x 2;
+    // int8: 4 outputs x 1 x 2.
+    assert_eq!(specs.len(), 16 + 2 + 12 + 8);
     let mut names: Vec<_> = specs.iter().map(|s| s.name.clone()).collect();
     names.sort();
     names.dedup();
-    assert_eq!(names.len(), 16);
+    assert_eq!(names.len(), specs.len());
     for arch in [Arch::SM80, Arch::SM86, Arch::SM89] {
         assert!(kernel_specs(arch).is_empty());
     }
@@ -377,7 +499,20 @@ fn kernel_variants_are_hopper_only_and_distinct() {
     let cases = check_cases();
     assert!(cases.iter().any(|c| c.b_nk) && cases.iter().any(|c| !c.b_nk));
     assert!(cases.iter().any(|c| c.out_dtype == DType::F32));
-    assert!(cases.iter().any(|c| c.dtype == DType::F16) && cases.iter().any(|c| c.dtype == DType::BF16));
+    for dtype in HOPPER_OPERANDS {
+        for &out in hopper_outputs(dtype) {
+            if dtype.size() != 2 && out != DType::F16 {
+                // every (operand, output) pair of the new precisions but f16 out (the same
+                // store code as bf16)
+                assert!(
+                    cases.iter().any(|c| c.dtype == dtype && c.out_dtype == out) || dtype == DType::F8E5M2,
+                    "{dtype} -> {out}"
+                );
+            }
+        }
+        assert!(cases.iter().any(|c| c.dtype == dtype), "{dtype}");
+    }
+    assert!(cases.iter().any(|c| c.scales == 1) && cases.iter().any(|c| c.scales == 2));
     for code in 0..=MAX_ACTIVATION {
         assert!(cases.iter().any(|c| c.activation == code), "activation {code}");
     }

@@ -86,7 +86,7 @@ pub struct TiledMap<'a> {
     pub oob_fill: OobFill,
 }
 
-/// The TMA element type of a dtype; `None` for one TMA has no type for (fp8: describe it as
+/// The TMA element type of a dtype; `None` for one TMA has no type for (fp8, int8: describe it as
 /// bytes, [`DType::U8`]).
 pub fn data_type(dtype: DType) -> Option<sys::CUtensorMapDataType> {
     use sys::CUtensorMapDataType as T;
@@ -98,7 +98,7 @@ pub fn data_type(dtype: DType) -> Option<sys::CUtensorMapDataType> {
         DType::I32 => T::CU_TENSOR_MAP_DATA_TYPE_INT32,
         DType::I64 => T::CU_TENSOR_MAP_DATA_TYPE_INT64,
         DType::U8 => T::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-        DType::F8E4M3 | DType::F8E5M2 => return None,
+        DType::F8E4M3 | DType::F8E5M2 | DType::I8 => return None,
     })
 }
 
