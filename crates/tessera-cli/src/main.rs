@@ -431,9 +431,10 @@ fn verify(ctx: &Context, ops: &[String], quick: bool, filter: Option<&str>, seed
                     );
                     if !o.passed {
                         s += &format!("\n     seed {case_seed}: {}", o.comparison);
-                        if let Some(n) = &o.note {
-                            s += &format!("\n     {n}");
-                        }
+                    }
+                    // a passing case's note is its report (e.g. the Hopper GEMM's timings)
+                    if let Some(n) = &o.note {
+                        s += &format!("\n     {}", n.trim_end().replace('\n', "\n     "));
                     }
                     s
                 }
