@@ -644,6 +644,16 @@ impl HopperGemmPlan {
         self.tile
     }
 
+    /// The loaded kernel.
+    pub(crate) fn kernel(&self) -> &Arc<Kernel> {
+        &self.kernel
+    }
+
+    /// The launch: the persistent grid, 384 threads, the tiling's shared memory.
+    pub(crate) fn launch_config(&self) -> LaunchConfig {
+        LaunchConfig::linear(self.grid, THREADS, shared_bytes(self.tile))
+    }
+
     /// The tensor maps for `args`: cached ones when these operands ran recently, else encoded on
     /// the host (no allocation) and cached in place of the oldest entry.
     fn maps(&self, args: &HopperGemmArgs) -> Result<[TensorMap; 3]> {
@@ -707,7 +717,7 @@ impl HopperGemmPlan {
             scale_a_rows: i32::from(args.scale_a_rows),
             scale_b_cols: i32::from(args.scale_b_cols),
         };
-        let cfg = LaunchConfig::linear(self.grid, THREADS, shared_bytes(self.tile));
+        let cfg = self.launch_config();
         // SAFETY: `params` mirrors the kernel's GemmParams; hopper_supports checked that every
         // operand is non-null, aligned and described with leading dimensions covering its rows,
         // and the tensor maps bound every TMA access to the tensors' extents (loads zero-fill,
@@ -1094,6 +1104,151 @@ pub(crate) fn check_case(ctx: &Context, case: &CheckCase, seed: u64) -> Result<(
     }
     let rel = (err2 / ref2.max(f64::MIN_POSITIVE)).sqrt();
     Ok((max_abs, rel, cs.budget()))
+}
+
+/// The tf32, fp8 and int8 contracts through the public API ([`GemmPlan::run_scaled`] with
+/// [`GemmProblem`]'s precision, scales and epilogue), against the same f64 reference as the
+/// self-check: checks the plan's mapping of problem and operands onto the kernel. One report
+/// line per case; an error when any fails.
+pub(crate) fn plan_self_check(ctx: &Context) -> Result<String> {
+    use super::plan::{GemmOptions, GemmPlan};
+    use super::problem::{
+        Activation, COperand, GemmOperands, GemmProblem, GemmScaleOperands, GemmScales, Layout, Precision,
+    };
+    let cases = [
+        (Precision::Tf32, DType::F32, GemmScales::None, Activation::None, false),
+        (Precision::Tf32, DType::F32, GemmScales::None, Activation::Relu, true),
+        (
+            Precision::Fp8E4M3,
+            DType::BF16,
+            GemmScales::RowWise,
+            Activation::GeluErf,
+            true,
+        ),
+        (
+            Precision::Fp8E5M2,
+            DType::F32,
+            GemmScales::PerTensor,
+            Activation::None,
+            false,
+        ),
+        (
+            Precision::Fp8E4M3,
+            DType::F16,
+            GemmScales::None,
+            Activation::Silu,
+            false,
+        ),
+        (Precision::Int8, DType::I32, GemmScales::None, Activation::None, false),
+        (
+            Precision::Int8,
+            DType::BF16,
+            GemmScales::RowWise,
+            Activation::None,
+            true,
+        ),
+        (
+            Precision::Int8,
+            DType::F32,
+            GemmScales::PerTensor,
+            Activation::GeluTanh,
+            false,
+        ),
+    ];
+    let (m, n, k) = (300, 392, 208);
+    let mut report = String::new();
+    let mut failed = 0;
+    for (i, &(precision, out, scales, activation, bias)) in cases.iter().enumerate() {
+        let mut rng = Lcg(0x51ed_2701u64.wrapping_mul(i as u64 + 3) | 1);
+        let problem = GemmProblem::new(precision, out, m, n, k)
+            .b_layout(Layout::ColMajor)
+            .scales(scales)
+            .activation(activation)
+            .bias(bias);
+        let input = problem.input()?;
+        let plan = GemmPlan::new(ctx, &problem, &GemmOptions::default())?;
+        let a_h = Host::random(input, m * k, 1.0, &mut rng);
+        let b_h = Host::random(input, n * k, 1.0, &mut rng);
+        let bias_h = Host::random(if out == DType::I32 { DType::F32 } else { out }, n, 1.0, &mut rng);
+        let (sa_len, sb_len) = if scales == GemmScales::RowWise { (m, n) } else { (1, 1) };
+        let sa_h: Vec<f32> = (0..sa_len).map(|_| 1.0 + 0.75 * rng.next()).collect();
+        let sb_h: Vec<f32> = (0..sb_len).map(|_| 1.0 + 0.75 * rng.next()).collect();
+        let (a_d, b_d, bias_d) = (
+            Dev::upload(ctx, &a_h)?,
+            Dev::upload(ctx, &b_h)?,
+            Dev::upload(ctx, &bias_h)?,
+        );
+        let (sa_d, sb_d) = (ctx.upload(&sa_h)?, ctx.upload(&sb_h)?);
+        let mut d_d = Dev::alloc(ctx, out, m * n)?;
+        d_d.poison()?;
+        let ops = GemmOperands {
+            a: a_d.buf.view_as(input, &[m, k], &[k, 1])?,
+            b: b_d.buf.view_as(input, &[n, k], &[k, 1])?,
+            c: COperand::None,
+            bias: if bias {
+                Some(bias_d.buf.view_as(out, &[n], &[1])?)
+            } else {
+                None
+            },
+            residual: None,
+        };
+        let scale_ops = if scales == GemmScales::None {
+            GemmScaleOperands::default()
+        } else {
+            GemmScaleOperands {
+                a: Some(sa_d.view(&[sa_len], &[1])?),
+                b: Some(sb_d.view(&[sb_len], &[1])?),
+            }
+        };
+        let alpha = if out == DType::I32 { 1.0 } else { 0.5 };
+        plan.run_scaled(
+            alpha,
+            0.0,
+            &ops,
+            &scale_ops,
+            &mut d_d.buf.view_mut_as(out, &[m, n], &[n, 1])?,
+        )?;
+        let got = d_d.download()?;
+        let (mut err2, mut ref2) = (0.0f64, 0.0f64);
+        for r in 0..m {
+            for c in 0..n {
+                let acc: f64 = (0..k).map(|kk| a_h.get(r * k + kk) * b_h.get(c * k + kk)).sum();
+                let s = if scales == GemmScales::None {
+                    1.0
+                } else {
+                    sa_h[if sa_len > 1 { r } else { 0 }] as f64 * sb_h[if sb_len > 1 { c } else { 0 }] as f64
+                };
+                let mut v = alpha * s * acc + if bias { bias_h.get(c) } else { 0.0 };
+                v = activate(activation.code(), v);
+                let e = got.get(r * n + c) - v;
+                err2 += if e.is_nan() { f64::INFINITY } else { e * e };
+                ref2 += v * v;
+            }
+        }
+        let rel = (err2 / ref2.max(f64::MIN_POSITIVE)).sqrt();
+        let budget = CheckCase {
+            out_dtype: out,
+            ..CheckCase::plain(m, n, k, input, true)
+        }
+        .budget();
+        let ok = rel.is_finite() && (rel < budget || rel == 0.0);
+        failed += usize::from(!ok);
+        report += &format!(
+            "{} plan {} -> {} {scales:?} {} bias {bias} (kernel {}): rel_l2 {rel:.3e} (budget {budget:.0e})\n",
+            if ok { "PASS" } else { "FAIL" },
+            precision.name(),
+            out,
+            activation.name(),
+            plan.kernel_name()
+        );
+    }
+    if failed > 0 {
+        return Err(Error::invalid(
+            "gemm plan self-check",
+            format!("{failed} cases failed:\n{report}"),
+        ));
+    }
+    Ok(report)
 }
 
 /// The f64 activation of epilogue.cuh's code.

@@ -82,7 +82,9 @@ pub mod verify;
 #[cfg(feature = "harness")]
 pub use operator::OPERATOR;
 pub use plan::{GemmOptions, GemmPath, GemmPlan, GemmTuning};
-pub use problem::{Activation, COperand, GemmEpilogue, GemmOperands, GemmProblem, Layout, Precision};
+pub use problem::{
+    Activation, COperand, GemmEpilogue, GemmOperands, GemmProblem, GemmScaleOperands, GemmScales, Layout, Precision,
+};
 
 use crate::error::Error;
 

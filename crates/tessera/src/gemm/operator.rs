@@ -30,12 +30,21 @@ impl Operator for Gemm {
         jobs.push(VerifyJob::new("gemm bad input".into(), (), verify::verify_bad_inputs));
         jobs.push(VerifyJob::new(
             "gemm hopper self-check".into(),
-            false,
+            verify::HopperJob::SelfCheck,
+            verify::verify_hopper,
+        ));
+        jobs.push(VerifyJob::new(
+            "gemm hopper tf32/fp8/int8 plans".into(),
+            verify::HopperJob::PlanCheck,
             verify::verify_hopper,
         ));
         if !quick {
-            // In-process side-by-side with cuBLAS until the Hopper path is in the dispatch.
-            jobs.push(VerifyJob::new("gemm hopper bench".into(), true, verify::verify_hopper));
+            // The Hopper kernel alone against cuBLAS in one process, each tiling forced.
+            jobs.push(VerifyJob::new(
+                "gemm hopper bench".into(),
+                verify::HopperJob::Bench,
+                verify::verify_hopper,
+            ));
         }
         jobs
     }
@@ -56,9 +65,7 @@ impl Operator for Gemm {
     }
 
     fn kernel_specs(&self, arch: Arch) -> Vec<KernelSpec> {
-        let mut specs = plan::kernel_specs(arch);
-        specs.extend(super::hopper::kernel_specs(arch));
-        specs
+        plan::kernel_specs(arch)
     }
 
     fn device_headers(&self) -> &'static [(&'static str, &'static str)] {

@@ -6,14 +6,21 @@
 //! - fp64: [`GemmPath::Dmma`] on sm_80+, else [`GemmPath::Simt`];
 //! - fp32 (exact): [`GemmPath::Simt`];
 //! - fp16/bf16: [`GemmPath::Skinny`] for M <= 16 with B stored [N, K] and A row-major (decode);
-//!   else [`GemmPath::Sm80`] when A is row-major and the 16-byte rule holds (A and B 16-byte
-//!   aligned; lda, ldb and their batch strides multiples of 8 elements); else the slower
-//!   [`GemmPath::Simt`] (any layout and alignment). The Hopper kernel's arm goes in
-//!   [`choose_path`] (marked there) before the sm80 one.
+//!   else, on sm_90, [`GemmPath::Hopper`] when its rules hold ([`hopper_rule_broken`]: A
+//!   row-major, every leading dimension and batch stride a multiple of 16 bytes, K >= 1); else
+//!   [`GemmPath::Sm80`] when A is row-major and the 16-byte rule holds (A and B 16-byte aligned;
+//!   lda, ldb and their batch strides multiples of 8 elements); else the slower
+//!   [`GemmPath::Simt`] (any layout and alignment);
+//! - tf32, fp8 (e4m3, e5m2) and int8: [`GemmPath::Hopper`] only (sm_90), A row-major and B
+//!   stored [N, K]; elsewhere an error.
 
 use std::sync::Arc;
 
-use super::problem::{check_aligned, check_operands, COperand, GemmOperands, GemmProblem, Layout, Precision};
+use super::hopper::{self, HopperGemmArgs, HopperGemmPlan, HopperShapeKey};
+use super::problem::{
+    check_aligned, check_operands, COperand, GemmOperands, GemmProblem, GemmScaleOperands, GemmScales, Layout,
+    Precision,
+};
 use super::{dmma, simt, skinny, sm80};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -33,7 +40,8 @@ pub enum GemmPath {
     Skinny,
     /// fp64 on the DMMA tensor cores (sm_80+), `gemm_dmma.cu`.
     Dmma,
-    /// fp16/bf16 on sm_90a (wgmma + TMA). Not part of this build yet: planning it is an error.
+    /// sm_90a tensor cores (TMA + wgmma, warp-specialised, persistent): fp16, bf16, tf32, fp8,
+    /// int8; `gemm_sm90.cu`.
     Hopper,
 }
 
@@ -176,17 +184,93 @@ pub fn skinny_rule_broken(p: &GemmProblem) -> Option<Error> {
     vector_rule_broken(p)
 }
 
+/// Why the Hopper path cannot take this problem on `arch`, or `None` (the rules that do not
+/// depend on addresses; [`hopper::hopper_supports`] checks those at run time).
+pub fn hopper_rule_broken(p: &GemmProblem, arch: Arch) -> Option<Error> {
+    if arch != Arch::SM90 {
+        return Some(Error::Unsupported(format!(
+            "the Hopper (wgmma + TMA) path runs on sm_90 only; this device is {arch}"
+        )));
+    }
+    let input = match p.input() {
+        Ok(d) if hopper::HOPPER_OPERANDS.contains(&d) && p.precision != Precision::F32 => d,
+        _ => {
+            return Some(Error::Unsupported(format!(
+                "the Hopper path takes fp16, bf16, tf32, fp8 or int8 inputs, not {}",
+                p.precision.name()
+            )))
+        }
+    };
+    if !hopper::hopper_outputs(input).contains(&p.out) {
+        return Some(Error::Unsupported(format!(
+            "the Hopper path has no {} output for {} inputs",
+            p.out,
+            p.precision.name()
+        )));
+    }
+    if p.a_layout != Layout::RowMajor {
+        return Some(Error::Unsupported("the Hopper path takes a row-major A".into()));
+    }
+    if input.size() != 2 && p.b_layout != Layout::ColMajor {
+        return Some(Error::invalid(
+            "b_layout",
+            format!("{} inputs need B stored [N, K]", p.precision.name()),
+        ));
+    }
+    if p.k == 0 {
+        return Some(Error::Unsupported("the Hopper path needs K >= 1".into()));
+    }
+    let (es, os) = (input.size(), p.out.size());
+    let mut rules = vec![("lda", p.lda * es), ("ldb", p.ldb * es), ("ldd", p.ldd * os)];
+    if p.epilogue.c {
+        rules.push(("ldc", p.ldc * os));
+    }
+    if p.epilogue.residual {
+        rules.push(("ldr", p.ldr * os));
+    }
+    if p.batch > 1 {
+        rules.extend([
+            ("batch_stride_a", p.batch_stride_a * es),
+            ("batch_stride_b", p.batch_stride_b * es),
+            ("batch_stride_d", p.batch_stride_d * os),
+        ]);
+        if p.epilogue.c {
+            rules.push(("batch_stride_c", p.batch_stride_c * os));
+        }
+        if p.epilogue.residual {
+            rules.push(("batch_stride_r", p.batch_stride_r * os));
+        }
+    }
+    for (arg, bytes) in rules {
+        if bytes % 16 != 0 {
+            return Some(Error::invalid(
+                arg,
+                format!("{bytes} bytes is not a multiple of 16, which the Hopper path's TMA copies need"),
+            ));
+        }
+    }
+    None
+}
+
 /// The path the dispatcher takes for `p` on `arch`, or the reason a forced path cannot run it.
 pub fn choose_path(p: &GemmProblem, arch: Arch, forced: GemmPath) -> Result<GemmPath> {
     let ampere = arch.major >= 8;
     let need_ampere =
         |what: &str| Error::Unsupported(format!("the {what} path needs sm_80 or newer; this device is {arch}"));
+    if p.precision.hopper_only() && !matches!(forced, GemmPath::Auto | GemmPath::Hopper) {
+        return Err(Error::Unsupported(format!(
+            "{} inputs run on the hopper path only, not {}",
+            p.precision.name(),
+            forced.name()
+        )));
+    }
     match forced {
         GemmPath::Auto => {}
         GemmPath::Hopper => {
-            return Err(Error::Unsupported(
-                "the Hopper (wgmma + TMA) GEMM path is not part of this build; use auto, sm80, skinny or simt".into(),
-            ))
+            return match hopper_rule_broken(p, arch) {
+                Some(e) => Err(e),
+                None => Ok(GemmPath::Hopper),
+            }
         }
         GemmPath::Simt => return Ok(GemmPath::Simt),
         GemmPath::Dmma => {
@@ -223,20 +307,20 @@ pub fn choose_path(p: &GemmProblem, arch: Arch, forced: GemmPath) -> Result<Gemm
         Precision::F16 | Precision::BF16 if ampere => {
             if skinny_rule_broken(p).is_none() {
                 GemmPath::Skinny
+            } else if hopper_rule_broken(p, arch).is_none() {
+                GemmPath::Hopper
             } else if vector_rule_broken(p).is_none() {
-                // HOPPER ARM: on sm_90 (arch.major == 9) return GemmPath::Hopper here when the
-                // Hopper kernel accepts the problem (its own alignment and shape rules).
                 GemmPath::Sm80
             } else {
                 GemmPath::Simt
             }
         }
         Precision::F16 | Precision::BF16 => GemmPath::Simt,
-        other => {
-            return Err(Error::Unsupported(format!(
-                "GEMM precision {} is not yet supported",
-                other.name()
-            )))
+        Precision::Tf32 | Precision::Fp8E4M3 | Precision::Fp8E5M2 | Precision::Int8 => {
+            match hopper_rule_broken(p, arch) {
+                None => GemmPath::Hopper,
+                Some(e) => return Err(e),
+            }
         }
     })
 }
@@ -250,6 +334,7 @@ pub fn kernel_specs(arch: Arch) -> Vec<KernelSpec> {
         v.extend([DType::F16, DType::BF16, DType::F32].map(skinny::reduce_spec));
         v.push(dmma::spec());
     }
+    v.extend(hopper::kernel_specs(arch));
     v
 }
 
@@ -267,6 +352,8 @@ pub struct GemmPlan {
     k_per_split: usize,
     /// Byte alignment the path needs of A's and B's addresses (1: none).
     operand_align: u64,
+    /// The Hopper path's own plan (tensor maps, persistent grid).
+    hopper: Option<HopperGemmPlan>,
 }
 
 impl std::fmt::Debug for GemmPlan {
@@ -292,6 +379,31 @@ impl GemmPlan {
         let mut k_per_split = problem.k;
         let mut reduce = None;
         let mut workspace = None;
+        if path == GemmPath::Hopper {
+            let key = HopperShapeKey {
+                m,
+                n,
+                k: problem.k,
+                batch,
+                b_nk: problem.b_layout == Layout::ColMajor,
+                dtype: input,
+                out_dtype: problem.out,
+            };
+            let hp = HopperGemmPlan::new(ctx, &key)?;
+            return Ok(GemmPlan {
+                ctx: ctx.clone(),
+                problem: problem.clone(),
+                path,
+                kernel: hp.kernel().clone(),
+                config: hp.launch_config(),
+                reduce,
+                workspace,
+                splits,
+                k_per_split,
+                operand_align: 16,
+                hopper: Some(hp),
+            });
+        }
         let (spec, config, operand_align) = match path {
             GemmPath::Sm80 => {
                 let v = sm80::Sm80Variant {
@@ -346,6 +458,7 @@ impl GemmPlan {
             splits,
             k_per_split,
             operand_align,
+            hopper: None,
         })
     }
 
@@ -369,8 +482,22 @@ impl GemmPlan {
     /// match the plan (dtypes, shapes, strides, which epilogue terms); on any violation nothing is
     /// launched and D is untouched. alpha and beta must be finite (beta is ignored without C).
     pub fn run(&self, alpha: f64, beta: f64, ops: &GemmOperands<'_>, d: &mut TensorViewMut<'_>) -> Result<()> {
+        self.run_scaled(alpha, beta, ops, &GemmScaleOperands::default(), d)
+    }
+
+    /// [`GemmPlan::run`] with the dequantisation scales the problem declares
+    /// ([`GemmScales`]): f32 `scale_a` `[1]` or `[M]` and `scale_b` `[1]` or `[N]`, contiguous.
+    pub fn run_scaled(
+        &self,
+        alpha: f64,
+        beta: f64,
+        ops: &GemmOperands<'_>,
+        scales: &GemmScaleOperands<'_>,
+        d: &mut TensorViewMut<'_>,
+    ) -> Result<()> {
         let p = &self.problem;
         check_operands(p, ops, d)?;
+        check_scales(p, scales)?;
         if !alpha.is_finite() {
             return Err(Error::invalid("alpha", format!("{alpha} is not finite")));
         }
@@ -390,6 +517,49 @@ impl GemmPlan {
             COperand::Tensor(c) => (c.device_ptr(), p.ldc, p.batch_stride_c),
             COperand::D => (d.device_ptr(), p.ldd, p.batch_stride_d),
         };
+        if let Some(hp) = &self.hopper {
+            let args = HopperGemmArgs {
+                m: p.m,
+                n: p.n,
+                k: p.k,
+                batch: p.batch,
+                dtype: p.input()?,
+                out_dtype: p.out,
+                a: ops.a.device_ptr(),
+                lda: p.lda,
+                stride_a: p.batch_stride_a,
+                b: ops.b.device_ptr(),
+                ldb: p.ldb,
+                stride_b: p.batch_stride_b,
+                b_nk: p.b_layout == Layout::ColMajor,
+                c,
+                ldc: if c == 0 { p.ldd } else { ldc },
+                stride_c,
+                beta: if p.epilogue.c { beta as f32 } else { 0.0 },
+                d: d.device_ptr(),
+                ldd: p.ldd,
+                stride_d: p.batch_stride_d,
+                bias: ops.bias.map_or(0, |b| b.device_ptr()),
+                residual: ops.residual.map_or(0, |r| r.device_ptr()),
+                ldr: p.ldr,
+                stride_r: p.batch_stride_r,
+                alpha: alpha as f32,
+                activation: p.epilogue.activation.code(),
+                scale_a: scales.a.map_or(0, |s| s.device_ptr()),
+                scale_a_rows: p.scales == GemmScales::RowWise,
+                scale_b: scales.b.map_or(0, |s| s.device_ptr()),
+                scale_b_cols: p.scales == GemmScales::RowWise,
+            };
+            if p.out == DType::I32 && alpha != 1.0 {
+                return Err(Error::invalid(
+                    "alpha",
+                    format!("{alpha}: an i32 output is the plain int8 product, alpha must be 1"),
+                ));
+            }
+            // The Hopper plan checks every address rule and launches (one commented unsafe
+            // launch inside HopperGemmPlan::run).
+            return hp.run(&self.ctx, &args);
+        }
         let params = GemmParams {
             a: ops.a.device_ptr(),
             b: ops.b.device_ptr(),
@@ -439,4 +609,42 @@ impl GemmPlan {
         }
         Ok(())
     }
+}
+
+/// The scale tensors of a call against the problem's [`GemmScales`]: f32, `[1]` each for
+/// per-tensor, `[M]` and `[N]` for row-wise, none without scales.
+fn check_scales(p: &GemmProblem, s: &GemmScaleOperands<'_>) -> Result<()> {
+    let (len_a, len_b) = match p.scales {
+        GemmScales::None => {
+            if s.a.is_some() || s.b.is_some() {
+                return Err(Error::invalid(
+                    "scales",
+                    "given, but the plan has no dequantisation scales (GemmProblem::scales)",
+                ));
+            }
+            return Ok(());
+        }
+        GemmScales::PerTensor => (1, 1),
+        GemmScales::RowWise => (p.m, p.n),
+    };
+    for (arg, view, len) in [("scale_a", s.a, len_a), ("scale_b", s.b, len_b)] {
+        let Some(v) = view else {
+            return Err(Error::invalid(
+                arg,
+                format!("missing: the plan's {:?} scales need it", p.scales),
+            ));
+        };
+        if v.dtype() != DType::F32 || v.shape() != [len] || (len > 1 && v.strides() != [1]) {
+            return Err(Error::invalid(
+                arg,
+                format!(
+                    "{} view {:?} with strides {:?}; the plan expects fp32 [{len}] with stride 1",
+                    v.dtype(),
+                    v.shape(),
+                    v.strides()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

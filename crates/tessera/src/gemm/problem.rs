@@ -148,13 +148,16 @@ pub enum Precision {
     F32,
     /// fp64 inputs and accumulate (DMMA on sm_80+); fp64 out.
     F64,
-    /// fp32 inputs rounded to tf32 on the tensor cores (opt-in). Not yet supported.
+    /// fp32 inputs read as tf32 by the tensor cores (10-bit mantissas; opt-in), f32 accumulate;
+    /// fp32 out. sm_90 only (the Hopper path), B stored [N, K].
     Tf32,
-    /// fp8 e4m3 inputs with scales. Not yet supported.
+    /// fp8 e4m3 inputs, f32 accumulate, optional [`GemmScales`]; fp16, bf16 or fp32 out. sm_90
+    /// only (the Hopper path), B stored [N, K].
     Fp8E4M3,
-    /// fp8 e5m2 inputs with scales. Not yet supported.
+    /// fp8 e5m2 inputs, as [`Precision::Fp8E4M3`].
     Fp8E5M2,
-    /// int8 inputs, int32 accumulate. Not yet supported.
+    /// int8 inputs, int32 accumulate: i32 out with no epilogue (torch._int_mm), or fp16, bf16 or
+    /// fp32 out dequantised by [`GemmScales`] and the epilogue. sm_90 only, B stored [N, K].
     Int8,
 }
 
@@ -191,21 +194,50 @@ impl Precision {
             Precision::BF16 => Ok(DType::BF16),
             Precision::F32 => Ok(DType::F32),
             Precision::F64 => Ok(DType::F64),
-            other => Err(Error::Unsupported(format!(
-                "GEMM precision {} is not yet supported; supported: fp16, bf16, fp32, fp64",
-                other.name()
-            ))),
+            Precision::Tf32 => Ok(DType::F32),
+            Precision::Fp8E4M3 => Ok(DType::F8E4M3),
+            Precision::Fp8E5M2 => Ok(DType::F8E5M2),
+            Precision::Int8 => Ok(DType::I8),
         }
+    }
+    /// Whether the contract runs on the Hopper tensor cores only (tf32, fp8, int8).
+    pub const fn hopper_only(self) -> bool {
+        matches!(
+            self,
+            Precision::Tf32 | Precision::Fp8E4M3 | Precision::Fp8E5M2 | Precision::Int8
+        )
     }
     /// The output dtypes of this contract.
     pub fn outputs(self) -> &'static [DType] {
         match self {
             Precision::F16 | Precision::BF16 => &[DType::F16, DType::BF16, DType::F32],
-            Precision::F32 => &[DType::F32],
+            Precision::F32 | Precision::Tf32 => &[DType::F32],
             Precision::F64 => &[DType::F64],
-            _ => &[],
+            Precision::Fp8E4M3 | Precision::Fp8E5M2 => &[DType::BF16, DType::F16, DType::F32],
+            Precision::Int8 => &[DType::I32, DType::BF16, DType::F16, DType::F32],
         }
     }
+}
+
+/// Dequantisation scales of fp8 and int8 inputs (torch._scaled_mm's): the accumulator of
+/// element (m, n) is multiplied by `scale_a[m or 0] * scale_b[n or 0]` (f32 device tensors given
+/// to [`GemmPlan::run_scaled`](super::plan::GemmPlan::run_scaled)) before the epilogue.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum GemmScales {
+    /// No scales (default).
+    #[default]
+    None,
+    /// One f32 each: `scale_a [1]`, `scale_b [1]`.
+    PerTensor,
+    /// Row-wise: `scale_a [M]` (one per row of A), `scale_b [N]` (one per column of B).
+    RowWise,
+}
+
+/// The scale tensors of one call of a plan with [`GemmScales`] (f32, contiguous).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GemmScaleOperands<'a> {
+    pub a: Option<TensorView<'a>>,
+    pub b: Option<TensorView<'a>>,
 }
 
 /// Which epilogue terms the plan computes (the activation and the presence of each operand).
@@ -246,6 +278,8 @@ pub struct GemmProblem {
     pub ldd: usize,
     pub batch_stride_d: usize,
     pub epilogue: GemmEpilogue,
+    /// Dequantisation scales (fp8 and int8 only). Default [`GemmScales::None`].
+    pub scales: GemmScales,
 }
 
 impl GemmProblem {
@@ -272,6 +306,7 @@ impl GemmProblem {
             ldd: n.max(1),
             batch_stride_d: m * n,
             epilogue: GemmEpilogue::default(),
+            scales: GemmScales::None,
         }
     }
     /// A's layout, with the contiguous leading dimension and batch stride for it.
@@ -307,6 +342,10 @@ impl GemmProblem {
     }
     pub fn residual(mut self, on: bool) -> Self {
         self.epilogue.residual = on;
+        self
+    }
+    pub fn scales(mut self, scales: GemmScales) -> Self {
+        self.scales = scales;
         self
     }
 
@@ -352,6 +391,39 @@ impl GemmProblem {
                     .collect::<Vec<_>>()
                     .join(", ")
             )));
+        }
+        let eight_bit = matches!(
+            self.precision,
+            Precision::Fp8E4M3 | Precision::Fp8E5M2 | Precision::Int8
+        );
+        if self.scales != GemmScales::None && !eight_bit {
+            return Err(Error::invalid(
+                "scales",
+                format!(
+                    "dequantisation scales apply to fp8 and int8 inputs, not {}",
+                    self.precision.name()
+                ),
+            ));
+        }
+        let e = &self.epilogue;
+        if self.out == DType::I32
+            && (self.scales != GemmScales::None || e.c || e.bias || e.residual || e.activation != Activation::None)
+        {
+            return Err(Error::invalid(
+                "out",
+                "an i32 output is the plain int8 product (torch._int_mm): no scales, C, bias, residual or activation; \
+                 ask for fp32, fp16 or bf16 output to dequantise",
+            ));
+        }
+        if self.precision.hopper_only() && (self.a_layout != Layout::RowMajor || self.b_layout != Layout::ColMajor) {
+            return Err(Error::invalid(
+                "b_layout",
+                format!(
+                    "{} inputs need A row-major and B stored [N, K] (column-major; the layout of LLM weights and of \
+                     torch._scaled_mm's second operand): the tensor cores read them K-major only",
+                    self.precision.name()
+                ),
+            ));
         }
         fits_i32("m", self.m)?;
         fits_i32("n", self.n)?;

@@ -3,7 +3,7 @@
 //! NVRTC) every kernel variant compiling for every CI architecture without spills.
 
 use super::plan::{choose_path, kernel_specs, GemmPath};
-use super::problem::{erf64, Activation, GemmProblem, Layout, Precision};
+use super::problem::{erf64, Activation, GemmProblem, GemmScales, Layout, Precision};
 use super::reference::{self, matmul, matmul_naive};
 use super::skinny::{choose_splits, CHUNK_K};
 use crate::dtype::DType;
@@ -127,13 +127,43 @@ fn validation_names_the_argument() {
     assert!(e.contains("supported outputs: fp16, bf16, fp32"), "{e}");
     let q = GemmProblem::new(Precision::F32, DType::F16, 8, 8, 8);
     assert_eq!(arg_of(q.validate().unwrap_err()), "unsupported");
+    // tf32, fp8 and int8: A row-major and B [N, K] only; scales on 8-bit inputs only; i32 out
+    // is the plain product
     for prec in [Precision::Tf32, Precision::Fp8E4M3, Precision::Fp8E5M2, Precision::Int8] {
-        let e = GemmProblem::new(prec, DType::F32, 8, 8, 8)
-            .validate()
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("not yet supported"), "{e}");
+        let q = GemmProblem::new(prec, DType::F32, 8, 8, 8);
+        assert_eq!(arg_of(q.clone().validate().unwrap_err()), "b_layout");
+        assert!(q.b_layout(Layout::ColMajor).validate().is_ok(), "{prec:?}");
     }
+    let nk = |prec, out| GemmProblem::new(prec, out, 8, 8, 16).b_layout(Layout::ColMajor);
+    assert_eq!(
+        arg_of(
+            nk(Precision::BF16, DType::BF16)
+                .scales(GemmScales::RowWise)
+                .validate()
+                .unwrap_err()
+        ),
+        "scales"
+    );
+    assert!(nk(Precision::Fp8E4M3, DType::BF16)
+        .scales(GemmScales::RowWise)
+        .validate()
+        .is_ok());
+    assert!(nk(Precision::Int8, DType::I32).validate().is_ok());
+    assert_eq!(
+        arg_of(nk(Precision::Int8, DType::I32).bias(true).validate().unwrap_err()),
+        "out"
+    );
+    assert_eq!(
+        arg_of(
+            nk(Precision::Int8, DType::I32)
+                .scales(GemmScales::PerTensor)
+                .validate()
+                .unwrap_err()
+        ),
+        "out"
+    );
+    let e = nk(Precision::Fp8E5M2, DType::F64).validate().unwrap_err().to_string();
+    assert!(e.contains("supported outputs: bf16, fp16, fp32"), "{e}");
     // empty and K = 0 problems are valid
     assert!(GemmProblem::new(Precision::F32, DType::F32, 0, 8, 8).validate().is_ok());
     assert!(GemmProblem::new(Precision::F32, DType::F32, 8, 8, 0).validate().is_ok());
@@ -170,6 +200,54 @@ fn dispatch_follows_precision_shape_layout_and_alignment() {
     assert!(e.to_string().contains("fp64"), "{e}");
     let e = choose_path(&h(64, 64, 64), a100, GemmPath::Hopper).unwrap_err();
     assert!(e.to_string().contains("Hopper"), "{e}");
+    // sm_90: the Hopper path for 16-byte-aligned fp16/bf16 past the skinny range, and the only
+    // path of tf32, fp8 and int8
+    let h100 = Arch::SM90;
+    let auto90 = |p: &GemmProblem| choose_path(p, h100, GemmPath::Auto);
+    assert_eq!(auto90(&h(4096, 4096, 4096)).unwrap(), GemmPath::Hopper);
+    assert_eq!(
+        auto90(&h(129, 264, 104).b_layout(Layout::ColMajor)).unwrap(),
+        GemmPath::Hopper
+    );
+    // D's rows of 257 bf16 are not a multiple of 16 bytes (TMA stores): the sm80 path
+    assert_eq!(
+        auto90(&h(129, 257, 104).b_layout(Layout::ColMajor)).unwrap(),
+        GemmPath::Sm80
+    );
+    assert_eq!(
+        auto90(&h(16, 4096, 4096).b_layout(Layout::ColMajor)).unwrap(),
+        GemmPath::Skinny
+    );
+    assert_eq!(
+        auto90(&h(64, 64, 7)).unwrap(),
+        GemmPath::Simt,
+        "lda = 7: neither Hopper nor sm80"
+    );
+    assert_ne!(
+        auto90(&h(64, 64, 0)).unwrap(),
+        GemmPath::Hopper,
+        "K = 0 is not the Hopper path's"
+    );
+    assert_eq!(
+        auto90(&h(64, 64, 64).a_layout(Layout::ColMajor)).unwrap(),
+        GemmPath::Simt
+    );
+    assert_eq!(auto90(&f64p).unwrap(), GemmPath::Dmma);
+    let fp8 = GemmProblem::new(Precision::Fp8E4M3, DType::BF16, 64, 64, 64).b_layout(Layout::ColMajor);
+    assert_eq!(auto90(&fp8).unwrap(), GemmPath::Hopper);
+    assert!(choose_path(&fp8, a100, GemmPath::Auto).is_err_and(|e| e.to_string().contains("sm_90")));
+    assert!(choose_path(&fp8, h100, GemmPath::Sm80).is_err_and(|e| e.to_string().contains("hopper path only")));
+    let odd_k = GemmProblem::new(Precision::Int8, DType::I32, 64, 64, 24).b_layout(Layout::ColMajor);
+    assert_eq!(
+        arg_of(auto90(&odd_k).unwrap_err()),
+        "lda",
+        "24 bytes is not a multiple of 16"
+    );
+    assert_eq!(
+        auto90(&GemmProblem::new(Precision::F32, DType::F32, 64, 64, 64)).unwrap(),
+        GemmPath::Simt,
+        "fp32 stays exact: no silent tf32"
+    );
     assert_eq!(
         choose_path(&h(64, 64, 7), a100, GemmPath::Simt).unwrap(),
         GemmPath::Simt
@@ -213,7 +291,9 @@ fn every_variant_is_listed_once_per_arch() {
         names.sort();
         names.dedup();
         assert_eq!(n, names.len(), "duplicate variant names for {arch}");
-        assert_eq!(n, 8 + 12 + 6 + 3 + 1, "{arch}: {names:?}");
+        // simt, sm80, skinny, split-K reductions, dmma; on sm_90 the Hopper variants too
+        let hopper = if arch == Arch::SM90 { 38 } else { 0 };
+        assert_eq!(n, 8 + 12 + 6 + 3 + 1 + hopper, "{arch}: {names:?}");
     }
 }
 

@@ -508,12 +508,12 @@ pub fn verify_bad_inputs(ctx: &Context, _case: &(), _seed: u64) -> Result<Verify
         "unsupported",
     );
     expect(
-        "tf32",
+        "tf32 with B [K, N]",
         plan_err(
             &GemmProblem::new(Precision::Tf32, DType::F32, m, n, k),
             GemmTuning::default(),
         ),
-        "unsupported",
+        "b_layout",
     );
     expect(
         "m >= 2^31",
@@ -589,22 +589,31 @@ pub fn verify_bad_inputs(ctx: &Context, _case: &(), _seed: u64) -> Result<Verify
     })
 }
 
-/// The Hopper path's own self-check (`bench = false`: odd tails, both B layouts, every
-/// epilogue against an f64 host reference) or its side-by-side timing against cuBLAS
-/// (`bench = true`), on sm_90 only; the report goes in the note.
-pub fn verify_hopper(ctx: &Context, bench: &bool, _seed: u64) -> Result<VerifyOutcome> {
-    let name = if *bench {
-        "gemm hopper bench"
-    } else {
-        "gemm hopper self-check"
+/// The Hopper path's own jobs, on sm_90 only; the report goes in the note.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HopperJob {
+    /// The kernel against an f64 host reference: odd tails, both B layouts, every operand and
+    /// output dtype, scales, every epilogue.
+    SelfCheck,
+    /// tf32, fp8 and int8 problems through `GemmPlan::run_scaled`.
+    PlanCheck,
+    /// The kernel side by side with cuBLAS in one process, each tiling forced.
+    Bench,
+}
+
+pub fn verify_hopper(ctx: &Context, job: &HopperJob, _seed: u64) -> Result<VerifyOutcome> {
+    let name = match job {
+        HopperJob::SelfCheck => "gemm hopper self-check",
+        HopperJob::PlanCheck => "gemm hopper tf32/fp8/int8 plans",
+        HopperJob::Bench => "gemm hopper bench",
     };
     if ctx.arch().major != 9 {
         return Ok(VerifyOutcome::skipped(name.into(), json!({}), "needs sm_90".into()));
     }
-    let run = if *bench {
-        super::hopper::hopper_bench(ctx)
-    } else {
-        super::hopper::hopper_self_check(ctx)
+    let run = match job {
+        HopperJob::SelfCheck => super::hopper::hopper_self_check(ctx),
+        HopperJob::PlanCheck => super::hopper::plan_self_check(ctx),
+        HopperJob::Bench => super::hopper::hopper_bench(ctx),
     };
     let (passed, note) = match run {
         Ok(report) => (true, report),

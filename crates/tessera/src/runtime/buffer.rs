@@ -233,6 +233,21 @@ impl<T: Element> DeviceBuffer<T> {
     }
 }
 
+impl DeviceBuffer<u8> {
+    /// A view of these bytes as elements of `dtype` (fp8 and int8 tensors, which have no host
+    /// element type, live in byte buffers); bounds checked like [`view`](Self::view).
+    pub fn view_as(&self, dtype: DType, shape: &[usize], strides: &[usize]) -> Result<TensorView<'_>> {
+        TensorView::new(self.ptr, dtype, self.len / dtype.size(), shape, strides)
+    }
+
+    /// A mutable [`view_as`](Self::view_as).
+    pub fn view_mut_as(&mut self, dtype: DType, shape: &[usize], strides: &[usize]) -> Result<TensorViewMut<'_>> {
+        Ok(TensorViewMut {
+            view: TensorView::new(self.ptr, dtype, self.len / dtype.size(), shape, strides)?,
+        })
+    }
+}
+
 /// Maximum rank of a view.
 pub const MAX_RANK: usize = 6;
 
