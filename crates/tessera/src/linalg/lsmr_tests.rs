@@ -336,3 +336,129 @@ fn the_last_stopping_test_that_holds_wins() {
     };
     assert_eq!(stop_code(&inf, false, atol, ctol), 0);
 }
+
+// ---- the damp list (lsmr_host_damps) ----
+
+/// A random tall sparse problem (seeded).
+fn random_tall(rows: usize, cols: usize, seed: u64) -> (CsrHost<f64, i32>, Vec<f64>) {
+    use crate::sparse::generate::{generate, random_vector, MatrixClass};
+    let a = generate(MatrixClass::TallLeastSquares { per_row: 6 }, rows, cols, seed);
+    (a, random_vector(rows, seed ^ 0xb))
+}
+
+#[test]
+fn each_damp_of_a_list_equals_its_own_solve_bit_for_bit() {
+    // Every fixture (its options with damp moved into the list), with damps that stop at
+    // different iterations: the shared bidiagonalisation must not change any damp's numbers.
+    for case in cases() {
+        let damps = [case.opts.damp, 0.0, 0.3, 1.0, 10.0, case.opts.damp];
+        let opts = LsmrOptions {
+            damp: 0.0,
+            ..case.opts.clone()
+        };
+        let got = super::lsmr_host_damps(&case.csr, &case.b, &damps, &opts).unwrap();
+        assert_eq!(got.len(), damps.len());
+        for (j, (&damp, r)) in damps.iter().zip(&got).enumerate() {
+            let alone = lsmr_host(&case.csr, &case.b, &LsmrOptions { damp, ..opts.clone() }).unwrap();
+            assert_eq!(r, &alone, "{} damp[{j}] = {damp}", case.name);
+        }
+    }
+}
+
+#[test]
+fn a_damp_list_with_mixed_stop_times_keeps_each_iterate() {
+    let (a, b) = random_tall(1500, 120, 11);
+    let damps = [0.0, 1e-3, 0.5, 2.0, 8.0, 40.0, 0.0];
+    for x0 in [false, true] {
+        let opts = LsmrOptions {
+            atol: 1e-9,
+            btol: 1e-9,
+            x0: x0.then(|| crate::sparse::generate::random_vector(120, 5)),
+            ..LsmrOptions::default()
+        };
+        let got = super::lsmr_host_damps(&a, &b, &damps, &opts).unwrap();
+        let itns: std::collections::BTreeSet<usize> = got.iter().map(|r| r.itn).collect();
+        // The test is only meaningful when the damps stop at different iterations.
+        assert!(itns.len() >= 4, "stop iterations {itns:?}");
+        for (&damp, r) in damps.iter().zip(&got) {
+            let alone = lsmr_host(&a, &b, &LsmrOptions { damp, ..opts.clone() }).unwrap();
+            assert_eq!(r, &alone, "damp {damp} x0 {x0}");
+            assert!(r.istop == 1 || r.istop == 2, "damp {damp}: istop {}", r.istop);
+        }
+        // A larger damp shrinks x (Tikhonov): ||x|| decreases along the increasing damps.
+        for w in got[1..6].windows(2) {
+            assert!(w[1].normx < w[0].normx || x0, "{} then {}", w[0].normx, w[1].normx);
+        }
+    }
+}
+
+#[test]
+fn a_damp_list_of_one_is_the_plain_solve_and_limits_are_shared() {
+    let (a, b) = random_tall(700, 90, 3);
+    for damp in [0.0, 0.25] {
+        let one = super::lsmr_host_damps(&a, &b, &[damp], &LsmrOptions::default()).unwrap();
+        let plain = lsmr_host(
+            &a,
+            &b,
+            &LsmrOptions {
+                damp,
+                ..LsmrOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(one, vec![plain]);
+    }
+    // maxiter stops every damp with istop 7 at the same itn; maxiter 0 runs nothing.
+    let limited = LsmrOptions {
+        maxiter: Some(5),
+        atol: 0.0,
+        btol: 0.0,
+        conlim: 0.0,
+        ..LsmrOptions::default()
+    };
+    for r in super::lsmr_host_damps(&a, &b, &[0.0, 1.0, 3.0], &limited).unwrap() {
+        assert_eq!((r.istop, r.itn), (7, 5));
+    }
+    let none = LsmrOptions {
+        maxiter: Some(0),
+        ..LsmrOptions::default()
+    };
+    for r in super::lsmr_host_damps(&a, &b, &[0.0, 1.0], &none).unwrap() {
+        assert_eq!((r.istop, r.itn), (0, 0));
+        assert!(r.x.iter().all(|&e| e == 0.0));
+    }
+    // the early exit (b = 0) is shared too
+    let zero = vec![0.0; b.len()];
+    for r in super::lsmr_host_damps(&a, &zero, &[0.0, 1.0], &LsmrOptions::default()).unwrap() {
+        assert_eq!((r.istop, r.itn, r.normx), (0, 0, 0.0));
+    }
+}
+
+#[test]
+fn a_bad_damp_list_is_an_error_naming_it() {
+    let a = DenseHost::new(3, 2, vec![1.0, 0.0, 1.0, 1.0, 0.0, 1.0]).unwrap();
+    let b = [1.0, 0.0, -1.0];
+    let ok = LsmrOptions::default();
+    let err = |r: crate::Result<Vec<LsmrResult>>| match r {
+        Err(Error::InvalidArgument { arg, rule }) => (arg, rule),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    let (arg, rule) = err(super::lsmr_host_damps(&a, &b, &[], &ok));
+    assert_eq!(arg, "damps");
+    assert!(rule.contains("empty"), "{rule}");
+    for bad in [-1.0, f64::NAN, f64::INFINITY] {
+        let (arg, rule) = err(super::lsmr_host_damps(&a, &b, &[0.0, 1.0, bad], &ok));
+        assert_eq!(arg, "damps", "{bad}");
+        assert!(rule.contains("element 2"), "{rule}");
+    }
+    let with_damp = LsmrOptions {
+        damp: 0.5,
+        ..ok.clone()
+    };
+    assert_eq!(err(super::lsmr_host_damps(&a, &b, &[1.0], &with_damp)).0, "damp");
+    // the checks of a single solve still come first
+    assert_eq!(err(super::lsmr_host_damps(&a, &b[..2], &[1.0], &ok)).0, "b");
+    // show runs every path of the damp list's output
+    let show = LsmrOptions { show: true, ..ok };
+    assert_eq!(super::lsmr_host_damps(&a, &b, &[0.0, 2.0], &show).unwrap().len(), 2);
+}

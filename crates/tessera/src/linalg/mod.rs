@@ -12,6 +12,9 @@
 //!   copy), [`sparse_operator`] choosing between them from free memory, [`FnDeviceOperator`].
 //! * [`lsmr()`]: the GPU solver, SciPy's semantics with the iteration on the device
 //!   (`lsmr_device` module docs, `lsmr.cu`).
+//! * The damp list: [`lsmr_damps`] (GPU) and [`lsmr_host_damps`] (CPU reference) solve for
+//!   `k` damping factors in one run, sharing every product of the operator; each result equals
+//!   a separate solve with that damp.
 //!
 //! The host half is not behind the `harness` feature: the CLI falls back to it when there is no
 //! GPU.
@@ -43,8 +46,8 @@ mod operator_tests;
 pub use device_operator::{
     sparse_operator, FnDeviceOperator, LinearOperator, SparseDualOperator, SparseSingleOperator, Storage,
 };
-pub use lsmr::{istop_reason, lsmr_host, LsmrOptions, LsmrResult};
-pub use lsmr_device::{lsmr, lsmr_with, LsmrRunOptions, DEFAULT_CHECK_EVERY};
+pub use lsmr::{istop_reason, lsmr_host, lsmr_host_damps, LsmrOptions, LsmrResult};
+pub use lsmr_device::{lsmr, lsmr_damps, lsmr_damps_with, lsmr_with, LsmrRunOptions, DEFAULT_CHECK_EVERY, MAX_DAMPS};
 pub use operator::{DenseHost, FnOperator, HostLinearOperator};
 #[cfg(feature = "harness")]
 pub use registry_entry::OPERATOR;

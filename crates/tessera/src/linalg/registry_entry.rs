@@ -28,17 +28,33 @@ impl Operator for Lsmr {
             .map(|c| VerifyJob::new(c.name(), c, verify::verify_case))
             .collect();
         jobs.push(VerifyJob::new("lsmr argument errors".into(), (), verify::verify_errors));
+        jobs.extend(
+            verify::damp_cases(quick)
+                .into_iter()
+                .map(|c| VerifyJob::new(c.name(), c, verify::verify_damp_case)),
+        );
+        jobs.push(VerifyJob::new(
+            "lsmr damps argument errors".into(),
+            (),
+            verify::verify_damp_errors,
+        ));
         jobs
     }
 
     fn bench_jobs(&self, quick: bool) -> Vec<BenchJob> {
-        bench::cases(quick)
+        let mut jobs: Vec<BenchJob> = bench::cases(quick)
             .into_iter()
             .map(|c| {
                 let baseline = Some((c.name(), c.params()));
                 BenchJob::new(c.name(), baseline, c, bench::bench_case)
             })
-            .collect()
+            .collect();
+        jobs.extend(
+            bench::damp_cases(quick)
+                .into_iter()
+                .map(|c| BenchJob::new(c.name(), None, c, bench::bench_damp_case)),
+        );
+        jobs
     }
 
     fn kernel_specs(&self, _arch: Arch) -> Vec<KernelSpec> {

@@ -368,3 +368,196 @@ pub fn verify_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<VerifyOutc
         skipped: None,
     })
 }
+
+// ---- the damp list ----
+
+/// One damp-list verification case: a problem solved for several damps in one run.
+#[derive(Clone, Debug)]
+pub struct DampCase {
+    pub problem: Problem,
+    pub damps: Vec<f64>,
+    pub value: DType,
+}
+
+impl DampCase {
+    pub fn name(&self) -> String {
+        let what = match &self.problem {
+            Problem::Fixture(n) => n.clone(),
+            Problem::Random { label, rows, cols, .. } => format!("{label} {rows}x{cols}"),
+        };
+        format!("lsmr damps{} {what} {}", self.damps.len(), self.value)
+    }
+}
+
+/// A spread of damps that stop at different iterations (and a repeated one).
+fn damp_spread(k: usize) -> Vec<f64> {
+    let mut d: Vec<f64> = (0..k)
+        .map(|j| {
+            if j == 0 {
+                0.0
+            } else {
+                1e-3 * 10f64.powf(4.0 * j as f64 / k as f64)
+            }
+        })
+        .collect();
+    if k > 2 {
+        d[k - 1] = d[1];
+    }
+    d
+}
+
+/// The damp-list cases (`quick`: two).
+pub fn damp_cases(quick: bool) -> Vec<DampCase> {
+    let fixture = |name: &str, damps: Vec<f64>, value| DampCase {
+        problem: Problem::Fixture(name.into()),
+        damps,
+        value,
+    };
+    let random = |label, rows, cols, per_row, x0, damps: Vec<f64>, value| DampCase {
+        problem: Problem::Random {
+            label,
+            rows,
+            cols,
+            per_row,
+            damp: 0.0,
+            x0,
+            maxiter: None,
+        },
+        damps,
+        value,
+    };
+    let mut out = vec![
+        random("random tall", 3001, 257, 9, false, damp_spread(8), DType::F64),
+        fixture("tall_inconsistent", vec![0.0, 0.1, 1.0, 10.0], DType::F64),
+    ];
+    if quick {
+        return out;
+    }
+    out.extend([
+        random("random tall", 3001, 257, 9, false, damp_spread(8), DType::F32),
+        random("random wide", 203, 1500, 40, false, damp_spread(5), DType::F64),
+        random("random tall x0", 1999, 211, 8, true, damp_spread(6), DType::F64),
+        // more than MAX_DAMPS: two runs of the solver
+        random("random tall", 900, 61, 6, false, damp_spread(70), DType::F64),
+        fixture("warm_start_x0", vec![0.0, 0.5, 2.0], DType::F64),
+        fixture("maxiter_limited", vec![0.0, 1e-3, 1.0], DType::F64),
+        fixture("zero_rhs", vec![0.0, 1.0], DType::F64),
+        fixture("damped", vec![0.0, 0.1, 1.0, 10.0], DType::F64),
+    ]);
+    out
+}
+
+pub fn verify_damp_case(ctx: &Context, case: &DampCase, seed: u64) -> Result<VerifyOutcome> {
+    crate::dispatch_float!("lsmr verify damps"; case.value, [F32, F64], |T| run_damps::<T>(ctx, case, seed))
+}
+
+/// The damp list on the GPU against (1) separate GPU solves with each damp: bitwise equal
+/// (the same kernels on the same bidiagonalisation, dual storage is deterministic), and
+/// (2) the f64 CPU reference [`lsmr_host_damps`](super::lsmr_host_damps) on the same
+/// (T-rounded) data, within the problem's tolerance (as the single-damp cases).
+fn run_damps<T: Element>(ctx: &Context, case: &DampCase, seed: u64) -> Result<VerifyOutcome> {
+    let mut built = build(&case.problem, seed)?;
+    built.opts.damp = 0.0;
+    if T::DTYPE == DType::F32 {
+        built.opts.atol = built.opts.atol.max(F32_MIN_TOL);
+        built.opts.btol = built.opts.btol.max(F32_MIN_TOL);
+        built.tol = FP32;
+    }
+    let a_t: CsrHost<T, i32> = CsrHost {
+        rows: built.a.rows,
+        cols: built.a.cols,
+        offsets: built.a.offsets.clone(),
+        indices: built.a.indices.clone(),
+        values: built.a.values.iter().map(|&v| T::from_f64(v)).collect(),
+        sorted: built.a.sorted,
+    };
+    let a_ref: CsrHost<f64, i32> = CsrHost {
+        values: a_t.values.iter().map(|v| v.to_f64()).collect(),
+        ..built.a.clone()
+    };
+    let b_t: Vec<T> = built.b.iter().map(|&v| T::from_f64(v)).collect();
+    let b_ref: Vec<f64> = b_t.iter().map(|v| v.to_f64()).collect();
+    let want = super::lsmr::lsmr_host_damps(&a_ref, &b_ref, &case.damps, &built.opts)?;
+
+    let db = ctx.upload(&b_t)?;
+    let op = SparseDualOperator::new(ctx, &a_t)?;
+    let got = super::lsmr_device::lsmr_damps(ctx, &op, &db, &case.damps, &built.opts)?;
+    let normb = b_ref.iter().map(|e| e * e).sum::<f64>().sqrt();
+    let mut failures = Vec::new();
+    if got.len() != case.damps.len() {
+        failures.push(format!("{} results for {} damps", got.len(), case.damps.len()));
+    }
+    for (j, ((&damp, g), w)) in case.damps.iter().zip(&got).zip(&want).enumerate() {
+        let name = format!("{} damp[{j}] = {damp:.3e}", case.name());
+        failures.extend(compare(&name, g, w, normb, built.tol));
+        let alone = lsmr(
+            ctx,
+            &op,
+            &db,
+            &LsmrOptions {
+                damp,
+                ..built.opts.clone()
+            },
+        )?;
+        if !bitwise_equal(g, &alone) {
+            failures.push(format!(
+                "{name}: differs from its own GPU solve (istop {} itn {} vs istop {} itn {}, x by {:.2e})",
+                g.istop,
+                g.itn,
+                alone.istop,
+                alone.itn,
+                rel_l2(&g.x, &alone.x)
+            ));
+        }
+    }
+    let itns: Vec<usize> = got.iter().map(|r| r.itn).collect();
+    let x_got: Vec<f64> = got.iter().flat_map(|r| r.x.iter().copied()).collect();
+    let x_want: Vec<f64> = want.iter().flat_map(|r| r.x.iter().copied()).collect();
+    Ok(VerifyOutcome {
+        case: case.name(),
+        params: json!({"problem": case.name(), "dtype": case.value.name(), "damps": case.damps, "itn": itns}),
+        path: format!("csr-dual damps {} itn {:?}", case.damps.len(), itns),
+        comparison: compare_vectors(&x_got, &x_want, 0.0, 0.0),
+        budget: built.tol.x,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
+
+/// The damp list's argument errors on the device: an empty list, a negative and a NaN damp,
+/// and `opts.damp` set beside a list, each an error naming the argument.
+pub fn verify_damp_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<VerifyOutcome> {
+    let a = try_generate::<f64, i32>(MatrixClass::TallLeastSquares { per_row: 4 }, 50, 10, 1)?;
+    let op = SparseDualOperator::new(ctx, &a)?;
+    let b = ctx.upload(&[1.0f64; 50])?;
+    let ok = LsmrOptions::default();
+    let mut failures = Vec::new();
+    let damped = LsmrOptions {
+        damp: 1.0,
+        ..LsmrOptions::default()
+    };
+    let tries: [(&str, Vec<f64>, &LsmrOptions, &str); 4] = [
+        ("empty list", vec![], &ok, "damps"),
+        ("damp -1 in the list", vec![0.0, -1.0], &ok, "damps"),
+        ("NaN in the list", vec![f64::NAN], &ok, "damps"),
+        ("opts.damp beside a list", vec![1.0], &damped, "damp"),
+    ];
+    for (what, damps, opts, arg) in tries {
+        match super::lsmr_device::lsmr_damps(ctx, &op, &b, &damps, opts) {
+            Err(Error::InvalidArgument { arg: got, .. }) if got == arg => {}
+            Err(e) => failures.push(format!("{what}: error {e} does not name {arg}")),
+            Ok(_) => failures.push(format!("{what}: no error")),
+        }
+    }
+    Ok(VerifyOutcome {
+        case: "lsmr damps argument errors".into(),
+        params: json!({"problem": "damp errors"}),
+        path: "-".into(),
+        comparison: compare_vectors(&[], &[], 0.0, 0.0),
+        budget: 0.0,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
