@@ -6,7 +6,8 @@
 //
 // What. One LSMR iteration (Fong and Saunders 2011; SciPy's order, see linalg/lsmr.rs) is, with
 // the products done by the operator (sparse SpMV, user code) into work vectors av and atu:
-//   av = A v                                   (operator; v is not normalised in memory)
+//   av = A v                                   (operator; v is not normalised in memory;
+//                                               with column scaling A D v, from dv = D v)
 //   lsmr_update_u : u = av * v_scale - alpha * (u * u_scale), partial sums of u^2
 //   lsmr_scalar(ITER_BETA): the deferred stopping tests of the previous iteration (one per
 //                   damp), then beta = ||u||, u_scale = 1 / beta
@@ -111,6 +112,8 @@ struct VecParams {
   Val* h;           // update_x: k vectors of `stride` elements
   Val* hbar;        // update_x: idem
   Val* x;           // update_x: idem
+  const Val* d;     // update_v: the column scale D (n), or null (no scaling)
+  Val* dv;          // update_v: D v (n), the input of the next A product, when d is set
   double* partials; // [gridDim.x] (update_x: [gridDim.y][kMaxPartials])
   LsmrShared* shared;
   LsmrDamp* damps;  // [k]
@@ -326,8 +329,9 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_u(const 
 }
 
 // v = atu * u_scale - beta * (v * v_scale) (setup: v = atu * u_scale, v = 0 when beta == 0);
-// partials of v^2. When beta is not positive (0, or NaN) after the setup, v keeps its value
-// (SciPy) and nothing is written.
+// partials of v^2. With column scaling (d set) the operator is A D: atu is D (A^T u) and
+// dv = D v is written for the next product A (D v). When beta is not positive (0, or NaN)
+// after the setup, v (and dv) keep their values (SciPy) and nothing is written.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_v(const __grid_constant__ VecParams p) {
   __shared__ double smem[kBlockThreads / 32];
   const LsmrShared* sh = p.shared;
@@ -336,11 +340,14 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_v(const 
   double s = 0.0;
   const long long stride = (long long)gridDim.x * kBlockThreads;
   for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
+    const double di = p.d ? (double)p.d[i] : 1.0;
+    const double atu = di * (double)p.a[i];
     double v;
-    if (p.first) v = beta > 0.0 ? (double)p.a[i] * us : 0.0;
-    else v = (double)p.a[i] * us - beta * ((double)p.u[i] * vs);
+    if (p.first) v = beta > 0.0 ? atu * us : 0.0;
+    else v = atu * us - beta * ((double)p.u[i] * vs);
     const Val vv = (Val)v;
     p.u[i] = vv;
+    if (p.d) p.dv[i] = (Val)(di * (double)vv);
     s += (double)vv * (double)vv;
   }
   write_partial(s, p.partials, smem);

@@ -75,6 +75,15 @@
 //! after the Lanczos vectors lose orthogonality, as two SciPy runs with different BLAS
 //! products do (measured per case in `lsmr_tests.rs`).
 
+//!
+//! # Beyond SciPy
+//!
+//! * The damp list, [`lsmr_host_damps`]: `k` damping factors in one run sharing the
+//!   bidiagonalisation; each result is bit for bit the solve with that damp alone.
+//! * Column scaling, [`LsmrOptions::scale_columns`]: LSMR on `A D` with
+//!   `D = diag(1 / ||A_j||)`, `x = D y` returned; the estimates refer to `(A D, y)` (the
+//!   option's docs say which is which).
+
 use super::operator::HostLinearOperator;
 use crate::error::{Error, Result};
 
@@ -95,11 +104,22 @@ pub struct LsmrOptions {
     pub x0: Option<Vec<f64>>,
     /// Print a progress line per (selected) iteration and a summary to stderr.
     pub show: bool,
+    /// Column scaling (diagonal preconditioning; not in SciPy). Default false. When on, the
+    /// solver runs on `A D` with `D = diag(1 / ||A_j||)` (a zero column keeps the factor 1),
+    /// solving `min ||[b; 0] - [A D; damp I] y||` from `y0 = D^-1 x0`, and returns
+    /// `x = D y` in the original variables. The damping then applies to `y` (`damp ||D^-1 x||`).
+    /// The estimates refer to the scaled problem: `normr` is `||[b; 0] - [A D; damp I] y||`
+    /// (with `damp = 0` that is `||b - A x||`, the same in both), `normar` is
+    /// `||D A^T r - damp^2 y||`, `norma` and `conda` estimate `||A D||_F` and `cond(A D)`, and
+    /// `normx` is `||y||`; the stopping tests are applied to these. Needs an operator that
+    /// knows its column norms (`column_norms`: CSR and dense matrices do; closures only if
+    /// given them).
+    pub scale_columns: bool,
 }
 
 impl Default for LsmrOptions {
     /// SciPy's defaults: `damp = 0`, `atol = btol = 1e-6`, `conlim = 1e8`,
-    /// `maxiter = min(m, n)`, `x0 = 0`, `show = false`.
+    /// `maxiter = min(m, n)`, `x0 = 0`, `show = false`; and no column scaling.
     fn default() -> Self {
         LsmrOptions {
             damp: 0.0,
@@ -109,6 +129,7 @@ impl Default for LsmrOptions {
             maxiter: None,
             x0: None,
             show: false,
+            scale_columns: false,
         }
     }
 }
@@ -405,8 +426,86 @@ impl StopRule {
     }
 }
 
-/// LSMR for each damp of `damps` (validated) sharing one bidiagonalisation.
+/// LSMR for each damp of `damps` (validated) sharing one bidiagonalisation, with column
+/// scaling when the options ask for it.
 fn solve(a: &dyn HostLinearOperator, b: &[f64], damps: &[f64], opts: &LsmrOptions) -> Result<Vec<LsmrResult>> {
+    if !opts.scale_columns {
+        return solve_unscaled(a, b, damps, opts.x0.as_deref(), opts);
+    }
+    // Column scaling: solve for y on A D from y0 = D^-1 x0, return x = D y.
+    let scaled = ColumnScaled {
+        a,
+        d: column_scale(a.column_norms().as_deref(), a.shape().1)?,
+    };
+    let y0: Option<Vec<f64>> = opts
+        .x0
+        .as_ref()
+        .map(|x0| x0.iter().zip(&scaled.d).map(|(x, d)| x / d).collect());
+    let mut results = solve_unscaled(&scaled, b, damps, y0.as_deref(), opts)?;
+    for r in &mut results {
+        r.x.iter_mut().zip(&scaled.d).for_each(|(x, d)| *x *= d);
+    }
+    Ok(results)
+}
+
+/// The factors of column scaling from the column norms: `1 / ||A_j||`, or 1 for a zero column.
+/// Errors: no norms (the operator cannot give them), a wrong count, a negative or non-finite
+/// norm.
+pub(crate) fn column_scale(norms: Option<&[f64]>, n: usize) -> Result<Vec<f64>> {
+    let norms = norms.ok_or_else(|| {
+        Error::Unsupported(
+            "scale_columns needs the column norms of A; this operator does not give them (give a \
+             closure operator its norms with with_column_norms)"
+                .into(),
+        )
+    })?;
+    if norms.len() != n {
+        return Err(Error::invalid(
+            "column_norms",
+            format!("has {} elements, A has n = {n} columns", norms.len()),
+        ));
+    }
+    if let Some(j) = norms.iter().position(|v| !(v.is_finite() && *v >= 0.0)) {
+        return Err(Error::invalid(
+            "column_norms",
+            format!("element {j} is {}; every norm must be finite and >= 0", norms[j]),
+        ));
+    }
+    Ok(norms.iter().map(|&v| if v > 0.0 { 1.0 / v } else { 1.0 }).collect())
+}
+
+/// `A D` for the diagonal `D = diag(d)`: `A (d .* x)` and `d .* (A^T x)`.
+struct ColumnScaled<'a> {
+    a: &'a dyn HostLinearOperator,
+    d: Vec<f64>,
+}
+
+impl HostLinearOperator for ColumnScaled<'_> {
+    fn shape(&self) -> (usize, usize) {
+        self.a.shape()
+    }
+    fn apply(&self, alpha: f64, x: &[f64], beta: f64, y: &mut [f64]) {
+        let dx: Vec<f64> = x.iter().zip(&self.d).map(|(x, d)| d * x).collect();
+        self.a.apply(alpha, &dx, beta, y);
+    }
+    fn apply_transposed(&self, alpha: f64, x: &[f64], beta: f64, y: &mut [f64]) {
+        let mut t = vec![0.0; y.len()];
+        self.a.apply_transposed(1.0, x, 0.0, &mut t);
+        for ((yi, ti), d) in y.iter_mut().zip(&t).zip(&self.d) {
+            let v = alpha * (d * ti);
+            *yi = if beta == 0.0 { v } else { v + beta * *yi };
+        }
+    }
+}
+
+/// LSMR for each damp of `damps` sharing one bidiagonalisation, on `a` as given, from `x0`.
+fn solve_unscaled(
+    a: &dyn HostLinearOperator,
+    b: &[f64],
+    damps: &[f64],
+    x0: Option<&[f64]>,
+    opts: &LsmrOptions,
+) -> Result<Vec<LsmrResult>> {
     let (m, n) = a.shape();
     let maxiter = opts.maxiter.unwrap_or(m.min(n));
     let mut progress = opts.show.then(|| Progress::start(m, n, opts, damps, maxiter));
@@ -416,12 +515,12 @@ fn solve(a: &dyn HostLinearOperator, b: &[f64], damps: &[f64], opts: &LsmrOption
     let mut av = vec![0.0; m]; // workspace for A v
     let mut atu = vec![0.0; n]; // workspace for A^T u
     let mut u = b.to_vec();
-    let (x, mut beta) = match &opts.x0 {
+    let (x, mut beta) = match x0 {
         None => (vec![0.0; n], normb),
         Some(x0) => {
             a.apply(1.0, x0, 0.0, &mut av);
             u.iter_mut().zip(&av).for_each(|(ui, &p)| *ui -= p);
-            (x0.clone(), norm2(&u))
+            (x0.to_vec(), norm2(&u))
         }
     };
     let mut v = vec![0.0; n];
@@ -752,11 +851,16 @@ impl Progress {
             ),
         };
         eprintln!(
-            "lsmr: damp {damp}  atol {:.2e}  btol {:.2e}  conlim {:.2e}  maxiter {maxiter}  x0 {}",
+            "lsmr: damp {damp}  atol {:.2e}  btol {:.2e}  conlim {:.2e}  maxiter {maxiter}  x0 {}{}",
             opts.atol,
             opts.btol,
             opts.conlim,
-            if opts.x0.is_some() { "given" } else { "zero" }
+            if opts.x0.is_some() { "given" } else { "zero" },
+            if opts.scale_columns {
+                "  columns scaled (estimates of A D, y)"
+            } else {
+                ""
+            }
         );
         Progress { lines: 0 }
     }

@@ -23,6 +23,15 @@
 //! at once, so the result is the iterate at which the rules first held, exactly as if the host
 //! had checked after every iteration.
 //!
+//! # Column scaling
+//!
+//! With [`LsmrOptions::scale_columns`] the solver runs on `A D`, `D = diag(1 / ||A_j||)` from
+//! the operator's [`column_norms`](LinearOperator::column_norms) (rounded to `T`): `D` is
+//! folded into `lsmr_update_v` (`v = D (A^T u) / beta - ...`, and it writes `D v` for the next
+//! product), so scaling costs one more read of `D` and one more write of `D v` per iteration,
+//! no extra launch. `x = D y` is formed on the host at the end; the estimates refer to the
+//! scaled problem (as in [`lsmr_host`](super::lsmr_host), see [`LsmrOptions::scale_columns`]).
+//!
 //! # The damp list
 //!
 //! [`lsmr_damps`] solves `min ||[b; 0] - [A; damp_j I] x_j||` for `k` damping factors in one
@@ -47,7 +56,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::device_operator::LinearOperator;
-use super::lsmr::{check_damps, check_problem, LsmrOptions, LsmrResult};
+use super::lsmr::{check_damps, check_problem, column_scale, LsmrOptions, LsmrResult};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
@@ -231,7 +240,7 @@ enum ScalarMode {
     Test = 4,
 }
 
-/// `struct VecParams` of lsmr.cu (88 bytes).
+/// `struct VecParams` of lsmr.cu (104 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct VecParams {
@@ -240,6 +249,8 @@ struct VecParams {
     h: u64,
     hbar: u64,
     x: u64,
+    d: u64,
+    dv: u64,
     partials: u64,
     shared: u64,
     damps: u64,
@@ -248,8 +259,8 @@ struct VecParams {
     first: i32,
     pad: i32,
 }
-const _: () = assert!(std::mem::size_of::<VecParams>() == 88);
-// SAFETY: #[repr(C)]: eight pointers as u64, two i64, two i32, in the order and of the types of
+const _: () = assert!(std::mem::size_of::<VecParams>() == 104);
+// SAFETY: #[repr(C)]: ten pointers as u64, two i64, two i32, in the order and of the types of
 // the kernel's struct (pointers, long long, long long, int, int).
 unsafe impl KernelParams for VecParams {}
 
@@ -416,6 +427,10 @@ struct Solver<T: Element> {
     h: DeviceBuffer<T>,
     hbar: DeviceBuffer<T>,
     x: DeviceBuffer<T>,
+    /// `D v` (column scaling: the input of `A`).
+    dv: DeviceBuffer<T>,
+    /// The column scale `D` of this solve (`None`: no scaling).
+    d: Option<DeviceBuffer<T>>,
     partials_u: DeviceBuffer<f64>,
     partials_v: DeviceBuffer<f64>,
     /// `k` arrays of [`MAX_PARTIALS`] (setup: the partials of `||b||` in the first).
@@ -457,6 +472,8 @@ impl<T: Element> Solver<T> {
             h: vec(kn)?,
             hbar: vec(kn)?,
             x: vec(kn)?,
+            dv: vec(n)?,
+            d: None,
             partials_u: ctx.alloc(MAX_PARTIALS)?,
             partials_v: ctx.alloc(MAX_PARTIALS)?,
             partials_x: ctx.alloc(MAX_PARTIALS * k.max(1))?,
@@ -475,6 +492,8 @@ impl<T: Element> Solver<T> {
             h: self.h.device_ptr(),
             hbar: self.hbar.device_ptr(),
             x: self.x.device_ptr(),
+            d: self.d.as_ref().map_or(0, |d| d.device_ptr()),
+            dv: self.dv.device_ptr(),
             partials: partials.device_ptr(),
             shared: self.state.device_ptr(),
             damps: self.damps_ptr(),
@@ -491,7 +510,8 @@ impl<T: Element> Solver<T> {
         let mut cfg = LaunchConfig::linear(vector_grid(p.len as usize), BLOCK_THREADS, 0);
         cfg.grid.1 = rows as u32;
         // SAFETY: every pointer in p is one of this solver's buffers (or b, of m elements,
-        // checked by validate): a, u hold >= len elements; h, hbar, x hold k * n and the kernel
+        // checked by validate): a, u hold >= len elements; d (when not null) and dv hold n and
+        // are read and written by update_v only, which runs with len = n; h, hbar, x hold k * n and the kernel
         // that reads them runs with len = n, stride = n and rows <= k (solve checks k); partials
         // hold MAX_PARTIALS doubles (partials_x MAX_PARTIALS per damp) >= grid; the state
         // SHARED_LEN + k DAMP_LEN. Each element is written by one thread; VecParams mirrors the
@@ -538,7 +558,8 @@ impl<T: Element> Solver<T> {
     /// One LSMR iteration for `k` damps, queued.
     fn iteration(&mut self, a: &dyn LinearOperator<T>, k: usize) -> Result<()> {
         let (m, n) = (self.m, self.n);
-        a.apply(1.0, &self.v, 0.0, &mut self.av)?;
+        let input = if self.d.is_some() { &self.dv } else { &self.v };
+        a.apply(1.0, input, 0.0, &mut self.av)?;
         let p = self.vec_params(self.av.device_ptr(), self.u.device_ptr(), &self.partials_u, m, false);
         self.launch_vec(&self.update_u, &p, 1)?;
         self.launch_scalar(ScalarMode::IterBeta, k)?;
@@ -568,6 +589,25 @@ impl<T: Element> Solver<T> {
         }
         let started = Instant::now();
         let (m, n) = (self.m, self.n);
+        // Column scaling: the operator becomes A D (D folded into lsmr_update_v), the start
+        // y0 = D^-1 x0, and x = D y at the end; scale holds D as the device rounds it.
+        let scale: Option<Vec<f64>> = if opts.scale_columns {
+            let d: Vec<T> = column_scale(a.column_norms().as_deref(), n)?
+                .into_iter()
+                .map(T::from_f64)
+                .collect();
+            let mut buf = self.ctx.alloc::<T>(n.max(1))?;
+            buf.copy_from_host_at(0, &d)?;
+            self.d = Some(buf);
+            Some(d.iter().map(|e| e.to_f64()).collect())
+        } else {
+            self.d = None;
+            None
+        };
+        let x0: Option<Vec<f64>> = match (&opts.x0, &scale) {
+            (Some(x0), Some(d)) => Some(x0.iter().zip(d).map(|(x, d)| x / d).collect()),
+            (x0, _) => x0.clone(),
+        };
         let maxiter = opts.maxiter.unwrap_or(m.min(n));
         let shared = LsmrShared {
             atol: opts.atol,
@@ -592,14 +632,19 @@ impl<T: Element> Solver<T> {
         if m > 0 {
             copy_prefix(&mut self.u, b, m)?;
         }
-        match &opts.x0 {
+        match &x0 {
             Some(x0) => {
-                let x0: Vec<T> = x0.iter().map(|&e| T::from_f64(e)).collect();
+                let x0_t: Vec<T> = x0.iter().map(|&e| T::from_f64(e)).collect();
                 for j in 0..k {
-                    self.x.copy_from_host_at(j * n, &x0)?;
+                    self.x.copy_from_host_at(j * n, &x0_t)?;
                 }
-                // the product reads x0 from atu (n elements, overwritten by A^T u below)
-                self.atu.copy_from_host_at(0, &x0)?;
+                // the product reads x0 (scaled: D y0) from atu (n elements, overwritten by
+                // A^T u below)
+                let input: Vec<T> = match &scale {
+                    Some(d) => x0.iter().zip(d).map(|(y, d)| T::from_f64(d * y)).collect(),
+                    None => x0_t,
+                };
+                self.atu.copy_from_host_at(0, &input)?;
                 a.apply(-1.0, &self.atu, 1.0, &mut self.u)?;
             }
             None => self.x.fill_bytes(0)?,
@@ -667,7 +712,11 @@ impl<T: Element> Solver<T> {
             .iter()
             .enumerate()
             .map(|(j, d)| {
-                let x = xs[j * n..(j + 1) * n].iter().map(|e| e.to_f64()).collect();
+                let y = xs[j * n..(j + 1) * n].iter().map(|e| e.to_f64());
+                let x = match &scale {
+                    Some(s) => y.zip(s).map(|(y, s)| s * y).collect(),
+                    None => y.collect(),
+                };
                 result_of(&sh, d, x)
             })
             .collect())

@@ -462,3 +462,159 @@ fn a_bad_damp_list_is_an_error_naming_it() {
     let show = LsmrOptions { show: true, ..ok };
     assert_eq!(super::lsmr_host_damps(&a, &b, &[0.0, 2.0], &show).unwrap().len(), 2);
 }
+
+// ---- column scaling (LsmrOptions::scale_columns) ----
+
+/// A random tall problem whose column j is multiplied by 10^(-3 .. 3) (badly scaled columns).
+fn badly_scaled(rows: usize, cols: usize, seed: u64) -> (CsrHost<f64, i32>, Vec<f64>) {
+    let (mut a, b) = random_tall(rows, cols, seed);
+    let factor: Vec<f64> = (0..cols)
+        .map(|j| 10f64.powf(-3.0 + 6.0 * ((j * 7919) % cols) as f64 / cols as f64))
+        .collect();
+    for (c, v) in a.indices.iter().zip(a.values.iter_mut()) {
+        *v *= factor[*c as usize];
+    }
+    (a, b)
+}
+
+#[test]
+fn column_scaling_solves_the_scaled_matrix_and_returns_original_variables() {
+    let (a, b) = badly_scaled(1200, 80, 21);
+    let norms = a.column_norms().unwrap();
+    let d: Vec<f64> = norms.iter().map(|&v| 1.0 / v).collect();
+    // A D built explicitly
+    let mut ad = a.clone();
+    for (c, v) in ad.indices.iter().zip(ad.values.iter_mut()) {
+        *v *= d[*c as usize];
+    }
+    let x0 = crate::sparse::generate::random_vector(80, 9);
+    for (damp, warm) in [(0.0, false), (0.3, false), (0.0, true)] {
+        let opts = LsmrOptions {
+            damp,
+            atol: 1e-10,
+            btol: 1e-10,
+            x0: warm.then(|| x0.clone()),
+            scale_columns: true,
+            ..LsmrOptions::default()
+        };
+        let got = lsmr_host(&a, &b, &opts).unwrap();
+        let y0 = warm.then(|| x0.iter().zip(&d).map(|(x, d)| x / d).collect::<Vec<_>>());
+        let plain = LsmrOptions {
+            x0: y0,
+            scale_columns: false,
+            ..opts.clone()
+        };
+        let y = lsmr_host(&ad, &b, &plain).unwrap();
+        assert_eq!(got.istop, y.istop, "damp {damp} warm {warm}");
+        assert!(got.itn.abs_diff(y.itn) <= 1, "itn {} vs {}", got.itn, y.itn);
+        let dy: Vec<f64> = y.x.iter().zip(&d).map(|(y, d)| y * d).collect();
+        let err = rel_l2(&got.x, &dy);
+        assert!(err <= 1e-8, "damp {damp} warm {warm}: x vs D y {err:.2e}");
+        // the estimates are those of the scaled problem: normx is ||y||, not ||x||
+        assert!(rel(got.normx, y.normx) <= 1e-8, "{} vs {}", got.normx, y.normx);
+        assert!(rel(got.norma, y.norma) <= 1e-8);
+        let normx: f64 = got.x.iter().map(|e| e * e).sum::<f64>().sqrt();
+        assert!(rel(got.normx, normx) > 1e-3, "normx should be ||y||, here ||x||");
+    }
+}
+
+#[test]
+fn column_scaling_converges_much_faster_on_badly_scaled_columns() {
+    let (a, b) = badly_scaled(2000, 150, 4);
+    let opts = LsmrOptions {
+        atol: 1e-10,
+        btol: 1e-10,
+        maxiter: Some(5000),
+        conlim: 0.0,
+        ..LsmrOptions::default()
+    };
+    let plain = lsmr_host(&a, &b, &opts).unwrap();
+    let scaled = lsmr_host(
+        &a,
+        &b,
+        &LsmrOptions {
+            scale_columns: true,
+            ..opts.clone()
+        },
+    )
+    .unwrap();
+    assert!(scaled.istop == 1 || scaled.istop == 2, "scaled istop {}", scaled.istop);
+    assert!(
+        2 * scaled.itn < plain.itn,
+        "scaled itn {} vs unscaled {} (istop {})",
+        scaled.itn,
+        plain.itn,
+        plain.istop
+    );
+    // the scaled solution is the least-squares solution: A^T (b - A x) ~ 0, column by column
+    // relative to each column's norm
+    let mut r = b.clone();
+    a.apply(-1.0, &scaled.x, 1.0, &mut r);
+    let mut atr = vec![0.0; 150];
+    a.apply_transposed(1.0, &r, 0.0, &mut atr);
+    let norms = a.column_norms().unwrap();
+    let rn: f64 = r.iter().map(|e| e * e).sum::<f64>().sqrt();
+    let worst = atr
+        .iter()
+        .zip(&norms)
+        .map(|(g, n)| g.abs() / (n * rn))
+        .fold(0.0, f64::max);
+    assert!(worst <= 1e-8, "scaled optimality {worst:.2e}");
+}
+
+#[test]
+fn column_scaling_leaves_zero_columns_and_composes_with_the_damp_list() {
+    // a zero column keeps the factor 1 (no division by zero); its x stays 0
+    let a = DenseHost::new(4, 3, vec![1.0, 0.0, 2.0, 0.0, 0.0, 1.0, 3.0, 0.0, 0.0, 1.0, 0.0, 5.0]).unwrap();
+    assert_eq!(a.column_norms().unwrap()[1], 0.0);
+    let b = [1.0, 2.0, 3.0, 4.0];
+    let opts = LsmrOptions {
+        scale_columns: true,
+        ..LsmrOptions::default()
+    };
+    let r = lsmr_host(&a, &b, &opts).unwrap();
+    assert!(r.x.iter().all(|e| e.is_finite()) && r.x[1] == 0.0, "{:?}", r.x);
+    // CSR and dense give the same norms (bit for bit: same order)
+    let csr = CsrHost::<f64, i32>::from_dense(4, 3, &a.data);
+    assert_eq!(csr.column_norms(), a.column_norms());
+
+    let (a, b) = badly_scaled(600, 50, 8);
+    let damps = [0.0, 0.01, 0.1, 1.0];
+    let list = super::lsmr_host_damps(&a, &b, &damps, &opts).unwrap();
+    for (&damp, r) in damps.iter().zip(&list) {
+        assert_eq!(r, &lsmr_host(&a, &b, &LsmrOptions { damp, ..opts.clone() }).unwrap());
+    }
+}
+
+#[test]
+fn column_scaling_needs_valid_column_norms() {
+    let a = DenseHost::new(3, 2, vec![1.0, 0.0, 1.0, 1.0, 0.0, 1.0]).unwrap();
+    let b = [1.0, 0.0, -1.0];
+    let opts = LsmrOptions {
+        scale_columns: true,
+        ..LsmrOptions::default()
+    };
+    let op = || {
+        FnOperator::new(
+            3,
+            2,
+            |alpha, x: &[f64], beta, y: &mut [f64]| a.apply(alpha, x, beta, y),
+            |alpha, x: &[f64], beta, y: &mut [f64]| a.apply_transposed(alpha, x, beta, y),
+        )
+    };
+    match lsmr_host(&op(), &b, &opts) {
+        Err(Error::Unsupported(msg)) => assert!(msg.contains("scale_columns"), "{msg}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let given = lsmr_host(&op().with_column_norms(a.column_norms().unwrap()), &b, &opts).unwrap();
+    assert_eq!(given, lsmr_host(&a, &b, &opts).unwrap());
+    assert_eq!(
+        invalid(lsmr_host(&op().with_column_norms(vec![1.0]), &b, &opts)).0,
+        "column_norms"
+    );
+    let (arg, rule) = invalid(lsmr_host(&op().with_column_norms(vec![1.0, -2.0]), &b, &opts));
+    assert_eq!(arg, "column_norms");
+    assert!(rule.contains("element 1"), "{rule}");
+    // off by default
+    assert!(!LsmrOptions::default().scale_columns);
+}

@@ -33,6 +33,11 @@ impl Operator for Lsmr {
                 .into_iter()
                 .map(|c| VerifyJob::new(c.name(), c, verify::verify_damp_case)),
         );
+        jobs.extend(
+            verify::scale_cases(quick)
+                .into_iter()
+                .map(|c| VerifyJob::new(c.name(), c, verify::verify_scale_case)),
+        );
         jobs.push(VerifyJob::new(
             "lsmr damps argument errors".into(),
             (),

@@ -23,7 +23,7 @@
 
 use serde_json::{json, Value};
 
-use super::device_operator::{LinearOperator, SparseDualOperator, SparseSingleOperator};
+use super::device_operator::{FnDeviceOperator, LinearOperator, SparseDualOperator, SparseSingleOperator};
 use super::fixtures::{compare, fixture_cases, rel_l2, tolerance, Tol};
 use super::lsmr::{lsmr_host, LsmrOptions, LsmrResult};
 use super::lsmr_device::{lsmr, lsmr_with, LsmrRunOptions};
@@ -323,8 +323,9 @@ fn bitwise_equal(a: &LsmrResult, b: &LsmrResult) -> bool {
     bits(a) == bits(b)
 }
 
-/// The argument errors on the device: b of the wrong length, NaN in b, negative damp, NaN in A
-/// at construction. Each must be an error naming the argument.
+/// The argument errors on the device: b of the wrong length, NaN in b, negative damp, column
+/// scaling without column norms, NaN in A at construction. Each must be an error naming the
+/// argument.
 pub fn verify_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<VerifyOutcome> {
     let a = try_generate::<f64, i32>(MatrixClass::TallLeastSquares { per_row: 4 }, 50, 10, 1)?;
     let op = SparseDualOperator::new(ctx, &a)?;
@@ -350,6 +351,20 @@ pub fn verify_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<VerifyOutc
         ..LsmrOptions::default()
     };
     expect("damp -1", lsmr(ctx, &op, &b, &neg), "damp");
+    // column scaling needs the operator's column norms: a closure operator without them is
+    // refused before any work
+    let nothing = FnDeviceOperator::<f64>::new(50, 10, Box::new(|_, _, _, _| Ok(())), Box::new(|_, _, _, _| Ok(())));
+    let scaled = LsmrOptions {
+        scale_columns: true,
+        ..LsmrOptions::default()
+    };
+    match lsmr(ctx, &nothing, &b, &scaled) {
+        Err(Error::Unsupported(msg)) if msg.contains("scale_columns") => {}
+        Err(e) => failures.push(format!(
+            "scale_columns without norms: error {e} does not name scale_columns"
+        )),
+        Ok(_) => failures.push("scale_columns without norms: no error".into()),
+    }
     let mut bad = a.clone();
     bad.values[3] = f64::INFINITY;
     match SparseDualOperator::new(ctx, &bad) {
@@ -556,6 +571,159 @@ pub fn verify_damp_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<Verif
         path: "-".into(),
         comparison: compare_vectors(&[], &[], 0.0, 0.0),
         budget: 0.0,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
+
+// ---- column scaling ----
+
+/// One column-scaling case: a problem (random ones with columns scaled by 10^(-3 .. 3)) solved
+/// with `scale_columns`, against the CPU reference with `scale_columns`.
+#[derive(Clone, Debug)]
+pub struct ScaleCase {
+    pub problem: Problem,
+    pub value: DType,
+    pub dual: bool,
+}
+
+impl ScaleCase {
+    pub fn name(&self) -> String {
+        let what = match &self.problem {
+            Problem::Fixture(n) => n.clone(),
+            Problem::Random { label, rows, cols, .. } => format!("{label} {rows}x{cols} badly scaled"),
+        };
+        format!(
+            "lsmr scaled {what} {} {}",
+            self.value,
+            if self.dual { "dual" } else { "single" }
+        )
+    }
+}
+
+/// The column-scaling cases (`quick`: two).
+pub fn scale_cases(quick: bool) -> Vec<ScaleCase> {
+    let fixture = |name: &str| ScaleCase {
+        problem: Problem::Fixture(name.into()),
+        value: DType::F64,
+        dual: true,
+    };
+    let random = |label, rows, cols, per_row, damp, x0, value, dual| ScaleCase {
+        problem: Problem::Random {
+            label,
+            rows,
+            cols,
+            per_row,
+            damp,
+            x0,
+            maxiter: None,
+        },
+        value,
+        dual,
+    };
+    let mut out = vec![
+        random("random tall", 3001, 257, 9, 0.0, false, DType::F64, true),
+        fixture("tall_inconsistent"),
+    ];
+    if quick {
+        return out;
+    }
+    out.extend([
+        random("random tall", 3001, 257, 9, 0.0, false, DType::F64, false),
+        random("random tall", 3001, 257, 9, 0.0, false, DType::F32, true),
+        random("random tall damped", 2500, 300, 7, 0.7, false, DType::F64, true),
+        random("random tall x0", 1999, 211, 8, 0.0, true, DType::F64, true),
+        random("random wide", 203, 1500, 40, 0.0, false, DType::F64, true),
+        fixture("damped"),
+        fixture("warm_start_x0"),
+        fixture("lower_bidiagonal_tall"),
+        fixture("zero_rhs"),
+    ]);
+    out
+}
+
+pub fn verify_scale_case(ctx: &Context, case: &ScaleCase, seed: u64) -> Result<VerifyOutcome> {
+    crate::dispatch_float!("lsmr verify scaled"; case.value, [F32, F64], |T| run_scaled::<T>(ctx, case, seed))
+}
+
+/// Multiplies column j of `a` by 10^(-3 .. 3) (a fixed spread over the columns).
+fn scale_columns_badly(a: &mut CsrHost<f64, i32>) {
+    let n = a.cols.max(1);
+    for (c, v) in a.indices.iter().zip(a.values.iter_mut()) {
+        let j = *c as usize;
+        *v *= 10f64.powf(-3.0 + 6.0 * ((j * 7919) % n) as f64 / n as f64);
+    }
+}
+
+fn run_scaled<T: Element>(ctx: &Context, case: &ScaleCase, seed: u64) -> Result<VerifyOutcome> {
+    let mut built = build(&case.problem, seed)?;
+    if matches!(case.problem, Problem::Random { .. }) {
+        scale_columns_badly(&mut built.a);
+    }
+    built.opts.scale_columns = true;
+    if T::DTYPE == DType::F32 {
+        built.opts.atol = built.opts.atol.max(F32_MIN_TOL);
+        built.opts.btol = built.opts.btol.max(F32_MIN_TOL);
+        built.tol = FP32;
+    }
+    let a_t: CsrHost<T, i32> = CsrHost {
+        rows: built.a.rows,
+        cols: built.a.cols,
+        offsets: built.a.offsets.clone(),
+        indices: built.a.indices.clone(),
+        values: built.a.values.iter().map(|&v| T::from_f64(v)).collect(),
+        sorted: built.a.sorted,
+    };
+    let a_ref: CsrHost<f64, i32> = CsrHost {
+        values: a_t.values.iter().map(|v| v.to_f64()).collect(),
+        ..built.a.clone()
+    };
+    let b_t: Vec<T> = built.b.iter().map(|&v| T::from_f64(v)).collect();
+    let b_ref: Vec<f64> = b_t.iter().map(|v| v.to_f64()).collect();
+    let want = lsmr_host(&a_ref, &b_ref, &built.opts)?;
+    let db = ctx.upload(&b_t)?;
+    let op: Box<dyn LinearOperator<T>> = if case.dual {
+        Box::new(SparseDualOperator::new(ctx, &a_t)?)
+    } else {
+        Box::new(SparseSingleOperator::new(ctx, &a_t)?)
+    };
+    let got = lsmr(ctx, op.as_ref(), &db, &built.opts)?;
+    let normb = b_ref.iter().map(|e| e * e).sum::<f64>().sqrt();
+    let mut failures = compare(&case.name(), &got, &want, normb, built.tol);
+    // with dual storage, a damp list with scaling gives each damp's scaled solve bit for bit
+    if case.dual && built.opts.damp == 0.0 {
+        let damps = [0.0, 0.05, 0.5];
+        let list = super::lsmr_device::lsmr_damps(ctx, op.as_ref(), &db, &damps, &built.opts)?;
+        for (&damp, r) in damps.iter().zip(&list) {
+            let alone = lsmr(
+                ctx,
+                op.as_ref(),
+                &db,
+                &LsmrOptions {
+                    damp,
+                    ..built.opts.clone()
+                },
+            )?;
+            if !bitwise_equal(r, &alone) {
+                failures.push(format!(
+                    "damp {damp} of a scaled damp list differs from its own scaled solve"
+                ));
+            }
+        }
+    }
+    Ok(VerifyOutcome {
+        case: case.name(),
+        params: {
+            let mut p = json!({"problem": case.name(), "dtype": case.value.name(), "dual": case.dual});
+            p["istop"] = json!(got.istop);
+            p["itn"] = json!(got.itn);
+            p["ref_itn"] = json!(want.itn);
+            p
+        },
+        path: format!("{} scaled itn {}/{}", op.storage(), got.itn, want.itn),
+        comparison: compare_vectors(&got.x, &want.x, 0.0, 0.0),
+        budget: built.tol.x,
         passed: failures.is_empty(),
         note: (!failures.is_empty()).then(|| failures.join("; ")),
         skipped: None,
