@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::lsmr::{istop_reason, lsmr_host, LsmrOptions};
-use super::{bench, lsmr_device, verify};
+use super::{bench, dense_operator, lsmr_device, verify};
 use crate::error::Result;
 use crate::harness::{Baselines, BenchJob, VerifyJob};
 use crate::registry::Operator;
@@ -38,6 +38,16 @@ impl Operator for Lsmr {
                 .into_iter()
                 .map(|c| VerifyJob::new(c.name(), c, verify::verify_scale_case)),
         );
+        jobs.extend(
+            verify::dense_cases(quick)
+                .into_iter()
+                .map(|c| VerifyJob::new(c.name(), c, verify::verify_dense_case)),
+        );
+        jobs.push(VerifyJob::new(
+            "lsmr dense argument errors".into(),
+            (),
+            verify::verify_dense_errors,
+        ));
         jobs.push(VerifyJob::new(
             "lsmr damps argument errors".into(),
             (),
@@ -63,7 +73,9 @@ impl Operator for Lsmr {
     }
 
     fn kernel_specs(&self, _arch: Arch) -> Vec<KernelSpec> {
-        lsmr_device::all_variants().into_iter().map(|v| v.spec()).collect()
+        let mut specs: Vec<KernelSpec> = lsmr_device::all_variants().into_iter().map(|v| v.spec()).collect();
+        specs.extend(dense_operator::all_variants().into_iter().map(|v| v.spec()));
+        specs
     }
 
     fn baselines(&self) -> Option<Baselines> {

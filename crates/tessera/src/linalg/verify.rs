@@ -23,10 +23,12 @@
 
 use serde_json::{json, Value};
 
+use super::dense_operator::{check_dense, stored_index, stored_shape, DenseLayout, DenseOperator};
 use super::device_operator::{FnDeviceOperator, LinearOperator, SparseDualOperator, SparseSingleOperator};
 use super::fixtures::{compare, fixture_cases, rel_l2, tolerance, Tol};
 use super::lsmr::{lsmr_host, LsmrOptions, LsmrResult};
 use super::lsmr_device::{lsmr, lsmr_with, LsmrRunOptions};
+use super::operator::{DenseHost, HostLinearOperator};
 use crate::check::compare as compare_vectors;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -724,6 +726,219 @@ fn run_scaled<T: Element>(ctx: &Context, case: &ScaleCase, seed: u64) -> Result<
         path: format!("{} scaled itn {}/{}", op.storage(), got.itn, want.itn),
         comparison: compare_vectors(&got.x, &want.x, 0.0, 0.0),
         budget: built.tol.x,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
+
+// ---- the dense operator ----
+
+/// One dense-operator case: an `rows x cols` matrix stored in `layout` with `pad` elements of
+/// padding per line (`ld = line length + pad`), in `value`.
+#[derive(Clone, Debug)]
+pub struct DenseCase {
+    pub rows: usize,
+    pub cols: usize,
+    pub layout: DenseLayout,
+    pub pad: usize,
+    pub value: DType,
+}
+
+impl DenseCase {
+    pub fn name(&self) -> String {
+        let layout = match self.layout {
+            DenseLayout::RowMajor => "row",
+            DenseLayout::ColMajor => "col",
+        };
+        format!(
+            "lsmr dense {}x{} {layout}-major pad {} {}",
+            self.rows, self.cols, self.pad, self.value
+        )
+    }
+}
+
+/// The dense cases (`quick`: two).
+pub fn dense_cases(quick: bool) -> Vec<DenseCase> {
+    let c = |rows, cols, layout, pad, value| DenseCase {
+        rows,
+        cols,
+        layout,
+        pad,
+        value,
+    };
+    use DenseLayout::{ColMajor, RowMajor};
+    if quick {
+        return vec![
+            c(517, 129, RowMajor, 0, DType::F64),
+            c(517, 129, ColMajor, 3, DType::F64),
+        ];
+    }
+    let mut out = Vec::new();
+    for value in [DType::F64, DType::F32] {
+        for layout in [RowMajor, ColMajor] {
+            for (rows, cols, pad) in [
+                (517, 129, 0),
+                (517, 129, 3),
+                (97, 300, 1),
+                (20_000, 37, 0),
+                (1, 1, 0),
+                (1000, 1, 2),
+            ] {
+                out.push(c(rows, cols, layout, pad, value));
+            }
+        }
+    }
+    out
+}
+
+pub fn verify_dense_case(ctx: &Context, case: &DenseCase, seed: u64) -> Result<VerifyOutcome> {
+    crate::dispatch_float!("lsmr verify dense"; case.value, [F32, F64], |T| run_dense::<T>(ctx, case, seed))
+}
+
+/// The dense operator against [`DenseHost`] on the same (T-rounded) matrix: both products
+/// with `beta = 0` into a NaN-poisoned `y` and with `beta != 0`, the column norms; then LSMR
+/// on it (with the damp list and column scaling) against the CPU reference.
+fn run_dense<T: Element>(ctx: &Context, case: &DenseCase, seed: u64) -> Result<VerifyOutcome> {
+    let (m, n) = (case.rows, case.cols);
+    let a_t: Vec<T> = random_vector(m * n, seed).into_iter().map(T::from_f64).collect();
+    let dense = DenseHost::new(m, n, a_t.iter().map(|v| v.to_f64()).collect())?;
+    let (_, len) = stored_shape(m, n, case.layout);
+    let ld = len + case.pad;
+    let span = check_dense(m, n, case.layout, ld, usize::MAX)?;
+    let mut stored = vec![T::from_f64(f64::NAN); span]; // padding must never be read
+    for i in 0..m {
+        for j in 0..n {
+            stored[stored_index(case.layout, ld, i, j)] = a_t[i * n + j];
+        }
+    }
+    let op = DenseOperator::new(ctx, ctx.upload(&stored)?, m, n, case.layout, ld)?;
+    let budget = if T::DTYPE == DType::F32 { 1e-6 } else { 1e-13 };
+    let mut failures = Vec::new();
+    let mut check = |what: &str, got: &[f64], want: &[f64]| {
+        let err = rel_l2(got, want);
+        if err.is_nan() || err > budget {
+            failures.push(format!("{what}: rel_l2 {err:.2e} (budget {budget:.0e})"));
+        }
+    };
+
+    // the products
+    let to_t = |v: &[f64]| -> Vec<T> { v.iter().map(|&e| T::from_f64(e)).collect() };
+    let to_f = |v: &[T]| -> Vec<f64> { v.iter().map(|e| e.to_f64()).collect() };
+    let x: Vec<f64> = to_f(&to_t(&random_vector(n, seed ^ 1)));
+    let u: Vec<f64> = to_f(&to_t(&random_vector(m, seed ^ 2)));
+    let y0: Vec<f64> = to_f(&to_t(&random_vector(m, seed ^ 3)));
+    let z0: Vec<f64> = to_f(&to_t(&random_vector(n, seed ^ 4)));
+    let (dx, du) = (ctx.upload(&to_t(&x))?, ctx.upload(&to_t(&u))?);
+    for (alpha, beta) in [(1.0, 0.0), (-0.7, 0.5)] {
+        let mut dy = ctx.upload(&to_t(&if beta == 0.0 { vec![f64::NAN; m] } else { y0.clone() }))?;
+        op.apply(alpha, &dx, beta, &mut dy)?;
+        let mut want = y0.clone();
+        dense.apply(alpha, &x, beta, &mut want);
+        check(
+            &format!("A x (alpha {alpha}, beta {beta})"),
+            &to_f(&dy.to_host()?),
+            &want,
+        );
+        let mut dz = ctx.upload(&to_t(&if beta == 0.0 { vec![f64::NAN; n] } else { z0.clone() }))?;
+        op.apply_transposed(alpha, &du, beta, &mut dz)?;
+        let mut want = z0.clone();
+        dense.apply_transposed(alpha, &u, beta, &mut want);
+        check(
+            &format!("A^T u (alpha {alpha}, beta {beta})"),
+            &to_f(&dz.to_host()?),
+            &want,
+        );
+    }
+    if let (Some(got), Some(want)) = (op.column_norms(), dense.column_norms()) {
+        check("column norms", &got, &want);
+    }
+
+    // LSMR on the dense operator against the CPU reference
+    let b_t = to_t(&random_vector(m, seed ^ 0xb));
+    let b = to_f(&b_t);
+    let db = ctx.upload(&b_t)?;
+    let mut opts = LsmrOptions::default();
+    let mut tol = LONG_RUN;
+    if T::DTYPE == DType::F32 {
+        opts.atol = F32_MIN_TOL;
+        opts.btol = F32_MIN_TOL;
+        tol = FP32;
+    }
+    let normb = b.iter().map(|e| e * e).sum::<f64>().sqrt();
+    let got = lsmr(ctx, &op, &db, &opts)?;
+    let want = lsmr_host(&dense, &b, &opts)?;
+    let mut lsmr_failures = compare(&format!("{} lsmr", case.name()), &got, &want, normb, tol);
+    let damps = [0.0, 0.1, 1.0];
+    let scaled = LsmrOptions {
+        scale_columns: true,
+        ..opts.clone()
+    };
+    let got_list = super::lsmr_device::lsmr_damps(ctx, &op, &db, &damps, &scaled)?;
+    let want_list = super::lsmr::lsmr_host_damps(&dense, &b, &damps, &scaled)?;
+    for ((&damp, g), w) in damps.iter().zip(&got_list).zip(&want_list) {
+        lsmr_failures.extend(compare(
+            &format!("{} lsmr scaled damp {damp}", case.name()),
+            g,
+            w,
+            normb,
+            tol,
+        ));
+    }
+    failures.extend(lsmr_failures);
+    Ok(VerifyOutcome {
+        case: case.name(),
+        params: json!({
+            "rows": m, "cols": n, "layout": format!("{:?}", case.layout), "ld": ld,
+            "dtype": case.value.name(), "istop": got.istop, "itn": got.itn, "ref_itn": want.itn,
+        }),
+        path: format!("{} itn {}/{}", op.storage(), got.itn, want.itn),
+        comparison: compare_vectors(&got.x, &want.x, 0.0, 0.0),
+        budget: tol.x,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
+
+/// The dense operator's argument errors on the device: a NaN in the matrix, `ld` below the
+/// line length, a short buffer, a short `x`.
+pub fn verify_dense_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<VerifyOutcome> {
+    let mut failures = Vec::new();
+    let mut expect = |what: &str, r: Result<()>, arg: &str| match r {
+        Err(Error::InvalidArgument { arg: got, .. }) if got == arg => {}
+        Err(e) => failures.push(format!("{what}: error {e} does not name {arg}")),
+        Ok(_) => failures.push(format!("{what}: no error")),
+    };
+    let mut data = random_vector(12 * 5, 1);
+    let good = DenseOperator::from_host(ctx, 12, 5, DenseLayout::RowMajor, &data)?;
+    data[17] = f64::NAN;
+    for layout in [DenseLayout::RowMajor, DenseLayout::ColMajor] {
+        expect(
+            &format!("NaN in A ({layout:?})"),
+            DenseOperator::from_host(ctx, 12, 5, layout, &data).map(|_| ()),
+            "A",
+        );
+    }
+    expect(
+        "ld 4 < n 5",
+        DenseOperator::new(ctx, ctx.upload(&[1.0f64; 60])?, 12, 5, DenseLayout::RowMajor, 4).map(|_| ()),
+        "ld",
+    );
+    expect(
+        "59 elements for 12 x 5",
+        DenseOperator::new(ctx, ctx.upload(&[1.0f64; 59])?, 12, 5, DenseLayout::RowMajor, 5).map(|_| ()),
+        "data",
+    );
+    let short = ctx.upload(&[1.0f64; 4])?;
+    let mut y = ctx.alloc::<f64>(12)?;
+    expect("x of 4 for 5 columns", good.apply(1.0, &short, 0.0, &mut y), "x");
+    Ok(VerifyOutcome {
+        case: "lsmr dense argument errors".into(),
+        params: json!({"problem": "dense errors"}),
+        path: "-".into(),
+        comparison: compare_vectors(&[], &[], 0.0, 0.0),
+        budget: 0.0,
         passed: failures.is_empty(),
         note: (!failures.is_empty()).then(|| failures.join("; ")),
         skipped: None,
