@@ -175,3 +175,32 @@ fn linalg_kernels_compile_for_every_ci_arch_without_spills() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The GPU jobs (verify and bench, quick and full) of `lsmr` are named apart (`--filter` and
+/// the results JSON key rows by name), and the new features each have jobs.
+#[test]
+fn lsmr_jobs_are_named_apart_and_cover_the_features() {
+    use crate::registry::Operator;
+    for quick in [true, false] {
+        let verify: Vec<String> = super::OPERATOR.verify_jobs(quick).into_iter().map(|j| j.name).collect();
+        let bench: Vec<String> = super::OPERATOR.bench_jobs(quick).into_iter().map(|j| j.name).collect();
+        for names in [&verify, &bench] {
+            let mut sorted = names.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), names.len(), "duplicate job names in {names:?}");
+        }
+        for feature in ["lsmr damps", "lsmr scaled", "lsmr dense"] {
+            assert!(
+                verify.iter().any(|n| n.starts_with(feature)),
+                "no verify job {feature}* (quick {quick})"
+            );
+        }
+        assert!(bench
+            .iter()
+            .any(|n| n.starts_with("lsmr damps8") && n.ends_with("separate")));
+        assert!(bench
+            .iter()
+            .any(|n| n.starts_with("lsmr damps8") && !n.ends_with("separate")));
+    }
+}
