@@ -15,10 +15,12 @@
 //! # Device design (lsmr.cu has the kernel-level detail)
 //!
 //! Per iteration: the two products of the operator into work vectors, three fused vector
-//! kernels (`u` update, `v` update, the `v` normalisation with the `h`, `hbar`, `x` updates)
-//! that each write a per-CTA partial sum of squares, and two one-CTA scalar kernels that add
+//! kernels (`u` update, `v` update, the `h`, `hbar`, `x` updates; `u` and `v` stay
+//! unnormalised in memory, their scales applied where they are read) that each write a
+//! per-CTA partial sum of squares, and two one-CTA scalar kernels that add
 //! the partials in a fixed order (deterministic two-pass norms, no float atomics) and run the
-//! recurrences and every stopping test on an f64 state struct in device memory ([`LsmrState`]).
+//! recurrences and every stopping test on f64 state structs in device memory ([`LsmrShared`], and
+//! one [`LsmrDamp`] per damp).
 //! When a test holds, the state's stop flag is set and every later kernel of the solver returns
 //! at once, so the result is the iterate at which the rules first held, exactly as if the host
 //! had checked after every iteration.
@@ -314,7 +316,7 @@ impl Default for LsmrRunOptions<'_> {
 
 /// Solves `min ||[b; 0] - [A; damp I] x||_2` on the GPU by LSMR with SciPy's semantics: the
 /// options, stopping rules and returns of [`lsmr_host`](super::lsmr_host) (see
-/// [`lsmr`](super::lsmr) for the contract); `x` is returned on the host in f64. `opts.show`
+/// [`lsmr`](mod@super::lsmr) for the contract); `x` is returned on the host in f64. `opts.show`
 /// is ignored (use [`lsmr_with`] and a progress callback).
 ///
 /// Errors (nothing runs): `b` of a length other than `m`; `x0` of a length other than `n`;

@@ -1,6 +1,6 @@
 //! Linear operators on the host: the seam between iterative solvers and matrix storage.
 //!
-//! An iterative least-squares solver such as [LSMR](super::lsmr) touches its matrix only
+//! An iterative least-squares solver such as [LSMR](mod@super::lsmr) touches its matrix only
 //! through two products, `y = alpha * A x + beta * y` and `y = alpha * A^T x + beta * y`
 //! (SciPy's `matvec` / `rmatvec`). [`HostLinearOperator`] is that seam on the CPU, in f64.
 //! It is implemented here for
