@@ -43,14 +43,10 @@ pub const BLOCK_THREADS: u32 = 256;
 /// The most line splits of the across-lines product.
 pub const MAX_SPLITS: usize = 64;
 
-/// How a dense matrix is stored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DenseLayout {
-    /// Element `(i, j)` at `i * ld + j` (C order).
-    RowMajor,
-    /// Element `(i, j)` at `j * ld + i` (Fortran / BLAS order).
-    ColMajor,
-}
+/// How a dense matrix is stored: sparse's [`DenseLayout`](crate::sparse::DenseLayout) (the
+/// layout of SpMM's dense operands), with a leading dimension `ld` here: `RowMajor` puts
+/// element `(i, j)` at `i * ld + j`, `ColMajor` (Fortran / BLAS order) at `j * ld + i`.
+pub use crate::sparse::DenseLayout;
 
 /// The kernels of dense.cu.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
