@@ -90,6 +90,7 @@ pub fn run(args: &LsmrArgs) -> Result<bool, String> {
         maxiter: args.maxiter,
         x0,
         show: false,
+        scale_columns: false,
     };
     let t = Instant::now();
     let gpu = if args.cpu {

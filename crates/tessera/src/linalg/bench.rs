@@ -12,6 +12,11 @@
 //! and output traffic plus the solver's vector passes, lsmr.cu's roofline). Before timing, the
 //! solve is checked: its `normr` estimate must match `||b - A x||` recomputed on the host.
 //!
+//! The damp list ([`damp_cases`]): 8 damps (0 and 1e-2 .. 1e2 times a typical column norm)
+//! on the 8kv-shaped system in fp32, timed as one [`lsmr_damps`] run and as 8 separate
+//! solves; `params.over_one_solve` is each time over one plain solve (the issue's target: the
+//! list in at most 2x one solve). The list is checked against the separate solves first.
+//!
 //! The matrix is written to `$TMPDIR/tessera-lsmr/<case>.{offsets,indices,values,b}` (raw
 //! little-endian) for the baseline runner (scripts/baselines/bench_torch.py --op lsmr:
 //! `cupyx.scipy.sparse.linalg.lsmr` with the same options, and SciPy on the CPU when the
@@ -21,7 +26,7 @@ use serde_json::{json, Value};
 
 use super::device_operator::{sparse_operator, Storage};
 use super::lsmr::LsmrOptions;
-use super::lsmr_device::lsmr;
+use super::lsmr_device::{lsmr, lsmr_damps};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::harness::BenchOutcome;
@@ -217,5 +222,159 @@ fn write_raw<T: Element>(path: &str, xs: &[T]) -> Result<()> {
     std::fs::write(path, bytes).map_err(|e| Error::Io {
         context: format!("writing the benchmark vector {path}"),
         source: e,
+    })
+}
+
+// ---- the damp list ----
+
+/// The damps of the damp-list benchmark: 0 and seven values from 1e-2 to 1e2 times
+/// `||A||_F / sqrt(n)` (a typical column norm), so they span weak to strong regularisation.
+pub fn bench_damps(typical: f64) -> Vec<f64> {
+    let mut d = vec![0.0];
+    d.extend((0..7).map(|j| typical * 10f64.powf(-2.0 + 4.0 * j as f64 / 6.0)));
+    d
+}
+
+/// One damp-list benchmark row: 8 damps on the 8kv-shaped system, solved as one damp list
+/// (`separate = false`) or as 8 separate solves (`separate = true`), with the fixed
+/// iteration budget of the other cases.
+#[derive(Clone, Debug)]
+pub struct DampBenchCase {
+    pub rows: usize,
+    pub cols: usize,
+    pub per_row: usize,
+    pub value: DType,
+    pub separate: bool,
+}
+
+impl DampBenchCase {
+    pub fn name(&self) -> String {
+        format!(
+            "lsmr damps8 tallls{} {}x{} {}{}",
+            self.per_row,
+            self.rows,
+            self.cols,
+            self.value,
+            if self.separate { " separate" } else { "" }
+        )
+    }
+}
+
+/// The damp-list cases: the 8kv shape in fp32, as a list and as separate solves (`quick`: a
+/// small shape).
+pub fn damp_cases(quick: bool) -> Vec<DampBenchCase> {
+    let (rows, cols) = if quick { (30_000, 617) } else { (306_136, 6_177) };
+    [false, true]
+        .into_iter()
+        .map(|separate| DampBenchCase {
+            rows,
+            cols,
+            per_row: 18,
+            value: DType::F32,
+            separate,
+        })
+        .collect()
+}
+
+pub fn bench_damp_case(ctx: &Context, case: &DampBenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    crate::dispatch_float!("lsmr bench damps"; case.value, [F32, F64], |T| run_damps::<T>(ctx, case, seed, timing))
+}
+
+/// Times the 8 damps as one damp list or as 8 solves, and one plain solve (damp 0) for the
+/// ratio the issue targets (the list in at most 2x one solve). Before timing, the list's
+/// results are checked against the separate solves (bitwise: same kernels, dual storage).
+fn run_damps<T: Element>(
+    ctx: &Context,
+    case: &DampBenchCase,
+    seed: u64,
+    timing: TimingOptions,
+) -> Result<BenchOutcome> {
+    let a = try_generate::<T, i32>(
+        MatrixClass::TallLeastSquares { per_row: case.per_row },
+        case.rows,
+        case.cols,
+        seed,
+    )?;
+    let b: Vec<T> = random_vector(case.rows, seed ^ 0xb)
+        .into_iter()
+        .map(T::from_f64)
+        .collect();
+    let frob = a.values.iter().map(|v| v.to_f64().powi(2)).sum::<f64>().sqrt();
+    let damps = bench_damps(frob / (case.cols as f64).sqrt());
+    let op = sparse_operator(ctx, &a, Storage::Dual)?;
+    let db = ctx.upload(&b)?;
+    let opts = LsmrOptions {
+        atol: 0.0,
+        btol: 0.0,
+        conlim: 0.0,
+        maxiter: Some(BENCH_MAXITER),
+        ..LsmrOptions::default()
+    };
+    let list = lsmr_damps(ctx, op.as_ref(), &db, &damps, &opts)?;
+    let mut itns = Vec::new();
+    for (&damp, r) in damps.iter().zip(&list) {
+        let alone = lsmr(ctx, op.as_ref(), &db, &LsmrOptions { damp, ..opts.clone() })?;
+        if alone.x != r.x || alone.itn != r.itn || alone.istop != r.istop {
+            return Err(Error::Unsupported(format!(
+                "{}: damp {damp:.3e} of the list differs from its own solve (itn {} vs {}) before timing",
+                case.name(),
+                r.itn,
+                alone.itn
+            )));
+        }
+        itns.push(r.itn);
+    }
+
+    let solve_timing = TimingOptions {
+        warmup: 1,
+        warmup_ms: 0.0,
+        groups: 5,
+        reps: Some(1),
+        ..timing
+    };
+    let t = if case.separate {
+        time_median(ctx, solve_timing, |_| {
+            for &damp in &damps {
+                lsmr(ctx, op.as_ref(), &db, &LsmrOptions { damp, ..opts.clone() })?;
+            }
+            Ok(())
+        })?
+    } else {
+        time_median(ctx, solve_timing, |_| {
+            lsmr_damps(ctx, op.as_ref(), &db, &damps, &opts).map(|_| ())
+        })?
+    };
+    let one = time_median(ctx, solve_timing, |_| lsmr(ctx, op.as_ref(), &db, &opts).map(|_| ()))?;
+    let itn = itns.iter().copied().max().unwrap_or(0).max(1);
+    // bytes: one iteration's products and shared vector work, plus 6 n per damp (h, hbar, x)
+    let s = T::DTYPE.size();
+    let per_iter = bytes_per_iteration(&a) + 6 * case.cols * s * (damps.len() - 1);
+    let bytes = if case.separate {
+        bytes_per_iteration(&a) * itns.iter().sum::<usize>()
+    } else {
+        per_iter * itn
+    };
+    Ok(BenchOutcome {
+        case: case.name(),
+        params: json!({
+            "rows": case.rows, "cols": case.cols, "per_row": case.per_row, "nnz": a.nnz(),
+            "dtype": case.value.name(), "index": "i32", "maxiter": BENCH_MAXITER,
+            "atol": 0.0, "btol": 0.0, "conlim": 0.0, "damps": damps, "itn": itns,
+            "istop": list.iter().map(|r| r.istop).collect::<Vec<_>>(),
+            "separate": case.separate,
+            "one_solve_ms": one.median_ms,
+            "over_one_solve": t.median_ms / one.median_ms,
+        }),
+        implementation: if case.separate {
+            "tessera-separate".into()
+        } else {
+            "tessera".into()
+        },
+        ms: t.median_ms,
+        gbps: Some(bytes as f64 / (t.median_ms * 1e-3) / 1e9),
+        tflops: None,
+        extra_mib: None,
+        max_abs_err: None,
+        rel_l2: None,
     })
 }

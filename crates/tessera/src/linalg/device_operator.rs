@@ -35,8 +35,14 @@ pub trait LinearOperator<T: Element> {
     fn apply(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()>;
     /// `y = alpha * A^T x + beta * y`: `x` has `m` elements, `y` has `n`.
     fn apply_transposed(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()>;
-    /// A short name of the storage, for reports (`csr-dual`, `csr-single`, `fn`).
+    /// A short name of the storage, for reports (`csr-dual`, `csr-single`, `dense`, `fn`).
     fn storage(&self) -> &'static str;
+    /// The Euclidean norm of each column of `A` (`n` values, on the host), for column scaling
+    /// ([`LsmrOptions::scale_columns`](super::LsmrOptions::scale_columns)); `None` when the
+    /// operator cannot give them (the default).
+    fn column_norms(&self) -> Option<Vec<f64>> {
+        None
+    }
 }
 
 /// How a sparse matrix is stored for the solver.
@@ -84,6 +90,7 @@ fn check_value_type<T: Element>() -> Result<()> {
 pub struct SparseDualOperator<T: Element, I: SparseIndex> {
     a: CsrMatrix<T, I>,
     at: CsrMatrix<T, I>,
+    column_norms: Vec<f64>,
 }
 
 impl<T: Element, I: SparseIndex> SparseDualOperator<T, I> {
@@ -95,6 +102,7 @@ impl<T: Element, I: SparseIndex> SparseDualOperator<T, I> {
         Ok(SparseDualOperator {
             a: CsrMatrix::from_host(ctx, a)?,
             at: CsrMatrix::from_host(ctx, &a.transpose())?,
+            column_norms: host_column_norms(a),
         })
     }
     pub fn matrix(&self) -> &CsrMatrix<T, I> {
@@ -115,12 +123,16 @@ impl<T: Element, I: SparseIndex> LinearOperator<T> for SparseDualOperator<T, I> 
     fn storage(&self) -> &'static str {
         "csr-dual"
     }
+    fn column_norms(&self) -> Option<Vec<f64>> {
+        Some(self.column_norms.clone())
+    }
 }
 
 /// Only the CSR of `A`; `A^T x` without a transposed copy (atomic scatter: not bitwise
 /// reproducible).
 pub struct SparseSingleOperator<T: Element, I: SparseIndex> {
     a: CsrMatrix<T, I>,
+    column_norms: Vec<f64>,
 }
 
 impl<T: Element, I: SparseIndex> SparseSingleOperator<T, I> {
@@ -131,6 +143,7 @@ impl<T: Element, I: SparseIndex> SparseSingleOperator<T, I> {
         check_finite_values(a)?;
         Ok(SparseSingleOperator {
             a: CsrMatrix::from_host(ctx, a)?,
+            column_norms: host_column_norms(a),
         })
     }
     pub fn matrix(&self) -> &CsrMatrix<T, I> {
@@ -151,6 +164,14 @@ impl<T: Element, I: SparseIndex> LinearOperator<T> for SparseSingleOperator<T, I
     fn storage(&self) -> &'static str {
         "csr-single"
     }
+    fn column_norms(&self) -> Option<Vec<f64>> {
+        Some(self.column_norms.clone())
+    }
+}
+
+/// The column norms of `a`, in f64 (what the sparse operators keep for column scaling).
+fn host_column_norms<T: Element, I: SparseIndex>(a: &CsrHost<T, I>) -> Vec<f64> {
+    super::HostLinearOperator::column_norms(a).unwrap_or_default()
 }
 
 /// Bytes of the device CSR of `A^T` for `a` (values, indices, `cols + 1` offsets).
@@ -194,9 +215,16 @@ pub fn sparse_operator<T: Element, I: SparseIndex>(
     };
     if choose_dual(storage, transpose_bytes(a), free) {
         let at = CsrMatrix::from_host(ctx, &a.transpose())?;
-        Ok(Box::new(SparseDualOperator { a: matrix, at }))
+        Ok(Box::new(SparseDualOperator {
+            a: matrix,
+            at,
+            column_norms: host_column_norms(a),
+        }))
     } else {
-        Ok(Box::new(SparseSingleOperator { a: matrix }))
+        Ok(Box::new(SparseSingleOperator {
+            a: matrix,
+            column_norms: host_column_norms(a),
+        }))
     }
 }
 
@@ -222,6 +250,7 @@ pub struct FnDeviceOperator<'a, T: Element> {
     cols: usize,
     apply: DeviceApplyFn<'a, T>,
     apply_transposed: DeviceApplyFn<'a, T>,
+    column_norms: Option<Vec<f64>>,
 }
 
 impl<'a, T: Element> FnDeviceOperator<'a, T> {
@@ -231,7 +260,14 @@ impl<'a, T: Element> FnDeviceOperator<'a, T> {
             cols,
             apply,
             apply_transposed,
+            column_norms: None,
         }
+    }
+
+    /// The operator with its column norms (for column scaling; checked by the solver).
+    pub fn with_column_norms(mut self, norms: Vec<f64>) -> Self {
+        self.column_norms = Some(norms);
+        self
     }
 }
 
@@ -247,5 +283,8 @@ impl<T: Element> LinearOperator<T> for FnDeviceOperator<'_, T> {
     }
     fn storage(&self) -> &'static str {
         "fn"
+    }
+    fn column_norms(&self) -> Option<Vec<f64>> {
+        self.column_norms.clone()
     }
 }

@@ -174,6 +174,7 @@ pub(crate) fn fixture_cases() -> Vec<Case> {
                 maxiter: o["maxiter"].as_u64().map(|v| v as usize),
                 x0: opt_f64s(&o["x0"]),
                 show: false,
+                scale_columns: false,
             };
             // The inputs are bit for bit those SciPy solved.
             let mut h = Sha256::new();

@@ -1,50 +1,66 @@
 // lsmr.cu: the device side of LSMR (linalg/lsmr_device.rs): the vector work between the two
 // products of each iteration, the norms, and the scalar recurrences and stopping tests, so that
-// the host only launches and looks at a stop flag every few iterations.
+// the host only launches and looks at a stop flag every few iterations. One run solves k >= 1
+// damping factors at once (the damp list): the bidiagonalisation is shared, each damp has its
+// own rotations, h, hbar, x and stopping state.
 //
 // What. One LSMR iteration (Fong and Saunders 2011; SciPy's order, see linalg/lsmr.rs) is, with
 // the products done by the operator (sparse SpMV, user code) into work vectors av and atu:
-//   av = A v                                   (operator)
-//   lsmr_update_u : u = av - alpha * (u * u_scale), partial sums of u^2
-//   lsmr_scalar(ITER_BETA): the deferred stopping test of the previous iteration, then
-//                   beta = ||u||, u_scale = 1 / beta
+//   av = A v                                   (operator; v is not normalised in memory;
+//                                               with column scaling A D v, from dv = D v)
+//   lsmr_update_u : u = av * v_scale - alpha * (u * u_scale), partial sums of u^2
+//   lsmr_scalar(ITER_BETA): the deferred stopping tests of the previous iteration (one per
+//                   damp), then beta = ||u||, u_scale = 1 / beta
 //   atu = A^T u                                (operator; u is not normalised in memory)
-//   lsmr_update_v : v = atu * u_scale - beta * v, partial sums of v^2
-//   lsmr_scalar(ITER_ALPHA): alpha = ||v||, the rotations, the estimates of ||r||, ||A^T r||,
-//                   ||A||, cond(A), and the three factors of the x update
-//   lsmr_update_x : v *= 1 / alpha; hbar = h - (theta rho / rho rhobar) hbar; x += step hbar;
-//                   h = v - (theta / rho) h; partial sums of x^2 (for ||x||)
-// u is kept unnormalised (its 1 / beta is applied where it is read: A^T u is scaled by u_scale
-// in lsmr_update_v, and the next lsmr_update_u multiplies u by it), which saves a pass over u.
+//   lsmr_update_v : v = atu * u_scale - beta * (v * v_scale), partial sums of v^2
+//   lsmr_scalar(ITER_ALPHA): alpha = ||v||, v_scale = 1 / alpha, ||A||; then per damp the
+//                   rotations, the estimates of ||r||, ||A^T r||, cond(A), and the three
+//                   factors of its x update
+//   lsmr_update_x : per damp j (blockIdx.y): hbar_j = h_j - (theta rho / rho rhobar) hbar_j;
+//                   x_j += step hbar_j; h_j = v * v_scale - (theta / rho) h_j; partial sums
+//                   of x_j^2 (for ||x_j||)
+// u and v are kept unnormalised: their 1 / beta and 1 / alpha are applied where they are read
+// (u_scale in lsmr_update_v and the next lsmr_update_u, v_scale in lsmr_update_u, the next
+// lsmr_update_v and lsmr_update_x). That saves a pass over each, and lsmr_update_x only reads
+// v, so the k damps' CTAs read it side by side without a race.
 //
 // Stopping. The tests of iteration k need ||x_k||, known only after lsmr_update_x; they run at
 // the start of the next lsmr_scalar (ITER_BETA of iteration k + 1, or TEST at a check point),
 // before anything that the result reads (x, the estimates) changes: lsmr_update_u of k + 1
-// runs first but only touches u, which is not returned. Once `stop` is set, every kernel here
-// returns at once, so x and the estimates stay those of the iteration at which the rules first
-// held, however many iterations the host had already queued. The operator's products still
+// runs first but only touches u, which is not returned. A damp whose test holds sets its own
+// stop flag: its recurrences and its CTAs of lsmr_update_x return at once from then on, so its
+// x and estimates stay those of the iteration at which its rules first held. When every damp
+// has stopped (or at an early exit) the shared stop flag is set and every kernel here returns
+// at once, however many iterations the host had already queued; the operator's products still
 // run, into the work vectors only.
 //
 // Determinism. Norms are two-pass: each CTA of a vector kernel writes one partial sum (in
-// double) to partials[blockIdx.x] (a fixed grid-stride assignment and a fixed block tree),
-// and lsmr_scalar adds the partials in a fixed order: no float atomics, bitwise reproducible.
+// double) to partials[blockIdx.x] (a fixed grid-stride assignment and a fixed block tree), and
+// lsmr_scalar adds the partials in a fixed order (a block tree for ||u|| and ||v||, one warp
+// butterfly per damp for ||x_j||): no float atomics, bitwise reproducible.
 //
-// Layout. Vectors contiguous, Val (float or double); state: struct LsmrState of doubles (the
-// Rust mirror is LsmrState in lsmr_device.rs); partials: kMaxPartials doubles per norm.
+// Layout. Vectors contiguous, Val (float or double); the damps' h, hbar and x are k vectors of
+// `stride` (= n) elements each, back to back. State: struct LsmrShared, then k structs
+// LsmrDamp, all doubles (Rust mirrors in lsmr_device.rs); partials: kMaxPartials doubles per
+// norm, and per damp for ||x_j|| (damp j at j * kMaxPartials).
 //
 // Work mapping. Vector kernels: kBlockThreads threads, a fixed grid of at most kMaxPartials CTAs
 // (host: min(ceil(len / kBlockThreads), kMaxPartials)), grid-stride over the elements, one
-// element per thread per step, arithmetic in double. lsmr_scalar: one CTA of kBlockThreads
-// threads; all of them add the partials, thread 0 runs the recurrences (a few hundred flops).
-// Shared memory: kBlockThreads / 32 doubles for the block reductions.
+// element per thread per step, arithmetic in double; lsmr_update_x has k rows of CTAs
+// (gridDim.y = k, one per damp), so the CTAs of one chunk of v are launched together and read
+// it once from DRAM (the other k - 1 reads hit L2). lsmr_scalar: one CTA of kBlockThreads
+// threads; all of them add the partials of ||u||, ||v||; warp w adds those of ||x_j|| for
+// j = w, w + 8, ... and runs damp j's stopping test; thread j runs damp j's recurrences
+// (a few hundred flops). Shared memory: 2 * kBlockThreads / 32 doubles for the block reductions.
 //
 // Roofline. LSMR is bandwidth bound. Per iteration, bytes moved (s = sizeof(Val)):
 //   the products: A v and A^T u, each nnz * (s + sizeof(Idx)) + offsets + gathers and the
 //   output (dual storage: two CSR SpMVs);
-//   here: update_u 3 m s (read av, u; write u), update_v 3 n s, update_x 8 n s (read v, h,
-//   hbar, x; write v, h, hbar, x); partials and state: O(kMaxPartials) doubles.
-// So the vector work is (3m + 11n) s per iteration against about 2 nnz (s + sizeof(Idx)) for
-// the products: for the tall tomography matrices (nnz ~ 18-21 per row) under 10% of the SpMVs.
+//   here: update_u 3 m s (read av, u; write u), update_v 3 n s, update_x (1 + 6 k) n s (read v
+//   once, read and write h, hbar, x per damp); partials and state: O(k kMaxPartials) doubles.
+// So the vector work is (3m + (4 + 6k) n) s per iteration against about 2 nnz (s + sizeof(Idx))
+// for the products: for the tall tomography matrices (nnz ~ 18-21 per row, m >> n) under 10%
+// of the SpMVs, and with k = 8 damps still under 15%.
 #include "tessera/common.cuh"
 #include "tessera/reduce.cuh"
 
@@ -54,21 +70,28 @@ constexpr int kBlockThreads = 256;
 constexpr int kMaxPartials = 1024;
 #endif
 
-// The f64 state of one solve. Field order = the Rust mirror (LsmrState in lsmr_device.rs).
-struct LsmrState {
+// The shared f64 state of one run. Field order = the Rust mirror (LsmrShared in lsmr_device.rs).
+struct LsmrShared {
   // options (set by the host before the first kernel)
-  double damp, atol, btol, ctol, maxiter;
-  // control: stop flag, SciPy's istop, iterations done, the last iteration tested, early exit
+  double atol, btol, ctol, maxiter;
+  // control: every damp stopped (or an early exit), iterations done, early exit
   // (0 none, 1 ||A^T r0|| == 0, 2 ||b|| == 0: x must be zeroed by the host)
-  double stop, istop, itn, tested_itn, early;
-  // the bidiagonalisation
-  double normb, alpha, beta, u_scale, v_scale;
+  double stop, itn, early;
+  // the bidiagonalisation and the ||A||_F estimate (neither depends on damp)
+  double normb, alpha, beta, u_scale, v_scale, norma2;
+};
+
+// The f64 state of one damp. Field order = the Rust mirror (LsmrDamp in lsmr_device.rs).
+struct LsmrDamp {
+  // the damping factor (set by the host); control: this damp stopped, SciPy's istop,
+  // iterations done (frozen at the stop), the last iteration tested
+  double damp, stop, istop, itn, tested_itn;
   // the rotations
   double zetabar, alphabar, rho, rhobar, cbar, sbar;
   // the ||r|| estimate (paper section 3.3)
   double betadd, betad, rhodold, tautildeold, thetatilde, zeta, d;
-  // the ||A|| and cond(A) estimates
-  double norma2, maxrbar, minrbar;
+  // the cond(A) estimate
+  double maxrbar, minrbar;
   // the results of the last iteration
   double normr, normar, norma, conda, normx;
   // the factors of the x update of the current iteration
@@ -78,31 +101,38 @@ struct LsmrState {
 enum ScalarMode : int {
   kSetupBeta = 0,   // normb = ||b|| (partials_x), beta = ||b - A x0|| (partials_u)
   kSetupAlpha = 1,  // alpha = ||A^T u|| (partials_v), the recurrences' start, early exits
-  kIterBeta = 2,    // the deferred test, then beta
-  kIterAlpha = 3,   // alpha, one step of the recurrences
-  kTest = 4,        // the deferred test only (at a check point and at the end)
+  kIterBeta = 2,    // the deferred tests, then beta
+  kIterAlpha = 3,   // alpha, one step of the recurrences of every running damp
+  kTest = 4,        // the deferred tests only (at a check point and at the end)
 };
 
 struct VecParams {
   const Val* a;     // av (update_u), atu (update_v), the vector to measure (sumsq)
   Val* u;           // u (update_u), v (update_v, update_x)
-  Val* h;           // update_x
-  Val* hbar;        // update_x
-  Val* x;           // update_x
-  double* partials; // [gridDim.x]
-  LsmrState* state;
+  Val* h;           // update_x: k vectors of `stride` elements
+  Val* hbar;        // update_x: idem
+  Val* x;           // update_x: idem
+  const Val* d;     // update_v: the column scale D (n), or null (no scaling)
+  Val* dv;          // update_v: D v (n), the input of the next A product, when d is set
+  double* partials; // [gridDim.x] (update_x: [gridDim.y][kMaxPartials])
+  LsmrShared* shared;
+  LsmrDamp* damps;  // [k]
   long long len;
-  int first;        // setup pass (update_v: v = atu * u_scale; update_x: h = v, hbar = 0)
+  long long stride; // elements between two damps' h, hbar, x
+  int first;        // setup pass (update_v: v = atu * u_scale; update_x: h = v * v_scale, hbar = 0)
   int pad;
 };
 
 struct ScalarParams {
-  LsmrState* state;
+  LsmrShared* shared;
+  LsmrDamp* damps;
   const double* partials_u;
   const double* partials_v;
-  const double* partials_x;
+  const double* partials_x;  // setup: ||b|| ([count_x]); else ||x_j|| ([k][kMaxPartials])
   int count_u, count_v, count_x;
   int mode;
+  int k;                     // damps
+  int pad;
 };
 
 namespace {
@@ -115,7 +145,7 @@ TS_DEVICE double block_sum(double v, double* smem) {
   return ts::block_allreduce<kBlockThreads>(v, SumD{}, 0.0, smem);
 }
 
-// Writes this CTA's partial sum (thread 0).
+// Writes this CTA's partial sum (thread 0) to partials[blockIdx.x].
 TS_DEVICE void write_partial(double v, double* partials, double* smem) {
   v = block_sum(v, smem);
   if (threadIdx.x == 0) partials[blockIdx.x] = v;
@@ -128,7 +158,12 @@ TS_DEVICE double norm_of(const double* partials, int count, double* smem) {
   return sqrt(block_sum(s, smem));
 }
 
-TS_DEVICE bool stopped(const LsmrState* st) { return st->stop != 0.0; }
+// The same over one warp (all 32 lanes call it; the butterfly gives every lane the same bits).
+TS_DEVICE double warp_norm_of(const double* partials, int count) {
+  double s = 0.0;
+  for (int i = ts::lane_id(); i < count; i += 32) s += partials[i];
+  return sqrt(ts::warp_allreduce<32>(s, SumD{}));
+}
 
 TS_DEVICE double sign_of(double v) { return v > 0.0 ? 1.0 : v < 0.0 ? -1.0 : v == 0.0 ? 0.0 : v; }
 // Python's max / min (the second argument only if strictly larger / smaller).
@@ -154,33 +189,35 @@ TS_DEVICE Rotation sym_ortho(double a, double b) {
   return {c, s, a / c};
 }
 
-// SciPy's stopping tests of the iteration just finished (st->itn), given ||x||.
-TS_DEVICE void stopping_test(LsmrState* st, double normx) {
+// SciPy's stopping tests of damp st's iteration just finished (st->itn), given ||x||.
+TS_DEVICE void stopping_test(const LsmrShared* sh, LsmrDamp* st, double normx) {
   st->normx = normx;
-  const double normb = st->normb, norma = st->norma, normr = st->normr;
+  const double normb = sh->normb, norma = st->norma, normr = st->normr;
   const double test1 = normr / normb;
   const double test2 = (norma * normr != 0.0) ? st->normar / (norma * normr) : __longlong_as_double(0x7ff0000000000000ll);
   const double test3 = 1.0 / st->conda;
   const double t1 = test1 / (1.0 + norma * normx / normb);
-  const double rtol = st->btol + st->atol * norma * normx / normb;
+  const double rtol = sh->btol + sh->atol * norma * normx / normb;
   // the last test that holds wins: the user's tolerances override the machine-precision ones
   int istop = 0;
-  if (st->itn >= st->maxiter) istop = 7;
+  if (st->itn >= sh->maxiter) istop = 7;
   if (1.0 + test3 <= 1.0) istop = 6;
   if (1.0 + test2 <= 1.0) istop = 5;
   if (1.0 + t1 <= 1.0) istop = 4;
-  if (test3 <= st->ctol) istop = 3;
-  if (test2 <= st->atol) istop = 2;
+  if (test3 <= sh->ctol) istop = 3;
+  if (test2 <= sh->atol) istop = 2;
   if (test1 <= rtol) istop = 1;
   st->istop = istop;
   st->tested_itn = st->itn;
   if (istop > 0) st->stop = 1.0;
 }
 
-// One step of the scalar recurrences (alpha, beta = alpha_{k+1}, beta_{k+1} already set).
-TS_DEVICE void recurrences(LsmrState* st) {
-  const double alpha = st->alpha, beta = st->beta, damp = st->damp;
-  st->itn += 1.0;
+// One step of damp st's recurrences, given the shared alpha = alpha_{k+1}, beta = beta_{k+1},
+// the iteration number and the ||B_k||_F estimate. Not inlined: inlined into the per-damp loop
+// of lsmr_scalar, ptxas (sm_86 .. sm_90a) capped the kernel at 64 registers and spilled 8 bytes.
+__device__ __noinline__ void recurrences(LsmrDamp* st, double alpha, double beta, double itn, double norma) {
+  const double damp = st->damp;
+  st->itn = itn;
   // Qhat_k folds damp into alphabar; Q_k turns B_k into R_k
   const Rotation hat = sym_ortho(st->alphabar, damp);
   const double rhoold = st->rho;
@@ -218,18 +255,47 @@ TS_DEVICE void recurrences(LsmrState* st) {
   st->d += betacheck * betacheck;
   const double gap = st->betad - taud;
   st->normr = sqrt(st->d + gap * gap + st->betadd * st->betadd);
-  // ||A||_F from ||B_k||_F
-  st->norma2 += beta * beta;
-  st->norma = sqrt(st->norma2);
-  st->norma2 += alpha * alpha;
+  // ||A||_F from ||B_k||_F (shared)
+  st->norma = norma;
   // cond(A) from the diagonal of Rbar
   st->maxrbar = py_max(st->maxrbar, rhobarold);
-  if (st->itn > 1.0) st->minrbar = py_min(st->minrbar, rhobarold);
+  if (itn > 1.0) st->minrbar = py_min(st->minrbar, rhobarold);
   st->conda = py_max(st->maxrbar, rhotemp) / py_min(st->minrbar, rhotemp);
   st->normar = fabs(st->zetabar);
   st->rho = rho;
   st->rhobar = rhobar;
   st->zeta = zeta;
+}
+
+// The start of damp st's recurrences (SciPy's initialisation), given alpha_1, beta_1.
+TS_DEVICE void start_damp(LsmrDamp* st, double alpha, double beta, bool early) {
+  st->stop = early ? 1.0 : 0.0;
+  st->istop = 0.0;
+  st->itn = 0.0;
+  st->tested_itn = 0.0;
+  st->zetabar = alpha * beta;
+  st->alphabar = alpha;
+  st->rho = 1.0;
+  st->rhobar = 1.0;
+  st->cbar = 1.0;
+  st->sbar = 0.0;
+  st->betadd = beta;
+  st->betad = 0.0;
+  st->rhodold = 1.0;
+  st->tautildeold = 0.0;
+  st->thetatilde = 0.0;
+  st->zeta = 0.0;
+  st->d = 0.0;
+  st->maxrbar = 0.0;
+  st->minrbar = 1e100;
+  st->normr = beta;
+  st->normar = alpha * beta;
+  st->norma = sqrt(alpha * alpha);
+  st->conda = 1.0;
+  st->normx = 0.0;
+  st->hbar_factor = 0.0;
+  st->x_step = 0.0;
+  st->h_factor = 0.0;
 }
 
 }  // namespace
@@ -246,159 +312,169 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_sumsq(const __g
   write_partial(s, p.partials, smem);
 }
 
-// u = av - alpha * (u * u_scale); partials of u^2.
+// u = av * v_scale - alpha * (u * u_scale); partials of u^2.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_u(const __grid_constant__ VecParams p) {
   __shared__ double smem[kBlockThreads / 32];
-  const LsmrState* st = p.state;
-  if (stopped(st)) return;  // uniform over the grid: no CTA reaches the barrier
-  const double alpha = st->alpha, scale = st->u_scale;
+  const LsmrShared* sh = p.shared;
+  if (sh->stop != 0.0) return;  // uniform over the grid: no CTA reaches the barrier
+  const double alpha = sh->alpha, us = sh->u_scale, vs = sh->v_scale;
   double s = 0.0;
   const long long stride = (long long)gridDim.x * kBlockThreads;
   for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
-    const Val u = (Val)((double)p.a[i] - alpha * ((double)p.u[i] * scale));
+    const Val u = (Val)((double)p.a[i] * vs - alpha * ((double)p.u[i] * us));
     p.u[i] = u;
     s += (double)u * (double)u;
   }
   write_partial(s, p.partials, smem);
 }
 
-// v = atu * u_scale - beta * v (setup: v = atu * u_scale, v = 0 when beta == 0); partials of
-// v^2. When beta is not positive (0, or NaN) after the setup, v keeps its value (SciPy) and nothing is written.
+// v = atu * u_scale - beta * (v * v_scale) (setup: v = atu * u_scale, v = 0 when beta == 0);
+// partials of v^2. With column scaling (d set) the operator is A D: atu is D (A^T u) and
+// dv = D v is written for the next product A (D v). When beta is not positive (0, or NaN)
+// after the setup, v (and dv) keep their values (SciPy) and nothing is written.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_v(const __grid_constant__ VecParams p) {
   __shared__ double smem[kBlockThreads / 32];
-  const LsmrState* st = p.state;
-  if (!p.first && (stopped(st) || !(st->beta > 0.0))) return;
-  const double beta = st->beta, scale = st->u_scale;
+  const LsmrShared* sh = p.shared;
+  if (!p.first && (sh->stop != 0.0 || !(sh->beta > 0.0))) return;
+  const double beta = sh->beta, us = sh->u_scale, vs = sh->v_scale;
   double s = 0.0;
   const long long stride = (long long)gridDim.x * kBlockThreads;
   for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
+    const double di = p.d ? (double)p.d[i] : 1.0;
+    const double atu = di * (double)p.a[i];
     double v;
-    if (p.first) v = beta > 0.0 ? (double)p.a[i] * scale : 0.0;
-    else v = (double)p.a[i] * scale - beta * (double)p.u[i];
+    if (p.first) v = beta > 0.0 ? atu * us : 0.0;
+    else v = atu * us - beta * ((double)p.u[i] * vs);
     const Val vv = (Val)v;
     p.u[i] = vv;
+    if (p.d) p.dv[i] = (Val)(di * (double)vv);
     s += (double)vv * (double)vv;
   }
   write_partial(s, p.partials, smem);
 }
 
-// v *= v_scale, then hbar = h + hbar_factor * hbar, x += x_step * hbar, h = v + h_factor * h;
-// partials of x^2. Setup (first): v *= v_scale, h = v, hbar = 0.
+// Damp j = blockIdx.y: hbar_j = h_j + hbar_factor * hbar_j, x_j += x_step * hbar_j,
+// h_j = v * v_scale + h_factor * h_j; partials of x_j^2. Setup (first): h_j = v * v_scale,
+// hbar_j = 0. v is only read.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_x(const __grid_constant__ VecParams p) {
   __shared__ double smem[kBlockThreads / 32];
-  const LsmrState* st = p.state;
-  if (!p.first && stopped(st)) return;
-  const double vs = st->v_scale;
+  const LsmrShared* sh = p.shared;
+  const LsmrDamp* st = p.damps + blockIdx.y;
+  if (!p.first && (sh->stop != 0.0 || st->stop != 0.0)) return;  // uniform over the CTA
+  const double vs = sh->v_scale;
   const double fb = st->hbar_factor, step = st->x_step, fh = st->h_factor;
-  Val* v = p.u;
-  double s = 0.0;
+  const Val* v = p.u;
+  const long long off = (long long)blockIdx.y * p.stride;
+  Val* h = p.h + off;
+  Val* hbar = p.hbar + off;
+  Val* x = p.x + off;
   const long long stride = (long long)gridDim.x * kBlockThreads;
-  for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
-    const Val vn = (Val)((double)v[i] * vs);
-    v[i] = vn;
-    if (p.first) {
-      p.h[i] = vn;
-      p.hbar[i] = (Val)0;
-    } else {
-      const double h = (double)p.h[i];
-      const Val hb = (Val)((double)p.hbar[i] * fb + h);
-      p.hbar[i] = hb;
-      const Val x = (Val)((double)p.x[i] + step * (double)hb);
-      p.x[i] = x;
-      p.h[i] = (Val)(h * fh + (double)vn);
-      s += (double)x * (double)x;
+  const long long start = (long long)blockIdx.x * kBlockThreads + threadIdx.x;
+  if (p.first) {
+    for (long long i = start; i < p.len; i += stride) {
+      h[i] = (Val)((double)v[i] * vs);
+      hbar[i] = (Val)0;
     }
+    return;
   }
-  if (!p.first) write_partial(s, p.partials, smem);
+  double s = 0.0;
+  for (long long i = start; i < p.len; i += stride) {
+    const double hi = (double)h[i];
+    const Val hb = (Val)((double)hbar[i] * fb + hi);
+    hbar[i] = hb;
+    const Val xi = (Val)((double)x[i] + step * (double)hb);
+    x[i] = xi;
+    h[i] = (Val)(hi * fh + (double)v[i] * vs);
+    s += (double)xi * (double)xi;
+  }
+  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem);
 }
 
 // The scalar work of one step (ScalarMode), one CTA.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_scalar(const __grid_constant__ ScalarParams p) {
   __shared__ double smem_a[kBlockThreads / 32];
   __shared__ double smem_b[kBlockThreads / 32];
-  LsmrState* st = p.state;
+  LsmrShared* sh = p.shared;
   const bool lead = threadIdx.x == 0;
   switch (p.mode) {
     case kSetupBeta: {
       const double normb = norm_of(p.partials_x, p.count_x, smem_a);
       const double beta = norm_of(p.partials_u, p.count_u, smem_b);
       if (lead) {
-        st->normb = normb;
-        st->beta = beta;
-        st->u_scale = beta > 0.0 ? 1.0 / beta : 1.0;
+        sh->normb = normb;
+        sh->beta = beta;
+        sh->u_scale = beta > 0.0 ? 1.0 / beta : 1.0;
       }
       return;
     }
     case kSetupAlpha: {
-      const double beta = st->beta;
+      const double beta = sh->beta, normb = sh->normb;  // read before anyone writes
       const double nv = norm_of(p.partials_v, p.count_v, smem_a);
-      if (!lead) return;
       const double alpha = beta > 0.0 ? nv : 0.0;
-      st->alpha = alpha;
-      st->v_scale = alpha > 0.0 ? 1.0 / alpha : 1.0;
-      st->stop = 0.0;
-      st->istop = 0.0;
-      st->itn = 0.0;
-      st->tested_itn = 0.0;
-      st->zetabar = alpha * beta;
-      st->alphabar = alpha;
-      st->rho = 1.0;
-      st->rhobar = 1.0;
-      st->cbar = 1.0;
-      st->sbar = 0.0;
-      st->betadd = beta;
-      st->betad = 0.0;
-      st->rhodold = 1.0;
-      st->tautildeold = 0.0;
-      st->thetatilde = 0.0;
-      st->zeta = 0.0;
-      st->d = 0.0;
-      st->norma2 = alpha * alpha;
-      st->maxrbar = 0.0;
-      st->minrbar = 1e100;
-      st->norma = sqrt(st->norma2);
-      st->conda = 1.0;
-      st->normx = 0.0;
-      st->normr = beta;
-      st->normar = alpha * beta;
-      st->early = 0.0;
       // SciPy checks ||A^T r0|| first, then ||b||
-      if (st->normar == 0.0) {
-        st->early = 1.0;
-        st->stop = 1.0;
-      } else if (st->normb == 0.0) {
-        st->early = 2.0;
-        st->stop = 1.0;
+      const double early = alpha * beta == 0.0 ? 1.0 : normb == 0.0 ? 2.0 : 0.0;
+      for (int j = threadIdx.x; j < p.k; j += kBlockThreads) start_damp(p.damps + j, alpha, beta, early != 0.0);
+      if (lead) {
+        sh->alpha = alpha;
+        sh->v_scale = alpha > 0.0 ? 1.0 / alpha : 1.0;
+        sh->stop = early != 0.0 ? 1.0 : 0.0;
+        sh->itn = 0.0;
+        sh->early = early;
+        sh->norma2 = alpha * alpha;
       }
       return;
     }
     case kIterAlpha: {
-      if (stopped(st)) return;  // uniform: read before any thread writes
-      const double beta = st->beta;
+      if (sh->stop != 0.0) return;  // uniform: read before any thread writes
+      // every thread reads the shared state before the barriers in norm_of, then computes the
+      // same new values; thread 0 stores them
+      const double beta = sh->beta, old_alpha = sh->alpha, old_vs = sh->v_scale;
+      const double itn = sh->itn + 1.0;
+      double norma2 = sh->norma2;
       const double nv = norm_of(p.partials_v, p.count_v, smem_a);
-      if (!lead) return;
-      if (beta > 0.0) {
-        st->alpha = nv;
-        st->v_scale = nv > 0.0 ? 1.0 / nv : 1.0;
-      } else {
-        st->v_scale = 1.0;  // v and alpha keep their values
+      // when beta == 0, v and alpha keep their values (and v its scale)
+      const double alpha = beta > 0.0 ? nv : old_alpha;
+      const double vs = beta > 0.0 ? (nv > 0.0 ? 1.0 / nv : 1.0) : old_vs;
+      // ||A||_F from ||B_k||_F (alpha_{k+1} enters at the next iteration)
+      norma2 += beta * beta;
+      const double norma = sqrt(norma2);
+      norma2 += alpha * alpha;
+      if (lead) {
+        sh->alpha = alpha;
+        sh->v_scale = vs;
+        sh->itn = itn;
+        sh->norma2 = norma2;
       }
-      recurrences(st);
+      for (int j = threadIdx.x; j < p.k; j += kBlockThreads) {
+        LsmrDamp* st = p.damps + j;
+        if (st->stop == 0.0) recurrences(st, alpha, beta, itn, norma);
+      }
       return;
     }
     default: {  // kIterBeta, kTest
-      const bool test = !stopped(st) && st->itn >= 1.0 && st->tested_itn < st->itn;
-      double normx = 0.0;
-      if (test) normx = norm_of(p.partials_x, p.count_x, smem_a);  // uniform condition
-      __syncthreads();  // every thread has read the state before thread 0 changes it
-      if (lead && test) stopping_test(st, normx);
+      if (sh->stop != 0.0) return;  // uniform: read before any thread writes
+      // the deferred test of each damp: warp w tests damps w, w + 8, ...
+      const int warp = threadIdx.x / 32, warps = kBlockThreads / 32;
+      for (int j = warp; j < p.k; j += warps) {
+        LsmrDamp* st = p.damps + j;
+        const bool test = st->stop == 0.0 && st->itn >= 1.0 && st->tested_itn < st->itn;  // warp-uniform
+        if (!test) continue;
+        const double normx = warp_norm_of(p.partials_x + (long long)j * kMaxPartials, p.count_x);
+        if (ts::lane_id() == 0) stopping_test(sh, st, normx);
+      }
+      __syncthreads();  // every damp's test is written (and visible) before the count
+      if (lead) {
+        bool all = true;
+        for (int j = 0; j < p.k; ++j) all = all && p.damps[j].stop != 0.0;
+        if (all) sh->stop = 1.0;
+      }
       if (p.mode == kTest) return;
       __syncthreads();
-      if (stopped(st)) return;
+      if (sh->stop != 0.0) return;
       const double beta = norm_of(p.partials_u, p.count_u, smem_b);
       if (lead) {
-        st->beta = beta;
-        st->u_scale = beta > 0.0 ? 1.0 / beta : 1.0;
+        sh->beta = beta;
+        sh->u_scale = beta > 0.0 ? 1.0 / beta : 1.0;
       }
       return;
     }

@@ -75,6 +75,15 @@
 //! after the Lanczos vectors lose orthogonality, as two SciPy runs with different BLAS
 //! products do (measured per case in `lsmr_tests.rs`).
 
+//!
+//! # Beyond SciPy
+//!
+//! * The damp list, [`lsmr_host_damps`]: `k` damping factors in one run sharing the
+//!   bidiagonalisation; each result is bit for bit the solve with that damp alone.
+//! * Column scaling, [`LsmrOptions::scale_columns`]: LSMR on `A D` with
+//!   `D = diag(1 / ||A_j||)`, `x = D y` returned; the estimates refer to `(A D, y)` (the
+//!   option's docs say which is which).
+
 use super::operator::HostLinearOperator;
 use crate::error::{Error, Result};
 
@@ -95,11 +104,22 @@ pub struct LsmrOptions {
     pub x0: Option<Vec<f64>>,
     /// Print a progress line per (selected) iteration and a summary to stderr.
     pub show: bool,
+    /// Column scaling (diagonal preconditioning; not in SciPy). Default false. When on, the
+    /// solver runs on `A D` with `D = diag(1 / ||A_j||)` (a zero column keeps the factor 1),
+    /// solving `min ||[b; 0] - [A D; damp I] y||` from `y0 = D^-1 x0`, and returns
+    /// `x = D y` in the original variables. The damping then applies to `y` (`damp ||D^-1 x||`).
+    /// The estimates refer to the scaled problem: `normr` is `||[b; 0] - [A D; damp I] y||`
+    /// (with `damp = 0` that is `||b - A x||`, the same in both), `normar` is
+    /// `||D A^T r - damp^2 y||`, `norma` and `conda` estimate `||A D||_F` and `cond(A D)`, and
+    /// `normx` is `||y||`; the stopping tests are applied to these. Needs an operator that
+    /// knows its column norms (`column_norms`: CSR and dense matrices do; closures only if
+    /// given them).
+    pub scale_columns: bool,
 }
 
 impl Default for LsmrOptions {
     /// SciPy's defaults: `damp = 0`, `atol = btol = 1e-6`, `conlim = 1e8`,
-    /// `maxiter = min(m, n)`, `x0 = 0`, `show = false`.
+    /// `maxiter = min(m, n)`, `x0 = 0`, `show = false`; and no column scaling.
     fn default() -> Self {
         LsmrOptions {
             damp: 0.0,
@@ -109,6 +129,7 @@ impl Default for LsmrOptions {
             maxiter: None,
             x0: None,
             show: false,
+            scale_columns: false,
         }
     }
 }
@@ -156,22 +177,350 @@ pub fn istop_reason(istop: u32) -> &'static str {
 /// an operator whose own [`check`](HostLinearOperator::check) fails.
 pub fn lsmr_host(a: &dyn HostLinearOperator, b: &[f64], opts: &LsmrOptions) -> Result<LsmrResult> {
     validate(a, b, opts)?;
+    let mut results = solve(a, b, &[opts.damp], opts)?;
+    results
+        .pop()
+        .ok_or_else(|| Error::Unsupported("lsmr_host: the solve returned no result".into()))
+}
+
+/// Solves `min ||[b; 0] - [A; damp_j I] x_j||_2` for every `damp_j` of `damps` in one run
+/// (the "damp list"), returning one result per damp, in the order of `damps`.
+///
+/// The Golub-Kahan bidiagonalisation (`u`, `v`, `alpha`, `beta` and both products per
+/// iteration) does not depend on `damp`, so the `k` solves share it: one pair of products per
+/// iteration for all of them. Each damp keeps its own rotations, `h`, `hbar`, `x`, estimates
+/// and stopping state; the shared loop runs until every damp has stopped (or `maxiter`), and
+/// a damp that stopped keeps the iterate and estimates of the iteration at which its rules
+/// first held. Each result is therefore bit for bit what [`lsmr_host`] returns with
+/// `damp = damps[j]` and the other options unchanged.
+///
+/// `opts.damp` must be left at 0 (each solve uses its entry of `damps`); the other options
+/// apply to every damp. With `opts.show`, one damp prints SciPy's progress lines; several
+/// print a line when each damp stops and a summary per damp.
+///
+/// Errors (nothing is computed): those of [`lsmr_host`]; `damps` empty, or with an element
+/// negative, NaN or infinite; `opts.damp != 0`.
+pub fn lsmr_host_damps(
+    a: &dyn HostLinearOperator,
+    b: &[f64],
+    damps: &[f64],
+    opts: &LsmrOptions,
+) -> Result<Vec<LsmrResult>> {
+    validate(a, b, opts)?;
+    check_damps(damps, opts)?;
+    solve(a, b, damps, opts)
+}
+
+/// The checks of a damp list: not empty, every element finite and `>= 0`, and `opts.damp`
+/// left at 0 (so that a damp given in two places is not silently ignored in one).
+pub(crate) fn check_damps(damps: &[f64], opts: &LsmrOptions) -> Result<()> {
+    if damps.is_empty() {
+        return Err(Error::invalid("damps", "is empty; give at least one damp value"));
+    }
+    if let Some(j) = damps.iter().position(|d| !(d.is_finite() && *d >= 0.0)) {
+        return Err(Error::invalid(
+            "damps",
+            format!("element {j} is {}; every damp must be finite and >= 0", damps[j]),
+        ));
+    }
+    if opts.damp != 0.0 {
+        return Err(Error::invalid(
+            "damp",
+            format!(
+                "is {} while a damp list is given; leave opts.damp at 0 (each solve uses its entry of damps)",
+                opts.damp
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The per-damp half of LSMR: everything after the bidiagonalisation (the rotations, the
+/// `h`, `hbar`, `x` updates, the estimates and the stopping test), for one damping factor.
+struct DampSolve {
+    damp: f64,
+    x: Vec<f64>,
+    h: Vec<f64>,
+    hbar: Vec<f64>,
+    // The rotations' state.
+    zetabar: f64,
+    alphabar: f64,
+    rho: f64,
+    rhobar: f64,
+    cbar: f64,
+    sbar: f64,
+    // The state of the ||r|| estimate (paper section 3.3): betadd = beta-double-dot,
+    // betad = beta-dot, rhodold = rho-dot_{k-1}, tautildeold = tau-tilde_{k-1}.
+    betadd: f64,
+    betad: f64,
+    rhodold: f64,
+    tautildeold: f64,
+    thetatilde: f64,
+    zeta: f64,
+    d: f64,
+    // The state of the cond(A) estimate.
+    maxrbar: f64,
+    minrbar: f64,
+    // The results so far.
+    istop: u32,
+    itn: usize,
+    normr: f64,
+    normar: f64,
+    norma: f64,
+    conda: f64,
+    normx: f64,
+}
+
+impl DampSolve {
+    /// The state before the first iteration, from `x0` (or 0), `v_1`, `alpha_1`, `beta_1`.
+    fn start(damp: f64, x: &[f64], v: &[f64], alpha: f64, beta: f64) -> DampSolve {
+        DampSolve {
+            damp,
+            x: x.to_vec(),
+            h: v.to_vec(),
+            hbar: vec![0.0; v.len()],
+            zetabar: alpha * beta,
+            alphabar: alpha,
+            rho: 1.0,
+            rhobar: 1.0,
+            cbar: 1.0,
+            sbar: 0.0,
+            betadd: beta,
+            betad: 0.0,
+            rhodold: 1.0,
+            tautildeold: 0.0,
+            thetatilde: 0.0,
+            zeta: 0.0,
+            d: 0.0,
+            maxrbar: 0.0,
+            minrbar: 1e100,
+            istop: 0,
+            itn: 0,
+            normr: beta,
+            normar: alpha * beta,
+            norma: (alpha * alpha).sqrt(),
+            conda: 1.0,
+            normx: 0.0,
+        }
+    }
+
+    /// Iteration `itn` for this damp, given the new `alpha = alpha_{k+1}`,
+    /// `beta = beta_{k+1}`, `v = v_{k+1}` and the `||B_k||_F` estimate `norma` of the shared
+    /// bidiagonalisation; ends with SciPy's stopping test (sets `istop`). Returns the tests
+    /// (for the progress lines).
+    fn step(&mut self, itn: usize, alpha: f64, beta: f64, v: &[f64], norma: f64, rule: &StopRule) -> StopTests {
+        self.itn = itn;
+        // Qhat_k folds damp into alphabar_k: alphahat_k = ||(alphabar_k, damp)||.
+        let hat = Rotation::of(self.alphabar, self.damp);
+        // Q_k turns B_k into R_k: rho_k = ||(alphahat_k, beta_{k+1})||.
+        let rhoold = self.rho;
+        let q = Rotation::of(hat.r, beta);
+        self.rho = q.r;
+        let rho = self.rho;
+        let thetanew = q.s * alpha;
+        self.alphabar = q.c * alpha;
+        // Qbar_k turns R_k^T into Rbar_k.
+        let rhobarold = self.rhobar;
+        let zetaold = self.zeta;
+        let thetabar = self.sbar * rho;
+        let rhotemp = self.cbar * rho;
+        let qbar = Rotation::of(self.cbar * rho, thetanew);
+        (self.cbar, self.sbar, self.rhobar) = (qbar.c, qbar.s, qbar.r);
+        let rhobar = self.rhobar;
+        self.zeta = self.cbar * self.zetabar;
+        let zeta = self.zeta;
+        self.zetabar *= -self.sbar;
+
+        // Update hbar, x and h.
+        let hbar_factor = -(thetabar * rho / (rhoold * rhobarold));
+        self.hbar
+            .iter_mut()
+            .zip(&self.h)
+            .for_each(|(hb, &hi)| *hb = *hb * hbar_factor + hi);
+        let x_step = zeta / (rho * rhobar);
+        self.x
+            .iter_mut()
+            .zip(&self.hbar)
+            .for_each(|(xi, &hb)| *xi += x_step * hb);
+        let h_factor = -(thetanew / rho);
+        self.h.iter_mut().zip(v).for_each(|(hi, &vi)| *hi = *hi * h_factor + vi);
+
+        // Estimate ||r||: apply Qhat_k, then Q_k, to (betadd, 0) ...
+        let betaacute = hat.c * self.betadd;
+        let betacheck = -hat.s * self.betadd;
+        let betahat = q.c * betaacute;
+        self.betadd = -q.s * betaacute;
+        // ... then Qtilde_{k-1} (the identity at k = 1: rhodold = 1, thetabar = 0).
+        let thetatildeold = self.thetatilde;
+        let qtilde = Rotation::of(self.rhodold, thetabar);
+        self.thetatilde = qtilde.s * rhobar;
+        self.rhodold = qtilde.c * rhobar;
+        self.betad = -qtilde.s * self.betad + qtilde.c * betahat;
+        // Forward substitution for tau-tilde, then the norm of the residual's pieces.
+        self.tautildeold = (zetaold - thetatildeold * self.tautildeold) / qtilde.r;
+        let taud = (zeta - self.thetatilde * self.tautildeold) / self.rhodold;
+        self.d += betacheck * betacheck;
+        let gap = self.betad - taud;
+        self.normr = (self.d + gap * gap + self.betadd * self.betadd).sqrt();
+
+        // ||A||_F from ||B_k||_F: shared (it does not depend on damp).
+        self.norma = norma;
+
+        // Estimate cond(A) from the diagonal of Rbar.
+        self.maxrbar = py_max(self.maxrbar, rhobarold);
+        if itn > 1 {
+            self.minrbar = py_min(self.minrbar, rhobarold);
+        }
+        self.conda = py_max(self.maxrbar, rhotemp) / py_min(self.minrbar, rhotemp);
+
+        // The stopping tests.
+        self.normar = self.zetabar.abs();
+        self.normx = norm2(&self.x);
+        let tests = rule.tests(self.normr, self.normar, self.norma, self.conda, self.normx);
+        self.istop = stop_code(&tests, itn >= rule.maxiter, rule.atol, rule.ctol);
+        tests
+    }
+
+    fn result(self) -> LsmrResult {
+        LsmrResult {
+            x: self.x,
+            istop: self.istop,
+            itn: self.itn,
+            normr: self.normr,
+            normar: self.normar,
+            norma: self.norma,
+            conda: self.conda,
+            normx: self.normx,
+        }
+    }
+}
+
+/// The constants of SciPy's stopping rule for one solve.
+struct StopRule {
+    normb: f64,
+    atol: f64,
+    btol: f64,
+    ctol: f64,
+    maxiter: usize,
+}
+
+impl StopRule {
+    fn tests(&self, normr: f64, normar: f64, norma: f64, conda: f64, normx: f64) -> StopTests {
+        let normb = self.normb;
+        let test1 = normr / normb;
+        let test2 = if norma * normr != 0.0 {
+            normar / (norma * normr)
+        } else {
+            f64::INFINITY
+        };
+        let test3 = 1.0 / conda;
+        let t1 = test1 / (1.0 + norma * normx / normb);
+        let rtol = self.btol + self.atol * norma * normx / normb;
+        StopTests {
+            test1,
+            test2,
+            test3,
+            t1,
+            rtol,
+        }
+    }
+}
+
+/// LSMR for each damp of `damps` (validated) sharing one bidiagonalisation, with column
+/// scaling when the options ask for it.
+fn solve(a: &dyn HostLinearOperator, b: &[f64], damps: &[f64], opts: &LsmrOptions) -> Result<Vec<LsmrResult>> {
+    if !opts.scale_columns {
+        return solve_unscaled(a, b, damps, opts.x0.as_deref(), opts);
+    }
+    // Column scaling: solve for y on A D from y0 = D^-1 x0, return x = D y.
+    let scaled = ColumnScaled {
+        a,
+        d: column_scale(a.column_norms().as_deref(), a.shape().1)?,
+    };
+    let y0: Option<Vec<f64>> = opts
+        .x0
+        .as_ref()
+        .map(|x0| x0.iter().zip(&scaled.d).map(|(x, d)| x / d).collect());
+    let mut results = solve_unscaled(&scaled, b, damps, y0.as_deref(), opts)?;
+    for r in &mut results {
+        r.x.iter_mut().zip(&scaled.d).for_each(|(x, d)| *x *= d);
+    }
+    Ok(results)
+}
+
+/// The factors of column scaling from the column norms: `1 / ||A_j||`, or 1 for a zero column.
+/// Errors: no norms (the operator cannot give them), a wrong count, a negative or non-finite
+/// norm.
+pub(crate) fn column_scale(norms: Option<&[f64]>, n: usize) -> Result<Vec<f64>> {
+    let norms = norms.ok_or_else(|| {
+        Error::Unsupported(
+            "scale_columns needs the column norms of A; this operator does not give them (give a \
+             closure operator its norms with with_column_norms)"
+                .into(),
+        )
+    })?;
+    if norms.len() != n {
+        return Err(Error::invalid(
+            "column_norms",
+            format!("has {} elements, A has n = {n} columns", norms.len()),
+        ));
+    }
+    if let Some(j) = norms.iter().position(|v| !(v.is_finite() && *v >= 0.0)) {
+        return Err(Error::invalid(
+            "column_norms",
+            format!("element {j} is {}; every norm must be finite and >= 0", norms[j]),
+        ));
+    }
+    Ok(norms.iter().map(|&v| if v > 0.0 { 1.0 / v } else { 1.0 }).collect())
+}
+
+/// `A D` for the diagonal `D = diag(d)`: `A (d .* x)` and `d .* (A^T x)`.
+struct ColumnScaled<'a> {
+    a: &'a dyn HostLinearOperator,
+    d: Vec<f64>,
+}
+
+impl HostLinearOperator for ColumnScaled<'_> {
+    fn shape(&self) -> (usize, usize) {
+        self.a.shape()
+    }
+    fn apply(&self, alpha: f64, x: &[f64], beta: f64, y: &mut [f64]) {
+        let dx: Vec<f64> = x.iter().zip(&self.d).map(|(x, d)| d * x).collect();
+        self.a.apply(alpha, &dx, beta, y);
+    }
+    fn apply_transposed(&self, alpha: f64, x: &[f64], beta: f64, y: &mut [f64]) {
+        let mut t = vec![0.0; y.len()];
+        self.a.apply_transposed(1.0, x, 0.0, &mut t);
+        for ((yi, ti), d) in y.iter_mut().zip(&t).zip(&self.d) {
+            let v = alpha * (d * ti);
+            *yi = if beta == 0.0 { v } else { v + beta * *yi };
+        }
+    }
+}
+
+/// LSMR for each damp of `damps` sharing one bidiagonalisation, on `a` as given, from `x0`.
+fn solve_unscaled(
+    a: &dyn HostLinearOperator,
+    b: &[f64],
+    damps: &[f64],
+    x0: Option<&[f64]>,
+    opts: &LsmrOptions,
+) -> Result<Vec<LsmrResult>> {
     let (m, n) = a.shape();
     let maxiter = opts.maxiter.unwrap_or(m.min(n));
-    let damp = opts.damp;
-    let mut progress = opts.show.then(|| Progress::start(m, n, opts, maxiter));
+    let mut progress = opts.show.then(|| Progress::start(m, n, opts, damps, maxiter));
 
     // beta_1 u_1 = b - A x0, alpha_1 v_1 = A^T u_1.
     let normb = norm2(b);
     let mut av = vec![0.0; m]; // workspace for A v
     let mut atu = vec![0.0; n]; // workspace for A^T u
     let mut u = b.to_vec();
-    let (mut x, mut beta) = match &opts.x0 {
+    let (x, mut beta) = match x0 {
         None => (vec![0.0; n], normb),
         Some(x0) => {
             a.apply(1.0, x0, 0.0, &mut av);
             u.iter_mut().zip(&av).for_each(|(ui, &p)| *ui -= p);
-            (x0.clone(), norm2(&u))
+            (x0.to_vec(), norm2(&u))
         }
     };
     let mut v = vec![0.0; n];
@@ -185,52 +534,33 @@ pub fn lsmr_host(a: &dyn HostLinearOperator, b: &[f64], opts: &LsmrOptions) -> R
         scale(&mut v, 1.0 / alpha);
     }
 
-    // The rotations' state for the first iteration.
-    let mut itn = 0usize;
-    let mut zetabar = alpha * beta;
-    let mut alphabar = alpha;
-    let mut rho = 1.0;
-    let mut rhobar = 1.0;
-    let mut cbar = 1.0;
-    let mut sbar = 0.0;
-    let mut h = v.clone();
-    let mut hbar = vec![0.0; n];
-
-    // The state of the ||r|| estimate (paper section 3.3): betadd = beta-double-dot,
-    // betad = beta-dot, rhodold = rho-dot_{k-1}, tautildeold = tau-tilde_{k-1}.
-    let mut betadd = beta;
-    let mut betad = 0.0;
-    let mut rhodold = 1.0;
-    let mut tautildeold = 0.0;
-    let mut thetatilde = 0.0;
-    let mut zeta = 0.0;
-    let mut d = 0.0;
-
-    // The state of the ||A|| and cond(A) estimates.
+    // The per-damp states, and the shared ||A|| estimate.
+    let mut solves: Vec<DampSolve> = damps
+        .iter()
+        .map(|&damp| DampSolve::start(damp, &x, &v, alpha, beta))
+        .collect();
     let mut norma2 = alpha * alpha;
-    let mut maxrbar = 0.0;
-    let mut minrbar = 1e100;
-    let mut norma = norma2.sqrt();
-    let mut conda = 1.0;
-    let mut normx = 0.0;
-
-    let ctol = if opts.conlim > 0.0 { 1.0 / opts.conlim } else { 0.0 };
-    let mut istop = 0u32;
-    let mut normr = beta;
-    let mut normar = alpha * beta;
+    let rule = StopRule {
+        normb,
+        atol: opts.atol,
+        btol: opts.btol,
+        ctol: if opts.conlim > 0.0 { 1.0 / opts.conlim } else { 0.0 },
+        maxiter,
+    };
 
     // Early exits (SciPy checks ||A^T r0|| first: with b = A x0 != 0 it returns x0).
-    if normar == 0.0 {
-        return Ok(finish(&progress, x, istop, itn, normr, normar, norma, conda, normx));
+    if alpha * beta == 0.0 {
+        return Ok(finish(&progress, solves));
     }
     if normb == 0.0 {
-        x.fill(0.0);
-        return Ok(finish(&progress, x, istop, itn, normr, normar, norma, conda, normx));
+        solves.iter_mut().for_each(|s| s.x.fill(0.0));
+        return Ok(finish(&progress, solves));
     }
     if let Some(p) = &progress {
-        p.first_line(x.first().copied().unwrap_or(0.0), normr, normar, alpha / beta);
+        p.first_line(x.first().copied().unwrap_or(0.0), beta, alpha * beta, alpha / beta);
     }
 
+    let mut itn = 0usize;
     while itn < maxiter {
         itn += 1;
 
@@ -250,139 +580,61 @@ pub fn lsmr_host(a: &dyn HostLinearOperator, b: &[f64], opts: &LsmrOptions) -> R
         }
         // Here beta = beta_{k+1}, alpha = alpha_{k+1}.
 
-        // Qhat_k folds damp into alphabar_k: alphahat_k = ||(alphabar_k, damp)||.
-        let hat = Rotation::of(alphabar, damp);
-        // Q_k turns B_k into R_k: rho_k = ||(alphahat_k, beta_{k+1})||.
-        let rhoold = rho;
-        let q = Rotation::of(hat.r, beta);
-        rho = q.r;
-        let thetanew = q.s * alpha;
-        alphabar = q.c * alpha;
-        // Qbar_k turns R_k^T into Rbar_k.
-        let rhobarold = rhobar;
-        let zetaold = zeta;
-        let thetabar = sbar * rho;
-        let rhotemp = cbar * rho;
-        let qbar = Rotation::of(cbar * rho, thetanew);
-        (cbar, sbar, rhobar) = (qbar.c, qbar.s, qbar.r);
-        zeta = cbar * zetabar;
-        zetabar *= -sbar;
-
-        // Update hbar, x and h.
-        let hbar_factor = -(thetabar * rho / (rhoold * rhobarold));
-        hbar.iter_mut()
-            .zip(&h)
-            .for_each(|(hb, &hi)| *hb = *hb * hbar_factor + hi);
-        let x_step = zeta / (rho * rhobar);
-        x.iter_mut().zip(&hbar).for_each(|(xi, &hb)| *xi += x_step * hb);
-        let h_factor = -(thetanew / rho);
-        h.iter_mut().zip(&v).for_each(|(hi, &vi)| *hi = *hi * h_factor + vi);
-
-        // Estimate ||r||: apply Qhat_k, then Q_k, to (betadd, 0) ...
-        let betaacute = hat.c * betadd;
-        let betacheck = -hat.s * betadd;
-        let betahat = q.c * betaacute;
-        betadd = -q.s * betaacute;
-        // ... then Qtilde_{k-1} (the identity at k = 1: rhodold = 1, thetabar = 0).
-        let thetatildeold = thetatilde;
-        let qtilde = Rotation::of(rhodold, thetabar);
-        thetatilde = qtilde.s * rhobar;
-        rhodold = qtilde.c * rhobar;
-        betad = -qtilde.s * betad + qtilde.c * betahat;
-        // Forward substitution for tau-tilde, then the norm of the residual's pieces.
-        tautildeold = (zetaold - thetatildeold * tautildeold) / qtilde.r;
-        let taud = (zeta - thetatilde * tautildeold) / rhodold;
-        d += betacheck * betacheck;
-        let gap = betad - taud;
-        normr = (d + gap * gap + betadd * betadd).sqrt();
-
         // Estimate ||A||_F from ||B_k||_F (alpha_{k+1} enters at the next iteration).
         norma2 += beta * beta;
-        norma = norma2.sqrt();
+        let norma = norma2.sqrt();
         norma2 += alpha * alpha;
 
-        // Estimate cond(A) from the diagonal of Rbar.
-        maxrbar = py_max(maxrbar, rhobarold);
-        if itn > 1 {
-            minrbar = py_min(minrbar, rhobarold);
-        }
-        conda = py_max(maxrbar, rhotemp) / py_min(minrbar, rhotemp);
-
-        // The stopping tests.
-        normar = zetabar.abs();
-        normx = norm2(&x);
-        let test1 = normr / normb;
-        let test2 = if norma * normr != 0.0 {
-            normar / (norma * normr)
-        } else {
-            f64::INFINITY
-        };
-        let test3 = 1.0 / conda;
-        let t1 = test1 / (1.0 + norma * normx / normb);
-        let rtol = opts.btol + opts.atol * norma * normx / normb;
-
-        istop = stop_code(
-            &StopTests {
-                test1,
-                test2,
-                test3,
-                t1,
-                rtol,
-            },
-            itn >= maxiter,
-            opts.atol,
-            ctol,
-        );
-
-        if let Some(p) = &mut progress {
-            let near = test3 <= 1.1 * ctol || test2 <= 1.1 * opts.atol || test1 <= 1.1 * rtol;
-            if n <= 40 || itn <= 10 || itn + 10 >= maxiter || itn % 10 == 0 || near || istop != 0 {
-                p.line(
-                    itn,
-                    x.first().copied().unwrap_or(0.0),
-                    normr,
-                    normar,
-                    test1,
-                    test2,
-                    norma,
-                    conda,
-                );
+        // Each damp still running takes its step.
+        let several = solves.len() > 1;
+        for (j, s) in solves.iter_mut().enumerate().filter(|(_, s)| s.istop == 0) {
+            let t = s.step(itn, alpha, beta, &v, norma, &rule);
+            if let Some(p) = &mut progress {
+                if several {
+                    if s.istop != 0 {
+                        p.damp_stopped(j, s.damp, itn, s.istop);
+                    }
+                    continue;
+                }
+                let near = t.test3 <= 1.1 * rule.ctol || t.test2 <= 1.1 * rule.atol || t.test1 <= 1.1 * t.rtol;
+                if n <= 40 || itn <= 10 || itn + 10 >= maxiter || itn % 10 == 0 || near || s.istop != 0 {
+                    p.line(
+                        itn,
+                        s.x.first().copied().unwrap_or(0.0),
+                        s.normr,
+                        s.normar,
+                        t.test1,
+                        t.test2,
+                        s.norma,
+                        s.conda,
+                    );
+                }
             }
         }
-        if istop > 0 {
+        if solves.iter().all(|s| s.istop > 0) {
             break;
         }
     }
 
-    Ok(finish(&progress, x, istop, itn, normr, normar, norma, conda, normx))
+    Ok(finish(&progress, solves))
 }
 
-/// The result, after printing the summary when `show` is on.
-#[allow(clippy::too_many_arguments)] // SciPy's eight return values
-fn finish(
-    progress: &Option<Progress>,
-    x: Vec<f64>,
-    istop: u32,
-    itn: usize,
-    normr: f64,
-    normar: f64,
-    norma: f64,
-    conda: f64,
-    normx: f64,
-) -> LsmrResult {
-    if let Some(p) = progress {
-        p.finish(istop, itn, normr, normar, norma, conda, normx);
-    }
-    LsmrResult {
-        x,
-        istop,
-        itn,
-        normr,
-        normar,
-        norma,
-        conda,
-        normx,
-    }
+/// The results, after printing the summaries when `show` is on.
+fn finish(progress: &Option<Progress>, solves: Vec<DampSolve>) -> Vec<LsmrResult> {
+    let several = solves.len() > 1;
+    solves
+        .into_iter()
+        .enumerate()
+        .map(|(j, s)| {
+            if let Some(p) = progress {
+                if several {
+                    eprintln!("lsmr: damp[{j}] = {:.6e}", s.damp);
+                }
+                p.finish(s.istop, s.itn, s.normr, s.normar, s.norma, s.conda, s.normx);
+            }
+            s.result()
+        })
+        .collect()
 }
 
 /// The quantities SciPy's stopping rule looks at after an iteration (module docs).
@@ -558,6 +810,14 @@ fn py_min(a: f64, b: f64) -> f64 {
     }
 }
 
+fn min_of(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn max_of(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+}
+
 /// `||v||_2` as `sqrt(sum v_i^2)`, summed in order (NumPy's `norm` is `sqrt(dot(v, v))`).
 fn norm2(v: &[f64]) -> f64 {
     v.iter().fold(0.0, |acc, &e| acc + e * e).sqrt()
@@ -579,15 +839,28 @@ struct Progress {
 impl Progress {
     const HEADING_EVERY: usize = 20;
 
-    fn start(m: usize, n: usize, opts: &LsmrOptions, maxiter: usize) -> Progress {
+    fn start(m: usize, n: usize, opts: &LsmrOptions, damps: &[f64], maxiter: usize) -> Progress {
         eprintln!("lsmr: least squares  min ||[b; 0] - [A; damp I] x||,  A is {m} x {n}");
+        let damp = match damps {
+            [one] => format!("{one:.6e}"),
+            many => format!(
+                "{} values from {:.3e} to {:.3e}",
+                many.len(),
+                min_of(many),
+                max_of(many)
+            ),
+        };
         eprintln!(
-            "lsmr: damp {:.6e}  atol {:.2e}  btol {:.2e}  conlim {:.2e}  maxiter {maxiter}  x0 {}",
-            opts.damp,
+            "lsmr: damp {damp}  atol {:.2e}  btol {:.2e}  conlim {:.2e}  maxiter {maxiter}  x0 {}{}",
             opts.atol,
             opts.btol,
             opts.conlim,
-            if opts.x0.is_some() { "given" } else { "zero" }
+            if opts.x0.is_some() { "given" } else { "zero" },
+            if opts.scale_columns {
+                "  columns scaled (estimates of A D, y)"
+            } else {
+                ""
+            }
         );
         Progress { lines: 0 }
     }
@@ -619,6 +892,11 @@ impl Progress {
         eprintln!(
             "{itn:>7} {x0:>13.5e} {normr:>11.3e} {normar:>11.3e} {test1:>9.1e} {test2:>9.1e} {norma:>9.1e} {conda:>9.1e}"
         );
+    }
+
+    /// With a damp list: damp `j` stopped at `itn`.
+    fn damp_stopped(&self, j: usize, damp: f64, itn: usize, istop: u32) {
+        eprintln!("lsmr: damp[{j}] = {damp:.6e} stopped at itn {itn}, istop {istop}");
     }
 
     #[allow(clippy::too_many_arguments)] // one argument per result

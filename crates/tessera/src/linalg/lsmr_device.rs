@@ -15,17 +15,41 @@
 //! # Device design (lsmr.cu has the kernel-level detail)
 //!
 //! Per iteration: the two products of the operator into work vectors, three fused vector
-//! kernels (`u` update, `v` update, the `v` normalisation with the `h`, `hbar`, `x` updates)
-//! that each write a per-CTA partial sum of squares, and two one-CTA scalar kernels that add
+//! kernels (`u` update, `v` update, the `h`, `hbar`, `x` updates; `u` and `v` stay
+//! unnormalised in memory, their scales applied where they are read) that each write a
+//! per-CTA partial sum of squares, and two one-CTA scalar kernels that add
 //! the partials in a fixed order (deterministic two-pass norms, no float atomics) and run the
-//! recurrences and every stopping test on an f64 state struct in device memory ([`LsmrState`]).
+//! recurrences and every stopping test on f64 state structs in device memory ([`LsmrShared`], and
+//! one [`LsmrDamp`] per damp).
 //! When a test holds, the state's stop flag is set and every later kernel of the solver returns
 //! at once, so the result is the iterate at which the rules first held, exactly as if the host
 //! had checked after every iteration.
 //!
+//! # Column scaling
+//!
+//! With [`LsmrOptions::scale_columns`] the solver runs on `A D`, `D = diag(1 / ||A_j||)` from
+//! the operator's [`column_norms`](LinearOperator::column_norms) (rounded to `T`): `D` is
+//! folded into `lsmr_update_v` (`v = D (A^T u) / beta - ...`, and it writes `D v` for the next
+//! product), so scaling costs one more read of `D` and one more write of `D v` per iteration,
+//! no extra launch. `x = D y` is formed on the host at the end; the estimates refer to the
+//! scaled problem (as in [`lsmr_host`](super::lsmr_host), see [`LsmrOptions::scale_columns`]).
+//!
+//! # The damp list
+//!
+//! [`lsmr_damps`] solves `min ||[b; 0] - [A; damp_j I] x_j||` for `k` damping factors in one
+//! run. The bidiagonalisation (`u`, `v`, `alpha`, `beta`, both products, `||A||`) does not
+//! depend on `damp`, so it runs once; each damp has its own f64 state ([`LsmrDamp`]: rotations,
+//! estimates, stop flag) and its own `h`, `hbar`, `x`. `lsmr_update_x` has one row of CTAs per
+//! damp (all reading the one `v`), `lsmr_scalar` runs the damps' recurrences one thread each
+//! and their stopping tests one warp each. A damp that stops freezes (its kernels' work returns
+//! at once); the run ends when every damp has stopped. Each result is that of a separate
+//! [`lsmr`] with that damp, up to the summation order of `||x||` (the same kernels compute it;
+//! verify checks it). Up to [`MAX_DAMPS`] damps share one run; a longer list is solved in
+//! several runs of at most [`MAX_DAMPS`].
+//!
 //! The host queues [`LsmrRunOptions::check_every`] iterations (default
-//! [`DEFAULT_CHECK_EVERY`]), then a test kernel, then reads the 312-byte state (one
-//! synchronisation) to see the stop flag and report progress. Iterations queued after the stop
+//! [`DEFAULT_CHECK_EVERY`]), then a test kernel, then reads the state (104 bytes plus 224 per
+//! damp; one synchronisation) to see the stop flag and report progress. Iterations queued after the stop
 //! cost only their products (up to `check_every - 1` wasted pairs of SpMVs, about 6% at the
 //! default when a solve takes 100+ iterations). The loop allocates no device memory: the
 //! vectors, the partials and the state are allocated once per solve.
@@ -34,7 +58,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::device_operator::LinearOperator;
-use super::lsmr::{check_problem, LsmrOptions, LsmrResult};
+use super::lsmr::{check_damps, check_problem, column_scale, LsmrOptions, LsmrResult};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
@@ -47,6 +71,10 @@ pub const BLOCK_THREADS: u32 = 256;
 pub const MAX_PARTIALS: usize = 1024;
 /// Iterations queued between two looks at the stop flag.
 pub const DEFAULT_CHECK_EVERY: usize = 16;
+/// The most damps that share one run of [`lsmr_damps`] (a longer list runs in chunks): bounds
+/// the per-damp partial sums (`MAX_DAMPS * MAX_PARTIALS` doubles, 512 KiB) and the grid rows
+/// of `lsmr_update_x`.
+pub const MAX_DAMPS: usize = 64;
 
 /// The kernels of lsmr.cu.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -117,25 +145,34 @@ pub fn all_variants() -> Vec<LsmrVariant> {
     v
 }
 
-/// The f64 state of one solve: `struct LsmrState` of lsmr.cu, field for field.
+/// The shared f64 state of one run: `struct LsmrShared` of lsmr.cu, field for field.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct LsmrState {
-    pub damp: f64,
+pub struct LsmrShared {
     pub atol: f64,
     pub btol: f64,
     pub ctol: f64,
     pub maxiter: f64,
     pub stop: f64,
-    pub istop: f64,
     pub itn: f64,
-    pub tested_itn: f64,
     pub early: f64,
     pub normb: f64,
     pub alpha: f64,
     pub beta: f64,
     pub u_scale: f64,
     pub v_scale: f64,
+    pub norma2: f64,
+}
+
+/// The f64 state of one damp: `struct LsmrDamp` of lsmr.cu, field for field.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct LsmrDamp {
+    pub damp: f64,
+    pub stop: f64,
+    pub istop: f64,
+    pub itn: f64,
+    pub tested_itn: f64,
     pub zetabar: f64,
     pub alphabar: f64,
     pub rho: f64,
@@ -149,7 +186,6 @@ pub struct LsmrState {
     pub thetatilde: f64,
     pub zeta: f64,
     pub d: f64,
-    pub norma2: f64,
     pub maxrbar: f64,
     pub minrbar: f64,
     pub normr: f64,
@@ -162,24 +198,34 @@ pub struct LsmrState {
     pub h_factor: f64,
 }
 
-/// Doubles in [`LsmrState`].
-pub const STATE_LEN: usize = std::mem::size_of::<LsmrState>() / 8;
-const _: () = assert!(std::mem::size_of::<LsmrState>() == 39 * 8);
+/// Doubles in [`LsmrShared`].
+pub const SHARED_LEN: usize = std::mem::size_of::<LsmrShared>() / 8;
+/// Doubles in [`LsmrDamp`].
+pub const DAMP_LEN: usize = std::mem::size_of::<LsmrDamp>() / 8;
+const _: () = assert!(std::mem::size_of::<LsmrShared>() == 13 * 8);
+const _: () = assert!(std::mem::size_of::<LsmrDamp>() == 28 * 8);
 
-impl LsmrState {
-    /// The state as its f64 slots (what is uploaded).
-    pub fn to_slots(&self) -> [f64; STATE_LEN] {
-        // SAFETY: #[repr(C)] struct of STATE_LEN f64 fields: same size, alignment and no padding.
-        unsafe { std::mem::transmute::<LsmrState, [f64; STATE_LEN]>(*self) }
-    }
-    /// The state from its f64 slots (what is downloaded).
-    pub fn from_slots(slots: &[f64]) -> LsmrState {
-        let mut a = [0.0; STATE_LEN];
-        a.copy_from_slice(&slots[..STATE_LEN]);
-        // SAFETY: as in to_slots; every bit pattern is a valid f64.
-        unsafe { std::mem::transmute::<[f64; STATE_LEN], LsmrState>(a) }
-    }
+/// A `#[repr(C)]` struct of `f64` fields and its slots (what is uploaded and downloaded).
+macro_rules! f64_slots {
+    ($ty:ty, $len:expr) => {
+        impl $ty {
+            /// The state as its f64 slots.
+            pub fn to_slots(&self) -> [f64; $len] {
+                // SAFETY: #[repr(C)] struct of $len f64 fields: same size, alignment and no padding.
+                unsafe { std::mem::transmute::<$ty, [f64; $len]>(*self) }
+            }
+            /// The state from its f64 slots (the first $len of `slots`, which must hold as many).
+            pub fn from_slots(slots: &[f64]) -> $ty {
+                let mut a = [0.0; $len];
+                a.copy_from_slice(&slots[..$len]);
+                // SAFETY: as in to_slots; every bit pattern is a valid f64.
+                unsafe { std::mem::transmute::<[f64; $len], $ty>(a) }
+            }
+        }
+    };
 }
+f64_slots!(LsmrShared, SHARED_LEN);
+f64_slots!(LsmrDamp, DAMP_LEN);
 
 /// Which early exit the setup took (SciPy's two returns before the first iteration).
 const EARLY_NORMAR_ZERO: f64 = 1.0;
@@ -196,7 +242,7 @@ enum ScalarMode {
     Test = 4,
 }
 
-/// `struct VecParams` of lsmr.cu (72 bytes).
+/// `struct VecParams` of lsmr.cu (104 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct VecParams {
@@ -205,22 +251,27 @@ struct VecParams {
     h: u64,
     hbar: u64,
     x: u64,
+    d: u64,
+    dv: u64,
     partials: u64,
-    state: u64,
+    shared: u64,
+    damps: u64,
     len: i64,
+    stride: i64,
     first: i32,
     pad: i32,
 }
-const _: () = assert!(std::mem::size_of::<VecParams>() == 72);
-// SAFETY: #[repr(C)]: seven pointers as u64, one i64, two i32, in the order and of the types of
-// the kernel's struct (pointers, long long, int, int).
+const _: () = assert!(std::mem::size_of::<VecParams>() == 104);
+// SAFETY: #[repr(C)]: ten pointers as u64, two i64, two i32, in the order and of the types of
+// the kernel's struct (pointers, long long, long long, int, int).
 unsafe impl KernelParams for VecParams {}
 
-/// `struct ScalarParams` of lsmr.cu (48 bytes).
+/// `struct ScalarParams` of lsmr.cu (64 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct ScalarParams {
-    state: u64,
+    shared: u64,
+    damps: u64,
     partials_u: u64,
     partials_v: u64,
     partials_x: u64,
@@ -228,9 +279,11 @@ struct ScalarParams {
     count_v: i32,
     count_x: i32,
     mode: i32,
+    k: i32,
+    pad: i32,
 }
-const _: () = assert!(std::mem::size_of::<ScalarParams>() == 48);
-// SAFETY: #[repr(C)]: four pointers as u64 then four i32, as the kernel's struct.
+const _: () = assert!(std::mem::size_of::<ScalarParams>() == 64);
+// SAFETY: #[repr(C)]: five pointers as u64 then six i32, as the kernel's struct.
 unsafe impl KernelParams for ScalarParams {}
 
 /// CTAs of a vector kernel over `len` elements: one per BLOCK_THREADS elements, at most
@@ -247,7 +300,8 @@ pub struct LsmrRunOptions<'a> {
     /// Iterations queued between two looks at the stop flag (>= 1). Default
     /// [`DEFAULT_CHECK_EVERY`]. Only speed depends on it, never the result.
     pub check_every: usize,
-    /// Called after each check with `(itn, normr, normar, elapsed seconds)`.
+    /// Called after each check with `(itn, normr, normar, elapsed seconds)` (with a damp
+    /// list: the iterations of the run and the estimates of its first damp).
     pub progress: Option<ProgressFn<'a>>,
 }
 
@@ -262,7 +316,7 @@ impl Default for LsmrRunOptions<'_> {
 
 /// Solves `min ||[b; 0] - [A; damp I] x||_2` on the GPU by LSMR with SciPy's semantics: the
 /// options, stopping rules and returns of [`lsmr_host`](super::lsmr_host) (see
-/// [`lsmr`](super::lsmr) for the contract); `x` is returned on the host in f64. `opts.show`
+/// [`lsmr`](mod@super::lsmr) for the contract); `x` is returned on the host in f64. `opts.show`
 /// is ignored (use [`lsmr_with`] and a progress callback).
 ///
 /// Errors (nothing runs): `b` of a length other than `m`; `x0` of a length other than `n`;
@@ -288,8 +342,49 @@ pub fn lsmr_with<T: Element>(
 ) -> Result<LsmrResult> {
     let (m, n) = a.shape();
     validate::<T>(m, n, b, opts, run)?;
-    let mut solver = Solver::<T>::new(ctx, m, n)?;
-    solver.solve(a, b, opts, run)
+    let mut solver = Solver::<T>::new(ctx, m, n, 1)?;
+    let mut results = solver.solve(a, b, &[opts.damp], opts, run)?;
+    results
+        .pop()
+        .ok_or_else(|| Error::Unsupported("lsmr: the solve returned no result".into()))
+}
+
+/// The damp list on the GPU: solves `min ||[b; 0] - [A; damp_j I] x_j||_2` for every
+/// `damp_j` of `damps`, sharing every product of the operator (module docs, "The damp list"),
+/// and returns one result per damp in the order of `damps`: each what [`lsmr`] returns with
+/// `damp = damps[j]` and the other options of `opts`. `opts.damp` must be left at 0.
+/// At most [`MAX_DAMPS`] damps share one run; a longer list runs in chunks of [`MAX_DAMPS`].
+///
+/// Errors (nothing runs): those of [`lsmr`]; `damps` empty, or with an element negative, NaN
+/// or infinite; `opts.damp != 0`.
+pub fn lsmr_damps<T: Element>(
+    ctx: &Context,
+    a: &dyn LinearOperator<T>,
+    b: &DeviceBuffer<T>,
+    damps: &[f64],
+    opts: &LsmrOptions,
+) -> Result<Vec<LsmrResult>> {
+    lsmr_damps_with(ctx, a, b, damps, opts, &mut LsmrRunOptions::default())
+}
+
+/// [`lsmr_damps`] with the run options (check interval, progress callback).
+pub fn lsmr_damps_with<T: Element>(
+    ctx: &Context,
+    a: &dyn LinearOperator<T>,
+    b: &DeviceBuffer<T>,
+    damps: &[f64],
+    opts: &LsmrOptions,
+    run: &mut LsmrRunOptions<'_>,
+) -> Result<Vec<LsmrResult>> {
+    let (m, n) = a.shape();
+    validate::<T>(m, n, b, opts, run)?;
+    check_damps(damps, opts)?;
+    let mut solver = Solver::<T>::new(ctx, m, n, damps.len().min(MAX_DAMPS))?;
+    let mut results = Vec::with_capacity(damps.len());
+    for chunk in damps.chunks(MAX_DAMPS) {
+        results.extend(solver.solve(a, b, chunk, opts, run)?);
+    }
+    Ok(results)
 }
 
 /// The checks of [`lsmr_with`]'s arguments that need no device data (b's values are checked
@@ -314,11 +409,13 @@ pub fn validate<T: Element>(
     Ok(())
 }
 
-/// The kernels and device memory of one solve of an `m x n` problem.
+/// The kernels and device memory of one solve of an `m x n` problem with up to `k` damps.
 struct Solver<T: Element> {
     ctx: Context,
     m: usize,
     n: usize,
+    /// Damps the buffers hold.
+    k: usize,
     sumsq: Arc<Kernel>,
     update_u: Arc<Kernel>,
     update_v: Arc<Kernel>,
@@ -328,17 +425,24 @@ struct Solver<T: Element> {
     av: DeviceBuffer<T>,
     v: DeviceBuffer<T>,
     atu: DeviceBuffer<T>,
+    /// `k` vectors of `n` each (h, hbar, x).
     h: DeviceBuffer<T>,
     hbar: DeviceBuffer<T>,
     x: DeviceBuffer<T>,
+    /// `D v` (column scaling: the input of `A`).
+    dv: DeviceBuffer<T>,
+    /// The column scale `D` of this solve (`None`: no scaling).
+    d: Option<DeviceBuffer<T>>,
     partials_u: DeviceBuffer<f64>,
     partials_v: DeviceBuffer<f64>,
+    /// `k` arrays of [`MAX_PARTIALS`] (setup: the partials of `||b||` in the first).
     partials_x: DeviceBuffer<f64>,
+    /// [`LsmrShared`], then `k` [`LsmrDamp`].
     state: DeviceBuffer<f64>,
 }
 
 impl<T: Element> Solver<T> {
-    fn new(ctx: &Context, m: usize, n: usize) -> Result<Self> {
+    fn new(ctx: &Context, m: usize, n: usize, k: usize) -> Result<Self> {
         let kernel = |k| {
             ctx.kernel(
                 &LsmrVariant {
@@ -350,10 +454,14 @@ impl<T: Element> Solver<T> {
         };
         // every vector at least one element: a valid pointer for the kernels of an empty side
         let vec = |len: usize| ctx.alloc::<T>(len.max(1));
+        let kn = k
+            .checked_mul(n)
+            .ok_or_else(|| Error::invalid("damps", format!("{k} damps of {n} unknowns overflow the vector size")))?;
         Ok(Solver {
             ctx: ctx.clone(),
             m,
             n,
+            k,
             sumsq: kernel(LsmrKernel::SumSq)?,
             update_u: kernel(LsmrKernel::UpdateU)?,
             update_v: kernel(LsmrKernel::UpdateV)?,
@@ -363,14 +471,20 @@ impl<T: Element> Solver<T> {
             av: vec(m)?,
             v: vec(n)?,
             atu: vec(n)?,
-            h: vec(n)?,
-            hbar: vec(n)?,
-            x: vec(n)?,
+            h: vec(kn)?,
+            hbar: vec(kn)?,
+            x: vec(kn)?,
+            dv: vec(n)?,
+            d: None,
             partials_u: ctx.alloc(MAX_PARTIALS)?,
             partials_v: ctx.alloc(MAX_PARTIALS)?,
-            partials_x: ctx.alloc(MAX_PARTIALS)?,
-            state: ctx.alloc(STATE_LEN)?,
+            partials_x: ctx.alloc(MAX_PARTIALS * k.max(1))?,
+            state: ctx.alloc(SHARED_LEN + DAMP_LEN * k.max(1))?,
         })
+    }
+
+    fn damps_ptr(&self) -> u64 {
+        self.state.device_ptr() + (SHARED_LEN * 8) as u64
     }
 
     fn vec_params(&self, a: u64, u: u64, partials: &DeviceBuffer<f64>, len: usize, first: bool) -> VecParams {
@@ -380,26 +494,38 @@ impl<T: Element> Solver<T> {
             h: self.h.device_ptr(),
             hbar: self.hbar.device_ptr(),
             x: self.x.device_ptr(),
+            d: self.d.as_ref().map_or(0, |d| d.device_ptr()),
+            dv: self.dv.device_ptr(),
             partials: partials.device_ptr(),
-            state: self.state.device_ptr(),
+            shared: self.state.device_ptr(),
+            damps: self.damps_ptr(),
             len: len as i64,
+            stride: self.n as i64,
             first: first as i32,
             pad: 0,
         }
     }
 
-    fn launch_vec(&self, kernel: &Kernel, p: &VecParams) -> Result<()> {
-        let grid = vector_grid(p.len as usize);
+    /// A vector kernel over `p.len` elements, with `rows` rows of CTAs (the damps of
+    /// lsmr_update_x; 1 otherwise).
+    fn launch_vec(&self, kernel: &Kernel, p: &VecParams, rows: usize) -> Result<()> {
+        let mut cfg = LaunchConfig::linear(vector_grid(p.len as usize), BLOCK_THREADS, 0);
+        cfg.grid.1 = rows as u32;
         // SAFETY: every pointer in p is one of this solver's buffers (or b, of m elements,
-        // checked by validate): a, u hold >= len elements, h, hbar, x hold n (the kernels that
-        // read them run with len = n), partials MAX_PARTIALS >= grid doubles, state STATE_LEN.
-        // Each element is written by one thread; VecParams mirrors the kernel's struct.
-        unsafe { kernel.launch(&self.ctx, LaunchConfig::linear(grid, BLOCK_THREADS, 0), p) }
+        // checked by validate): a, u hold >= len elements; d (when not null) and dv hold n and
+        // are read and written by update_v only, which runs with len = n; h, hbar, x hold k * n and the kernel
+        // that reads them runs with len = n, stride = n and rows <= k (solve checks k); partials
+        // hold MAX_PARTIALS doubles (partials_x MAX_PARTIALS per damp) >= grid; the state
+        // SHARED_LEN + k DAMP_LEN. Each element is written by one thread; VecParams mirrors the
+        // kernel's struct.
+        unsafe { kernel.launch(&self.ctx, cfg, p) }
     }
 
-    fn launch_scalar(&self, mode: ScalarMode) -> Result<()> {
+    /// The scalar kernel in `mode` for `k` damps.
+    fn launch_scalar(&self, mode: ScalarMode, k: usize) -> Result<()> {
         let p = ScalarParams {
-            state: self.state.device_ptr(),
+            shared: self.state.device_ptr(),
+            damps: self.damps_ptr(),
             partials_u: self.partials_u.device_ptr(),
             partials_v: self.partials_v.device_ptr(),
             partials_x: self.partials_x.device_ptr(),
@@ -408,129 +534,201 @@ impl<T: Element> Solver<T> {
             // setup: the partials of ||b|| (m elements) sit in partials_x
             count_x: vector_grid(if mode == ScalarMode::SetupBeta { self.m } else { self.n }) as i32,
             mode: mode as i32,
+            k: k as i32,
+            pad: 0,
         };
-        // SAFETY: state holds STATE_LEN doubles; each partials array MAX_PARTIALS, of which the
-        // counts (each <= MAX_PARTIALS) are read. One CTA; ScalarParams mirrors the kernel's.
+        // SAFETY: the state holds SHARED_LEN + k DAMP_LEN doubles (k <= self.k, checked by
+        // solve); partials_u, partials_v MAX_PARTIALS, partials_x k MAX_PARTIALS doubles, of
+        // which the counts (each <= MAX_PARTIALS) are read per damp. One CTA; ScalarParams
+        // mirrors the kernel's.
         unsafe {
             self.scalar
                 .launch(&self.ctx, LaunchConfig::linear(1, BLOCK_THREADS, 0), &p)
         }
     }
 
-    fn read_state(&self) -> Result<LsmrState> {
-        Ok(LsmrState::from_slots(&self.state.to_host()?))
+    /// The shared state and the first `k` damps' states.
+    fn read_state(&self, k: usize) -> Result<(LsmrShared, Vec<LsmrDamp>)> {
+        let slots = self.state.to_host()?;
+        let shared = LsmrShared::from_slots(&slots);
+        let damps = (0..k)
+            .map(|j| LsmrDamp::from_slots(&slots[SHARED_LEN + j * DAMP_LEN..]))
+            .collect();
+        Ok((shared, damps))
     }
 
-    /// One LSMR iteration, queued.
-    fn iteration(&mut self, a: &dyn LinearOperator<T>) -> Result<()> {
+    /// One LSMR iteration for `k` damps, queued.
+    fn iteration(&mut self, a: &dyn LinearOperator<T>, k: usize) -> Result<()> {
         let (m, n) = (self.m, self.n);
-        a.apply(1.0, &self.v, 0.0, &mut self.av)?;
+        let input = if self.d.is_some() { &self.dv } else { &self.v };
+        a.apply(1.0, input, 0.0, &mut self.av)?;
         let p = self.vec_params(self.av.device_ptr(), self.u.device_ptr(), &self.partials_u, m, false);
-        self.launch_vec(&self.update_u, &p)?;
-        self.launch_scalar(ScalarMode::IterBeta)?;
+        self.launch_vec(&self.update_u, &p, 1)?;
+        self.launch_scalar(ScalarMode::IterBeta, k)?;
         a.apply_transposed(1.0, &self.u, 0.0, &mut self.atu)?;
         let p = self.vec_params(self.atu.device_ptr(), self.v.device_ptr(), &self.partials_v, n, false);
-        self.launch_vec(&self.update_v, &p)?;
-        self.launch_scalar(ScalarMode::IterAlpha)?;
+        self.launch_vec(&self.update_v, &p, 1)?;
+        self.launch_scalar(ScalarMode::IterAlpha, k)?;
         let p = self.vec_params(0, self.v.device_ptr(), &self.partials_x, n, false);
-        self.launch_vec(&self.update_x, &p)
+        self.launch_vec(&self.update_x, &p, k)
     }
 
+    /// Solves for `damps` (validated; at most `self.k` of them).
     fn solve(
         &mut self,
         a: &dyn LinearOperator<T>,
         b: &DeviceBuffer<T>,
+        damps: &[f64],
         opts: &LsmrOptions,
         run: &mut LsmrRunOptions<'_>,
-    ) -> Result<LsmrResult> {
+    ) -> Result<Vec<LsmrResult>> {
+        let k = damps.len();
+        if k == 0 || k > self.k {
+            return Err(Error::invalid(
+                "damps",
+                format!("{k} damps for a solver sized for 1 to {}", self.k),
+            ));
+        }
         let started = Instant::now();
         let (m, n) = (self.m, self.n);
+        // Column scaling: the operator becomes A D (D folded into lsmr_update_v), the start
+        // y0 = D^-1 x0, and x = D y at the end; scale holds D as the device rounds it.
+        let scale: Option<Vec<f64>> = if opts.scale_columns {
+            let d: Vec<T> = column_scale(a.column_norms().as_deref(), n)?
+                .into_iter()
+                .map(T::from_f64)
+                .collect();
+            let mut buf = self.ctx.alloc::<T>(n.max(1))?;
+            buf.copy_from_host_at(0, &d)?;
+            self.d = Some(buf);
+            Some(d.iter().map(|e| e.to_f64()).collect())
+        } else {
+            self.d = None;
+            None
+        };
+        let x0: Option<Vec<f64>> = match (&opts.x0, &scale) {
+            (Some(x0), Some(d)) => Some(x0.iter().zip(d).map(|(x, d)| x / d).collect()),
+            (x0, _) => x0.clone(),
+        };
         let maxiter = opts.maxiter.unwrap_or(m.min(n));
-        let init = LsmrState {
-            damp: opts.damp,
+        let shared = LsmrShared {
             atol: opts.atol,
             btol: opts.btol,
             ctol: if opts.conlim > 0.0 { 1.0 / opts.conlim } else { 0.0 },
             maxiter: maxiter as f64,
-            ..LsmrState::default()
+            ..LsmrShared::default()
         };
-        self.state.copy_from_host(&init.to_slots())?;
-
-        // x = x0 (or 0); u = b - A x0 (or b)
-        match &opts.x0 {
-            Some(x0) => {
-                let x0: Vec<T> = x0.iter().map(|&e| T::from_f64(e)).collect();
-                self.x.copy_from_host_at(0, &x0)?;
-            }
-            None => self.x.fill_bytes(0)?,
+        let mut init = shared.to_slots().to_vec();
+        for &damp in damps {
+            init.extend(
+                LsmrDamp {
+                    damp,
+                    ..LsmrDamp::default()
+                }
+                .to_slots(),
+            );
         }
+        self.state.copy_from_host_at(0, &init)?;
+
+        // x_j = x0 (or 0) for every damp; u = b - A x0 (or b)
         if m > 0 {
             copy_prefix(&mut self.u, b, m)?;
         }
-        if opts.x0.is_some() {
-            a.apply(-1.0, &self.x, 1.0, &mut self.u)?;
+        match &x0 {
+            Some(x0) => {
+                let x0_t: Vec<T> = x0.iter().map(|&e| T::from_f64(e)).collect();
+                for j in 0..k {
+                    self.x.copy_from_host_at(j * n, &x0_t)?;
+                }
+                // the product reads x0 (scaled: D y0) from atu (n elements, overwritten by
+                // A^T u below)
+                let input: Vec<T> = match &scale {
+                    Some(d) => x0.iter().zip(d).map(|(y, d)| T::from_f64(d * y)).collect(),
+                    None => x0_t,
+                };
+                self.atu.copy_from_host_at(0, &input)?;
+                a.apply(-1.0, &self.atu, 1.0, &mut self.u)?;
+            }
+            None => self.x.fill_bytes(0)?,
         }
         // normb (partials_x), beta (partials_u)
         let p = self.vec_params(b.device_ptr(), 0, &self.partials_x, m, true);
-        self.launch_vec(&self.sumsq, &p)?;
+        self.launch_vec(&self.sumsq, &p, 1)?;
         let p = self.vec_params(self.u.device_ptr(), 0, &self.partials_u, m, true);
-        self.launch_vec(&self.sumsq, &p)?;
-        self.launch_scalar(ScalarMode::SetupBeta)?;
-        // v = A^T u / beta, alpha = ||v||, h = v / alpha, hbar = 0
+        self.launch_vec(&self.sumsq, &p, 1)?;
+        self.launch_scalar(ScalarMode::SetupBeta, k)?;
+        // v = A^T u / beta (unnormalised), alpha = ||v||, h_j = v / alpha, hbar_j = 0
         a.apply_transposed(1.0, &self.u, 0.0, &mut self.atu)?;
         let p = self.vec_params(self.atu.device_ptr(), self.v.device_ptr(), &self.partials_v, n, true);
-        self.launch_vec(&self.update_v, &p)?;
-        self.launch_scalar(ScalarMode::SetupAlpha)?;
+        self.launch_vec(&self.update_v, &p, 1)?;
+        self.launch_scalar(ScalarMode::SetupAlpha, k)?;
         let p = self.vec_params(0, self.v.device_ptr(), &self.partials_x, n, true);
-        self.launch_vec(&self.update_x, &p)?;
+        self.launch_vec(&self.update_x, &p, k)?;
 
-        let mut st = self.read_state()?;
+        let (mut sh, mut st) = self.read_state(k)?;
         // NaN or infinity in b shows in its norm (summed in f64: squares of f32 values cannot
         // overflow; f64 values above ~1e154 would, and would break the recurrences as well)
-        if !st.normb.is_finite() {
+        if !sh.normb.is_finite() {
             return Err(Error::invalid(
                 "b",
                 format!(
                     "contains NaN or infinity (||b|| = {}); every element must be finite",
-                    st.normb
+                    sh.normb
                 ),
             ));
         }
-        if !st.beta.is_finite() {
+        if !sh.beta.is_finite() {
             return Err(Error::invalid(
                 "x0",
-                format!("||b - A x0|| = {}: A x0 overflows", st.beta),
+                format!("||b - A x0|| = {}: A x0 overflows", sh.beta),
             ));
         }
-        if st.early == EARLY_NORMB_ZERO {
+        if sh.early == EARLY_NORMB_ZERO {
             self.x.fill_bytes(0)?;
         }
         let mut launched = 0usize;
-        if st.stop == 0.0 {
+        if sh.stop == 0.0 {
             while launched < maxiter {
                 let batch = run.check_every.min(maxiter - launched);
                 for _ in 0..batch {
-                    self.iteration(a)?;
+                    self.iteration(a, k)?;
                 }
                 launched += batch;
-                self.launch_scalar(ScalarMode::Test)?;
-                st = self.read_state()?;
+                self.launch_scalar(ScalarMode::Test, k)?;
+                (sh, st) = self.read_state(k)?;
                 if let Some(progress) = run.progress.as_mut() {
-                    progress(st.itn as usize, st.normr, st.normar, started.elapsed().as_secs_f64());
+                    progress(
+                        sh.itn as usize,
+                        st[0].normr,
+                        st[0].normar,
+                        started.elapsed().as_secs_f64(),
+                    );
                 }
-                if st.stop != 0.0 {
+                if sh.stop != 0.0 {
                     break;
                 }
             }
         }
-        let x = self.x.to_host()?[..n].iter().map(|e| e.to_f64()).collect();
-        Ok(result_of(&st, x))
+        let xs = self.x.to_host()?;
+        Ok(st
+            .iter()
+            .enumerate()
+            .map(|(j, d)| {
+                let y = xs[j * n..(j + 1) * n].iter().map(|e| e.to_f64());
+                let x = match &scale {
+                    Some(s) => y.zip(s).map(|(y, s)| s * y).collect(),
+                    None => y.collect(),
+                };
+                result_of(&sh, d, x)
+            })
+            .collect())
     }
 }
 
-/// The result from a final state (SciPy's early-exit quirks included: see lsmr.rs).
-fn result_of(st: &LsmrState, x: Vec<f64>) -> LsmrResult {
-    let early = st.early == EARLY_NORMAR_ZERO || st.early == EARLY_NORMB_ZERO;
+/// The result of one damp from the final state (SciPy's early-exit quirks included: see
+/// lsmr.rs).
+fn result_of(sh: &LsmrShared, st: &LsmrDamp, x: Vec<f64>) -> LsmrResult {
+    let early = sh.early == EARLY_NORMAR_ZERO || sh.early == EARLY_NORMB_ZERO;
     LsmrResult {
         x,
         istop: st.istop as u32,

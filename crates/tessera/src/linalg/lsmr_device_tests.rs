@@ -4,17 +4,17 @@
 
 use super::device_operator::{check_finite_values, choose_dual, transpose_bytes, Storage};
 use super::lsmr::{check_problem as check_lengths, LsmrOptions};
-use super::lsmr_device::{all_variants, vector_grid, LsmrState, MAX_PARTIALS, SOURCE, STATE_LEN};
+use super::lsmr_device::{all_variants, vector_grid, LsmrDamp, LsmrShared, DAMP_LEN, MAX_PARTIALS, SHARED_LEN, SOURCE};
 use crate::error::Error;
 use crate::sparse::CsrHost;
 
-/// The Rust mirror lists the fields of `struct LsmrState` in lsmr.cu, in order.
-#[test]
-fn state_mirrors_the_kernel_struct() {
-    let start = SOURCE.find("struct LsmrState {").expect("struct LsmrState in lsmr.cu");
+/// The fields of `struct <name>` in lsmr.cu, in order.
+fn kernel_fields(name: &str) -> Vec<String> {
+    let start = SOURCE
+        .find(&format!("struct {name} {{"))
+        .unwrap_or_else(|| panic!("struct {name} in lsmr.cu"));
     let body = &SOURCE[start..start + SOURCE[start..].find("};").unwrap()];
-    let fields: Vec<String> = body
-        .lines()
+    body.lines()
         .skip(1)
         .map(str::trim)
         .filter(|l| l.starts_with("double "))
@@ -25,22 +25,37 @@ fn state_mirrors_the_kernel_struct() {
                 .map(|f| f.trim().to_string())
                 .collect::<Vec<_>>()
         })
-        .collect();
-    assert_eq!(fields.len(), STATE_LEN);
-    // asymmetric data: slot i holds i, so a swapped pair of fields shows
-    let mut slots = [0.0; STATE_LEN];
-    for (i, s) in slots.iter_mut().enumerate() {
-        *s = i as f64;
-    }
-    let st = LsmrState::from_slots(&slots);
-    let dbg = format!("{st:?}");
+        .collect()
+}
+
+/// Each field `name` of the Debug output `dbg` of a mirror filled with slot i = i is slot i.
+fn assert_fields_in_order(fields: &[String], dbg: &str) {
     for (i, name) in fields.iter().enumerate() {
         assert!(
             dbg.contains(&format!("{name}: {i}.0")),
             "field {name} is not slot {i} of the Rust mirror: {dbg}"
         );
     }
-    assert_eq!(st.to_slots(), slots);
+}
+
+/// The Rust mirrors list the fields of `struct LsmrShared` and `struct LsmrDamp` in lsmr.cu,
+/// in order.
+#[test]
+fn state_mirrors_the_kernel_structs() {
+    // asymmetric data: slot i holds i, so a swapped pair of fields shows
+    let shared_fields = kernel_fields("LsmrShared");
+    assert_eq!(shared_fields.len(), SHARED_LEN);
+    let slots: Vec<f64> = (0..SHARED_LEN).map(|i| i as f64).collect();
+    let sh = LsmrShared::from_slots(&slots);
+    assert_fields_in_order(&shared_fields, &format!("{sh:?}"));
+    assert_eq!(sh.to_slots().to_vec(), slots);
+
+    let damp_fields = kernel_fields("LsmrDamp");
+    assert_eq!(damp_fields.len(), DAMP_LEN);
+    let slots: Vec<f64> = (0..DAMP_LEN).map(|i| i as f64).collect();
+    let st = LsmrDamp::from_slots(&slots);
+    assert_fields_in_order(&damp_fields, &format!("{st:?}"));
+    assert_eq!(st.to_slots().to_vec(), slots);
 }
 
 #[test]
@@ -134,4 +149,58 @@ fn storage_is_dual_when_the_copy_fits() {
     assert!(!choose_dual(Storage::Auto, 801, 1000));
     assert!(choose_dual(Storage::Dual, 10, 0));
     assert!(!choose_dual(Storage::Single, 0, 1 << 40));
+}
+
+/// The kernels of `lsmr` (the registry's list: the solver's and the operators') compile with
+/// NVRTC for every CI architecture without spills (the registry-wide test does the same for
+/// every operator; this one runs alone, filtered to linalg).
+#[test]
+fn linalg_kernels_compile_for_every_ci_arch_without_spills() {
+    use crate::registry::Operator;
+    use crate::runtime::Arch;
+    if !crate::runtime::probe::nvrtc_or_skip("linalg_kernels_compile_for_every_ci_arch_without_spills") {
+        return;
+    }
+    let mut failures = Vec::new();
+    for arch in Arch::CI_TARGETS {
+        for spec in super::OPERATOR.kernel_specs(arch) {
+            match crate::runtime::compile_only(&spec, arch) {
+                Ok(c) if c.resources.spill_free() => {
+                    eprintln!("{} {arch}: {} registers", spec.name, c.resources.registers)
+                }
+                Ok(c) => failures.push(format!("{} {arch}: spills {:?}\n{}", spec.name, c.resources, c.log)),
+                Err(e) => failures.push(format!("{} {arch}: {e}", spec.name)),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The GPU jobs (verify and bench, quick and full) of `lsmr` are named apart (`--filter` and
+/// the results JSON key rows by name), and the new features each have jobs.
+#[test]
+fn lsmr_jobs_are_named_apart_and_cover_the_features() {
+    use crate::registry::Operator;
+    for quick in [true, false] {
+        let verify: Vec<String> = super::OPERATOR.verify_jobs(quick).into_iter().map(|j| j.name).collect();
+        let bench: Vec<String> = super::OPERATOR.bench_jobs(quick).into_iter().map(|j| j.name).collect();
+        for names in [&verify, &bench] {
+            let mut sorted = names.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), names.len(), "duplicate job names in {names:?}");
+        }
+        for feature in ["lsmr damps", "lsmr scaled", "lsmr dense"] {
+            assert!(
+                verify.iter().any(|n| n.starts_with(feature)),
+                "no verify job {feature}* (quick {quick})"
+            );
+        }
+        assert!(bench
+            .iter()
+            .any(|n| n.starts_with("lsmr damps8") && n.ends_with("separate")));
+        assert!(bench
+            .iter()
+            .any(|n| n.starts_with("lsmr damps8") && !n.ends_with("separate")));
+    }
 }

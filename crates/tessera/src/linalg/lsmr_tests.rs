@@ -336,3 +336,285 @@ fn the_last_stopping_test_that_holds_wins() {
     };
     assert_eq!(stop_code(&inf, false, atol, ctol), 0);
 }
+
+// ---- the damp list (lsmr_host_damps) ----
+
+/// A random tall sparse problem (seeded).
+fn random_tall(rows: usize, cols: usize, seed: u64) -> (CsrHost<f64, i32>, Vec<f64>) {
+    use crate::sparse::generate::{generate, random_vector, MatrixClass};
+    let a = generate(MatrixClass::TallLeastSquares { per_row: 6 }, rows, cols, seed);
+    (a, random_vector(rows, seed ^ 0xb))
+}
+
+#[test]
+fn each_damp_of_a_list_equals_its_own_solve_bit_for_bit() {
+    // Every fixture (its options with damp moved into the list), with damps that stop at
+    // different iterations: the shared bidiagonalisation must not change any damp's numbers.
+    for case in cases() {
+        let damps = [case.opts.damp, 0.0, 0.3, 1.0, 10.0, case.opts.damp];
+        let opts = LsmrOptions {
+            damp: 0.0,
+            ..case.opts.clone()
+        };
+        let got = super::lsmr_host_damps(&case.csr, &case.b, &damps, &opts).unwrap();
+        assert_eq!(got.len(), damps.len());
+        for (j, (&damp, r)) in damps.iter().zip(&got).enumerate() {
+            let alone = lsmr_host(&case.csr, &case.b, &LsmrOptions { damp, ..opts.clone() }).unwrap();
+            assert_eq!(r, &alone, "{} damp[{j}] = {damp}", case.name);
+        }
+    }
+}
+
+#[test]
+fn a_damp_list_with_mixed_stop_times_keeps_each_iterate() {
+    let (a, b) = random_tall(1500, 120, 11);
+    let damps = [0.0, 1e-3, 0.5, 2.0, 8.0, 40.0, 0.0];
+    for x0 in [false, true] {
+        let opts = LsmrOptions {
+            atol: 1e-9,
+            btol: 1e-9,
+            x0: x0.then(|| crate::sparse::generate::random_vector(120, 5)),
+            ..LsmrOptions::default()
+        };
+        let got = super::lsmr_host_damps(&a, &b, &damps, &opts).unwrap();
+        let itns: std::collections::BTreeSet<usize> = got.iter().map(|r| r.itn).collect();
+        // The test is only meaningful when the damps stop at different iterations.
+        assert!(itns.len() >= 4, "stop iterations {itns:?}");
+        for (&damp, r) in damps.iter().zip(&got) {
+            let alone = lsmr_host(&a, &b, &LsmrOptions { damp, ..opts.clone() }).unwrap();
+            assert_eq!(r, &alone, "damp {damp} x0 {x0}");
+            assert!(r.istop == 1 || r.istop == 2, "damp {damp}: istop {}", r.istop);
+        }
+        // A larger damp shrinks x (Tikhonov): ||x|| decreases along the increasing damps.
+        for w in got[1..6].windows(2) {
+            assert!(w[1].normx < w[0].normx || x0, "{} then {}", w[0].normx, w[1].normx);
+        }
+    }
+}
+
+#[test]
+fn a_damp_list_of_one_is_the_plain_solve_and_limits_are_shared() {
+    let (a, b) = random_tall(700, 90, 3);
+    for damp in [0.0, 0.25] {
+        let one = super::lsmr_host_damps(&a, &b, &[damp], &LsmrOptions::default()).unwrap();
+        let plain = lsmr_host(
+            &a,
+            &b,
+            &LsmrOptions {
+                damp,
+                ..LsmrOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(one, vec![plain]);
+    }
+    // maxiter stops every damp with istop 7 at the same itn; maxiter 0 runs nothing.
+    let limited = LsmrOptions {
+        maxiter: Some(5),
+        atol: 0.0,
+        btol: 0.0,
+        conlim: 0.0,
+        ..LsmrOptions::default()
+    };
+    for r in super::lsmr_host_damps(&a, &b, &[0.0, 1.0, 3.0], &limited).unwrap() {
+        assert_eq!((r.istop, r.itn), (7, 5));
+    }
+    let none = LsmrOptions {
+        maxiter: Some(0),
+        ..LsmrOptions::default()
+    };
+    for r in super::lsmr_host_damps(&a, &b, &[0.0, 1.0], &none).unwrap() {
+        assert_eq!((r.istop, r.itn), (0, 0));
+        assert!(r.x.iter().all(|&e| e == 0.0));
+    }
+    // the early exit (b = 0) is shared too
+    let zero = vec![0.0; b.len()];
+    for r in super::lsmr_host_damps(&a, &zero, &[0.0, 1.0], &LsmrOptions::default()).unwrap() {
+        assert_eq!((r.istop, r.itn, r.normx), (0, 0, 0.0));
+    }
+}
+
+#[test]
+fn a_bad_damp_list_is_an_error_naming_it() {
+    let a = DenseHost::new(3, 2, vec![1.0, 0.0, 1.0, 1.0, 0.0, 1.0]).unwrap();
+    let b = [1.0, 0.0, -1.0];
+    let ok = LsmrOptions::default();
+    let err = |r: crate::Result<Vec<LsmrResult>>| match r {
+        Err(Error::InvalidArgument { arg, rule }) => (arg, rule),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    };
+    let (arg, rule) = err(super::lsmr_host_damps(&a, &b, &[], &ok));
+    assert_eq!(arg, "damps");
+    assert!(rule.contains("empty"), "{rule}");
+    for bad in [-1.0, f64::NAN, f64::INFINITY] {
+        let (arg, rule) = err(super::lsmr_host_damps(&a, &b, &[0.0, 1.0, bad], &ok));
+        assert_eq!(arg, "damps", "{bad}");
+        assert!(rule.contains("element 2"), "{rule}");
+    }
+    let with_damp = LsmrOptions {
+        damp: 0.5,
+        ..ok.clone()
+    };
+    assert_eq!(err(super::lsmr_host_damps(&a, &b, &[1.0], &with_damp)).0, "damp");
+    // the checks of a single solve still come first
+    assert_eq!(err(super::lsmr_host_damps(&a, &b[..2], &[1.0], &ok)).0, "b");
+    // show runs every path of the damp list's output
+    let show = LsmrOptions { show: true, ..ok };
+    assert_eq!(super::lsmr_host_damps(&a, &b, &[0.0, 2.0], &show).unwrap().len(), 2);
+}
+
+// ---- column scaling (LsmrOptions::scale_columns) ----
+
+/// A random tall problem whose column j is multiplied by 10^(-3 .. 3) (badly scaled columns).
+fn badly_scaled(rows: usize, cols: usize, seed: u64) -> (CsrHost<f64, i32>, Vec<f64>) {
+    let (mut a, b) = random_tall(rows, cols, seed);
+    let factor: Vec<f64> = (0..cols)
+        .map(|j| 10f64.powf(-3.0 + 6.0 * ((j * 7919) % cols) as f64 / cols as f64))
+        .collect();
+    for (c, v) in a.indices.iter().zip(a.values.iter_mut()) {
+        *v *= factor[*c as usize];
+    }
+    (a, b)
+}
+
+#[test]
+fn column_scaling_solves_the_scaled_matrix_and_returns_original_variables() {
+    let (a, b) = badly_scaled(1200, 80, 21);
+    let norms = a.column_norms().unwrap();
+    let d: Vec<f64> = norms.iter().map(|&v| 1.0 / v).collect();
+    // A D built explicitly
+    let mut ad = a.clone();
+    for (c, v) in ad.indices.iter().zip(ad.values.iter_mut()) {
+        *v *= d[*c as usize];
+    }
+    let x0 = crate::sparse::generate::random_vector(80, 9);
+    for (damp, warm) in [(0.0, false), (0.3, false), (0.0, true)] {
+        let opts = LsmrOptions {
+            damp,
+            atol: 1e-10,
+            btol: 1e-10,
+            x0: warm.then(|| x0.clone()),
+            scale_columns: true,
+            ..LsmrOptions::default()
+        };
+        let got = lsmr_host(&a, &b, &opts).unwrap();
+        let y0 = warm.then(|| x0.iter().zip(&d).map(|(x, d)| x / d).collect::<Vec<_>>());
+        let plain = LsmrOptions {
+            x0: y0,
+            scale_columns: false,
+            ..opts.clone()
+        };
+        let y = lsmr_host(&ad, &b, &plain).unwrap();
+        assert_eq!(got.istop, y.istop, "damp {damp} warm {warm}");
+        assert!(got.itn.abs_diff(y.itn) <= 1, "itn {} vs {}", got.itn, y.itn);
+        let dy: Vec<f64> = y.x.iter().zip(&d).map(|(y, d)| y * d).collect();
+        let err = rel_l2(&got.x, &dy);
+        assert!(err <= 1e-8, "damp {damp} warm {warm}: x vs D y {err:.2e}");
+        // the estimates are those of the scaled problem: normx is ||y||, not ||x||
+        assert!(rel(got.normx, y.normx) <= 1e-8, "{} vs {}", got.normx, y.normx);
+        assert!(rel(got.norma, y.norma) <= 1e-8);
+        let normx: f64 = got.x.iter().map(|e| e * e).sum::<f64>().sqrt();
+        assert!(rel(got.normx, normx) > 1e-3, "normx should be ||y||, here ||x||");
+    }
+}
+
+#[test]
+fn column_scaling_converges_much_faster_on_badly_scaled_columns() {
+    let (a, b) = badly_scaled(2000, 150, 4);
+    let opts = LsmrOptions {
+        atol: 1e-10,
+        btol: 1e-10,
+        maxiter: Some(5000),
+        conlim: 0.0,
+        ..LsmrOptions::default()
+    };
+    let plain = lsmr_host(&a, &b, &opts).unwrap();
+    let scaled = lsmr_host(
+        &a,
+        &b,
+        &LsmrOptions {
+            scale_columns: true,
+            ..opts.clone()
+        },
+    )
+    .unwrap();
+    assert!(scaled.istop == 1 || scaled.istop == 2, "scaled istop {}", scaled.istop);
+    assert!(
+        2 * scaled.itn < plain.itn,
+        "scaled itn {} vs unscaled {} (istop {})",
+        scaled.itn,
+        plain.itn,
+        plain.istop
+    );
+    // the scaled solution is the least-squares solution: A^T (b - A x) ~ 0, column by column
+    // relative to each column's norm
+    let mut r = b.clone();
+    a.apply(-1.0, &scaled.x, 1.0, &mut r);
+    let mut atr = vec![0.0; 150];
+    a.apply_transposed(1.0, &r, 0.0, &mut atr);
+    let norms = a.column_norms().unwrap();
+    let rn: f64 = r.iter().map(|e| e * e).sum::<f64>().sqrt();
+    let worst = atr
+        .iter()
+        .zip(&norms)
+        .map(|(g, n)| g.abs() / (n * rn))
+        .fold(0.0, f64::max);
+    assert!(worst <= 1e-8, "scaled optimality {worst:.2e}");
+}
+
+#[test]
+fn column_scaling_leaves_zero_columns_and_composes_with_the_damp_list() {
+    // a zero column keeps the factor 1 (no division by zero); its x stays 0
+    let a = DenseHost::new(4, 3, vec![1.0, 0.0, 2.0, 0.0, 0.0, 1.0, 3.0, 0.0, 0.0, 1.0, 0.0, 5.0]).unwrap();
+    assert_eq!(a.column_norms().unwrap()[1], 0.0);
+    let b = [1.0, 2.0, 3.0, 4.0];
+    let opts = LsmrOptions {
+        scale_columns: true,
+        ..LsmrOptions::default()
+    };
+    let r = lsmr_host(&a, &b, &opts).unwrap();
+    assert!(r.x.iter().all(|e| e.is_finite()) && r.x[1] == 0.0, "{:?}", r.x);
+    // CSR and dense give the same norms (bit for bit: same order)
+    let csr = CsrHost::<f64, i32>::from_dense(4, 3, &a.data);
+    assert_eq!(csr.column_norms(), a.column_norms());
+
+    let (a, b) = badly_scaled(600, 50, 8);
+    let damps = [0.0, 0.01, 0.1, 1.0];
+    let list = super::lsmr_host_damps(&a, &b, &damps, &opts).unwrap();
+    for (&damp, r) in damps.iter().zip(&list) {
+        assert_eq!(r, &lsmr_host(&a, &b, &LsmrOptions { damp, ..opts.clone() }).unwrap());
+    }
+}
+
+#[test]
+fn column_scaling_needs_valid_column_norms() {
+    let a = DenseHost::new(3, 2, vec![1.0, 0.0, 1.0, 1.0, 0.0, 1.0]).unwrap();
+    let b = [1.0, 0.0, -1.0];
+    let opts = LsmrOptions {
+        scale_columns: true,
+        ..LsmrOptions::default()
+    };
+    let op = || {
+        FnOperator::new(
+            3,
+            2,
+            |alpha, x: &[f64], beta, y: &mut [f64]| a.apply(alpha, x, beta, y),
+            |alpha, x: &[f64], beta, y: &mut [f64]| a.apply_transposed(alpha, x, beta, y),
+        )
+    };
+    match lsmr_host(&op(), &b, &opts) {
+        Err(Error::Unsupported(msg)) => assert!(msg.contains("scale_columns"), "{msg}"),
+        other => panic!("expected Unsupported, got {other:?}"),
+    }
+    let given = lsmr_host(&op().with_column_norms(a.column_norms().unwrap()), &b, &opts).unwrap();
+    assert_eq!(given, lsmr_host(&a, &b, &opts).unwrap());
+    assert_eq!(
+        invalid(lsmr_host(&op().with_column_norms(vec![1.0]), &b, &opts)).0,
+        "column_norms"
+    );
+    let (arg, rule) = invalid(lsmr_host(&op().with_column_norms(vec![1.0, -2.0]), &b, &opts));
+    assert_eq!(arg, "column_norms");
+    assert!(rule.contains("element 1"), "{rule}");
+    // off by default
+    assert!(!LsmrOptions::default().scale_columns);
+}

@@ -9,15 +9,21 @@
 //!   `scipy.sparse.linalg.lsmr` (`lsmr` module docs). The GPU solver is checked against it.
 //! * [`LinearOperator`]: the same seam on the device (f32 or f64 [`DeviceBuffer`]s):
 //!   [`SparseDualOperator`] (CSR of A and of A^T), [`SparseSingleOperator`] (A^T x without a
-//!   copy), [`sparse_operator`] choosing between them from free memory, [`FnDeviceOperator`].
+//!   copy), [`sparse_operator`] choosing between them from free memory, [`DenseOperator`] (a
+//!   dense device matrix, row- or column-major, GEMV kernels in `dense.cu`),
+//!   [`FnDeviceOperator`].
 //! * [`lsmr()`]: the GPU solver, SciPy's semantics with the iteration on the device
 //!   (`lsmr_device` module docs, `lsmr.cu`).
+//! * The damp list: [`lsmr_damps`] (GPU) and [`lsmr_host_damps`] (CPU reference) solve for
+//!   `k` damping factors in one run, sharing every product of the operator; each result equals
+//!   a separate solve with that damp.
 //!
 //! The host half is not behind the `harness` feature: the CLI falls back to it when there is no
 //! GPU.
 //!
 //! [`DeviceBuffer`]: crate::runtime::DeviceBuffer
 
+pub mod dense_operator;
 pub mod device_operator;
 pub mod lsmr;
 pub mod lsmr_device;
@@ -34,17 +40,20 @@ mod registry_entry;
 pub mod verify;
 
 #[cfg(test)]
+mod dense_operator_tests;
+#[cfg(test)]
 mod lsmr_device_tests;
 #[cfg(test)]
 mod lsmr_tests;
 #[cfg(test)]
 mod operator_tests;
 
+pub use dense_operator::{DenseLayout, DenseOperator};
 pub use device_operator::{
     sparse_operator, FnDeviceOperator, LinearOperator, SparseDualOperator, SparseSingleOperator, Storage,
 };
-pub use lsmr::{istop_reason, lsmr_host, LsmrOptions, LsmrResult};
-pub use lsmr_device::{lsmr, lsmr_with, LsmrRunOptions, DEFAULT_CHECK_EVERY};
+pub use lsmr::{istop_reason, lsmr_host, lsmr_host_damps, LsmrOptions, LsmrResult};
+pub use lsmr_device::{lsmr, lsmr_damps, lsmr_damps_with, lsmr_with, LsmrRunOptions, DEFAULT_CHECK_EVERY, MAX_DAMPS};
 pub use operator::{DenseHost, FnOperator, HostLinearOperator};
 #[cfg(feature = "harness")]
 pub use registry_entry::OPERATOR;

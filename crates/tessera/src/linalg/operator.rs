@@ -1,6 +1,6 @@
 //! Linear operators on the host: the seam between iterative solvers and matrix storage.
 //!
-//! An iterative least-squares solver such as [LSMR](super::lsmr) touches its matrix only
+//! An iterative least-squares solver such as [LSMR](mod@super::lsmr) touches its matrix only
 //! through two products, `y = alpha * A x + beta * y` and `y = alpha * A^T x + beta * y`
 //! (SciPy's `matvec` / `rmatvec`). [`HostLinearOperator`] is that seam on the CPU, in f64.
 //! It is implemented here for
@@ -37,6 +37,13 @@ pub trait HostLinearOperator {
     /// `y = alpha * A^T x + beta * y`, with `x.len() == m` and `y.len() == n`. With
     /// `beta == 0` the old `y` is not read.
     fn apply_transposed(&self, alpha: f64, x: &[f64], beta: f64, y: &mut [f64]);
+
+    /// The Euclidean norm of each column of `A` (`n` values), for column scaling
+    /// ([`LsmrOptions::scale_columns`](super::LsmrOptions::scale_columns)); `None` when the
+    /// operator cannot give them (the default: a matrix-free operator).
+    fn column_norms(&self) -> Option<Vec<f64>> {
+        None
+    }
 
     /// Checks the operator's own invariants (for storage with public fields that may have been
     /// edited by hand), so that the products cannot index out of bounds. Solvers call it once
@@ -106,6 +113,15 @@ impl<T: Element, I: SparseIndex> HostLinearOperator for CsrHost<T, I> {
     /// [`CsrHost::validate`]: offsets and column indices in range, so products stay in bounds.
     fn check(&self) -> Result<()> {
         self.validate()
+    }
+
+    /// Summed in f64 from the stored values (duplicates count as stored).
+    fn column_norms(&self) -> Option<Vec<f64>> {
+        let mut sq = vec![0.0; self.cols];
+        for (c, v) in self.indices.iter().zip(&self.values) {
+            sq[c.to_usize()] += v.to_f64() * v.to_f64();
+        }
+        Some(sq.into_iter().map(f64::sqrt).collect())
     }
 }
 
@@ -178,6 +194,14 @@ impl HostLinearOperator for DenseHost {
     fn check(&self) -> Result<()> {
         self.check_len()
     }
+
+    fn column_norms(&self) -> Option<Vec<f64>> {
+        let mut sq = vec![0.0; self.cols];
+        for r in 0..self.rows {
+            sq.iter_mut().zip(self.row(r)).for_each(|(s, a)| *s += a * a);
+        }
+        Some(sq.into_iter().map(f64::sqrt).collect())
+    }
 }
 
 /// A matrix-free operator: a shape and two closures with the signatures of
@@ -192,6 +216,7 @@ where
     cols: usize,
     apply: F,
     apply_transposed: G,
+    column_norms: Option<Vec<f64>>,
 }
 
 impl<F, G> FnOperator<F, G>
@@ -207,7 +232,14 @@ where
             cols,
             apply,
             apply_transposed,
+            column_norms: None,
         }
+    }
+
+    /// The operator with its column norms (for column scaling; checked by the solver).
+    pub fn with_column_norms(mut self, norms: Vec<f64>) -> Self {
+        self.column_norms = Some(norms);
+        self
     }
 }
 
@@ -228,6 +260,10 @@ where
     fn apply_transposed(&self, alpha: f64, x: &[f64], beta: f64, y: &mut [f64]) {
         assert_lengths("FnOperator::apply_transposed", x, self.rows, y, self.cols);
         (self.apply_transposed)(alpha, x, beta, y)
+    }
+
+    fn column_norms(&self) -> Option<Vec<f64>> {
+        self.column_norms.clone()
     }
 }
 

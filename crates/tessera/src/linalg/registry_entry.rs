@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::lsmr::{istop_reason, lsmr_host, LsmrOptions};
-use super::{bench, lsmr_device, verify};
+use super::{bench, dense_operator, lsmr_device, verify};
 use crate::error::Result;
 use crate::harness::{Baselines, BenchJob, VerifyJob};
 use crate::registry::Operator;
@@ -28,21 +28,54 @@ impl Operator for Lsmr {
             .map(|c| VerifyJob::new(c.name(), c, verify::verify_case))
             .collect();
         jobs.push(VerifyJob::new("lsmr argument errors".into(), (), verify::verify_errors));
+        jobs.extend(
+            verify::damp_cases(quick)
+                .into_iter()
+                .map(|c| VerifyJob::new(c.name(), c, verify::verify_damp_case)),
+        );
+        jobs.extend(
+            verify::scale_cases(quick)
+                .into_iter()
+                .map(|c| VerifyJob::new(c.name(), c, verify::verify_scale_case)),
+        );
+        jobs.extend(
+            verify::dense_cases(quick)
+                .into_iter()
+                .map(|c| VerifyJob::new(c.name(), c, verify::verify_dense_case)),
+        );
+        jobs.push(VerifyJob::new(
+            "lsmr dense argument errors".into(),
+            (),
+            verify::verify_dense_errors,
+        ));
+        jobs.push(VerifyJob::new(
+            "lsmr damps argument errors".into(),
+            (),
+            verify::verify_damp_errors,
+        ));
         jobs
     }
 
     fn bench_jobs(&self, quick: bool) -> Vec<BenchJob> {
-        bench::cases(quick)
+        let mut jobs: Vec<BenchJob> = bench::cases(quick)
             .into_iter()
             .map(|c| {
                 let baseline = Some((c.name(), c.params()));
                 BenchJob::new(c.name(), baseline, c, bench::bench_case)
             })
-            .collect()
+            .collect();
+        jobs.extend(
+            bench::damp_cases(quick)
+                .into_iter()
+                .map(|c| BenchJob::new(c.name(), None, c, bench::bench_damp_case)),
+        );
+        jobs
     }
 
     fn kernel_specs(&self, _arch: Arch) -> Vec<KernelSpec> {
-        lsmr_device::all_variants().into_iter().map(|v| v.spec()).collect()
+        let mut specs: Vec<KernelSpec> = lsmr_device::all_variants().into_iter().map(|v| v.spec()).collect();
+        specs.extend(dense_operator::all_variants().into_iter().map(|v| v.spec()));
+        specs
     }
 
     fn baselines(&self) -> Option<Baselines> {

@@ -23,10 +23,12 @@
 
 use serde_json::{json, Value};
 
-use super::device_operator::{LinearOperator, SparseDualOperator, SparseSingleOperator};
+use super::dense_operator::{check_dense, stored_index, stored_shape, DenseLayout, DenseOperator};
+use super::device_operator::{FnDeviceOperator, LinearOperator, SparseDualOperator, SparseSingleOperator};
 use super::fixtures::{compare, fixture_cases, rel_l2, tolerance, Tol};
 use super::lsmr::{lsmr_host, LsmrOptions, LsmrResult};
 use super::lsmr_device::{lsmr, lsmr_with, LsmrRunOptions};
+use super::operator::{DenseHost, HostLinearOperator};
 use crate::check::compare as compare_vectors;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -323,8 +325,9 @@ fn bitwise_equal(a: &LsmrResult, b: &LsmrResult) -> bool {
     bits(a) == bits(b)
 }
 
-/// The argument errors on the device: b of the wrong length, NaN in b, negative damp, NaN in A
-/// at construction. Each must be an error naming the argument.
+/// The argument errors on the device: b of the wrong length, NaN in b, negative damp, column
+/// scaling without column norms, NaN in A at construction. Each must be an error naming the
+/// argument.
 pub fn verify_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<VerifyOutcome> {
     let a = try_generate::<f64, i32>(MatrixClass::TallLeastSquares { per_row: 4 }, 50, 10, 1)?;
     let op = SparseDualOperator::new(ctx, &a)?;
@@ -350,6 +353,20 @@ pub fn verify_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<VerifyOutc
         ..LsmrOptions::default()
     };
     expect("damp -1", lsmr(ctx, &op, &b, &neg), "damp");
+    // column scaling needs the operator's column norms: a closure operator without them is
+    // refused before any work
+    let nothing = FnDeviceOperator::<f64>::new(50, 10, Box::new(|_, _, _, _| Ok(())), Box::new(|_, _, _, _| Ok(())));
+    let scaled = LsmrOptions {
+        scale_columns: true,
+        ..LsmrOptions::default()
+    };
+    match lsmr(ctx, &nothing, &b, &scaled) {
+        Err(Error::Unsupported(msg)) if msg.contains("scale_columns") => {}
+        Err(e) => failures.push(format!(
+            "scale_columns without norms: error {e} does not name scale_columns"
+        )),
+        Ok(_) => failures.push("scale_columns without norms: no error".into()),
+    }
     let mut bad = a.clone();
     bad.values[3] = f64::INFINITY;
     match SparseDualOperator::new(ctx, &bad) {
@@ -360,6 +377,567 @@ pub fn verify_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<VerifyOutc
     Ok(VerifyOutcome {
         case: "lsmr argument errors".into(),
         params: json!({"problem": "errors"}),
+        path: "-".into(),
+        comparison: compare_vectors(&[], &[], 0.0, 0.0),
+        budget: 0.0,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
+
+// ---- the damp list ----
+
+/// One damp-list verification case: a problem solved for several damps in one run.
+#[derive(Clone, Debug)]
+pub struct DampCase {
+    pub problem: Problem,
+    pub damps: Vec<f64>,
+    pub value: DType,
+}
+
+impl DampCase {
+    pub fn name(&self) -> String {
+        let what = match &self.problem {
+            Problem::Fixture(n) => n.clone(),
+            Problem::Random { label, rows, cols, .. } => format!("{label} {rows}x{cols}"),
+        };
+        format!("lsmr damps{} {what} {}", self.damps.len(), self.value)
+    }
+}
+
+/// A spread of damps that stop at different iterations (and a repeated one).
+fn damp_spread(k: usize) -> Vec<f64> {
+    let mut d: Vec<f64> = (0..k)
+        .map(|j| {
+            if j == 0 {
+                0.0
+            } else {
+                1e-3 * 10f64.powf(4.0 * j as f64 / k as f64)
+            }
+        })
+        .collect();
+    if k > 2 {
+        d[k - 1] = d[1];
+    }
+    d
+}
+
+/// The damp-list cases (`quick`: two).
+pub fn damp_cases(quick: bool) -> Vec<DampCase> {
+    let fixture = |name: &str, damps: Vec<f64>, value| DampCase {
+        problem: Problem::Fixture(name.into()),
+        damps,
+        value,
+    };
+    let random = |label, rows, cols, per_row, x0, damps: Vec<f64>, value| DampCase {
+        problem: Problem::Random {
+            label,
+            rows,
+            cols,
+            per_row,
+            damp: 0.0,
+            x0,
+            maxiter: None,
+        },
+        damps,
+        value,
+    };
+    let mut out = vec![
+        random("random tall", 3001, 257, 9, false, damp_spread(8), DType::F64),
+        fixture("tall_inconsistent", vec![0.0, 0.1, 1.0, 10.0], DType::F64),
+    ];
+    if quick {
+        return out;
+    }
+    out.extend([
+        random("random tall", 3001, 257, 9, false, damp_spread(8), DType::F32),
+        random("random wide", 203, 1500, 40, false, damp_spread(5), DType::F64),
+        random("random tall x0", 1999, 211, 8, true, damp_spread(6), DType::F64),
+        // more than MAX_DAMPS: two runs of the solver
+        random("random tall", 900, 61, 6, false, damp_spread(70), DType::F64),
+        // (damps 0.1 and 0.5 would stop at itn = maxiter = 25, where istop 2 vs 7 is a coin
+        // toss between two summation orders; 1 and 2 stop at 22 and 16)
+        fixture("warm_start_x0", vec![0.0, 1.0, 2.0], DType::F64),
+        fixture("maxiter_limited", vec![0.0, 1e-3, 1.0], DType::F64),
+        fixture("zero_rhs", vec![0.0, 1.0], DType::F64),
+        fixture("damped", vec![0.0, 0.1, 1.0, 10.0], DType::F64),
+    ]);
+    out
+}
+
+pub fn verify_damp_case(ctx: &Context, case: &DampCase, seed: u64) -> Result<VerifyOutcome> {
+    crate::dispatch_float!("lsmr verify damps"; case.value, [F32, F64], |T| run_damps::<T>(ctx, case, seed))
+}
+
+/// The damp list on the GPU against (1) separate GPU solves with each damp: bitwise equal
+/// (the same kernels on the same bidiagonalisation, dual storage is deterministic), and
+/// (2) the f64 CPU reference [`lsmr_host_damps`](super::lsmr_host_damps) on the same
+/// (T-rounded) data, within the problem's tolerance (as the single-damp cases).
+fn run_damps<T: Element>(ctx: &Context, case: &DampCase, seed: u64) -> Result<VerifyOutcome> {
+    let mut built = build(&case.problem, seed)?;
+    built.opts.damp = 0.0;
+    if T::DTYPE == DType::F32 {
+        built.opts.atol = built.opts.atol.max(F32_MIN_TOL);
+        built.opts.btol = built.opts.btol.max(F32_MIN_TOL);
+        built.tol = FP32;
+    }
+    let a_t: CsrHost<T, i32> = CsrHost {
+        rows: built.a.rows,
+        cols: built.a.cols,
+        offsets: built.a.offsets.clone(),
+        indices: built.a.indices.clone(),
+        values: built.a.values.iter().map(|&v| T::from_f64(v)).collect(),
+        sorted: built.a.sorted,
+    };
+    let a_ref: CsrHost<f64, i32> = CsrHost {
+        values: a_t.values.iter().map(|v| v.to_f64()).collect(),
+        ..built.a.clone()
+    };
+    let b_t: Vec<T> = built.b.iter().map(|&v| T::from_f64(v)).collect();
+    let b_ref: Vec<f64> = b_t.iter().map(|v| v.to_f64()).collect();
+    let want = super::lsmr::lsmr_host_damps(&a_ref, &b_ref, &case.damps, &built.opts)?;
+
+    let db = ctx.upload(&b_t)?;
+    let op = SparseDualOperator::new(ctx, &a_t)?;
+    let got = super::lsmr_device::lsmr_damps(ctx, &op, &db, &case.damps, &built.opts)?;
+    let normb = b_ref.iter().map(|e| e * e).sum::<f64>().sqrt();
+    let mut failures = Vec::new();
+    if got.len() != case.damps.len() {
+        failures.push(format!("{} results for {} damps", got.len(), case.damps.len()));
+    }
+    for (j, ((&damp, g), w)) in case.damps.iter().zip(&got).zip(&want).enumerate() {
+        let name = format!("{} damp[{j}] = {damp:.3e}", case.name());
+        failures.extend(compare(&name, g, w, normb, built.tol));
+        let alone = lsmr(
+            ctx,
+            &op,
+            &db,
+            &LsmrOptions {
+                damp,
+                ..built.opts.clone()
+            },
+        )?;
+        if !bitwise_equal(g, &alone) {
+            failures.push(format!(
+                "{name}: differs from its own GPU solve (istop {} itn {} vs istop {} itn {}, x by {:.2e})",
+                g.istop,
+                g.itn,
+                alone.istop,
+                alone.itn,
+                rel_l2(&g.x, &alone.x)
+            ));
+        }
+    }
+    let itns: Vec<usize> = got.iter().map(|r| r.itn).collect();
+    let x_got: Vec<f64> = got.iter().flat_map(|r| r.x.iter().copied()).collect();
+    let x_want: Vec<f64> = want.iter().flat_map(|r| r.x.iter().copied()).collect();
+    Ok(VerifyOutcome {
+        case: case.name(),
+        params: json!({"problem": case.name(), "dtype": case.value.name(), "damps": case.damps, "itn": itns}),
+        path: format!("csr-dual damps {} itn {:?}", case.damps.len(), itns),
+        comparison: compare_vectors(&x_got, &x_want, 0.0, 0.0),
+        budget: built.tol.x,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
+
+/// The damp list's argument errors on the device: an empty list, a negative and a NaN damp,
+/// and `opts.damp` set beside a list, each an error naming the argument.
+pub fn verify_damp_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<VerifyOutcome> {
+    let a = try_generate::<f64, i32>(MatrixClass::TallLeastSquares { per_row: 4 }, 50, 10, 1)?;
+    let op = SparseDualOperator::new(ctx, &a)?;
+    let b = ctx.upload(&[1.0f64; 50])?;
+    let ok = LsmrOptions::default();
+    let mut failures = Vec::new();
+    let damped = LsmrOptions {
+        damp: 1.0,
+        ..LsmrOptions::default()
+    };
+    let tries: [(&str, Vec<f64>, &LsmrOptions, &str); 4] = [
+        ("empty list", vec![], &ok, "damps"),
+        ("damp -1 in the list", vec![0.0, -1.0], &ok, "damps"),
+        ("NaN in the list", vec![f64::NAN], &ok, "damps"),
+        ("opts.damp beside a list", vec![1.0], &damped, "damp"),
+    ];
+    for (what, damps, opts, arg) in tries {
+        match super::lsmr_device::lsmr_damps(ctx, &op, &b, &damps, opts) {
+            Err(Error::InvalidArgument { arg: got, .. }) if got == arg => {}
+            Err(e) => failures.push(format!("{what}: error {e} does not name {arg}")),
+            Ok(_) => failures.push(format!("{what}: no error")),
+        }
+    }
+    Ok(VerifyOutcome {
+        case: "lsmr damps argument errors".into(),
+        params: json!({"problem": "damp errors"}),
+        path: "-".into(),
+        comparison: compare_vectors(&[], &[], 0.0, 0.0),
+        budget: 0.0,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
+
+// ---- column scaling ----
+
+/// One column-scaling case: a problem (random ones with columns scaled by 10^(-3 .. 3)) solved
+/// with `scale_columns`, against the CPU reference with `scale_columns`.
+#[derive(Clone, Debug)]
+pub struct ScaleCase {
+    pub problem: Problem,
+    pub value: DType,
+    pub dual: bool,
+}
+
+impl ScaleCase {
+    pub fn name(&self) -> String {
+        let what = match &self.problem {
+            Problem::Fixture(n) => n.clone(),
+            Problem::Random { label, rows, cols, .. } => format!("{label} {rows}x{cols} badly scaled"),
+        };
+        format!(
+            "lsmr scaled {what} {} {}",
+            self.value,
+            if self.dual { "dual" } else { "single" }
+        )
+    }
+}
+
+/// The column-scaling cases (`quick`: two).
+pub fn scale_cases(quick: bool) -> Vec<ScaleCase> {
+    let fixture = |name: &str| ScaleCase {
+        problem: Problem::Fixture(name.into()),
+        value: DType::F64,
+        dual: true,
+    };
+    let random = |label, rows, cols, per_row, damp, x0, value, dual| ScaleCase {
+        problem: Problem::Random {
+            label,
+            rows,
+            cols,
+            per_row,
+            damp,
+            x0,
+            maxiter: None,
+        },
+        value,
+        dual,
+    };
+    let mut out = vec![
+        random("random tall", 3001, 257, 9, 0.0, false, DType::F64, true),
+        fixture("tall_inconsistent"),
+    ];
+    if quick {
+        return out;
+    }
+    out.extend([
+        random("random tall", 3001, 257, 9, 0.0, false, DType::F64, false),
+        random("random tall", 3001, 257, 9, 0.0, false, DType::F32, true),
+        random("random tall damped", 2500, 300, 7, 0.7, false, DType::F64, true),
+        random("random tall x0", 1999, 211, 8, 0.0, true, DType::F64, true),
+        random("random wide", 203, 1500, 40, 0.0, false, DType::F64, true),
+        fixture("damped"),
+        fixture("tall_consistent"),
+        fixture("lower_bidiagonal_tall"),
+        fixture("zero_rhs"),
+    ]);
+    out
+}
+
+pub fn verify_scale_case(ctx: &Context, case: &ScaleCase, seed: u64) -> Result<VerifyOutcome> {
+    crate::dispatch_float!("lsmr verify scaled"; case.value, [F32, F64], |T| run_scaled::<T>(ctx, case, seed))
+}
+
+/// Multiplies column j of `a` by 10^(-3 .. 3) (a fixed spread over the columns).
+fn scale_columns_badly(a: &mut CsrHost<f64, i32>) {
+    let n = a.cols.max(1);
+    for (c, v) in a.indices.iter().zip(a.values.iter_mut()) {
+        let j = *c as usize;
+        *v *= 10f64.powf(-3.0 + 6.0 * ((j * 7919) % n) as f64 / n as f64);
+    }
+}
+
+fn run_scaled<T: Element>(ctx: &Context, case: &ScaleCase, seed: u64) -> Result<VerifyOutcome> {
+    let mut built = build(&case.problem, seed)?;
+    if matches!(case.problem, Problem::Random { .. }) {
+        scale_columns_badly(&mut built.a);
+    }
+    built.opts.scale_columns = true;
+    if T::DTYPE == DType::F32 {
+        built.opts.atol = built.opts.atol.max(F32_MIN_TOL);
+        built.opts.btol = built.opts.btol.max(F32_MIN_TOL);
+        built.tol = FP32;
+    }
+    let a_t: CsrHost<T, i32> = CsrHost {
+        rows: built.a.rows,
+        cols: built.a.cols,
+        offsets: built.a.offsets.clone(),
+        indices: built.a.indices.clone(),
+        values: built.a.values.iter().map(|&v| T::from_f64(v)).collect(),
+        sorted: built.a.sorted,
+    };
+    let a_ref: CsrHost<f64, i32> = CsrHost {
+        values: a_t.values.iter().map(|v| v.to_f64()).collect(),
+        ..built.a.clone()
+    };
+    let b_t: Vec<T> = built.b.iter().map(|&v| T::from_f64(v)).collect();
+    let b_ref: Vec<f64> = b_t.iter().map(|v| v.to_f64()).collect();
+    let want = lsmr_host(&a_ref, &b_ref, &built.opts)?;
+    let db = ctx.upload(&b_t)?;
+    let op: Box<dyn LinearOperator<T>> = if case.dual {
+        Box::new(SparseDualOperator::new(ctx, &a_t)?)
+    } else {
+        Box::new(SparseSingleOperator::new(ctx, &a_t)?)
+    };
+    let got = lsmr(ctx, op.as_ref(), &db, &built.opts)?;
+    let normb = b_ref.iter().map(|e| e * e).sum::<f64>().sqrt();
+    let mut failures = compare(&case.name(), &got, &want, normb, built.tol);
+    // with dual storage, a damp list with scaling gives each damp's scaled solve bit for bit
+    if case.dual && built.opts.damp == 0.0 {
+        let damps = [0.0, 0.05, 0.5];
+        let list = super::lsmr_device::lsmr_damps(ctx, op.as_ref(), &db, &damps, &built.opts)?;
+        for (&damp, r) in damps.iter().zip(&list) {
+            let alone = lsmr(
+                ctx,
+                op.as_ref(),
+                &db,
+                &LsmrOptions {
+                    damp,
+                    ..built.opts.clone()
+                },
+            )?;
+            if !bitwise_equal(r, &alone) {
+                failures.push(format!(
+                    "damp {damp} of a scaled damp list differs from its own scaled solve"
+                ));
+            }
+        }
+    }
+    Ok(VerifyOutcome {
+        case: case.name(),
+        params: {
+            let mut p = json!({"problem": case.name(), "dtype": case.value.name(), "dual": case.dual});
+            p["istop"] = json!(got.istop);
+            p["itn"] = json!(got.itn);
+            p["ref_itn"] = json!(want.itn);
+            p
+        },
+        path: format!("{} scaled itn {}/{}", op.storage(), got.itn, want.itn),
+        comparison: compare_vectors(&got.x, &want.x, 0.0, 0.0),
+        budget: built.tol.x,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
+
+// ---- the dense operator ----
+
+/// One dense-operator case: an `rows x cols` matrix stored in `layout` with `pad` elements of
+/// padding per line (`ld = line length + pad`), in `value`.
+#[derive(Clone, Debug)]
+pub struct DenseCase {
+    pub rows: usize,
+    pub cols: usize,
+    pub layout: DenseLayout,
+    pub pad: usize,
+    pub value: DType,
+}
+
+impl DenseCase {
+    pub fn name(&self) -> String {
+        let layout = match self.layout {
+            DenseLayout::RowMajor => "row",
+            DenseLayout::ColMajor => "col",
+        };
+        format!(
+            "lsmr dense {}x{} {layout}-major pad {} {}",
+            self.rows, self.cols, self.pad, self.value
+        )
+    }
+}
+
+/// The dense cases (`quick`: two).
+pub fn dense_cases(quick: bool) -> Vec<DenseCase> {
+    let c = |rows, cols, layout, pad, value| DenseCase {
+        rows,
+        cols,
+        layout,
+        pad,
+        value,
+    };
+    use DenseLayout::{ColMajor, RowMajor};
+    if quick {
+        return vec![
+            c(517, 129, RowMajor, 0, DType::F64),
+            c(517, 129, ColMajor, 3, DType::F64),
+        ];
+    }
+    let mut out = Vec::new();
+    for value in [DType::F64, DType::F32] {
+        for layout in [RowMajor, ColMajor] {
+            for (rows, cols, pad) in [
+                (517, 129, 0),
+                (517, 129, 3),
+                (97, 300, 1),
+                (20_000, 37, 0),
+                (1, 1, 0),
+                (1000, 1, 2),
+            ] {
+                out.push(c(rows, cols, layout, pad, value));
+            }
+        }
+    }
+    out
+}
+
+pub fn verify_dense_case(ctx: &Context, case: &DenseCase, seed: u64) -> Result<VerifyOutcome> {
+    crate::dispatch_float!("lsmr verify dense"; case.value, [F32, F64], |T| run_dense::<T>(ctx, case, seed))
+}
+
+/// The dense operator against [`DenseHost`] on the same (T-rounded) matrix: both products
+/// with `beta = 0` into a NaN-poisoned `y` and with `beta != 0`, the column norms; then LSMR
+/// on it (with the damp list and column scaling) against the CPU reference.
+fn run_dense<T: Element>(ctx: &Context, case: &DenseCase, seed: u64) -> Result<VerifyOutcome> {
+    let (m, n) = (case.rows, case.cols);
+    let a_t: Vec<T> = random_vector(m * n, seed).into_iter().map(T::from_f64).collect();
+    let dense = DenseHost::new(m, n, a_t.iter().map(|v| v.to_f64()).collect())?;
+    let (_, len) = stored_shape(m, n, case.layout);
+    let ld = len + case.pad;
+    let span = check_dense(m, n, case.layout, ld, usize::MAX)?;
+    let mut stored = vec![T::from_f64(f64::NAN); span]; // padding must never be read
+    for i in 0..m {
+        for j in 0..n {
+            stored[stored_index(case.layout, ld, i, j)] = a_t[i * n + j];
+        }
+    }
+    let op = DenseOperator::new(ctx, ctx.upload(&stored)?, m, n, case.layout, ld)?;
+    let budget = if T::DTYPE == DType::F32 { 1e-6 } else { 1e-13 };
+    let mut failures = Vec::new();
+    let mut check = |what: &str, got: &[f64], want: &[f64]| {
+        let err = rel_l2(got, want);
+        if err.is_nan() || err > budget {
+            failures.push(format!("{what}: rel_l2 {err:.2e} (budget {budget:.0e})"));
+        }
+    };
+
+    // the products
+    let to_t = |v: &[f64]| -> Vec<T> { v.iter().map(|&e| T::from_f64(e)).collect() };
+    let to_f = |v: &[T]| -> Vec<f64> { v.iter().map(|e| e.to_f64()).collect() };
+    let x: Vec<f64> = to_f(&to_t(&random_vector(n, seed ^ 1)));
+    let u: Vec<f64> = to_f(&to_t(&random_vector(m, seed ^ 2)));
+    let y0: Vec<f64> = to_f(&to_t(&random_vector(m, seed ^ 3)));
+    let z0: Vec<f64> = to_f(&to_t(&random_vector(n, seed ^ 4)));
+    let (dx, du) = (ctx.upload(&to_t(&x))?, ctx.upload(&to_t(&u))?);
+    for (alpha, beta) in [(1.0, 0.0), (-0.7, 0.5)] {
+        let mut dy = ctx.upload(&to_t(&if beta == 0.0 { vec![f64::NAN; m] } else { y0.clone() }))?;
+        op.apply(alpha, &dx, beta, &mut dy)?;
+        let mut want = y0.clone();
+        dense.apply(alpha, &x, beta, &mut want);
+        check(
+            &format!("A x (alpha {alpha}, beta {beta})"),
+            &to_f(&dy.to_host()?),
+            &want,
+        );
+        let mut dz = ctx.upload(&to_t(&if beta == 0.0 { vec![f64::NAN; n] } else { z0.clone() }))?;
+        op.apply_transposed(alpha, &du, beta, &mut dz)?;
+        let mut want = z0.clone();
+        dense.apply_transposed(alpha, &u, beta, &mut want);
+        check(
+            &format!("A^T u (alpha {alpha}, beta {beta})"),
+            &to_f(&dz.to_host()?),
+            &want,
+        );
+    }
+    if let (Some(got), Some(want)) = (op.column_norms(), dense.column_norms()) {
+        check("column norms", &got, &want);
+    }
+
+    // LSMR on the dense operator against the CPU reference
+    let b_t = to_t(&random_vector(m, seed ^ 0xb));
+    let b = to_f(&b_t);
+    let db = ctx.upload(&b_t)?;
+    let mut opts = LsmrOptions::default();
+    let mut tol = LONG_RUN;
+    if T::DTYPE == DType::F32 {
+        opts.atol = F32_MIN_TOL;
+        opts.btol = F32_MIN_TOL;
+        tol = FP32;
+    }
+    let normb = b.iter().map(|e| e * e).sum::<f64>().sqrt();
+    let got = lsmr(ctx, &op, &db, &opts)?;
+    let want = lsmr_host(&dense, &b, &opts)?;
+    let mut lsmr_failures = compare(&format!("{} lsmr", case.name()), &got, &want, normb, tol);
+    let damps = [0.0, 0.1, 1.0];
+    let scaled = LsmrOptions {
+        scale_columns: true,
+        ..opts.clone()
+    };
+    let got_list = super::lsmr_device::lsmr_damps(ctx, &op, &db, &damps, &scaled)?;
+    let want_list = super::lsmr::lsmr_host_damps(&dense, &b, &damps, &scaled)?;
+    for ((&damp, g), w) in damps.iter().zip(&got_list).zip(&want_list) {
+        lsmr_failures.extend(compare(
+            &format!("{} lsmr scaled damp {damp}", case.name()),
+            g,
+            w,
+            normb,
+            tol,
+        ));
+    }
+    failures.extend(lsmr_failures);
+    Ok(VerifyOutcome {
+        case: case.name(),
+        params: json!({
+            "rows": m, "cols": n, "layout": format!("{:?}", case.layout), "ld": ld,
+            "dtype": case.value.name(), "istop": got.istop, "itn": got.itn, "ref_itn": want.itn,
+        }),
+        path: format!("{} itn {}/{}", op.storage(), got.itn, want.itn),
+        comparison: compare_vectors(&got.x, &want.x, 0.0, 0.0),
+        budget: tol.x,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
+
+/// The dense operator's argument errors on the device: a NaN in the matrix, `ld` below the
+/// line length, a short buffer, a short `x`.
+pub fn verify_dense_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<VerifyOutcome> {
+    let mut failures = Vec::new();
+    let mut expect = |what: &str, r: Result<()>, arg: &str| match r {
+        Err(Error::InvalidArgument { arg: got, .. }) if got == arg => {}
+        Err(e) => failures.push(format!("{what}: error {e} does not name {arg}")),
+        Ok(_) => failures.push(format!("{what}: no error")),
+    };
+    let mut data = random_vector(12 * 5, 1);
+    let good = DenseOperator::from_host(ctx, 12, 5, DenseLayout::RowMajor, &data)?;
+    data[17] = f64::NAN;
+    for layout in [DenseLayout::RowMajor, DenseLayout::ColMajor] {
+        expect(
+            &format!("NaN in A ({layout:?})"),
+            DenseOperator::from_host(ctx, 12, 5, layout, &data).map(|_| ()),
+            "A",
+        );
+    }
+    expect(
+        "ld 4 < n 5",
+        DenseOperator::new(ctx, ctx.upload(&[1.0f64; 60])?, 12, 5, DenseLayout::RowMajor, 4).map(|_| ()),
+        "ld",
+    );
+    expect(
+        "59 elements for 12 x 5",
+        DenseOperator::new(ctx, ctx.upload(&[1.0f64; 59])?, 12, 5, DenseLayout::RowMajor, 5).map(|_| ()),
+        "data",
+    );
+    let short = ctx.upload(&[1.0f64; 4])?;
+    let mut y = ctx.alloc::<f64>(12)?;
+    expect("x of 4 for 5 columns", good.apply(1.0, &short, 0.0, &mut y), "x");
+    Ok(VerifyOutcome {
+        case: "lsmr dense argument errors".into(),
+        params: json!({"problem": "dense errors"}),
         path: "-".into(),
         comparison: compare_vectors(&[], &[], 0.0, 0.0),
         budget: 0.0,
