@@ -242,7 +242,7 @@ def test_softmax_validation():
 def test_plan_cache_info_shape():
     info = tessera.plan_cache_info()
     assert info["capacity"] == _tessera.PLAN_CACHE_CAPACITY > 0
-    for kind in ("softmax", "attention"):
+    for kind in ("softmax", "attention", "gemm"):
         assert info[kind] >= 0 and info[f"{kind}_hits"] >= 0 and info[f"{kind}_misses"] >= 0
     tessera.clear_plan_cache()
     assert tessera.plan_cache_info()["softmax"] == 0

@@ -73,6 +73,8 @@ def matmul(
     aa = _operand(as_arg(a, "a"), "a")
     ba = _operand(as_arg(b, "b"), "b")
     bias_a = as_arg(bias, "bias") if bias is not None else None
+    if bias_a is not None and bias_a.is_torch and len(bias_a.shape) == 1 and bias_a.shape[0] > 1 and bias_a.strides[0] != 1:
+        bias_a = as_arg(bias_a.obj.contiguous(), "bias")
     m, k = aa.shape[-2], aa.shape[-1]
     n = ba.shape[-1]
     batches = [x.shape[0] for x in (aa, ba) if len(x.shape) == 3]
