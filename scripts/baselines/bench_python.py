@@ -4,6 +4,9 @@
     python3 scripts/baselines/bench_python.py --json OUTDIR [--quick] [--ops softmax,attention,kvcache,host]
         [--flashinfer]
 
+    (--ops gemm,sparse: tessera.matmul against torch.mm / F.linear + activation, and
+    tessera.sparse.csr_matrix A @ x, A.T @ y against torch's CSR product; opt-in)
+
 Writes OUTDIR/python.json in the JSON shape of `tessera bench` (DESIGN.md): {"gpu", "date",
 "commit", "command", "roofline": {"copy_gbps", "bf16_tflops"}, "rows": [...], "verify":
 {"passed", "failed"}}, with the CLI's case names and params so its rows line up with
@@ -455,6 +458,103 @@ def bench_kvcache(op, ctx, tally, flashinfer):
     return out_rows
 
 
+# -- gemm and sparse (--ops gemm,sparse; not in the default list) -----------------------------
+
+# (M, N, K, weight stored [N, K] and read as w.t(), bias + activation)
+GEMM_CASES = [
+    (4096, 4096, 4096, False, None),
+    (8192, 8192, 8192, False, None),
+    (4096, 4096, 4096, True, "gelu"),
+    (1, 4096, 4096, True, None),
+    (16, 11008, 4096, True, "silu"),
+    (512, 11008, 4096, True, "silu"),
+]
+GEMM_ACTS = {None: lambda t: t, "gelu": lambda t: F.gelu(t), "silu": lambda t: F.silu(t)}
+
+
+def bench_gemm(m, n, k, weight, act, dt, tally):
+    """tessera.matmul against torch (mm, or F.linear + the activation: two kernels) on the same
+    operands, checked against a float32 product."""
+    case = f"gemm {dt} {m}x{n}x{k}" + (" w.t()" if weight else "") + (f" bias+{act}" if act else "")
+    params = {"M": m, "N": n, "K": k, "dtype": dt, "b_layout": "col" if weight else "row", "activation": act,
+              "bias": act is not None}
+    dtype = dtype_of(dt)
+    gen = torch.Generator(device="cuda").manual_seed(0x6E33)
+    nbytes = (m * k + k * n) * dtype.itemsize
+    xs = [torch.randn((m, k), device="cuda", dtype=dtype, generator=gen) for _ in range(rotation_count(nbytes))]
+    w = torch.randn((n, k) if weight else (k, n), device="cuda", dtype=dtype, generator=gen) * k**-0.5
+    b = w.t() if weight else w
+    bias = torch.randn(n, device="cuda", dtype=dtype, generator=gen) if act else None
+    ref = GEMM_ACTS[act](xs[0].float() @ b.float() + (bias.float() if bias is not None else 0))
+    impls = [
+        ("tessera-py", lambda x: tessera.matmul(x, b, bias=bias, activation=act)),
+        ("torch", (lambda x: GEMM_ACTS[act](F.linear(x, w, bias))) if weight else (lambda x: torch.mm(x, b))),
+    ]
+    out = []
+    for impl, fn in impls:
+        try:
+            ms = time_ms(fn, xs)
+            r = row(case, params, impl, ms=ms, tflops=2.0 * m * n * k / (ms * 1e-3) / 1e12,
+                    extra_mib=common.peak_extra_mib(lambda: fn(xs[0])))
+            with_errors(r, fn(xs[0]), ref, BUDGET[dt], tally if impl == "tessera-py" else None)
+        except Exception as e:
+            r = row(case, params, impl, error=common.error_text(e))
+            if impl == "tessera-py":
+                tally["failed"] += 1
+        common.log_row(r)
+        out.append(r)
+    return out
+
+
+# (rows, cols, nonzeros per row)
+SPARSE_CASES = [(1 << 20, 1 << 20, 16), (1 << 22, 1 << 18, 8), (1 << 16, 1 << 16, 512)]
+
+
+def bench_sparse(rows, cols, per_row, dt, tally):
+    """A @ x and A.T @ y of tessera.sparse.csr_matrix against torch's CSR (cuSPARSE) on the same
+    random matrix; gbps counts the CSR arrays and the two vectors once."""
+    dtype = {"fp32": torch.float32, "fp64": torch.float64}[dt]
+    gen = torch.Generator(device="cuda").manual_seed(0x5A125)
+    nnz = rows * per_row
+    r_idx = torch.arange(rows, device="cuda").repeat_interleave(per_row)
+    c_idx = torch.randint(0, cols, (nnz,), device="cuda", generator=gen)
+    vals = torch.randn(nnz, device="cuda", dtype=dtype, generator=gen)
+    ts = torch.sparse_coo_tensor(torch.stack([r_idx, c_idx]), vals, (rows, cols)).coalesce().to_sparse_csr()
+    del r_idx, c_idx, vals
+    A = tessera.sparse.csr_matrix(ts)
+    stored = A.nnz
+    idx = 4 if A.index_dtype == "int32" else 8
+    out = []
+    for op in ("A @ x", "A.T @ y"):
+        n_in, n_out = (cols, rows) if op == "A @ x" else (rows, cols)
+        case = f"spmv {dt} {rows}x{cols} {per_row}/row {op}"
+        params = {"rows": rows, "cols": cols, "nnz": stored, "dtype": dt, "op": op}
+        x = torch.randn(n_in, device="cuda", dtype=dtype, generator=gen)
+        nbytes = stored * (dtype.itemsize + idx) + (rows + 1) * idx + (n_in + n_out) * dtype.itemsize
+        ref = (ts @ x.unsqueeze(1)).squeeze(1) if op == "A @ x" else None
+        tst = None
+        if op == "A.T @ y":
+            tst = ts.t().to_sparse_csr()
+            ref = (tst @ x.unsqueeze(1)).squeeze(1)
+        impls = [
+            ("tessera-py", (lambda v: A @ v) if op == "A @ x" else (lambda v: A.T @ v)),
+            ("torch", (lambda v: ts @ v) if op == "A @ x" else (lambda v: tst @ v)),
+        ]
+        for impl, fn in impls:
+            try:
+                ms = time_ms(fn, [x])
+                r = row(case, params, impl, ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9)
+                with_errors(r, fn(x).reshape(-1), ref, 1e-5 if dt == "fp32" else 1e-12,
+                            tally if impl == "tessera-py" else None)
+            except Exception as e:
+                r = row(case, params, impl, error=common.error_text(e))
+                if impl == "tessera-py":
+                    tally["failed"] += 1
+            common.log_row(r)
+            out.append(r)
+    return out
+
+
 # -- host overhead ---------------------------------------------------------------------------
 
 
@@ -513,7 +613,7 @@ def main(argv=None):
     ap.add_argument("--json", required=True, metavar="OUTDIR", help="folder for python.json")
     ap.add_argument("--quick", action="store_true", help="fewer shapes")
     ap.add_argument("--ops", default="softmax,attention,kvcache,host",
-                    help="comma list of softmax, attention, kvcache, host")
+                    help="comma list of softmax, attention, kvcache, host, gemm, sparse (the last two: opt-in)")
     ap.add_argument("--flashinfer", action="store_true", help="FlashInfer fa2 on single-sequence cases")
     args = ap.parse_args(argv)
     os.makedirs(args.json, exist_ok=True)
@@ -564,6 +664,16 @@ def main(argv=None):
     if "kvcache" in ops:
         for c in kvcache_cases(args.quick):
             result["rows"] += bench_kvcache(*c, tally, flashinfer)
+    if "gemm" in ops:
+        for c in GEMM_CASES[:3] if args.quick else GEMM_CASES:
+            for dt in ("bf16", "fp16"):
+                result["rows"] += bench_gemm(*c, dt, tally)
+                torch.cuda.empty_cache()
+    if "sparse" in ops:
+        for c in SPARSE_CASES[:1] if args.quick else SPARSE_CASES:
+            for dt in ("fp32", "fp64"):
+                result["rows"] += bench_sparse(*c, dt, tally)
+                torch.cuda.empty_cache()
     if "host" in ops:
         result["rows"] += host_overhead_rows()
     result["tessera"] = tessera.__version__

@@ -15,6 +15,7 @@ use cudarc::driver::sys::{self, CUstream};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use tessera::attention::{AttentionPlan, AttentionPlanKey};
+use tessera::gemm::GemmPlan;
 use tessera::runtime::Context;
 use tessera::softmax::{SoftmaxPlan, SoftmaxPlanKey};
 
@@ -22,7 +23,7 @@ use crate::errors::IntoPy;
 pub use crate::plan_cache::StreamId;
 use crate::plan_cache::{AnyPlanCache, PlanCache};
 
-/// Plans kept per kind (softmax, attention); the least recently used one goes first.
+/// Plans kept per kind (softmax, attention, gemm); the least recently used one goes first.
 pub const CAPACITY: usize = 64;
 
 static DEVICES: LazyLock<Mutex<HashMap<usize, Context>>> = LazyLock::new(Default::default);
@@ -123,9 +124,13 @@ pub static SOFTMAX_PLANS: PlanCache<SoftmaxKey, SoftmaxPlan> = PlanCache::new("s
 pub type AttentionKey = AttentionPlanKey;
 pub static ATTENTION_PLANS: PlanCache<AttentionKey, AttentionPlan> = PlanCache::new("attention", CAPACITY);
 
+/// GEMM plans by their problem (shapes, layouts, strides, precision, epilogue) and options,
+/// per (device, stream).
+pub static GEMM_PLANS: PlanCache<crate::gemm::GemmKey, GemmPlan> = PlanCache::new("gemm", CAPACITY);
+
 /// Every plan cache, for [`plan_cache_info`] and [`clear_plan_cache`]: a new plan type is one
 /// `PlanCache` static and one entry here.
-static PLAN_CACHES: [&dyn AnyPlanCache; 2] = [&SOFTMAX_PLANS, &ATTENTION_PLANS];
+static PLAN_CACHES: [&dyn AnyPlanCache; 3] = [&SOFTMAX_PLANS, &ATTENTION_PLANS, &GEMM_PLANS];
 
 /// Properties of CUDA device `device` as tessera sees it. Raises `NoGpuError` when there is
 /// no driver, no such device or no NVRTC.
@@ -149,7 +154,7 @@ pub fn device_info(py: Python<'_>, device: usize) -> PyResult<Bound<'_, PyDict>>
 }
 
 /// Sizes and hit counts of the plan caches: `<name>`, `<name>_hits` and `<name>_misses` per
-/// cache (`softmax`, `attention`), and `capacity` (of each).
+/// cache (`softmax`, `attention`, `gemm`), and `capacity` (of each).
 #[pyfunction]
 pub fn plan_cache_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);

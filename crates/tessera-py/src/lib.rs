@@ -14,9 +14,11 @@
 mod cache;
 mod desc;
 mod errors;
+mod gemm;
 mod kvcache;
 mod ops;
 mod plan_cache;
+mod sparse;
 
 use pyo3::prelude::*;
 
@@ -29,6 +31,9 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ops::check_attention, m)?)?;
     m.add_function(wrap_pyfunction!(ops::flash_attention, m)?)?;
     m.add_function(wrap_pyfunction!(ops::validate_cu_seqlens, m)?)?;
+    m.add_function(wrap_pyfunction!(gemm::operand_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(gemm::check_matmul, m)?)?;
+    m.add_function(wrap_pyfunction!(gemm::matmul, m)?)?;
     m.add_function(wrap_pyfunction!(cache::device_info, m)?)?;
     m.add_function(wrap_pyfunction!(cache::pointer_device, m)?)?;
     m.add_function(wrap_pyfunction!(cache::plan_cache_info, m)?)?;
@@ -37,5 +42,10 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kvcache::check_kv_cache, m)?)?;
     m.add_class::<kvcache::KvCache>()?;
     m.add_class::<kvcache::DecodeWrapper>()?;
+    m.add_function(wrap_pyfunction!(sparse::check_csr, m)?)?;
+    m.add_function(wrap_pyfunction!(sparse::check_sparse_product, m)?)?;
+    m.add_function(wrap_pyfunction!(sparse::check_lsmr, m)?)?;
+    m.add_function(wrap_pyfunction!(sparse::lsmr_callback, m)?)?;
+    m.add_class::<sparse::SparseMatrix>()?;
     Ok(())
 }

@@ -242,7 +242,7 @@ def test_softmax_validation():
 def test_plan_cache_info_shape():
     info = tessera.plan_cache_info()
     assert info["capacity"] == _tessera.PLAN_CACHE_CAPACITY > 0
-    for kind in ("softmax", "attention"):
+    for kind in ("softmax", "attention", "gemm"):
         assert info[kind] >= 0 and info[f"{kind}_hits"] >= 0 and info[f"{kind}_misses"] >= 0
     tessera.clear_plan_cache()
     assert tessera.plan_cache_info()["softmax"] == 0
@@ -580,3 +580,277 @@ def test_paged_readme_example_compiles():
     code = paged_readme_example()
     assert "BatchDecodeWithPagedKVCacheWrapper" in code and "wrapper.run" in code
     compile(code, "README.md", "exec")
+
+
+# -- matmul (no device) --------------------------------------------------------------------
+
+
+def d(shape, dtype="float16", strides=None, ptr=0x7F0000000000):
+    """A raw descriptor as the Python layer hands it to the extension."""
+    from tessera._tensors import contiguous_strides  # noqa: PLC0415
+
+    return (ptr, dtype, tuple(shape), tuple(strides) if strides is not None else contiguous_strides(shape))
+
+
+def test_matmul_signature():
+    assert _params(tessera.matmul) == [
+        ("a", E, P),
+        ("b", E, P),
+        ("bias", None, K),
+        ("activation", None, K),
+        ("out_dtype", None, K),
+        ("out", None, K),
+    ]
+
+
+@pytest.mark.parametrize(
+    "shape, strides, want",
+    [
+        ((4, 8), (8, 1), "row"),
+        ((4, 8), (16, 1), "row"),  # padded rows: lda 16
+        ((4, 8), (1, 4), "col"),  # w.t() of a [8, 4] weight
+        ((4, 8), (1, 6), "col"),  # a transposed slice of a wider weight
+        ((1, 8), (999, 1), "row"),  # a size-1 dimension's stride is ignored
+        ((8, 1), (1, 999), "row"),
+        ((3, 4, 8), (32, 8, 1), "row"),
+        ((3, 4, 8), (0, 1, 4), "col"),  # expanded batch, transposed matrices
+        ((4, 8), (2, 16), None),  # neither
+        ((4, 8), (0, 1), None),  # broadcast rows overlap
+        ((4, 8), (8, 2), None),  # strided columns
+        ((8,), (1,), None),  # not a matrix
+    ],
+)
+def test_gemm_operand_layout(shape, strides, want):
+    assert _tessera.operand_layout(list(shape), list(strides)) == want
+
+
+def test_check_matmul_maps_torch_layouts():
+    # x [M, K] @ w.t() with w [N, K]: A row-major, B column-major (the weight as stored)
+    assert _tessera.check_matmul(d((5, 8)), d((8, 3), strides=(1, 8)), None, d((5, 3), ptr=0)) == ("row", "col")
+    # a transposed A is read in place too
+    assert _tessera.check_matmul(d((5, 8), strides=(1, 5)), d((8, 3)), None, d((5, 3), ptr=0)) == ("col", "row")
+    # batched x shared weight, and shared x batched weight; with a bias and an activation
+    for a, b in [((2, 5, 8), (8, 3)), ((5, 8), (2, 8, 3)), ((1, 5, 8), (2, 8, 3))]:
+        _tessera.check_matmul(d(a), d(b), d((3,)), d((2, 5, 3), ptr=0), "gelu_tanh")
+    # fp16 in, fp32 out (with an fp32 bias); fp64
+    _tessera.check_matmul(d((5, 8)), d((8, 3)), d((3,), "float32"), d((5, 3), "float32", ptr=0), "silu")
+    _tessera.check_matmul(d((5, 8), "float64"), d((8, 3), "float64"), None, d((5, 3), "float64", ptr=0), "relu")
+
+
+@pytest.mark.parametrize(
+    "args, exc, text",
+    [
+        ((d((5, 8)), d((7, 3)), None, d((5, 3), ptr=0)), ValueError, "invalid argument `b`: shape [7, 3] cannot multiply a of shape [5, 8]: b has 7 rows"),
+        ((d((5, 8)), d((8, 3), "float32"), None, d((5, 3), ptr=0)), ValueError, "`b`: has dtype float32, a has float16"),
+        ((d((5, 8), "float8_e4m3fn"), d((8, 3)), None, d((5, 3), ptr=0)), NotImplementedError,
+         "`a` has dtype float8_e4m3fn: fp8 GEMM is not yet supported by tessera"),
+        ((d((5, 8)), d((8, 3), "int8"), None, d((5, 3), ptr=0)), NotImplementedError, "`b` has dtype int8: int8 GEMM is not yet supported"),
+        ((d((5, 8), "int32"), d((8, 3)), None, d((5, 3), ptr=0)), NotImplementedError, "`a` has dtype int32"),
+        ((d((8,)), d((8, 3)), None, d((3,))), ValueError, "`a`: must be 2-D or 3-D (batched)"),
+        ((d((5, 8)), d((8, 3)), d((4,)), d((5, 3), ptr=0)), ValueError, "`bias`: has shape [4]"),
+        ((d((5, 8)), d((8, 3)), d((3,), strides=(2,)), d((5, 3), ptr=0)), ValueError, "it must be a contiguous [3] vector"),
+        ((d((5, 8)), d((8, 3)), d((3,), "float32"), d((5, 3), ptr=0)), ValueError, "`bias`: has dtype float32; it must have the output's dtype float16"),
+        ((d((5, 8)), d((8, 3)), None, d((5, 4), ptr=0)), ValueError, "`out`: has shape [5, 4]; the product is [5, 3]"),
+        ((d((5, 8)), d((8, 3)), None, d((5, 3), strides=(1, 5), ptr=0)), ValueError, "`out`: strides [1, 5] are not row-major"),
+        ((d((5, 8), "float32"), d((8, 3), "float32"), None, d((5, 3), ptr=0)), NotImplementedError,
+         "GEMM fp32 inputs with fp16 output; supported outputs: fp32"),
+        ((d((2, 5, 8)), d((3, 8, 3)), None, d((3, 5, 3), ptr=0)), ValueError, "`b`: batch 3 differs from a's batch 2"),
+        ((d((5, 8), strides=(2, 16)), d((8, 3)), None, d((5, 3), ptr=0)), ValueError, "`a`: strides [2, 16] of shape [5, 8]"),
+        ((d((5, 8)), d((8, 3)), None, d((5, 3), ptr=0x7F0000000000)), ValueError, "`out`: shares memory with an input"),
+    ],
+)
+def test_check_matmul_errors_name_the_argument(args, exc, text):
+    with pytest.raises(exc) as e:
+        _tessera.check_matmul(*args)
+    assert text in str(e.value)
+    assert isinstance(e.value, tessera.TesseraError)
+
+
+def test_matmul_validation_through_the_python_layer():
+    a, b = Fake((5, 8)), Fake((8, 3))
+    with pytest.raises(ValueError, match='`activation`: unknown activation "tanh"'):
+        tessera.matmul(a, b, activation="tanh")
+    with pytest.raises(ValueError, match="`activation`: must be None or one of relu"):
+        tessera.matmul(a, b, activation=1)
+    with pytest.raises(ValueError, match="`b`: shape"):
+        tessera.matmul(a, Fake((7, 3)))
+    with pytest.raises(ValueError, match="`a`: must be 2-D or 3-D"):
+        tessera.matmul(Fake((2, 2, 5, 8)), b)
+    # an interface object whose strides the GEMM cannot read is not copied: it raises
+    with pytest.raises(ValueError, match="`a`: strides \\[2, 16\\] of shape \\[5, 8\\] are neither"):
+        tessera.matmul(Fake((5, 8), strides=(4, 32)), b)
+    with pytest.raises(ValueError, match="`out`: has dtype float16 but out_dtype=float32"):
+        tessera.matmul(a, b, out=Fake((5, 3)), out_dtype="float32")
+    with pytest.raises(NotImplementedError, match="fp16 inputs with fp64 output"):
+        tessera.matmul(a, b, out_dtype="float64")
+    with pytest.raises(ValueError, match="read-only"):
+        tessera.matmul(a, b, out=Fake((5, 3), readonly=True))
+
+
+def test_matmul_batch_of_the_product():
+    from tessera._matmul import _batch  # noqa: PLC0415
+
+    assert [_batch(b) for b in ([], [4], [4, 4], [1, 4], [4, 1], [0], [0, 1], [1, 0])] == [1, 4, 4, 4, 4, 0, 0, 0]
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is usable here")
+def test_matmul_without_a_gpu_raises_no_gpu_error():
+    with pytest.raises(tessera.NoGpuError):
+        tessera.matmul(Fake((5, 8)), Fake((8, 3), strides=(2, 16)), out=Fake((5, 3), ptr=0x7F0000100000))
+
+
+# -- sparse (no device) --------------------------------------------------------------------
+
+
+def test_csr_host_arrays_are_validated_before_the_device():
+    import array  # noqa: PLC0415
+
+    i64 = lambda v: array.array("q", v).tobytes()  # noqa: E731
+    f64 = lambda v: array.array("d", v).tobytes()  # noqa: E731
+    # duplicates are summed: (0, 1) twice -> 2 stored entries
+    assert _tessera.check_csr(2, 3, "float64", i64([0, 2, 3]), i64([1, 1, 2]), f64([1, 2, 3])) == 2
+    assert _tessera.check_csr(0, 0, "float64", i64([0]), b"", b"") == 0
+    cases = [
+        ((2, 3, "float64", i64([0, 2, 3]), i64([1, 3, 2]), f64([1, 2, 3])), ValueError, "`indices`: indices[1] = 3 in row 0 is outside the columns 0..3"),
+        ((2, 3, "float64", i64([0, 3]), i64([1, 1, 2]), f64([1, 2, 3])), ValueError, "`indptr`: has 2 entries; a CSR matrix with 2 rows needs rows + 1 = 3 indptr"),
+        ((2, 3, "float64", i64([1, 2, 3]), i64([1, 1, 2]), f64([1, 2, 3])), ValueError, "`indptr`: indptr[0] = 1"),
+        ((2, 3, "float64", i64([0, 2, 3]), i64([1, 1, 2]), f64([1, 2])), ValueError, "`data`: has 2 entries but indices has 3"),
+        ((2, 3, "float64", i64([0, 2, 3]), i64([1, 1, 2]), b"\0" * 5), ValueError, "`data`: 5 bytes are not a whole number of 8-byte"),
+        ((2, 3, "int32", i64([0, 2, 3]), i64([1, 1, 2]), f64([1, 2, 3])), NotImplementedError, "`data` has dtype int32"),
+    ]
+    for args, exc, text in cases:
+        with pytest.raises(exc) as e:
+            _tessera.check_csr(*args)
+        assert text in str(e.value), str(e.value)
+
+
+def test_csr_matrix_constructor_errors():
+    from tessera.sparse import csr_matrix  # noqa: PLC0415
+
+    with pytest.raises(ValueError, match="`shape`: is needed with"):
+        csr_matrix(([1.0], [0], [0, 1]))
+    with pytest.raises(ValueError, match="`shape`: must be \\(rows, cols\\)"):
+        csr_matrix(([1.0], [0], [0, 1]), shape=5)
+    with pytest.raises(ValueError, match="`indices`: indices\\[0\\] = 4 in row 0 is outside the columns 0..2"):
+        csr_matrix(([1.0], [4], [0, 1]), shape=(1, 2))
+    with pytest.raises(ValueError, match="`indices`: must be a 1-D array of ints"):
+        csr_matrix(([1.0], ["x"], [0, 1]), shape=(1, 2))
+    with pytest.raises(TypeError, match="csr_matrix takes a SciPy sparse matrix"):
+        csr_matrix([[1.0, 0.0]])
+    assert tessera.sparse.csr_matrix is csr_matrix and "csr_matrix" in tessera.sparse.__all__
+    assert csr_matrix.__doc__ and "A.T @ x" in csr_matrix.__doc__
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is usable here")
+def test_csr_matrix_without_a_gpu_raises_no_gpu_error():
+    with pytest.raises(tessera.NoGpuError):
+        tessera.sparse.csr_matrix(([1.0, 2.0], [0, 1], [0, 1, 2]), shape=(2, 2))
+
+
+@pytest.mark.parametrize(
+    "x, out, transpose, want",
+    [
+        (d((3,), "float32"), d((2,), "float32", ptr=0), False, (None, "row")),
+        (d((2,), "float32"), d((3,), "float32", ptr=0), True, (None, "row")),
+        (d((3, 4), "float32"), d((2, 4), "float32", ptr=0), False, (4, "row")),
+        (d((3, 4), "float32", strides=(1, 3)), d((2, 4), "float32", strides=(1, 2), ptr=0), False, (4, "col")),
+        (d((3, 0), "float32"), d((2, 0), "float32", ptr=0), False, (0, "row")),
+    ],
+)
+def test_check_sparse_product_shapes(x, out, transpose, want):
+    assert _tessera.check_sparse_product(2, 3, "float32", x, out, transpose) == want
+
+
+@pytest.mark.parametrize(
+    "x, out, transpose, text",
+    [
+        (d((2,), "float32"), d((2,), "float32"), False, "`x`: has shape [2]; a 2 x 3 matrix multiplies [3] or [3, k]"),
+        (d((3,), "float32"), d((2,), "float32"), True, "`x`: has shape [3]; a 3 x 2 matrix multiplies [2]"),
+        (d((3,), "float64"), d((2,), "float32"), False, "`x`: has dtype float64; the matrix holds float32"),
+        (d((3,), "float32", strides=(2,)), d((2,), "float32"), False, "`x`: has shape [3]"),
+        (d((3, 4), "float32", strides=(8, 1)), d((2, 4), "float32"), False, "`x`: strides [8, 1] of shape [3, 4]"),
+        (d((3, 4), "float32"), d((2, 5), "float32"), False, "`out`: has shape [2, 5]"),
+        (d((3, 4), "float32"), d((2, 4), "float32", strides=(1, 2)), False, "the product of x [3, 4] is [2, 4] in x's layout"),
+        (d((1, 3, 4), "float32"), d((2, 4), "float32"), False, "`x`: has shape [1, 3, 4]"),
+    ],
+)
+def test_check_sparse_product_errors(x, out, transpose, text):
+    with pytest.raises(ValueError) as e:
+        _tessera.check_sparse_product(2, 3, "float32", x, out, transpose)
+    assert text in str(e.value), str(e.value)
+
+
+# -- lsmr (no device) ----------------------------------------------------------------------
+
+# scipy.sparse.linalg.lsmr (SciPy 1.17)
+SCIPY_LSMR = [
+    ("A", E, P),
+    ("b", E, P),
+    ("damp", 0.0, P),
+    ("atol", 1e-6, P),
+    ("btol", 1e-6, P),
+    ("conlim", 1e8, P),
+    ("maxiter", None, P),
+    ("x0", None, P),
+    ("show", False, P),
+]
+
+
+def test_lsmr_signature_is_scipys():
+    assert _params(tessera.lsmr) == SCIPY_LSMR
+    doc = tessera.lsmr.__doc__
+    assert "istop" in doc and "x0" in doc and "float32" in doc
+
+
+class _Op:
+    """A matrix-free operator stand-in (never called here: validation comes first)."""
+
+    shape = (4, 3)
+
+    def matvec(self, x):  # pragma: no cover - needs a GPU
+        raise AssertionError("not reached")
+
+    rmatvec = matvec
+
+
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        ({"b": [1.0, 2.0, 3.0]}, "`b`: has 3 elements, A is 4 x 3 so b needs m = 4"),
+        ({"x0": [1.0, 2.0]}, "`x0`: has 2 elements, A is 4 x 3 so x0 needs n = 3"),
+        ({"x0": [1.0, float("nan"), 0.0]}, "`x0`: element 1 is NaN; every element must be finite"),
+        ({"damp": -1.0}, "`damp`: is -1, must be finite and >= 0"),
+        ({"atol": float("inf")}, "`atol`: is inf, must be finite and >= 0"),
+        ({"conlim": -2.0}, "`conlim`: is -2, must be finite and >= 0 (0 means no limit)"),
+        ({"maxiter": -1}, "`maxiter`: must be None or an int >= 0, got -1"),
+        ({"maxiter": 2.5}, "`maxiter`: must be None or an int >= 0"),
+        ({"btol": "1e-6"}, "`btol`: must be a real number"),
+        ({"b": [[1.0, 2.0], [3.0, 4.0]]}, "`b`: must be a 1-D array of numbers"),
+    ],
+)
+def test_lsmr_validation_errors(kwargs, text):
+    args = {"b": [1.0, 2.0, 3.0, 4.0], **kwargs}
+    b = args.pop("b")
+    with pytest.raises(ValueError) as e:
+        tessera.lsmr(_Op(), b, **args)
+    assert text in str(e.value), str(e.value)
+    assert isinstance(e.value, tessera.TesseraError)
+
+
+def test_lsmr_operator_errors():
+    with pytest.raises(ValueError, match="`A`: must be a 2-D matrix or operator with a shape"):
+        tessera.lsmr(object(), [1.0])
+    _tessera.check_lsmr(4, 3, 4, 0.0, 1e-6, 1e-6, 1e8, bytes(24))
+    with pytest.raises(ValueError, match="`b`: has 5 elements"):
+        _tessera.check_lsmr(4, 3, 5, 0.0, 1e-6, 1e-6, 1e8)
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is usable here")
+def test_lsmr_without_a_gpu_raises_no_gpu_error():
+    import sys  # noqa: PLC0415
+
+    if "torch" in sys.modules:
+        pytest.skip("torch is loaded: the operator path needs it and a GPU")
+    # the matrix-free path wants torch: without it, a clear error naming A
+    with pytest.raises((tessera.NoGpuError, ValueError)):
+        tessera.lsmr(_Op(), [1.0, 2.0, 3.0, 4.0])

@@ -917,3 +917,285 @@ def test_paged_readme_example_runs(capsys):
     printed = capsys.readouterr().out
     assert "torch.Size([3, 32, 128])" in printed
     assert float(printed.split()[-1]) < 2e-2, printed
+
+
+# -- matmul --------------------------------------------------------------------------------
+
+MM_BUDGET = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+ACTS = {
+    None: lambda t: t,
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+def mm_ref(a, b, bias, act):
+    """act(a @ b + bias) in float64 from the same inputs."""
+    r = torch.matmul(a.double(), b.double())
+    if bias is not None:
+        r = r + bias.double()
+    return ACTS[act](r)
+
+
+def mm_close(out, ref, in_dtype, what):
+    assert not torch.isnan(out).any(), f"{what}: NaN (seed {SEED})"
+    e = rel_l2(out, ref)
+    budget = max(MM_BUDGET[in_dtype], MM_BUDGET[out.dtype])
+    assert e < budget, f"{what}: rel_l2 {e:.3g} >= {budget} (seed {SEED})"
+
+
+MM_SHAPES = [(1, 1, 1), (7, 13, 29), (16, 4096, 512), (1, 1000, 257), (128, 256, 64), (200, 72, 333), (513, 511, 129)]
+
+
+@pytest.mark.parametrize("mnk", MM_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32", "fp64"])
+def test_matmul_matches_torch_mm(mnk, dtype):
+    dt = {**DTYPES, "fp64": torch.float64}[dtype]
+    m, n, k = mnk
+    a = randn((m, k), dt, f"mm a{mnk}{dtype}")
+    b = randn((k, n), dt, f"mm b{mnk}{dtype}")
+    y = tessera.matmul(a, b)
+    assert y.shape == (m, n) and y.dtype == dt and y.device == a.device
+    mm_close(y, mm_ref(a, b, None, None), dt, f"matmul {dtype} {mnk}")
+
+
+@pytest.mark.parametrize("act", list(ACTS), ids=str)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("m", [1, 5, 16, 77])
+def test_matmul_linear_with_bias_and_activation(act, dtype, m):
+    # y = act(x @ w.T + b) with w stored [N, K] (read in place, column-major B): torch addmm + act
+    dt = DTYPES[dtype]
+    n, k = 384, 200
+    x = randn((m, k), dt, f"lin x{m}{dtype}{act}")
+    w = randn((n, k), dt, f"lin w{m}{dtype}{act}", scale=0.1)
+    bias = randn((n,), dt, f"lin b{m}{dtype}{act}")
+    y = tessera.matmul(x, w.t(), bias=bias, activation=act)
+    assert y.dtype == dt
+    mm_close(y, mm_ref(x, w.t(), bias, act), dt, f"linear {dtype} m={m} {act}")
+    ref16 = ACTS[act](torch.addmm(bias, x, w.t()))
+    assert rel_l2(y, ref16) < 2 * MM_BUDGET[dt]
+
+
+def test_matmul_out_dtype_out_and_layouts():
+    a = randn((33, 70), torch.float16, "mm layouts a")
+    bt = randn((45, 70), torch.float16, "mm layouts b")  # B stored [N, K]
+    bias = randn((45,), torch.float32, "mm layouts bias")
+    y = tessera.matmul(a, bt.t(), bias=bias, activation="silu", out_dtype=torch.float32)
+    assert y.dtype == torch.float32
+    mm_close(y, mm_ref(a, bt.t(), bias, "silu"), torch.float16, "fp16 -> fp32 out")
+    # a transposed A, padded leading dimensions, a slice at an odd address (SIMT path), out=
+    at = randn((70, 40), torch.float16, "mm layouts at")[:, :33].t()
+    wide = randn((70, 64), torch.float16, "mm layouts wide")[:, 1:46]
+    out = torch.full((33, 45), float("nan"), device=DEV, dtype=torch.float16)
+    r = tessera.matmul(at, wide, out=out)
+    assert r is out
+    mm_close(out, mm_ref(at, wide, None, None), torch.float16, "transposed A, sliced B, out=")
+    # strides the GEMM cannot read are copied first
+    odd = randn((70, 90), torch.float16, "mm layouts odd")[:, ::2]
+    mm_close(tessera.matmul(a, odd), mm_ref(a, odd, None, None), torch.float16, "strided B copied")
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_matmul_batched(dtype):
+    dt = DTYPES[dtype]
+    a = randn((5, 17, 40), dt, f"bmm a{dtype}")
+    b = randn((5, 40, 24), dt, f"bmm b{dtype}")
+    mm_close(tessera.matmul(a, b), mm_ref(a, b, None, None), dt, f"bmm {dtype}")
+    w = randn((24, 40), dt, f"bmm w{dtype}")  # one weight for the batch
+    y = tessera.matmul(a, w.t(), bias=randn((24,), dt, f"bmm bias{dtype}"), activation="relu")
+    assert y.shape == (5, 17, 24)
+    x1 = randn((17, 40), dt, f"bmm x1{dtype}")  # one A for the batch
+    mm_close(tessera.matmul(x1, b), mm_ref(x1, b, None, None), dt, f"shared A {dtype}")
+    # a batch of transposed views
+    bt = randn((5, 24, 40), dt, f"bmm bt{dtype}").transpose(1, 2)
+    mm_close(tessera.matmul(a, bt), mm_ref(a, bt, None, None), dt, f"bmm transposed B {dtype}")
+
+
+def test_matmul_degenerate_shapes():
+    a = randn((0, 8), torch.float16, "mm empty a")
+    assert tessera.matmul(a, randn((8, 3), torch.float16, "mm empty b")).shape == (0, 3)
+    z = tessera.matmul(torch.empty(4, 0, device=DEV, dtype=torch.float16), torch.empty(0, 5, device=DEV, dtype=torch.float16),
+                       bias=torch.ones(5, device=DEV, dtype=torch.float16), activation="relu")
+    assert torch.equal(z, torch.ones(4, 5, device=DEV, dtype=torch.float16))
+
+
+def test_matmul_on_a_side_stream_and_plan_cache():
+    a = randn((64, 128), torch.bfloat16, "mm stream a")
+    b = randn((128, 96), torch.bfloat16, "mm stream b")
+    tessera.matmul(a, b)
+    before = tessera.plan_cache_info()
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = tessera.matmul(a, b)
+    s.synchronize()
+    mm_close(y, mm_ref(a, b, None, None), torch.bfloat16, "side stream")
+    tessera.matmul(a, b)
+    info = tessera.plan_cache_info()
+    assert info["gemm_hits"] > before["gemm_hits"] and info["gemm"] >= 2
+
+
+# -- sparse --------------------------------------------------------------------------------
+
+
+def random_sparse(m, n, density, tag, dtype=torch.float64):
+    """A random m x n torch COO tensor on the GPU (with a duplicate entry and an empty row)."""
+    g = gen(tag)
+    nnz = max(1, int(m * n * density))
+    rows = torch.randint(0, m, (nnz,), device=DEV, generator=g)
+    cols = torch.randint(0, n, (nnz,), device=DEV, generator=g)
+    rows = torch.where(rows == m // 2, torch.zeros_like(rows), rows)  # row m // 2 stays empty
+    rows[-1], cols[-1] = rows[0], cols[0]  # a duplicate: summed
+    vals = torch.randn(nnz, device=DEV, dtype=torch.float64, generator=g).to(dtype)
+    return torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, (m, n))
+
+
+SP_SHAPES = [(1, 1, 1.0), (97, 61, 0.05), (1000, 3000, 0.002), (4096, 64, 0.3)]
+
+
+@pytest.mark.parametrize("mnd", SP_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", ["fp64", "fp32"])
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_sparse_products_match_torch(mnd, dtype, layout):
+    dt = {"fp64": torch.float64, "fp32": torch.float32}[dtype]
+    m, n, density = mnd
+    s = random_sparse(m, n, density, f"sp{mnd}{dtype}", dt)
+    if layout == "csr":
+        s = s.coalesce().to_sparse_csr()
+    A = tessera.sparse.csr_matrix(s)
+    dense = s.to_dense().double()
+    assert A.shape == (m, n) and A.dtype == dt
+    assert A.nnz == (s.coalesce().values().numel() if layout == "coo" else s.values().numel())
+    budget = 1e-12 if dt == torch.float64 else 1e-5
+    x = randn((n,), dt, f"spx{mnd}{dtype}")
+    y = A @ x
+    assert y.shape == (m,) and y.dtype == dt and rel_l2(y, dense @ x.double()) < budget
+    u = randn((m,), dt, f"spu{mnd}{dtype}")
+    assert rel_l2(A.T @ u, dense.t() @ u.double()) < budget
+    X = randn((n, 7), dt, f"spX{mnd}{dtype}")
+    assert rel_l2(A @ X, dense @ X.double()) < budget
+    Xc = randn((7, n), dt, f"spXc{mnd}{dtype}").t()  # column-major
+    Yc = A @ Xc
+    assert Yc.stride() == (1, m) or m <= 1
+    assert rel_l2(Yc, dense @ Xc.double()) < budget
+    U = randn((m, 3), dt, f"spU{mnd}{dtype}")
+    assert rel_l2(A.T @ U, dense.t() @ U.double()) < budget
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_sparse_half_values(dtype):
+    dt = DTYPES[dtype]
+    s = random_sparse(300, 200, 0.02, f"sphalf{dtype}", torch.float32)
+    A = tessera.sparse.csr_matrix(s.to(dt))
+    x = randn((200,), dt, f"sphalfx{dtype}")
+    ref = s.to(dt).to_dense().double() @ x.double()
+    assert rel_l2(A @ x, ref) < BUDGET[dt]
+
+
+def test_sparse_from_scipy_and_errors():
+    sp = pytest.importorskip("scipy.sparse")
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(SEED)
+    S = sp.random(500, 300, density=0.01, format="csr", random_state=rng, dtype=np.float64)
+    A = tessera.sparse.csr_matrix(S)
+    assert A.shape == S.shape and A.nnz == S.nnz and A.index_dtype == "int32"
+    x = torch.from_numpy(rng.standard_normal(300)).to(DEV)
+    assert rel_l2(A @ x, torch.from_numpy(S @ x.cpu().numpy())) < 1e-12
+    u = torch.from_numpy(rng.standard_normal(500)).to(DEV)
+    assert rel_l2(A.T @ u, torch.from_numpy(S.T @ u.cpu().numpy())) < 1e-12
+    with pytest.raises(ValueError, match="`x`: has dtype float32; the matrix holds float64"):
+        A @ x.float()
+    with pytest.raises(ValueError, match="`x`: has shape"):
+        A @ u
+    # a side stream: ordered with events, same result
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = A @ x
+    s.synchronize()
+    assert rel_l2(y, torch.from_numpy(S @ x.cpu().numpy())) < 1e-12
+
+
+# -- lsmr ----------------------------------------------------------------------------------
+
+
+def lsmr_problem(m, n, tag, density=0.05):
+    """A sparse m x n system 3 I + R, R random with about density * n entries per row scaled so
+    that its spectrum spreads about +-1: condition number about 2, convergence in few dozen
+    iterations, so that SciPy and tessera take the same steps."""
+    s = random_sparse(m, n, density, tag).coalesce()
+    s = s * (0.5 / math.sqrt(max(1.0, density * n)))
+    # a well-conditioned part so that the solves converge in a modest number of iterations
+    k = min(m, n)
+    eye = torch.sparse_coo_tensor(torch.arange(k, device=DEV).repeat(2, 1), torch.full((k,), 3.0, device=DEV, dtype=torch.float64), (m, n))
+    return (s + eye).coalesce()
+
+
+@pytest.mark.parametrize("mn", [(60, 40), (40, 60), (300, 300)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("damp", [0.0, 0.5])
+def test_lsmr_matches_scipy(mn, damp):
+    sp = pytest.importorskip("scipy.sparse")
+    linalg = pytest.importorskip("scipy.sparse.linalg")
+    np = pytest.importorskip("numpy")
+    m, n = mn
+    s = lsmr_problem(m, n, f"lsmr{mn}{damp}")
+    idx, vals = s.indices().cpu().numpy(), s.values().cpu().numpy()
+    S = sp.csr_matrix((vals, (idx[0], idx[1])), shape=(m, n))
+    b = np.random.default_rng(SEED).standard_normal(m)
+    want = linalg.lsmr(S, b, damp=damp, atol=1e-10, btol=1e-10)
+    for A, bb in [(S, b), (tessera.sparse.csr_matrix(S), b), (s, torch.from_numpy(b).to(DEV))]:
+        got = tessera.lsmr(A, bb, damp=damp, atol=1e-10, btol=1e-10)
+        x = got[0].cpu().numpy() if isinstance(got[0], torch.Tensor) else got[0]
+        assert got[1] == want[1], (got[1:], want[1:])
+        assert abs(got[2] - want[2]) <= 1, (got[2], want[2])
+        assert np.linalg.norm(x - want[0]) <= 1e-6 * max(1.0, np.linalg.norm(want[0]))
+        for i in range(3, 8):
+            assert abs(got[i] - want[i]) <= 1e-5 * max(1.0, abs(want[i])), (i, got[i], want[i])
+    if isinstance(got[0], torch.Tensor):
+        assert got[0].device == DEV and got[0].dtype == torch.float64
+
+
+def test_lsmr_dense_and_operator_against_torch_lstsq():
+    m, n = 120, 50
+    A = randn((m, n), torch.float64, "lsmr dense A") + 4 * torch.eye(m, n, device=DEV, dtype=torch.float64)
+    b = randn((m,), torch.float64, "lsmr dense b")
+    ref = torch.linalg.lstsq(A, b.unsqueeze(1)).solution.squeeze(1)
+    x, istop, itn, normr, *_ = tessera.lsmr(A, b, atol=1e-12, btol=1e-12, maxiter=500)
+    assert istop in (1, 2) and itn > 0
+    assert rel_l2(x, ref) < 1e-8
+    assert abs(normr - float(torch.linalg.vector_norm(b - A @ x))) < 1e-8 * max(1.0, normr)
+
+    class Op:
+        shape = (m, n)
+        dtype = torch.float64
+
+        def matvec(self, v):
+            return A @ v
+
+        def rmatvec(self, v):
+            return A.t() @ v
+
+    x2, istop2, itn2, *_ = tessera.lsmr(Op(), b, atol=1e-12, btol=1e-12, maxiter=500)
+    assert (istop2, itn2) == (istop, itn) and rel_l2(x2, x) < 1e-12
+
+    class Bad(Op):
+        def rmatvec(self, v):
+            raise KeyError("boom")
+
+    with pytest.raises(KeyError, match="boom"):
+        tessera.lsmr(Bad(), b)
+
+
+def test_lsmr_float32_csr_and_x0():
+    s = lsmr_problem(200, 80, "lsmr f32").to(torch.float32)
+    A = tessera.sparse.csr_matrix(s)
+    b = randn((200,), torch.float32, "lsmr f32 b")
+    x, istop, itn, *_ = tessera.lsmr(A, b)
+    dense = s.to_dense().double()
+    ref = torch.linalg.lstsq(dense, b.double().unsqueeze(1)).solution.squeeze(1)
+    assert x.dtype == torch.float32 and rel_l2(x, ref) < 1e-4 and istop in (1, 2, 7), (istop, itn)
+    # a warm start at the answer stays there
+    x1, *_ = tessera.lsmr(A, b, x0=x)
+    assert rel_l2(x1, ref) < 1e-4
+    with pytest.raises(NotImplementedError, match="LSMR on a float16 matrix"):
+        tessera.lsmr(tessera.sparse.csr_matrix(s.to(torch.float16)), b)

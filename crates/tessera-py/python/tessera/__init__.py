@@ -11,6 +11,12 @@ and return torch tensors (or write into ``out=``)::
     v = torch.randn_like(k)
     o = tessera.flash_attn_func(q, k, v, causal=True)      # as flash_attn.flash_attn_func
     p = tessera.softmax(torch.randn(8, 1000, device="cuda"), dim=-1)
+    x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)  # a [N, K] weight
+    y = tessera.matmul(x, w.t(), activation="gelu")         # gelu(x @ w.T), one kernel
+
+Sparse least squares: :mod:`tessera.sparse` (``csr_matrix``: SpMV/SpMM with torch tensors) and
+:func:`lsmr` (SciPy's ``scipy.sparse.linalg.lsmr`` on the GPU).
 
 The paged KV cache (:class:`PagedKVCache`, :func:`append_paged_kv_cache`,
 :class:`BatchDecodeWithPagedKVCacheWrapper`) follows FlashInfer's paged API: CSR block tables
@@ -37,6 +43,7 @@ _find_nvrtc()
 
 from . import _tessera  # noqa: E402
 from ._attention import flash_attn_func, flash_attn_varlen_func  # noqa: E402
+from ._matmul import matmul  # noqa: E402
 from ._softmax import log_softmax, softmax  # noqa: E402
 from ._tessera import (  # noqa: E402
     CompileError,
@@ -54,6 +61,9 @@ from ._kvcache import (  # noqa: E402
     PagedKVCache,
     append_paged_kv_cache,
 )
+
+from . import sparse  # noqa: E402
+from ._lsmr import lsmr  # noqa: E402
 
 __version__: str = _tessera.__version__
 
@@ -77,8 +87,8 @@ def device_info(device: int = 0) -> Dict[str, Any]:
 
 
 def plan_cache_info() -> Dict[str, int]:
-    """Sizes and hit/miss counts of the plan caches (``softmax``, ``attention``, ``capacity``
-    per kind). A plan is kept per (device, stream, shapes, options)."""
+    """Sizes and hit/miss counts of the plan caches (``softmax``, ``attention``, ``gemm``,
+    ``capacity`` per kind). A plan is kept per (device, stream, shapes, options)."""
     return dict(_tessera.plan_cache_info())
 
 
@@ -107,6 +117,9 @@ __all__ = [
     "flash_attn_varlen_func",
     "is_available",
     "log_softmax",
+    "lsmr",
+    "matmul",
     "plan_cache_info",
     "softmax",
+    "sparse",
 ]

@@ -6,7 +6,7 @@ elements. ``device`` is a CUDA ordinal; ``stream`` a raw ``CUstream`` as an inte
 default stream). The public API is in ``tessera/__init__.py``; these are its building blocks.
 """
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 Desc = Tuple[int, str, Sequence[int], Sequence[int]]
 
@@ -173,3 +173,112 @@ class DecodeWrapper:
         """Queues the decode of ``layer``: ``q``/``out`` ``[B, 1, Hq, D]``, ``lse`` f32 ``[B, 1, Hq]``."""
     def append(self, device: int, stream: int, k: Desc, v: Desc, cache: KvCache, layer: int) -> None:
         """Queues the write of one row per sequence (``[B, Hkv, D]``) at position ``len_b - 1``."""
+
+def operand_layout(shape: Sequence[int], strides: Sequence[int]) -> Optional[str]:
+    """``"row"`` or ``"col"``: how the GEMM reads a 2-D or 3-D operand in place (its last two
+    dimensions), or None when it needs a contiguous copy."""
+
+def check_matmul(a: Desc, b: Desc, bias: Optional[Desc], out: Desc, activation: str = "none") -> Tuple[str, str]:
+    """Validates ``out = act(a @ b + bias)`` (no device needed; ``out`` may have address 0);
+    returns how a and b are read (``"row"`` / ``"col"``)."""
+
+def matmul(
+    device: int,
+    stream: int,
+    a: Desc,
+    b: Desc,
+    bias: Optional[Desc],
+    out: Desc,
+    activation: str = "none",
+) -> str:
+    """Queues ``out = act(a @ b + bias)`` on ``stream``; returns the kernel path that ran
+    (``"sm80"``, ``"skinny"``, ``"simt"``, ``"dmma"``)."""
+
+def check_csr(rows: int, cols: int, dtype: str, indptr: bytes, indices: bytes, data: bytes) -> int:
+    """Validates host CSR arrays (``indptr``/``indices`` int64 bytes, ``data`` bytes of
+    ``dtype``) without a device; returns the nonzeros after duplicates are summed."""
+
+def check_sparse_product(
+    rows: int, cols: int, dtype: str, x: Desc, out: Desc, transpose: bool
+) -> Tuple[Optional[int], str]:
+    """Validates ``out = A @ x`` (``A.T @ x`` with ``transpose``) for a ``rows x cols`` matrix of
+    ``dtype`` without a device; returns x's columns (None for a vector) and layout."""
+
+def check_lsmr(
+    m: int,
+    n: int,
+    b_len: int,
+    damp: float,
+    atol: float,
+    btol: float,
+    conlim: float,
+    x0: Optional[bytes] = None,
+) -> None:
+    """Validates LSMR's arguments as SciPy does (no device needed); ``x0`` as host float64 bytes."""
+
+LsmrReturn = Tuple[bytes, int, int, float, float, float, float, float, List[str]]
+
+def lsmr_callback(
+    device: int,
+    stream: int,
+    m: int,
+    n: int,
+    dtype: str,
+    apply: Callable[[bool, float, int, float, int], None],
+    b: bytes,
+    damp: float,
+    atol: float,
+    btol: float,
+    conlim: float,
+    maxiter: Optional[int],
+    x0: Optional[bytes],
+    show: bool,
+) -> LsmrReturn:
+    """LSMR on ``stream`` over ``apply(transpose, alpha, x_address, beta, y_address)``, which
+    queues ``y = alpha * op(A) x + beta * y`` on that stream. ``b``/``x0`` are host float64
+    bytes; returns x (float64 bytes), istop, itn, normr, normar, norma, conda, normx and the
+    progress lines of ``show``."""
+
+class SparseMatrix:
+    """A CSR matrix on one CUDA device (``tessera.sparse.csr_matrix`` holds one). It queues on
+    the stream it was made on; products on other streams are ordered with events."""
+
+    @staticmethod
+    def from_csr(
+        device: int, stream: int, rows: int, cols: int, dtype: str, indptr: bytes, indices: bytes, data: bytes
+    ) -> "SparseMatrix":
+        """Uploads host CSR arrays (validated; columns sorted, duplicates summed)."""
+    @staticmethod
+    def from_coo_device(
+        device: int, stream: int, rows: int, cols: int, row: Desc, col: Desc, values: Desc
+    ) -> "SparseMatrix":
+        """Copies COO triplets on the device and converts them to CSR there."""
+    @property
+    def device(self) -> int:
+        """The CUDA device ordinal."""
+    @property
+    def shape(self) -> Tuple[int, int]:
+        """``(rows, cols)``."""
+    @property
+    def nnz(self) -> int:
+        """Stored nonzeros."""
+    @property
+    def dtype(self) -> str:
+        """The value dtype (torch name)."""
+    @property
+    def index_dtype(self) -> str:
+        """``"int32"`` or ``"int64"``."""
+    def matmul(self, stream: int, x: Desc, out: Desc, transpose: bool) -> None:
+        """Queues ``out = A @ x`` (or ``A.T @ x``) for ``stream``."""
+    def lsmr(
+        self,
+        b: bytes,
+        damp: float,
+        atol: float,
+        btol: float,
+        conlim: float,
+        maxiter: Optional[int],
+        x0: Optional[bytes],
+        show: bool,
+    ) -> LsmrReturn:
+        """LSMR over this matrix (float32/float64) on its stream."""

@@ -907,3 +907,10 @@ impl Progress {
         );
     }
 }
+
+/// The argument checks both solvers make before any work (`b` of `m` elements, `x0` of `n`
+/// finite ones, `damp`, `atol`, `btol`, `conlim` finite and `>= 0`), for bindings that
+/// validate without a device (the Python package's `check_lsmr`).
+pub fn validate_problem(m: usize, n: usize, b_len: usize, opts: &LsmrOptions) -> Result<()> {
+    check_problem(m, n, b_len, opts)
+}
