@@ -272,6 +272,7 @@ fn matmul_problem(a: &Desc, b: &Desc, bias: Option<&Desc>, d: &Desc, activation:
             c: false,
             residual: false,
         },
+        scales: Default::default(),
     };
     problem.validate().py_err()?;
     let (ar, ac) = problem.a_stored();

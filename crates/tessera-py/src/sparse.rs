@@ -543,6 +543,7 @@ fn lsmr_options(
         maxiter,
         x0: x0.map(|b| from_bytes::<f64>("x0", b)).transpose()?,
         show,
+        ..Default::default()
     })
 }
 
