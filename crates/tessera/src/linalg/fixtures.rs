@@ -57,11 +57,15 @@ pub(crate) fn tolerance(name: &str) -> Tol {
             floor: 1e-8,
             conda: 10.0,
         },
+        // At the machine-precision stop the smallest |rbar| that conda divides by is itself
+        // rounding noise: SciPy's spread is 3.4, and the GPU's estimate was 20x the CPU
+        // reference's and 10x SciPy's on an H100 (with x within 3e-11), so the ratio allowed is
+        // 100; cond(A) ~ 1e9, which every one of these estimates underestimates.
         "ill_conditioned_machine" => Tol {
             x: 1e-8,
             est: 1e-1,
             floor: 1e-8,
-            conda: 10.0,
+            conda: 100.0,
         },
         // Vandermonde with cond ~ 1e7 stopped after 4 iterations: spread 2.3e-7 on x. (We
         // match SciPy bit for bit here today; the tolerance is for the class.)
@@ -81,12 +85,15 @@ pub(crate) fn tolerance(name: &str) -> Tol {
         },
         // Well conditioned, but converging only near maxiter (23 of 25 iterations, 37 on
         // 80 x 50): once the Lanczos vectors lose orthogonality, rounding differences grow
-        // ~3x per iteration; SciPy's spread on x is 1.8e-7 and 7e-7, and 5e-4 on norma.
+        // ~3x per iteration; SciPy's spread on x is 1.8e-7 and 7e-7, and 5e-4 on norma. conda
+        // comes from the same drifting recurrences as norma: the GPU's (other summation order
+        // in the norms and SpMVs) was 1.5% (dual storage) and 7.9% (single, atomic A^T x) off the
+        // CPU reference's on an H100, so the class allows 10%, as for the estimates' 1e-2.
         "warm_start_x0" | "sparse_least_squares" => Tol {
             x: 1e-4,
             est: 1e-2,
             floor: 1e-6,
-            conda: 1.0 + 1e-4,
+            conda: 1.1,
         },
         // SciPy's bidiagonal test matrix (cond ~ 20, entries 1..10): spread 3e-9 on x and
         // 0.12 on the (small) normr of a consistent system.
