@@ -9,6 +9,7 @@
 
 #[cfg(feature = "harness")]
 pub mod bench;
+pub mod block;
 pub mod convert;
 pub mod descriptor;
 pub mod device;
@@ -32,6 +33,8 @@ pub mod verify;
 pub mod verify_convert;
 
 #[cfg(test)]
+mod block_tests;
+#[cfg(test)]
 mod descriptor_tests;
 #[cfg(test)]
 mod generate_tests;
@@ -42,6 +45,7 @@ mod mtx_tests;
 #[cfg(test)]
 mod reference_tests;
 
+pub use block::{BellHost, BsrHost, BLOCK_SIZES};
 pub use convert::{ConversionReport, CooMatrix};
 pub use descriptor::SparseDescriptor;
 pub use device::CsrMatrix;
