@@ -4,7 +4,12 @@
 //! spmv             y = alpha * A   * x + beta * y
 //! spmv_transposed  y = alpha * A^T * x + beta * y      (A^T is never formed)
 //! spmm             C = alpha * A   * B + beta * C      (B: cols x n, C: rows x n, dense)
+//! spmv_bsr         spmv for a BSR matrix, block by block
+//! spmm_bsr         spmm for a BSR matrix, block by block
 //! ```
+//!
+//! (The CSR -> BSR -> Blocked-ELL reference conversions are [`BsrHost::from_csr`] and
+//! [`BellHost::from_bsr`](super::BellHost::from_bsr).)
 //!
 //! Products accumulate in f64 from the stored values (converted exactly from `T`). As in BLAS,
 //! `beta == 0` means the old `y` / `C` is not read, so NaN there is overwritten rather than
