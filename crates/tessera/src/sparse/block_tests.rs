@@ -242,3 +242,319 @@ fn bell_validation_names_the_argument_and_rule() {
     assert_eq!((bell.width, bell.block_indices.len()), (0, 0));
     bell.validate().unwrap();
 }
+
+/// The device CSR -> BSR conversion (convert.rs `csr_to_bsr`, convert.cu's block kernels), step
+/// for step on the host: stable sorts by column then block row, block heads, their scan, block
+/// rows and columns of each head, offsets from counts, and the fill of each (row, column) run.
+/// It must give `BsrHost::from_csr`'s arrays bit for bit, duplicates and unsorted rows included.
+fn device_model<I: SparseIndex>(a: &CsrHost<f32, I>, b: usize) -> BsrHost<f32, I> {
+    let nnz = a.nnz();
+    let block_rows = a.rows.div_ceil(b);
+    let row_of: Vec<usize> = (0..a.rows).flat_map(|r| std::iter::repeat_n(r, a.row_len(r))).collect();
+    let col = |k: usize| a.indices[k].to_usize();
+    // radix_sort(indices) then radix_sort(block rows, carrying the permutation): both stable
+    let mut perm: Vec<usize> = (0..nnz).collect();
+    perm.sort_by_key(|&k| col(k));
+    perm.sort_by_key(|&k| row_of[k] / b);
+    let sorted_br: Vec<usize> = perm.iter().map(|&k| row_of[k] / b).collect();
+    // conv_bsr_heads, conv_scan
+    let heads: Vec<usize> = (0..nnz)
+        .map(|i| {
+            let head = i == 0 || sorted_br[i] != sorted_br[i - 1] || col(perm[i]) / b != col(perm[i - 1]) / b;
+            head as usize
+        })
+        .collect();
+    let mut flags = vec![0usize; nnz + 1];
+    for i in 0..nnz {
+        flags[i + 1] = flags[i] + heads[i];
+    }
+    let nnzb = flags[nnz];
+    // conv_bsr_blocks, offsets_of
+    let (mut out_br, mut out_bc) = (vec![0; nnzb], vec![0; nnzb]);
+    for i in 0..nnz {
+        if flags[i + 1] > flags[i] {
+            out_br[flags[i]] = sorted_br[i];
+            out_bc[flags[i]] = col(perm[i]) / b;
+        }
+    }
+    let mut offsets = vec![0usize; block_rows + 1];
+    for &br in &out_br {
+        offsets[br + 1] += 1;
+    }
+    for r in 0..block_rows {
+        offsets[r + 1] += offsets[r];
+    }
+    // conv_bsr_fill
+    let mut values = vec![0.0f32; nnzb * b * b];
+    for i in 0..nnz {
+        let o = perm[i];
+        let (r, c) = (row_of[o], col(o));
+        if i > 0 && row_of[perm[i - 1]] == r && col(perm[i - 1]) == c {
+            continue;
+        }
+        let mut j = i + 1;
+        while j < nnz && row_of[perm[j]] == r && col(perm[j]) == c {
+            j += 1;
+        }
+        let v = if j == i + 1 {
+            a.values[o]
+        } else {
+            let mut sum = a.values[o] as f64;
+            for &p in &perm[i + 1..j] {
+                sum += a.values[p] as f64;
+            }
+            sum as f32
+        };
+        let slot = flags[i + 1] - 1;
+        values[slot * b * b + (r % b) * b + c % b] = v;
+    }
+    BsrHost {
+        rows: a.rows,
+        cols: a.cols,
+        block: b,
+        block_offsets: offsets.into_iter().map(I::from_usize_in_range).collect(),
+        block_indices: out_bc.into_iter().map(I::from_usize_in_range).collect(),
+        values,
+    }
+}
+
+#[test]
+fn device_conversion_model_matches_the_host_conversion() {
+    for &b in &BLOCK_SIZES {
+        for (s, &(rows, cols)) in SHAPES.iter().enumerate() {
+            let a: CsrHost<f32, i32> =
+                generate_block_sparse(structure(b, 0.3, 0.5, 0.2), rows, cols, SEED + s as u64).unwrap();
+            assert_eq!(
+                device_model(&a, b),
+                BsrHost::from_csr(&a, b).unwrap(),
+                "b {b} {rows}x{cols}"
+            );
+            // unsorted rows with entries stored up to three times
+            if a.nnz() == 0 {
+                continue;
+            }
+            let mut offsets = vec![0i32];
+            let (mut indices, mut values) = (Vec::new(), Vec::new());
+            for r in 0..a.rows {
+                let (c, v) = a.row(r);
+                for k in (0..c.len()).rev() {
+                    for rep in 0..1 + (k * 7 + r) % 3 {
+                        indices.push(c[k]);
+                        values.push(v[k] * (1.0 + rep as f32 / 3.0));
+                    }
+                }
+                offsets.push(indices.len() as i32);
+            }
+            let dup = CsrHost::new(
+                a.rows,
+                a.cols,
+                offsets,
+                indices,
+                values,
+                &CsrCheck {
+                    order: ColumnOrder::Unsorted,
+                    duplicates: Duplicates::Sum,
+                },
+            )
+            .unwrap();
+            let host = BsrHost::from_csr(&dup, b).unwrap();
+            let model = device_model(&dup, b);
+            assert_eq!(model.block_offsets, host.block_offsets);
+            assert_eq!(model.block_indices, host.block_indices);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&model.values),
+                bits(&host.values),
+                "b {b} {rows}x{cols} duplicates"
+            );
+        }
+    }
+}
+
+/// The blocks (position, block column) of block row `br` as the kernels walk them: BSR offsets,
+/// or Blocked-ELL slots up to the first padding slot.
+fn kernel_blocks(bsr: &BsrHost<f64, i32>, bell: Option<&BellHost<f64, i32>>, br: usize) -> Vec<(usize, usize)> {
+    match bell {
+        None => bsr
+            .block_range(br)
+            .map(|k| (k, bsr.block_indices[k] as usize))
+            .collect(),
+        Some(e) => (br * e.width..(br + 1) * e.width)
+            .map_while(|k| (e.block_indices[k] >= 0).then(|| (k, e.block_indices[k] as usize)))
+            .collect(),
+    }
+}
+
+/// spmm_bsr.cu's tensor-core tile, lane for lane: the A and B registers loaded with the
+/// kernel's addresses, the MMA applied through the fragment layouts of the PTX ISA (A row-major
+/// 16x16, B "col" 16x8, C 16x8, as mma.cuh's header states them), C written from the
+/// accumulator registers. f64 stands in for the halves (the index arithmetic is what is tested).
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // indices mirror the kernel's lanes
+fn tensor_core_model(
+    bsr: &BsrHost<f64, i32>,
+    bell: Option<&BellHost<f64, i32>>,
+    bm: &[f64],
+    n: usize,
+    n8: usize,
+    layout: DenseLayout,
+    alpha: f64,
+    c: &mut [f64],
+) {
+    let (b, rows, cols) = (bsr.block, bsr.rows, bsr.cols);
+    let values = bell.map_or(&bsr.values, |e| &e.values);
+    let m16 = b / 16;
+    let at = |r: usize, j: usize, ld: usize| match layout {
+        DenseLayout::RowMajor => r * ld + j,
+        DenseLayout::ColMajor => r + j * ld,
+    };
+    let (ldb, ldc) = (layout.leading_dim(cols, n), layout.leading_dim(rows, n));
+    let b_el = |r: usize, j: usize| if r >= cols || j >= n { 0.0 } else { bm[at(r, j, ldb)] };
+    for br in 0..bsr.block_rows() {
+        for j0 in (0..n).step_by(8 * n8) {
+            // acc[mt][nt][lane][e]
+            let mut acc = vec![vec![vec![[0.0f64; 4]; 32]; n8]; m16];
+            for (k, bc) in kernel_blocks(bsr, bell, br) {
+                let block = &values[k * b * b..(k + 1) * b * b];
+                for ks in 0..m16 {
+                    // registers, as the kernel loads them: (lo, hi) element pairs
+                    let mut bf = vec![[[0.0f64; 2]; 2]; 32 * n8];
+                    let mut af = vec![[[0.0f64; 2]; 4]; 32 * m16];
+                    for lane in 0..32 {
+                        let (g, t) = (lane / 4, lane % 4);
+                        let k0 = bc * b + ks * 16 + 2 * t;
+                        for nt in 0..n8 {
+                            let j = j0 + nt * 8 + g;
+                            bf[lane * n8 + nt] = [[b_el(k0, j), b_el(k0 + 1, j)], [b_el(k0 + 8, j), b_el(k0 + 9, j)]];
+                        }
+                        for mt in 0..m16 {
+                            let a_at = (mt * 16 + g) * b + ks * 16 + 2 * t;
+                            let pair = |p: usize| [block[p], block[p + 1]];
+                            af[lane * m16 + mt] =
+                                [pair(a_at), pair(a_at + 8 * b), pair(a_at + 8), pair(a_at + 8 * b + 8)];
+                        }
+                    }
+                    for mt in 0..m16 {
+                        // the PTX fragment layouts: which lane register holds A[m][k], B[k][n]
+                        let mut a = [[0.0; 16]; 16];
+                        for lane in 0..32 {
+                            let (g, t) = (lane / 4, lane % 4);
+                            let r = af[lane * m16 + mt];
+                            for e in 0..2 {
+                                a[g][2 * t + e] = r[0][e];
+                                a[g + 8][2 * t + e] = r[1][e];
+                                a[g][2 * t + 8 + e] = r[2][e];
+                                a[g + 8][2 * t + 8 + e] = r[3][e];
+                            }
+                        }
+                        for nt in 0..n8 {
+                            let mut bt = [[0.0; 8]; 16];
+                            for lane in 0..32 {
+                                let (g, t) = (lane / 4, lane % 4);
+                                let r = bf[lane * n8 + nt];
+                                for e in 0..2 {
+                                    bt[2 * t + e][g] = r[0][e];
+                                    bt[2 * t + 8 + e][g] = r[1][e];
+                                }
+                            }
+                            for lane in 0..32 {
+                                let (g, t) = (lane / 4, lane % 4);
+                                for (e, (m, nn)) in [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)]
+                                    .into_iter()
+                                    .enumerate()
+                                {
+                                    acc[mt][nt][lane][e] += (0..16).map(|kk| a[m][kk] * bt[kk][nn]).sum::<f64>();
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            for (mt, acc_mt) in acc.iter().enumerate() {
+                for (nt, acc_nt) in acc_mt.iter().enumerate() {
+                    for (lane, d) in acc_nt.iter().enumerate() {
+                        let (g, t) = (lane / 4, lane % 4);
+                        let r = br * b + mt * 16 + g;
+                        let j = j0 + nt * 8 + 2 * t;
+                        for (e, (rr, jj)) in [(r, j), (r, j + 1), (r + 8, j), (r + 8, j + 1)].into_iter().enumerate() {
+                            if rr < rows && jj < n {
+                                c[at(rr, jj, ldc)] = alpha * d[e];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// spmv_bsr.cu's lane mapping: lane l of a block row's warp takes row l / (32 / b) and every
+/// (32 / b)-th (block, column) pair from l % (32 / b); the lanes of a row are summed.
+fn spmv_model(bsr: &BsrHost<f64, i32>, bell: Option<&BellHost<f64, i32>>, x: &[f64], y: &mut [f64]) {
+    let b = bsr.block;
+    let values = bell.map_or(&bsr.values, |e| &e.values);
+    let lanes = 32 / b;
+    for br in 0..bsr.block_rows() {
+        let blocks = kernel_blocks(bsr, bell, br);
+        let mut sums = [0.0f64; 32];
+        for (lane, sum) in sums.iter_mut().enumerate() {
+            let (i, s) = (lane / lanes, lane % lanes);
+            for q in (s..blocks.len() * b).step_by(lanes) {
+                let (k, bc) = blocks[q / b];
+                let col = bc * b + q % b;
+                if col < bsr.cols {
+                    *sum += values[k * b * b + i * b + q % b] * x[col];
+                }
+            }
+        }
+        for i in 0..b {
+            let row = br * b + i;
+            if row < bsr.rows {
+                y[row] = sums[i * lanes..(i + 1) * lanes].iter().sum();
+            }
+        }
+    }
+}
+
+#[test]
+fn kernel_index_models_match_the_reference() {
+    for &b in &BLOCK_SIZES {
+        for (s, &(rows, cols)) in SHAPES.iter().enumerate() {
+            let a: CsrHost<f64, i32> =
+                generate_block_sparse(structure(b, 0.3, 0.6, 0.2), rows, cols, SEED ^ (s as u64 + 11)).unwrap();
+            let bsr = BsrHost::from_csr(&a, b).unwrap();
+            let bell = BellHost::from_bsr(&bsr).unwrap();
+            let x = random_vector(cols, 3);
+            let mut want = vec![0.0; rows];
+            reference::spmv(&a, 1.0, &x, 0.0, &mut want);
+            for e in [None, Some(&bell)] {
+                let mut y = vec![f64::NAN; rows];
+                spmv_model(&bsr, e, &x, &mut y);
+                for (p, q) in y.iter().zip(&want) {
+                    assert!((p - q).abs() <= 1e-12 * (1.0 + q.abs()), "spmv b {b} {rows}x{cols}");
+                }
+            }
+            if b < 16 {
+                continue;
+            }
+            for n in [1, 7, 9, 45] {
+                for layout in [DenseLayout::RowMajor, DenseLayout::ColMajor] {
+                    let bm = random_vector(cols * n, 4);
+                    let mut want = vec![0.0; rows * n];
+                    reference::spmm(&a, 0.5, &bm, n, layout, 0.0, &mut want, layout);
+                    for n8 in [1, 2, 4] {
+                        for e in [None, Some(&bell)] {
+                            let mut c = vec![f64::NAN; rows * n];
+                            tensor_core_model(&bsr, e, &bm, n, n8, layout, 0.5, &mut c);
+                            for (p, q) in c.iter().zip(&want) {
+                                assert!(
+                                    (p - q).abs() <= 1e-12 * (1.0 + q.abs()),
+                                    "tc b {b} {rows}x{cols} n {n} n8 {n8}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
