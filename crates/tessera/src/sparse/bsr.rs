@@ -12,6 +12,9 @@
 //!   tensor cores: tf32 keeps 10 mantissa bits, so an fp32 SpMM would silently lose about three
 //!   decimal digits (DESIGN.md's tf32 budget is 1e-3 against fp32's 1e-5). A tf32 path would be
 //!   an explicit opt-in; it is not built yet.
+//! * `spmm_on` forces a path for tests and benchmarks: the CUDA-core path for fp16/bf16 with
+//!   16 x 16 blocks (what the tensor cores gain), a tensor-core tile width. fp16/bf16 with
+//!   32 x 32 blocks have no CUDA-core variant ([`cuda_cores_available`]).
 //!
 //! # How to get one
 //! Explicitly: [`CsrMatrix::to_bsr`](super::CsrMatrix::to_bsr) / [`CsrMatrix::bsr`]
@@ -73,6 +76,13 @@ pub fn tensor_core_n8(n: usize) -> u32 {
 /// Whether (value, block) takes the tensor-core SpMM.
 pub fn uses_tensor_cores(value: DType, block: usize) -> bool {
     matches!(value, DType::F16 | DType::BF16) && block % 16 == 0
+}
+
+/// Whether the CUDA-core SpMM exists for (value, block): always, except fp16/bf16 with 32 x 32
+/// blocks (tensor cores only: that variant spilled on sm_89/sm_90a, and nothing needs it beside
+/// the tensor-core path; 16 x 16 keeps it as the tensor cores' twin for tests and benchmarks).
+pub fn cuda_cores_available(value: DType, block: usize) -> bool {
+    !(matches!(value, DType::F16 | DType::BF16) && block > 16)
 }
 
 /// One block-sparse SpMM kernel variant.
@@ -169,11 +179,13 @@ pub fn all_spmm_variants() -> Vec<BlockSpmmVariant> {
         for index in [DType::I32, DType::I64] {
             for block in super::block::BLOCK_SIZES {
                 for layout in [DenseLayout::RowMajor, DenseLayout::ColMajor] {
-                    let paths: Vec<BlockPath> = if uses_tensor_cores(value, block) {
-                        [1, 2, 4].map(|n8| BlockPath::TensorCores { n8 }).to_vec()
-                    } else {
-                        vec![BlockPath::CudaCores]
-                    };
+                    let mut paths: Vec<BlockPath> = Vec::new();
+                    if uses_tensor_cores(value, block) {
+                        paths.extend([1, 2, 4].map(|n8| BlockPath::TensorCores { n8 }));
+                    }
+                    if cuda_cores_available(value, block) {
+                        paths.push(BlockPath::CudaCores);
+                    }
                     for path in paths {
                         v.push(BlockSpmmVariant {
                             value,
@@ -356,6 +368,15 @@ impl<T: Element, I: SparseIndex> BlockArrays<T, I> {
                 return Err(Error::Unsupported(format!(
                     "the tensor-core block SpMM takes fp16/bf16 values with 16 x 16 or 32 x 32 blocks, not {} with \
                      {} x {}",
+                    T::DTYPE,
+                    self.block,
+                    self.block
+                )));
+            }
+            if p == BlockPath::CudaCores && !cuda_cores_available(T::DTYPE, self.block) {
+                return Err(Error::Unsupported(format!(
+                    "the CUDA-core block SpMM takes {} values with blocks up to 16 x 16; {} x {} blocks run on tensor \
+                     cores",
                     T::DTYPE,
                     self.block,
                     self.block
@@ -718,9 +739,22 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), v.len());
-        // 2 full dtypes x 5 blocks + 2 halves x 3 small blocks on CUDA cores, 2 halves x 2
+        // 2 full dtypes x 5 blocks + 2 halves x 4 blocks up to 16 on CUDA cores, 2 halves x 2
         // blocks x 3 tiles on tensor cores; x 2 index types x 2 layouts
-        assert_eq!(v.len(), (2 * 5 + 2 * 3 + 2 * 2 * 3) * 2 * 2);
+        assert_eq!(v.len(), (2 * 5 + 2 * 4 + 2 * 2 * 3) * 2 * 2);
+        // every forced path that spmm_on accepts is compiled by CI
+        for value in VALUE_DTYPES {
+            for b in super::super::block::BLOCK_SIZES {
+                let cuda = BlockSpmmVariant {
+                    value,
+                    index: DType::I32,
+                    block: b as u32,
+                    layout: DenseLayout::ColMajor,
+                    path: BlockPath::CudaCores,
+                };
+                assert_eq!(v.contains(&cuda), cuda_cores_available(value, b), "{cuda:?}");
+            }
+        }
         assert_eq!(all_spmv_variants().len(), 4 * 2 * 5);
         for value in VALUE_DTYPES {
             for b in super::super::block::BLOCK_SIZES {

@@ -254,7 +254,14 @@ pub fn cases(quick: bool) -> Vec<BlockCase> {
                 block: b,
                 rows: 203,
                 cols: 97,
-                value: values[b.trailing_zeros() as usize % 4],
+                // bf16 on 32 x 32 blocks: the forced CUDA-core path must be refused there
+                value: match b {
+                    2 => DType::F64,
+                    4 => DType::F16,
+                    8 => DType::BF16,
+                    16 => DType::F32,
+                    _ => DType::BF16,
+                },
                 index: DType::I32,
             });
         }
@@ -602,6 +609,10 @@ fn run_bad_input<T: Element, I: SparseIndex>(ctx: &Context, case: &BlockCase, se
     expect_err(&mut problems, "n = 0", r, &c)?;
     let r = m.spmm(Some(BlockPath::TensorCores { n8: 3 }), 1.0, &b_ok, n, row, 0.0, &mut c);
     expect_err(&mut problems, "n8 = 3", r, &c)?;
+    if !super::bsr::cuda_cores_available(T::DTYPE, case.block) {
+        let r = m.spmm(Some(BlockPath::CudaCores), 1.0, &b_ok, n, row, 0.0, &mut c);
+        expect_err(&mut problems, "CUDA cores forced where they do not apply", r, &c)?;
+    }
     if !super::bsr::uses_tensor_cores(T::DTYPE, case.block) {
         let r = m.spmm(Some(BlockPath::TensorCores { n8: 1 }), 1.0, &b_ok, n, row, 0.0, &mut c);
         expect_err(&mut problems, "tensor cores forced where they do not apply", r, &c)?;
