@@ -326,6 +326,9 @@ pub enum BlockImpl {
     /// BSR on the CUDA-core path forced (impl `tessera-bsr-cuda-cores`; fp16/bf16 only: what
     /// the tensor cores gain).
     BsrCudaCores,
+    /// BSR on the staged tensor-core path (cp.async + ldmatrix; impl `tessera-bsr-staged`;
+    /// fp16/bf16, n % 8 == 0): whether it should become the default.
+    BsrStaged,
 }
 
 impl BlockImpl {
@@ -335,6 +338,7 @@ impl BlockImpl {
             BlockImpl::Bsr => "tessera-bsr",
             BlockImpl::Bell => "tessera-bell",
             BlockImpl::BsrCudaCores => "tessera-bsr-cuda-cores",
+            BlockImpl::BsrStaged => "tessera-bsr-staged",
         }
     }
 }
@@ -451,11 +455,17 @@ fn run_block<T: Element>(
             let csr = &csr;
             (path, Box::new(move |c| plan.run(csr, 1.0, &db, 0.0, c)))
         }
-        BlockImpl::Bsr | BlockImpl::BsrCudaCores => {
+        BlockImpl::Bsr | BlockImpl::BsrCudaCores | BlockImpl::BsrStaged => {
             let bsr = csr.bsr(case.block)?;
             extra["convert_ms"] = json!(bsr.conversion().map(|r| r.elapsed.as_secs_f64() * 1e3));
             extra["block_density"] = json!(bsr.block_density());
-            let forced = (which == BlockImpl::BsrCudaCores).then_some(super::bsr::BlockPath::CudaCores);
+            let forced = match which {
+                BlockImpl::BsrCudaCores => Some(super::bsr::BlockPath::CudaCores),
+                BlockImpl::BsrStaged => Some(super::bsr::BlockPath::TensorCoresStaged {
+                    n8: super::bsr::tensor_core_n8(n),
+                }),
+                _ => None,
+            };
             let path = match forced {
                 Some(p) => format!("{p:?}"),
                 None => bsr.spmm_variant(n, layout).path_name(),

@@ -385,8 +385,8 @@ fn kernel_blocks(bsr: &BsrHost<f64, i32>, bell: Option<&BellHost<f64, i32>>, br:
     }
 }
 
-/// spmm_bsr.cu's tensor-core tile, lane for lane: the A and B registers loaded with the
-/// kernel's addresses, the MMA applied through the fragment layouts of the PTX ISA (A row-major
+/// spmm_bsr.cu's tensor-core tile (and, `staged`, its shared-memory B path), lane for lane: the
+/// A and B registers loaded with the kernel's addresses, the MMA applied through the fragment layouts of the PTX ISA (A row-major
 /// 16x16, B "col" 16x8, C 16x8, as mma.cuh's header states them), C written from the
 /// accumulator registers. f64 stands in for the halves (the index arithmetic is what is tested).
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // indices mirror the kernel's lanes
@@ -395,7 +395,7 @@ fn tensor_core_model(
     bell: Option<&BellHost<f64, i32>>,
     bm: &[f64],
     n: usize,
-    n8: usize,
+    (n8, staged): (usize, bool),
     layout: DenseLayout,
     alpha: f64,
     c: &mut [f64],
@@ -425,6 +425,32 @@ fn tensor_core_model(
                         for nt in 0..n8 {
                             let j = j0 + nt * 8 + g;
                             bf[lane * n8 + nt] = [[b_el(k0, j), b_el(k0 + 1, j)], [b_el(k0 + 8, j), b_el(k0 + 9, j)]];
+                        }
+                        if staged {
+                            // the staged tile S[row][col] = B[bc * b + row][j0 + col] (zero
+                            // outside B), read by ldmatrix.x4.trans: the 8 row addresses of
+                            // matrix m come from lanes 8m .. 8m + 7 (row ks * 16 + (m % 2) * 8 + i,
+                            // columns from (nt + m / 2) * 8); lane l receives, of each matrix,
+                            // column l / 4 of rows 2 (l % 4) and 2 (l % 4) + 1
+                            let s_el = |row: usize, col: usize| b_el(bc * b + row, j0 + col);
+                            for nt in (0..n8).step_by(2) {
+                                let mut r = [[0.0f64; 2]; 4];
+                                for (m, rm) in r.iter_mut().enumerate() {
+                                    let addr_of = |i: usize| {
+                                        let krow = ks * 16 + (m % 2) * 8 + i;
+                                        let ncol = if n8 > 1 { nt + m / 2 } else { nt } * 8;
+                                        (krow, ncol)
+                                    };
+                                    for (e, x) in rm.iter_mut().enumerate() {
+                                        let (krow, ncol) = addr_of(2 * t + e);
+                                        *x = s_el(krow, ncol + g);
+                                    }
+                                }
+                                bf[lane * n8 + nt] = [r[0], r[1]];
+                                if n8 > 1 {
+                                    bf[lane * n8 + nt + 1] = [r[2], r[3]];
+                                }
+                            }
                         }
                         for mt in 0..m16 {
                             let a_at = (mt * 16 + g) * b + ks * 16 + 2 * t;
@@ -536,15 +562,18 @@ fn kernel_index_models_match_the_reference() {
             if b < 16 {
                 continue;
             }
-            for n in [1, 7, 9, 45] {
+            for n in [1, 7, 8, 9, 45, 48] {
                 for layout in [DenseLayout::RowMajor, DenseLayout::ColMajor] {
                     let bm = random_vector(cols * n, 4);
                     let mut want = vec![0.0; rows * n];
                     reference::spmm(&a, 0.5, &bm, n, layout, 0.0, &mut want, layout);
-                    for n8 in [1, 2, 4] {
+                    for (n8, staged) in [1, 2, 4].into_iter().flat_map(|n8| [(n8, false), (n8, true)]) {
+                        if staged && (layout != DenseLayout::RowMajor || n % 8 != 0) {
+                            continue;
+                        }
                         for e in [None, Some(&bell)] {
                             let mut c = vec![f64::NAN; rows * n];
-                            tensor_core_model(&bsr, e, &bm, n, n8, layout, 0.5, &mut c);
+                            tensor_core_model(&bsr, e, &bm, n, (n8, staged), layout, 0.5, &mut c);
                             for (p, q) in c.iter().zip(&want) {
                                 assert!(
                                     (p - q).abs() <= 1e-12 * (1.0 + q.abs()),

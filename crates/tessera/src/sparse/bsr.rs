@@ -43,7 +43,7 @@ use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, Ker
 pub const SPMM_SOURCE: &str = include_str!("spmm_bsr.cu");
 /// Source of the block-sparse SpMV kernel.
 pub const SPMV_SOURCE: &str = include_str!("spmv_bsr.cu");
-/// Threads per CTA of the SpMM kernel (4 warps).
+/// Threads per CTA of the SpMM kernel (4 warps; the staged path's shared memory is sized by it).
 pub const SPMM_THREADS: u32 = 128;
 /// Threads per CTA of the SpMV kernel (8 block rows).
 pub const SPMV_THREADS: u32 = 256;
@@ -64,6 +64,10 @@ pub fn block_format_advised(d: &SparseDescriptor, b: usize) -> bool {
 pub enum BlockPath {
     /// mma.sync m16n8k16 with `n8` tiles of 8 columns per warp (fp16/bf16, b = 16 or 32).
     TensorCores { n8: u32 },
+    /// As `TensorCores`, with each block's B tile staged in shared memory by cp.async (double
+    /// buffered) and read by ldmatrix.trans: row-major B and C with `n % 8 == 0` only. An
+    /// opt-in (`spmm_on`) until a GPU run shows whether it beats `TensorCores`.
+    TensorCoresStaged { n8: u32 },
     /// FMA in the value's precision, 32 columns per warp.
     CudaCores,
 }
@@ -97,9 +101,10 @@ pub struct BlockSpmmVariant {
 
 impl BlockSpmmVariant {
     pub fn key(&self) -> KernelKey {
-        let (tc, n8) = match self.path {
-            BlockPath::TensorCores { n8 } => (true, n8),
-            BlockPath::CudaCores => (false, 1),
+        let (tc, staged, n8) = match self.path {
+            BlockPath::TensorCores { n8 } => (true, false, n8),
+            BlockPath::TensorCoresStaged { n8 } => (true, true, n8),
+            BlockPath::CudaCores => (false, false, 1),
         };
         KernelKey::new("spmm_bsr")
             .ty("Val", self.value)
@@ -107,6 +112,7 @@ impl BlockSpmmVariant {
             .int("kBlock", "b", self.block)
             .flag("kColMajor", "colmajor", self.layout == DenseLayout::ColMajor)
             .flag("kTensorCores", "tc", tc)
+            .flag("kStaged", "staged", staged)
             .int("kN8", "n8_", n8)
             .int("kBlockThreads", "t", SPMM_THREADS)
     }
@@ -116,7 +122,7 @@ impl BlockSpmmVariant {
     /// Columns one warp covers.
     fn tile_cols(&self) -> usize {
         match self.path {
-            BlockPath::TensorCores { n8 } => 8 * n8 as usize,
+            BlockPath::TensorCores { n8 } | BlockPath::TensorCoresStaged { n8 } => 8 * n8 as usize,
             BlockPath::CudaCores => 32,
         }
     }
@@ -124,6 +130,7 @@ impl BlockSpmmVariant {
     pub fn path_name(&self) -> String {
         match self.path {
             BlockPath::TensorCores { n8 } => format!("tc-n{n8}"),
+            BlockPath::TensorCoresStaged { n8 } => format!("tc-staged-n{n8}"),
             BlockPath::CudaCores => "cuda-cores".into(),
         }
     }
@@ -182,6 +189,9 @@ pub fn all_spmm_variants() -> Vec<BlockSpmmVariant> {
                     let mut paths: Vec<BlockPath> = Vec::new();
                     if uses_tensor_cores(value, block) {
                         paths.extend([1, 2, 4].map(|n8| BlockPath::TensorCores { n8 }));
+                        if layout == DenseLayout::RowMajor {
+                            paths.extend([1, 2, 4].map(|n8| BlockPath::TensorCoresStaged { n8 }));
+                        }
                     }
                     if cuda_cores_available(value, block) {
                         paths.push(BlockPath::CudaCores);
@@ -364,7 +374,17 @@ impl<T: Element, I: SparseIndex> BlockArrays<T, I> {
         check_scalars(alpha, beta)?;
         let mut variant = choose_spmm_variant(T::DTYPE, I::DTYPE, self.block, n, layout);
         if let Some(p) = path {
-            if matches!(p, BlockPath::TensorCores { .. }) && !uses_tensor_cores(T::DTYPE, self.block) {
+            if let BlockPath::TensorCoresStaged { .. } = p {
+                if layout != DenseLayout::RowMajor || n % 8 != 0 {
+                    return Err(Error::Unsupported(format!(
+                        "the staged tensor-core block SpMM takes row-major B and C with n a multiple of 8, not \
+                         {layout:?} with n = {n}"
+                    )));
+                }
+            }
+            if matches!(p, BlockPath::TensorCores { .. } | BlockPath::TensorCoresStaged { .. })
+                && !uses_tensor_cores(T::DTYPE, self.block)
+            {
                 return Err(Error::Unsupported(format!(
                     "the tensor-core block SpMM takes fp16/bf16 values with 16 x 16 or 32 x 32 blocks, not {} with \
                      {} x {}",
@@ -382,7 +402,7 @@ impl<T: Element, I: SparseIndex> BlockArrays<T, I> {
                     self.block
                 )));
             }
-            if let BlockPath::TensorCores { n8 } = p {
+            if let BlockPath::TensorCores { n8 } | BlockPath::TensorCoresStaged { n8 } = p {
                 if ![1, 2, 4].contains(&n8) {
                     return Err(Error::invalid(
                         "path",
@@ -420,8 +440,10 @@ impl<T: Element, I: SparseIndex> BlockArrays<T, I> {
         // with the packed leading dimension of `layout` (B has >= cols * n elements, checked), C
         // written only at rows < rows and columns < n (>= rows * n elements, checked), each
         // element by one lane; the tensor-core path reads A with 4-byte loads at even element
-        // offsets of 16-bit values (device allocations are 256-byte aligned). BsrParams mirrors
-        // the kernel's struct.
+        // offsets of 16-bit values (device allocations are 256-byte aligned); the staged path
+        // copies 16-byte chunks of B only where row < cols and the chunk's 8 columns < n (n % 8
+        // == 0, row-major, checked above: every chunk lies inside B and is 16-byte aligned) and
+        // uses static shared memory only. BsrParams mirrors the kernel's struct.
         unsafe { kernel.launch(&self.ctx, LaunchConfig::linear(grid, SPMM_THREADS, 0), &params)? };
         Ok(variant)
     }
@@ -741,7 +763,8 @@ mod tests {
         assert_eq!(names.len(), v.len());
         // 2 full dtypes x 5 blocks + 2 halves x 4 blocks up to 16 on CUDA cores, 2 halves x 2
         // blocks x 3 tiles on tensor cores; x 2 index types x 2 layouts
-        assert_eq!(v.len(), (2 * 5 + 2 * 4 + 2 * 2 * 3) * 2 * 2);
+        // and the staged tensor-core path (row-major only): 2 halves x 2 blocks x 3 tiles x 2 index
+        assert_eq!(v.len(), (2 * 5 + 2 * 4 + 2 * 2 * 3) * 2 * 2 + 2 * 2 * 3 * 2);
         // every forced path that spmm_on accepts is compiled by CI
         for value in VALUE_DTYPES {
             for b in super::super::block::BLOCK_SIZES {

@@ -63,6 +63,7 @@ impl Operator for Sparse {
             let mut impls = vec![bench::BlockImpl::Csr, bench::BlockImpl::Bsr, bench::BlockImpl::Bell];
             if c.value.size() == 2 {
                 impls.push(bench::BlockImpl::BsrCudaCores);
+                impls.push(bench::BlockImpl::BsrStaged);
             }
             impls.into_iter().map(move |which| {
                 let baseline = (which == bench::BlockImpl::Csr).then(|| (c.name(), c.params()));

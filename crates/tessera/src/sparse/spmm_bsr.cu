@@ -19,6 +19,13 @@
 //     (B[k rows of the step][8 columns], "col" operand) from 16-bit loads packed in pairs, and
 //     mma.sync m16n8k16 accumulates in f32. Rounding: A and B are used as stored (no rounding
 //     before the MMA), sums in f32, as cuBLAS / cuSPARSE do for half inputs.
+//   tensor cores, staged B (kStaged; row-major, n % 8 == 0, an opt-in until measured): as
+//     above, but each block's B tile (kBlock rows x kN8 * 8 columns) is copied to the warp's
+//     shared memory with cp.async (16-byte chunks, zero-filled past cols / n), double buffered
+//     (block k + 1 in flight while block k computes), and the B fragments come from
+//     ldmatrix.x4.trans (two n8 tiles x both k halves of a k16 step per instruction). Rows are
+//     padded by 16 bytes (kStride), so the 8 row addresses of an ldmatrix hit distinct banks.
+//     Shared memory: kWarps * 2 * kBlock * kStride * 2 bytes (20 KiB for kBlock 32, kN8 4).
 //   CUDA cores (every Val and kBlock; the fp32 / fp64 path: fp32 keeps fp32 products and sums,
 //     no tf32 rounding): a warp per (block row, tile of 32 columns), lane l owns column
 //     j0 + l: for each block it loads the kBlock B elements of its column (coalesced across the
@@ -37,6 +44,7 @@
 #include "tessera/dtype.cuh"
 #include "tessera/vec.cuh"
 #include "tessera/mma.cuh"
+#include "tessera/async_copy.cuh"
 
 #ifndef TS_GENERATED_PREAMBLE
 using Val = ts::f16;
@@ -44,6 +52,7 @@ using Idx = int;
 constexpr int kBlock = 16;
 constexpr bool kColMajor = false;
 constexpr bool kTensorCores = true;
+constexpr bool kStaged = false;
 constexpr int kN8 = 4;
 constexpr int kBlockThreads = 128;
 #endif
@@ -52,6 +61,7 @@ using Acc = ts::conditional_t<ts::is_same_v<Val, double>, double, float>;
 constexpr int kWarps = kBlockThreads / 32;
 constexpr bool kHalf = ts::is_same_v<Val, ts::f16> || ts::is_same_v<Val, ts::bf16>;
 static_assert(!kTensorCores || (kHalf && kBlock % 16 == 0), "tensor cores: f16/bf16 values, kBlock 16 or 32");
+static_assert(!kStaged || (kTensorCores && !kColMajor), "staged B: the row-major tensor-core path");
 static_assert(kBlock == 2 || kBlock == 4 || kBlock == 8 || kBlock == 16 || kBlock == 32, "kBlock: 2..32, power of 2");
 
 struct BsrParams {
@@ -177,6 +187,105 @@ TS_DEVICE void tensor_core_tile(const BsrParams& p, long long br, long long j0) 
   }
 }
 
+/// Tensor cores with B staged in shared memory (kStaged): this warp's kBlock rows x kN8 * 8
+/// columns from j0 (row-major B and C, n % 8 == 0: every 8-column chunk is whole and 16-byte
+/// aligned). A template, so that other variants never instantiate it.
+template <class V, int kM16>
+TS_DEVICE void tensor_core_tile_staged(const BsrParams& p, long long br, long long j0) {
+  constexpr int kStride = kN8 * 8 + 8;       // halves per staged row (16 bytes of padding)
+  constexpr int kStage = kBlock * kStride;   // halves per stage
+  constexpr int kChunks = kBlock * kN8;      // 16-byte chunks per stage
+  static_assert(kChunks % 32 == 0 || kChunks < 32, "chunks per lane");
+  __shared__ alignas(16) uint16_t staged[kWarps][2][kStage];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  // Starts the copies of block k's B tile into stage s (one commit group).
+  auto prefetch = [&](long long k, int s) {
+    const long long r0 = (long long)p.block_indices[k] * kBlock;
+#pragma unroll
+    for (int c = lane; c < kChunks; c += 32) {
+      const int row = c / kN8, q = c % kN8;
+      const long long r = r0 + row, j = j0 + q * 8;
+      const bool valid = r < p.cols && j < p.n;
+      const V* src = p.b + (valid ? r * p.ldb + j : 0);
+      ts::cp_async_16_zfill(ts::smem_addr(&staged[warp][s][row * kStride + q * 8]), src, valid);
+    }
+    ts::cp_async_commit();
+  };
+  float acc[kM16][kN8][4];
+#pragma unroll
+  for (int mt = 0; mt < kM16; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kN8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+  long long begin, end;
+  block_range(p, br, begin, end);
+  // Blocked-ELL: the real blocks end at the first padding slot
+  if (p.ell_width > 0) {
+    long long real = begin;
+    while (real < end && (long long)p.block_indices[real] >= 0) ++real;
+    end = real;
+  }
+  if (begin < end) prefetch(begin, 0);
+  int s = 0;
+#pragma unroll 1
+  for (long long k = begin; k < end; ++k, s ^= 1) {
+    if (k + 1 < end) {
+      prefetch(k + 1, s ^ 1);
+      ts::cp_async_wait<1>();  // block k's group is done, block k + 1's may still fly
+    } else {
+      ts::cp_async_wait<0>();
+    }
+    __syncwarp();  // every lane's copies of block k are visible to the warp
+    const V* block = p.values + k * (kBlock * kBlock);
+#pragma unroll
+    for (int ks = 0; ks < kM16; ++ks) {
+      // ldmatrix.x4.trans: lane l addresses row l % 8 of matrix l / 8; matrix m holds k rows
+      // ks * 16 + (m % 2) * 8 .. + 8 and columns (nt + m / 2) * 8 .. + 8 (nt + 1 = nt for one n8)
+      uint32_t bf[kN8][2];
+#pragma unroll
+      for (int nt = 0; nt < kN8; nt += 2) {
+        const int m = lane / 8;
+        const int krow = ks * 16 + (m % 2) * 8 + lane % 8;
+        const int ncol = (kN8 > 1 ? nt + m / 2 : nt) * 8;
+        uint32_t r[4];
+        ts::ldmatrix_x4_trans(r, ts::smem_addr(&staged[warp][s][krow * kStride + ncol]));
+        bf[nt][0] = r[0];
+        bf[nt][1] = r[1];
+        if constexpr (kN8 > 1) {
+          bf[nt + 1][0] = r[2];
+          bf[nt + 1][1] = r[3];
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kM16; ++mt) {
+        const V* a_at = block + (mt * 16 + g) * kBlock + ks * 16 + 2 * t;
+        uint32_t a[4];
+        a[0] = ts::ld_global_b32(a_at);
+        a[1] = ts::ld_global_b32(a_at + 8 * kBlock);
+        a[2] = ts::ld_global_b32(a_at + 8);
+        a[3] = ts::ld_global_b32(a_at + 8 * kBlock + 8);
+#pragma unroll
+        for (int nt = 0; nt < kN8; ++nt) ts::mma_m16n8k16<V>(acc[mt][nt], a, bf[nt][0], bf[nt][1]);
+      }
+    }
+    __syncwarp();  // stage s is read before the next iteration's prefetch overwrites it
+  }
+#pragma unroll
+  for (int mt = 0; mt < kM16; ++mt) {
+    const long long r = br * kBlock + mt * 16 + g;
+#pragma unroll
+    for (int nt = 0; nt < kN8; ++nt) {
+      const long long j = j0 + nt * 8 + 2 * t;
+      write_c(p, r, j, acc[mt][nt][0]);
+      write_c(p, r, j + 1, acc[mt][nt][1]);
+      write_c(p, r + 8, j, acc[mt][nt][2]);
+      write_c(p, r + 8, j + 1, acc[mt][nt][3]);
+    }
+  }
+}
+
 /// CUDA cores: this lane's column j of the warp's block row.
 TS_DEVICE void cuda_core_column(const BsrParams& p, long long br, long long j) {
   constexpr int kPack = ts::kPack16<Val> < kBlock ? ts::kPack16<Val> : kBlock;  // elements per A load
@@ -234,6 +343,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) spmm_bsr(const __gri
   if (pair >= p.block_rows * tiles) return;
   const long long br = pair / tiles;
   const long long j0 = (pair % tiles) * kTileCols;
-  if constexpr (kTensorCores) tensor_core_tile<Val, kBlock / 16>(p, br, j0);
+  if constexpr (kStaged) tensor_core_tile_staged<Val, kBlock / 16>(p, br, j0);
+  else if constexpr (kTensorCores) tensor_core_tile<Val, kBlock / 16>(p, br, j0);
   else cuda_core_column(p, br, j0 + threadIdx.x % 32);
 }

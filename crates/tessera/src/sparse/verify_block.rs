@@ -288,6 +288,34 @@ pub fn cases(quick: bool) -> Vec<BlockCase> {
                 });
             }
         }
+        // the staged tensor-core path (opt-in; row-major, n % 8 == 0): every tile width, both
+        // halves and block sizes, both formats, cols not a multiple of the block (zero-filled
+        // B rows), empty block rows
+        for (b, value, format, n, n8) in [
+            (16, DType::F16, BlockFormat::Bsr, 40, 4),
+            (16, DType::BF16, BlockFormat::Bell, 8, 1),
+            (16, DType::F16, BlockFormat::BsrHost, 128, 4),
+            (32, DType::F16, BlockFormat::Bell, 136, 2),
+            (32, DType::BF16, BlockFormat::Bsr, 136, 4),
+            (32, DType::BF16, BlockFormat::Bsr, 16, 1),
+        ] {
+            out.push(BlockCase {
+                kind: BlockKind::Spmm {
+                    n,
+                    layout: DenseLayout::RowMajor,
+                    alpha: -0.75,
+                    beta: if n8 == 4 { 0.0 } else { 1.5 },
+                    path: Some(BlockPath::TensorCoresStaged { n8 }),
+                },
+                format,
+                source: blocks(b, 0.1, 0.8, 0.2),
+                block: b,
+                rows: 1003,
+                cols: 777,
+                value,
+                index: if b == 16 { DType::I32 } else { DType::I64 },
+            });
+        }
         // every tensor-core tile width, forced, on an N that is no multiple of any
         for n8 in [1, 2, 4] {
             out.push(BlockCase {
@@ -616,6 +644,13 @@ fn run_bad_input<T: Element, I: SparseIndex>(ctx: &Context, case: &BlockCase, se
     if !super::bsr::uses_tensor_cores(T::DTYPE, case.block) {
         let r = m.spmm(Some(BlockPath::TensorCores { n8: 1 }), 1.0, &b_ok, n, row, 0.0, &mut c);
         expect_err(&mut problems, "tensor cores forced where they do not apply", r, &c)?;
+    } else {
+        // the staged path takes row-major B and C with n % 8 == 0 only
+        let staged = Some(BlockPath::TensorCoresStaged { n8: 1 });
+        let r = m.spmm(staged, 1.0, &b_ok, 7, row, 0.0, &mut c);
+        expect_err(&mut problems, "staged with n = 7", r, &c)?;
+        let r = m.spmm(staged, 1.0, &b_ok, n, DenseLayout::ColMajor, 0.0, &mut c);
+        expect_err(&mut problems, "staged column-major", r, &c)?;
     }
     // SpMV: x one short, y one short
     let x_short = upload_nonempty(ctx, &vec![T::from_f64(1.0); cols - 1])?;
