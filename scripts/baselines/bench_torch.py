@@ -64,7 +64,7 @@ def load_matrix(params):
     import numpy as np  # noqa: PLC0415 (numpy comes with torch)
 
     stem = params["matrix"]
-    val = {"fp32": np.float32, "fp64": np.float64}[params["dtype"]]
+    val = {"fp32": np.float32, "fp64": np.float64, "fp16": np.float16}[params["dtype"]]
     idx = {"i32": np.int32, "i64": np.int64}[params.get("index", "i32")]
     offsets = np.fromfile(stem + ".offsets", dtype=idx)
     indices = np.fromfile(stem + ".indices", dtype=idx)
@@ -79,6 +79,8 @@ def load_matrix(params):
 
 
 def bench_sparse(case, params):
+    if params.get("op") == "spmm":
+        return bench_sparse_spmm(case, params)
     rows, cols, offsets, indices, values = load_matrix(params)
     nnz = len(values)
     vsize, isize = values.itemsize, indices.itemsize
@@ -105,6 +107,59 @@ def bench_sparse(case, params):
     xc = [cupy.asarray(x) for x in xs]
     ms = time_ms(lambda x: ac @ x, xc)
     out.append(row(case, params, "cupy-csr", ms=ms, gbps=nbytes / (ms * 1e-3) / 1e9))
+    return out
+
+
+# -- sparse SpMM: C = A B (B, C row-major, params["n"] columns) on the block-sparse matrices of
+# bench.rs's block cases, through cuSPARSE: torch CSR (torch.mm on a sparse_csr tensor), torch BSR
+# (the same tensor .to_sparse_bsr((b, b)); torch may not take every dtype: then an "error" row),
+# CuPy CSR (csr_matrix @ B). TFLOP/s count 2 flops per stored CSR nonzero and column, as ours.
+
+def bench_sparse_spmm(case, params):
+    rows, cols, offsets, indices, values = load_matrix(params)
+    n, block = int(params["n"]), int(params["block"])
+    nnz = len(values)
+    dtype = {"fp32": torch.float32, "fp64": torch.float64, "fp16": torch.float16}[params["dtype"]]
+    vsize = values.itemsize
+    nbytes = nnz * (vsize + 4) + (rows + 1) * 4 + (rows + cols) * n * vsize
+    out = []
+
+    def done(impl, ms, note=None):
+        r = row(case, params, impl, ms=ms, tflops=2.0 * nnz * n / (ms * 1e-3) / 1e12,
+                gbps=nbytes / (ms * 1e-3) / 1e9)
+        if note:
+            r["note"] = note
+        out.append(r)
+
+    a = torch.sparse_csr_tensor(
+        torch.from_numpy(offsets).cuda(), torch.from_numpy(indices).cuda(),
+        torch.from_numpy(values).cuda(), size=(rows, cols))
+    gen = torch.Generator(device="cuda").manual_seed(0x5EED)
+    bs = [(torch.rand((cols, n), device="cuda", dtype=torch.float32, generator=gen) * 2 - 1).to(dtype)
+          for _ in range(4)]
+    try:
+        done("torch-csr", time_ms(lambda b: torch.mm(a, b), bs))
+    except Exception as e:  # noqa: BLE001
+        out.append(row(case, params, "torch-csr", error=f"{type(e).__name__}: {e}"))
+    try:
+        a_bsr = a.to_sparse_bsr((block, block))
+        done("torch-bsr", time_ms(lambda b: torch.mm(a_bsr, b), bs),
+             note=f"{a_bsr.values().shape[0]} blocks of {block}x{block}")
+    except Exception as e:  # noqa: BLE001
+        out.append(row(case, params, "torch-bsr", error=f"{type(e).__name__}: {e}"))
+    try:
+        import cupy  # noqa: PLC0415
+        import cupyx.scipy.sparse as cusp  # noqa: PLC0415
+    except Exception as e:  # noqa: BLE001
+        out.append(row(case, params, "cupy-csr", missing=f"cupy not importable: {e}"))
+        return out
+    try:
+        ac = cusp.csr_matrix((cupy.asarray(values), cupy.asarray(indices), cupy.asarray(offsets)),
+                             shape=(rows, cols))
+        bc = [cupy.asarray(b) for b in bs]
+        done("cupy-csr", time_ms(lambda b: ac @ b, bc))
+    except Exception as e:  # noqa: BLE001
+        out.append(row(case, params, "cupy-csr", error=f"{type(e).__name__}: {e}"))
     return out
 
 
@@ -242,7 +297,7 @@ OPS = {
 # The impls each op reports (rows marked missing when torch is unavailable).
 IMPLS = {
     "softmax": ["torch"],
-    "sparse": ["torch-csr", "cupy-csr"],
+    "sparse": ["torch-csr", "cupy-csr", "torch-bsr"],
     "lsmr": ["cupy", "scipy-cpu"],
     "gemm": ["torch"],
 }

@@ -1,5 +1,6 @@
 //! `tessera bench sparse`: SpMV on the matrices of the sparse issue (synthetic stand-ins of the
-//! same shapes and structure), fp32 and fp64, A and an explicit A^T. Effective GB/s count
+//! same shapes and structure), fp32 and fp64, A and an explicit A^T; and block-sparse SpMM
+//! (16 x 16 blocks at 5-20% block density: CSR vs BSR vs Blocked-ELL, [`block_cases`]). Effective GB/s count
 //! values, indices, offsets, x and y once. Each case is verified against the f64 reference on
 //! the timed inputs first. The matrix is written to `$TMPDIR/tessera-sparse/<case>.{offsets,
 //! indices,values}` (raw little-endian) for the baseline runner (scripts/baselines/
@@ -304,6 +305,220 @@ fn run_sell<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: Timi
         // the same useful bytes as the CSR row (padding is overhead, not counted)
         gbps: Some(bytes(&host) as f64 / (t.median_ms * 1e-3) / 1e9),
         tflops: None,
+        extra_mib: Some(0.0),
+        max_abs_err: Some(cmp.max_abs_err),
+        rel_l2: Some(cmp.rel_l2),
+    })
+}
+
+/// One timed SpMM call writing into C.
+type RunSpmm<'a, T> = dyn FnMut(&mut crate::runtime::DeviceBuffer<T>) -> Result<()> + 'a;
+
+/// Which implementation a block-sparse SpMM benchmark row times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockImpl {
+    /// Our CSR SpMM on the same matrix (impl `tessera`: the default dispatch for a CSR matrix).
+    Csr,
+    /// BSR (converted on the device; impl `tessera-bsr`).
+    Bsr,
+    /// Blocked-ELL (impl `tessera-bell`).
+    Bell,
+    /// BSR on the CUDA-core path forced (impl `tessera-bsr-cuda-cores`; fp16/bf16 only: what
+    /// the tensor cores gain).
+    BsrCudaCores,
+    /// BSR on the staged tensor-core path (cp.async + ldmatrix; impl `tessera-bsr-staged`;
+    /// fp16/bf16, n % 8 == 0): whether it should become the default.
+    BsrStaged,
+}
+
+impl BlockImpl {
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockImpl::Csr => "tessera",
+            BlockImpl::Bsr => "tessera-bsr",
+            BlockImpl::Bell => "tessera-bell",
+            BlockImpl::BsrCudaCores => "tessera-bsr-cuda-cores",
+            BlockImpl::BsrStaged => "tessera-bsr-staged",
+        }
+    }
+}
+
+/// One block-sparse SpMM benchmark case: `C = A B` (row-major) for a `rows x cols` matrix of
+/// full `block x block` blocks at a block density, timed as CSR, BSR and Blocked-ELL.
+#[derive(Clone, Debug)]
+pub struct BlockBenchCase {
+    pub block: usize,
+    pub density: f64,
+    pub rows: usize,
+    pub cols: usize,
+    pub n: usize,
+    pub value: DType,
+}
+
+impl BlockBenchCase {
+    pub fn name(&self) -> String {
+        format!(
+            "spmm block{} d{} {}x{} n{} {}",
+            self.block, self.density, self.rows, self.cols, self.n, self.value
+        )
+    }
+    fn structure(&self) -> super::generate::BlockSparse {
+        super::generate::BlockSparse {
+            block: self.block,
+            density: self.density,
+            fill: 1.0,
+            empty_block_rows: 0.0,
+        }
+    }
+    /// The file stem the CSR matrix is written to for the baseline runner.
+    pub fn matrix_stem(&self) -> String {
+        let dir = std::env::temp_dir().join("tessera-sparse");
+        dir.join(self.name().replace(' ', "_")).to_string_lossy().into_owned()
+    }
+    /// What the baseline runner reads (`op: spmm`: torch CSR and BSR SpMM, CuPy CSR SpMM).
+    pub fn params(&self) -> Value {
+        json!({
+            "op": "spmm", "class": self.structure().name(), "rows": self.rows, "cols": self.cols,
+            "n": self.n, "block": self.block, "density": self.density,
+            "dtype": self.value.name(), "index": "i32", "transposed": false, "layout": "row-major",
+            "matrix": self.matrix_stem(),
+        })
+    }
+}
+
+/// The block-sparse SpMM cases: 16 x 16 blocks at 5, 10 and 20% block density, N = 32 and 128,
+/// fp16 (tensor cores) and fp32 (CUDA cores) (`quick`: one small case; none when
+/// `TESSERA_BENCH_MATRIX` names the user's matrix).
+pub fn block_cases(quick: bool) -> Vec<BlockBenchCase> {
+    if std::env::var_os("TESSERA_BENCH_MATRIX").is_some() {
+        return Vec::new();
+    }
+    let m = |density, rows, n, value| BlockBenchCase {
+        block: 16,
+        density,
+        rows,
+        cols: rows,
+        n,
+        value,
+    };
+    if quick {
+        return vec![m(0.1, 2048, 32, DType::F16)];
+    }
+    let mut out = Vec::new();
+    for value in [DType::F16, DType::F32] {
+        for density in [0.05, 0.1, 0.2] {
+            for n in [32, 128] {
+                out.push(m(density, 8192, n, value));
+            }
+        }
+    }
+    out
+}
+
+pub fn bench_block_case(
+    ctx: &Context,
+    (case, which): &(BlockBenchCase, BlockImpl),
+    seed: u64,
+    timing: TimingOptions,
+) -> Result<BenchOutcome> {
+    crate::dispatch_float!("sparse block bench"; case.value, [F32, F64, F16, BF16], |T| {
+        run_block::<T>(ctx, case, *which, seed, timing)
+    })
+}
+
+fn run_block<T: Element>(
+    ctx: &Context,
+    case: &BlockBenchCase,
+    which: BlockImpl,
+    seed: u64,
+    timing: TimingOptions,
+) -> Result<BenchOutcome> {
+    use super::host::DenseLayout;
+    let host: CsrHost<T, i32> = super::generate::generate_block_sparse(case.structure(), case.rows, case.cols, seed)?;
+    if which == BlockImpl::Csr {
+        write_matrix(&host, &case.matrix_stem())?;
+    }
+    let n = case.n;
+    let layout = DenseLayout::RowMajor;
+    let csr = CsrMatrix::from_host(ctx, &host)?;
+    let b: Vec<T> = random_vector(host.cols * n, seed ^ 0x5eed)
+        .into_iter()
+        .map(T::from_f64)
+        .collect();
+    let db = ctx.upload(&b)?;
+    let mut dc = ctx.alloc::<T>((host.rows * n).max(1))?;
+    let mut extra = json!({});
+    let (path, mut run): (String, Box<RunSpmm<'_, T>>) = match which {
+        BlockImpl::Csr => {
+            let plan = super::spmm::SpmmPlan::new(&csr, n, layout)?;
+            let path = plan.path();
+            let csr = &csr;
+            (path, Box::new(move |c| plan.run(csr, 1.0, &db, 0.0, c)))
+        }
+        BlockImpl::Bsr | BlockImpl::BsrCudaCores | BlockImpl::BsrStaged => {
+            let bsr = csr.bsr(case.block)?;
+            extra["convert_ms"] = json!(bsr.conversion().map(|r| r.elapsed.as_secs_f64() * 1e3));
+            extra["block_density"] = json!(bsr.block_density());
+            let forced = match which {
+                BlockImpl::BsrCudaCores => Some(super::bsr::BlockPath::CudaCores),
+                BlockImpl::BsrStaged => Some(super::bsr::BlockPath::TensorCoresStaged {
+                    n8: super::bsr::tensor_core_n8(n),
+                }),
+                _ => None,
+            };
+            let path = match forced {
+                Some(p) => format!("{p:?}"),
+                None => bsr.spmm_variant(n, layout).path_name(),
+            };
+            let db = &db;
+            (
+                path,
+                Box::new(move |c| match forced {
+                    Some(p) => bsr.spmm_on(p, 1.0, db, n, layout, 0.0, c).map(|_| ()),
+                    None => bsr.spmm(1.0, db, n, layout, 0.0, c),
+                }),
+            )
+        }
+        BlockImpl::Bell => {
+            let bell = csr.blocked_ell(case.block)?;
+            extra["convert_ms"] = json!(bell.conversion().map(|r| r.elapsed.as_secs_f64() * 1e3));
+            extra["width"] = json!(bell.width());
+            let path = bell.spmm_variant(n, layout).path_name();
+            let db = &db;
+            (path, Box::new(move |c| bell.spmm(1.0, db, n, layout, 0.0, c)))
+        }
+    };
+    run(&mut dc)?;
+    let got = to_f64_vec(&dc.to_host()?[..host.rows * n]);
+    let mut want = vec![0.0; host.rows * n];
+    reference::spmm(&host, 1.0, &to_f64_vec(&b), n, layout, 0.0, &mut want, layout);
+    let cmp = compare(&got, &want, 0.0, 0.0);
+    if !cmp.passes(T::DTYPE.rel_l2_budget()) {
+        return Err(Error::Unsupported(format!(
+            "{} ({}): output failed verification before timing: {cmp}",
+            case.name(),
+            which.name()
+        )));
+    }
+    let t = time_median(ctx, timing, |_| run(&mut dc))?;
+    let v = T::DTYPE.size();
+    let moved = host.nnz() * (v + 4) + (host.rows + 1) * 4 + (host.cols + host.rows) * n * v;
+    Ok(BenchOutcome {
+        case: case.name(),
+        params: {
+            let mut p = case.params();
+            p["path"] = json!(path);
+            p["nnz"] = json!(host.nnz());
+            if let (Some(p), Some(e)) = (p.as_object_mut(), extra.as_object()) {
+                p.extend(e.clone());
+            }
+            p
+        },
+        implementation: which.name().into(),
+        ms: t.median_ms,
+        // useful flops (2 per stored CSR nonzero and column) and the CSR bytes of A, B and C
+        tflops: Some(2.0 * host.nnz() as f64 * n as f64 / (t.median_ms * 1e-3) / 1e12),
+        gbps: Some(moved as f64 / (t.median_ms * 1e-3) / 1e9),
         extra_mib: Some(0.0),
         max_abs_err: Some(cmp.max_abs_err),
         rel_l2: Some(cmp.rel_l2),

@@ -1,6 +1,6 @@
 // convert.cu: format conversions of sparse matrices on the device (sparse/convert.rs drives
-// them): CSR -> CSR of the transpose, COO -> CSR, and the structure counts of a matrix's
-// descriptor. Every result is deterministic: positions come from stable sorts and integer
+// them): CSR -> CSR of the transpose, COO -> CSR, CSR -> BSR, BSR -> Blocked-ELL, and the
+// structure counts of a matrix's descriptor. Every result is deterministic: positions come from stable sorts and integer
 // counts (integer atomics commute), never from the order in which threads arrive.
 //
 // What. The building blocks, launched in sequence by the host:
@@ -22,9 +22,21 @@
 //                       aligned b x b blocks (b = 2 << shift, one launch per b), and with
 //                       b = 2 the entry pairs within rows and those in one 32-column line;
 //                       integer atomics.
+//   conv_block_rows     keys_out[i] = keys_in[i] / block (rows -> block rows).
+//   conv_bsr_heads      flags[i] = 1 where sorted entry i (sorted by block row, then column,
+//                       then input position) starts a new block (block row or block column
+//                       changes).
+//   conv_bsr_blocks     for each block head: its block row and block column at slot flags[i].
 //   conv_gather_values  values_out[i] = values_in[perm[i]]        (TS_CONV_VALUES only)
 //   conv_sum_runs       each run of equal sorted (row, col) summed in f64 in input order and
 //                       rounded once, written compacted                (TS_CONV_VALUES only)
+//   conv_bsr_fill       each run of equal (row, col) among the sorted entries (adjacent: the
+//                       sort keeps input order among equal columns) summed in f64 in input
+//                       order and rounded once (a run of one copied unchanged) into its place
+//                       in its block's b x b row-major values (zeroed first)  (TS_CONV_VALUES)
+//   conv_bell_fill      BSR block s (of block row keys_in[s]) copied to Blocked-ELL slot
+//                       br * width + (s - offsets[br]), values and block column; one thread
+//                       per value                                      (TS_CONV_VALUES only)
 //
 // Each variant compiles one entry (its TS_CONV_<ENTRY> switch), the value kernels only with
 // TS_CONV_VALUES (Val defined).
@@ -63,6 +75,11 @@ using Val = float;
 #define TS_CONV_STRUCTURE 1
 #define TS_CONV_GATHER_VALUES 1
 #define TS_CONV_SUM_RUNS 1
+#define TS_CONV_BLOCK_ROWS 1
+#define TS_CONV_BSR_HEADS 1
+#define TS_CONV_BSR_BLOCKS 1
+#define TS_CONV_BSR_FILL 1
+#define TS_CONV_BELL_FILL 1
 constexpr int kBlockThreads = 256;
 constexpr int kItems = 8;
 constexpr int kScanItems = 4;
@@ -93,8 +110,10 @@ struct ConvParams {
   long long bound;               // check_range: indices must be in 0..bound
   int shift;                     // radix: digit = (key >> shift) & 255
   int tiles;                     // radix: tiles of kTile keys
+  long long block;               // BSR / Blocked-ELL: the block side b
+  long long width;               // Blocked-ELL: block slots per block row
 };
-static_assert(sizeof(ConvParams) == 136, "ConvParams and its Rust mirror (convert.rs) differ");
+static_assert(sizeof(ConvParams) == 152, "ConvParams and its Rust mirror (convert.rs) differ");
 
 namespace {
 
@@ -359,6 +378,42 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) conv_structure(const
 #endif
 
 
+#ifdef TS_CONV_BLOCK_ROWS
+extern "C" __global__ void __launch_bounds__(kBlockThreads) conv_block_rows(const __grid_constant__ ConvParams p) {
+  for (long long i = grid_first(); i < p.n; i += grid_stride()) p.keys_out[i] = (Idx)((long long)p.keys_in[i] / p.block);
+}
+#endif
+
+
+// Sorted entry i: input position perm_in[i], block row keys_in[i], column indices[perm_in[i]].
+#ifdef TS_CONV_BSR_HEADS
+extern "C" __global__ void __launch_bounds__(kBlockThreads) conv_bsr_heads(const __grid_constant__ ConvParams p) {
+  for (long long i = grid_first(); i < p.n; i += grid_stride()) {
+    bool head = i == 0 || p.keys_in[i] != p.keys_in[i - 1];
+    if (!head) {
+      const long long bc = (long long)p.indices[p.perm_in[i]] / p.block;
+      head = bc != (long long)p.indices[p.perm_in[i - 1]] / p.block;
+    }
+    p.scan[i] = head ? (Idx)1 : (Idx)0;
+  }
+}
+#endif
+
+
+// flags: the scanned head marks (n + 1 entries); a head i writes its block's block row
+// (keys_out) and block column (perm_out) at slot flags[i].
+#ifdef TS_CONV_BSR_BLOCKS
+extern "C" __global__ void __launch_bounds__(kBlockThreads) conv_bsr_blocks(const __grid_constant__ ConvParams p) {
+  for (long long i = grid_first(); i < p.n; i += grid_stride()) {
+    const Idx slot = p.flags[i];
+    if (p.flags[i + 1] == slot) continue;  // not a head
+    p.keys_out[slot] = p.keys_in[i];
+    p.perm_out[slot] = (Idx)((long long)p.indices[p.perm_in[i]] / p.block);
+  }
+}
+#endif
+
+
 #ifdef TS_CONV_VALUES
 namespace {
 
@@ -416,6 +471,53 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) conv_sum_runs(const 
     p.keys_out[slot] = r;
     p.perm_out[slot] = c;
     out[slot] = v;
+  }
+}
+#endif
+
+// Sorted entry i: input position o = perm_in[i], row rows_in[o], column indices[o]; its block
+// is flags[i + 1] - 1 (flags: scanned block heads, n + 1 entries). The first entry of each run
+// of equal (row, column) writes the run's sum.
+#ifdef TS_CONV_BSR_FILL
+extern "C" __global__ void __launch_bounds__(kBlockThreads) conv_bsr_fill(const __grid_constant__ ConvParams p) {
+  const Val* in = (const Val*)p.values_in;
+  Val* out = (Val*)p.values_out;
+  for (long long i = grid_first(); i < p.n; i += grid_stride()) {
+    const Idx o = p.perm_in[i];
+    const Idx r = p.rows_in[o], c = p.indices[o];
+    if (i > 0) {
+      const Idx prev = p.perm_in[i - 1];
+      if (p.rows_in[prev] == r && p.indices[prev] == c) continue;  // inside a run
+    }
+    long long j = i + 1;
+    while (j < p.n && p.rows_in[p.perm_in[j]] == r && p.indices[p.perm_in[j]] == c) ++j;
+    Val v = in[o];
+    if (j > i + 1) {
+      double sum = value_to_double(v);
+      for (long long k = i + 1; k < j; ++k) sum += value_to_double(in[p.perm_in[k]]);
+      v = value_from_double<Val>(sum);
+    }
+    const long long slot = (long long)p.flags[i + 1] - 1;
+    const long long b = p.block;
+    out[slot * b * b + ((long long)r % b) * b + (long long)c % b] = v;
+  }
+}
+#endif
+
+
+// n = BSR blocks * b * b: element e of BSR block s (block row keys_in[s], offsets: the BSR
+// block offsets, indices: its block columns) to slot br * width + (s - offsets[br]).
+#ifdef TS_CONV_BELL_FILL
+extern "C" __global__ void __launch_bounds__(kBlockThreads) conv_bell_fill(const __grid_constant__ ConvParams p) {
+  const Val* in = (const Val*)p.values_in;
+  Val* out = (Val*)p.values_out;
+  const long long bb = p.block * p.block;
+  for (long long i = grid_first(); i < p.n; i += grid_stride()) {
+    const long long s = i / bb, e = i % bb;
+    const long long br = (long long)p.keys_in[s];
+    const long long dst = br * p.width + (s - (long long)p.offsets[br]);
+    out[dst * bb + e] = in[i];
+    if (e == 0) p.keys_out[dst] = p.indices[s];
   }
 }
 #endif

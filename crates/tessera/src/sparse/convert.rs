@@ -1,6 +1,15 @@
 //! Format conversions on the device (`convert.cu`), each done once per matrix and reported
 //! ([`ConversionReport`]): the CSR of the transpose ([`CsrMatrix::transpose`], cached by
-//! [`CsrMatrix::transposed`]) and COO -> CSR ([`CooMatrix`], [`CsrMatrix::from_coo`]).
+//! [`CsrMatrix::transposed`]), COO -> CSR ([`CooMatrix`], [`CsrMatrix::from_coo`]), CSR -> BSR
+//! ([`CsrMatrix::to_bsr`], cached by [`CsrMatrix::bsr`]) and BSR -> Blocked-ELL
+//! ([`BsrMatrix::to_blocked_ell`](super::BsrMatrix::to_blocked_ell)).
+//!
+//! CSR -> BSR sorts the entries stably by column, then by block row (so by block row, column,
+//! input position), marks where a new block starts, scans the marks into block slots, and
+//! writes each entry (duplicates summed in f64 in input order, rounded once, as the host's
+//! [`BsrHost::from_csr`](super::BsrHost::from_csr)) into its block's zeroed `b x b` values:
+//! the same arrays as the host conversion, bit for bit. Blocked-ELL copies each BSR block to
+//! its slot (width: the longest block row, from the downloaded block offsets).
 //!
 //! Both are stable sorts by key on the device (LSD radix sort by 8-bit digits, one pass per
 //! byte of the largest key), so the results are deterministic and equal to the host's
@@ -17,6 +26,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::bsr::{check_conversion_block, BellMatrix, BsrMatrix};
 use super::descriptor::SparseDescriptor;
 use super::device::{upload_nonempty, CsrMatrix, VALUE_DTYPES};
 use super::host::{check_sizes, check_triplet_indices, check_triplet_lengths, duplicate_error, CooHost, Duplicates};
@@ -80,13 +90,18 @@ pub enum Entry {
     Heads,
     CheckRange,
     Structure,
+    BlockRows,
+    BsrHeads,
+    BsrBlocks,
     /// Value kernels (need the value type).
     GatherValues,
     SumRuns,
+    BsrFill,
+    BellFill,
 }
 
 impl Entry {
-    const INDEX: [Entry; 9] = [
+    const INDEX: [Entry; 12] = [
         Entry::ExpandRows,
         Entry::RadixHist,
         Entry::Scan,
@@ -96,8 +111,11 @@ impl Entry {
         Entry::Heads,
         Entry::CheckRange,
         Entry::Structure,
+        Entry::BlockRows,
+        Entry::BsrHeads,
+        Entry::BsrBlocks,
     ];
-    const VALUES: [Entry; 2] = [Entry::GatherValues, Entry::SumRuns];
+    const VALUES: [Entry; 4] = [Entry::GatherValues, Entry::SumRuns, Entry::BsrFill, Entry::BellFill];
 
     fn name(self) -> &'static str {
         match self {
@@ -110,8 +128,13 @@ impl Entry {
             Entry::Heads => "conv_heads",
             Entry::CheckRange => "conv_check_range",
             Entry::Structure => "conv_structure",
+            Entry::BlockRows => "conv_block_rows",
+            Entry::BsrHeads => "conv_bsr_heads",
+            Entry::BsrBlocks => "conv_bsr_blocks",
             Entry::GatherValues => "conv_gather_values",
             Entry::SumRuns => "conv_sum_runs",
+            Entry::BsrFill => "conv_bsr_fill",
+            Entry::BellFill => "conv_bell_fill",
         }
     }
     /// The switch that compiles this entry alone.
@@ -126,8 +149,13 @@ impl Entry {
             Entry::Heads => "TS_CONV_HEADS",
             Entry::CheckRange => "TS_CONV_CHECK_RANGE",
             Entry::Structure => "TS_CONV_STRUCTURE",
+            Entry::BlockRows => "TS_CONV_BLOCK_ROWS",
+            Entry::BsrHeads => "TS_CONV_BSR_HEADS",
+            Entry::BsrBlocks => "TS_CONV_BSR_BLOCKS",
             Entry::GatherValues => "TS_CONV_GATHER_VALUES",
             Entry::SumRuns => "TS_CONV_SUM_RUNS",
+            Entry::BsrFill => "TS_CONV_BSR_FILL",
+            Entry::BellFill => "TS_CONV_BELL_FILL",
         }
     }
     fn needs_values(self) -> bool {
@@ -185,7 +213,7 @@ pub fn all_variants() -> Vec<ConvertVariant> {
     v
 }
 
-/// `struct ConvParams` of convert.cu (136 bytes).
+/// `struct ConvParams` of convert.cu (152 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct ConvParams {
@@ -207,10 +235,12 @@ struct ConvParams {
     bound: i64,
     shift: i32,
     tiles: i32,
+    block: i64,
+    width: i64,
 }
-const _: () = assert!(std::mem::size_of::<ConvParams>() == 136);
-// SAFETY: #[repr(C)]: 13 pointers (as u64) and three long long, then two int, in the order and
-// of the types of the kernel's struct.
+const _: () = assert!(std::mem::size_of::<ConvParams>() == 152);
+// SAFETY: #[repr(C)]: 13 pointers (as u64) and three long long, then two int, then two long
+// long, in the order and of the types of the kernel's struct.
 unsafe impl KernelParams for ConvParams {}
 
 /// The conversion kernels of one (value, index) type pair on one context.
@@ -665,6 +695,203 @@ pub(crate) fn from_coo<T: Element, I: SparseIndex>(
     conv.finish(WHAT, start, scratch, cols, offsets, indices, values)
 }
 
+/// CSR -> BSR on the device (see [`CsrMatrix::to_bsr`] and the module documentation).
+pub(crate) fn csr_to_bsr<T: Element, I: SparseIndex>(a: &CsrMatrix<T, I>, block: usize) -> Result<BsrMatrix<T, I>> {
+    check_conversion_block(block)?;
+    let conv = Converter::<T, I>::new(a.context())?;
+    let ctx = a.context();
+    ctx.synchronize()?;
+    let start = Instant::now();
+    let (rows, cols, nnz) = (a.rows(), a.cols(), a.nnz());
+    let block_rows = rows.div_ceil(block);
+    const WHAT: &str = "csr -> bsr";
+    let report = |bytes: usize, scratch_bytes: usize| ConversionReport {
+        what: WHAT,
+        elapsed: start.elapsed(),
+        bytes,
+        scratch_bytes,
+    };
+    if nnz == 0 {
+        let mut offsets = ctx.alloc::<I>(block_rows + 1)?;
+        offsets.fill_bytes(0)?;
+        let (indices, values) = (conv.alloc(1)?, ctx.alloc::<T>(1)?);
+        ctx.synchronize()?;
+        let r = report(offsets.bytes() + indices.bytes() + values.bytes(), 0);
+        return Ok(BsrMatrix::from_device_parts(
+            ctx,
+            (rows, cols, block),
+            offsets,
+            indices,
+            values,
+            0,
+            Some(r),
+        ));
+    }
+    let grid_rows = grid_u32(rows.div_ceil((BLOCK_THREADS / 32) as usize), "rows")?;
+    // the row of every entry, then its block row
+    let row_of = conv.alloc(nnz)?;
+    let p = ConvParams {
+        offsets: a.offsets.device_ptr(),
+        keys_out: row_of.device_ptr(),
+        rows: rows as i64,
+        ..Default::default()
+    };
+    // SAFETY: offsets holds rows + 1 entries ending at nnz; row_of holds nnz.
+    unsafe { conv.launch(Entry::ExpandRows, grid_rows, &p)? };
+    let block_row_of = conv.alloc(nnz)?;
+    let p = ConvParams {
+        keys_in: row_of.device_ptr(),
+        keys_out: block_row_of.device_ptr(),
+        n: nnz as i64,
+        block: block as i64,
+        ..Default::default()
+    };
+    // SAFETY: both hold nnz entries.
+    unsafe { conv.launch(Entry::BlockRows, grid_for(nnz), &p)? };
+    // stable by column, then stable by block row: (block row, column, input position)
+    let (_, by_col) = conv.radix_sort(&a.indices, None, nnz, cols)?;
+    let keys = conv.gather(&block_row_of, &by_col, nnz)?;
+    drop(block_row_of);
+    let (sorted_br, perm) = conv.radix_sort(&keys, Some(&by_col), nnz, block_rows)?;
+    drop((keys, by_col));
+
+    let mut flags = conv.alloc(nnz + 1)?;
+    let p = ConvParams {
+        keys_in: sorted_br.device_ptr(),
+        perm_in: perm.device_ptr(),
+        indices: a.indices.device_ptr(),
+        scan: flags.device_ptr(),
+        n: nnz as i64,
+        block: block as i64,
+        ..Default::default()
+    };
+    // SAFETY: sorted_br and perm hold nnz entries (perm: positions of a's nnz indices); flags
+    // holds nnz + 1.
+    unsafe { conv.launch(Entry::BsrHeads, grid_for(nnz), &p)? };
+    conv.scan(&mut flags, nnz)?;
+    let nnzb = conv.read_at(&flags, nnz)?;
+    check_sizes::<I>(rows, cols, nnzb)?;
+
+    let out_br = conv.alloc(nnzb)?;
+    let indices = conv.alloc(nnzb)?;
+    let p = ConvParams {
+        keys_in: sorted_br.device_ptr(),
+        perm_in: perm.device_ptr(),
+        indices: a.indices.device_ptr(),
+        flags: flags.device_ptr(),
+        keys_out: out_br.device_ptr(),
+        perm_out: indices.device_ptr(),
+        n: nnz as i64,
+        block: block as i64,
+        ..Default::default()
+    };
+    // SAFETY: as for the heads; flags is scanned (every slot below nnzb), out_br and indices
+    // hold nnzb.
+    unsafe { conv.launch(Entry::BsrBlocks, grid_for(nnz), &p)? };
+    let offsets = conv.offsets_of(&out_br, nnzb, block_rows)?;
+    drop(out_br);
+
+    let bb = block * block;
+    let mut values = ctx.alloc::<T>(nnzb * bb)?;
+    values.fill_bytes(0)?;
+    let p = ConvParams {
+        perm_in: perm.device_ptr(),
+        rows_in: row_of.device_ptr(),
+        indices: a.indices.device_ptr(),
+        flags: flags.device_ptr(),
+        values_in: a.values.device_ptr(),
+        values_out: values.device_ptr(),
+        n: nnz as i64,
+        block: block as i64,
+        ..Default::default()
+    };
+    // SAFETY: perm holds nnz positions into a's arrays and row_of (nnz each); flags nnz + 1,
+    // scanned, so every block slot is below nnzb and every written position below nnzb * b * b
+    // (row % b, column % b < b).
+    unsafe { conv.launch(Entry::BsrFill, grid_for(nnz), &p)? };
+    ctx.synchronize()?;
+    let idx = std::mem::size_of::<I>();
+    let scratch = (8 * nnz + DIGITS * nnz.div_ceil(TILE)) * idx;
+    let r = report(offsets.bytes() + indices.bytes() + values.bytes(), scratch);
+    Ok(BsrMatrix::from_device_parts(
+        ctx,
+        (rows, cols, block),
+        offsets,
+        indices,
+        values,
+        nnzb,
+        Some(r),
+    ))
+}
+
+/// BSR -> Blocked-ELL on the device (see [`BsrMatrix::to_blocked_ell`]).
+pub(crate) fn bsr_to_bell<T: Element, I: SparseIndex>(a: &BsrMatrix<T, I>) -> Result<BellMatrix<T, I>> {
+    let conv = Converter::<T, I>::new(a.context())?;
+    let ctx = a.context();
+    ctx.synchronize()?;
+    let start = Instant::now();
+    let (rows, cols, block) = (a.rows(), a.cols(), a.block());
+    let block_rows = a.block_rows();
+    let (offsets, block_indices, values_in) = a.arrays();
+    let host_offsets = offsets.to_host()?;
+    let width = host_offsets
+        .windows(2)
+        .map(|w| w[1].to_usize() - w[0].to_usize())
+        .max()
+        .unwrap_or(0);
+    let slots = block_rows * width;
+    check_sizes::<I>(rows, cols, slots)?;
+    let bb = block * block;
+    let mut indices = conv.alloc(slots)?;
+    indices.fill_bytes(0xff)?; // -1: padding
+    let mut values = ctx.alloc::<T>((slots * bb).max(1))?;
+    values.fill_bytes(0)?;
+    let nnzb = a.nnzb();
+    let mut scratch = 0;
+    if nnzb > 0 {
+        let block_row_of = conv.alloc(nnzb)?;
+        let p = ConvParams {
+            offsets: offsets.device_ptr(),
+            keys_out: block_row_of.device_ptr(),
+            rows: block_rows as i64,
+            ..Default::default()
+        };
+        // SAFETY: offsets holds block_rows + 1 entries ending at nnzb; block_row_of holds nnzb.
+        unsafe {
+            conv.launch(
+                Entry::ExpandRows,
+                grid_u32(block_rows.div_ceil((BLOCK_THREADS / 32) as usize), "block rows")?,
+                &p,
+            )?
+        };
+        let p = ConvParams {
+            keys_in: block_row_of.device_ptr(),
+            offsets: offsets.device_ptr(),
+            indices: block_indices.device_ptr(),
+            values_in: values_in.device_ptr(),
+            values_out: values.device_ptr(),
+            keys_out: indices.device_ptr(),
+            n: (nnzb * bb) as i64,
+            block: block as i64,
+            width: width as i64,
+            ..Default::default()
+        };
+        // SAFETY: values_in holds nnzb * b * b, block_row_of / block_indices nnzb; each block s
+        // of block row br goes to slot br * width + (s - offsets[br]) < block_rows * width
+        // (no block row holds more than width blocks): indices holds slots, values slots * b * b.
+        unsafe { conv.launch(Entry::BellFill, grid_for(nnzb * bb), &p)? };
+        scratch = nnzb * std::mem::size_of::<I>();
+        ctx.synchronize()?;
+    }
+    let report = ConversionReport {
+        what: "bsr -> blocked-ell",
+        elapsed: start.elapsed(),
+        bytes: indices.bytes() + values.bytes(),
+        scratch_bytes: scratch,
+    };
+    BellMatrix::from_device_parts(ctx, (rows, cols, block), width, indices, values, Some(report))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -702,7 +929,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), v.len());
-        assert_eq!(v.len(), 2 * (9 + 4 * 2));
+        assert_eq!(v.len(), 2 * (12 + 4 * 4));
     }
 
     /// The radix pass of convert.cu, step for step on the host (digit-major tile histograms,

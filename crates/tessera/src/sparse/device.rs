@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::bsr::{BellMatrix, BsrMatrix};
 use super::convert::{self, ConversionReport, CooMatrix};
 use super::descriptor::SparseDescriptor;
 use super::host::{CsrHost, DenseLayout, Duplicates};
@@ -41,6 +42,10 @@ pub struct CsrMatrix<T: Element, I: SparseIndex> {
     transposed_plan: Mutex<Option<Arc<SpmvTransposedPlan>>>,
     /// The CSR of A^T, made on first use by [`transposed`](Self::transposed).
     transposed: Mutex<Option<Arc<CsrMatrix<T, I>>>>,
+    /// BSR forms by block size, made on first use by [`bsr`](Self::bsr).
+    bsr: Mutex<HashMap<usize, Arc<BsrMatrix<T, I>>>>,
+    /// Blocked-ELL forms by block size, made on first use by [`blocked_ell`](Self::blocked_ell).
+    bell: Mutex<HashMap<usize, Arc<BellMatrix<T, I>>>>,
 }
 
 impl<T: Element, I: SparseIndex> std::fmt::Debug for CsrMatrix<T, I> {
@@ -119,6 +124,8 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
             spmm_plans: Mutex::new(HashMap::new()),
             transposed_plan: Mutex::new(None),
             transposed: Mutex::new(None),
+            bsr: Mutex::new(HashMap::new()),
+            bell: Mutex::new(HashMap::new()),
         }
     }
 
@@ -148,6 +155,51 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
         let t = Arc::new(self.transpose()?);
         *slot = Some(t.clone());
         Ok(t)
+    }
+
+    /// The BSR form with `block x block` blocks (2, 4, 8, 16 or 32; see
+    /// [`block`](super::block) for the layout and padding), converted on the device: the same
+    /// arrays as [`BsrHost::from_csr`](super::BsrHost::from_csr) (duplicates summed in f64 in
+    /// stored order). A new matrix each call; [`bsr`](Self::bsr) makes it once and keeps it.
+    /// Its cost is in its [`conversion`](BsrMatrix::conversion).
+    pub fn to_bsr(&self, block: usize) -> Result<BsrMatrix<T, I>> {
+        convert::csr_to_bsr(self, block)
+    }
+
+    /// The BSR form of [`to_bsr`](Self::to_bsr), made on first use per block size and cached
+    /// on the matrix until [`update_values`](Self::update_values).
+    pub fn bsr(&self, block: usize) -> Result<Arc<BsrMatrix<T, I>>> {
+        let mut cache = self.bsr.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = cache.get(&block) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(self.to_bsr(block)?);
+        cache.insert(block, m.clone());
+        Ok(m)
+    }
+
+    /// The Blocked-ELL form with `block x block` blocks (width: the most blocks of any block
+    /// row), converted on the device through BSR (the cached [`bsr`](Self::bsr) form is reused
+    /// when present). A new matrix each call; [`blocked_ell`](Self::blocked_ell) keeps one.
+    /// Its report covers the BSR -> Blocked-ELL step (and the BSR one's is on the BSR form).
+    pub fn to_blocked_ell(&self, block: usize) -> Result<BellMatrix<T, I>> {
+        let cached = self.bsr.lock().unwrap_or_else(|e| e.into_inner()).get(&block).cloned();
+        match cached {
+            Some(b) => b.to_blocked_ell(),
+            None => self.to_bsr(block)?.to_blocked_ell(),
+        }
+    }
+
+    /// The Blocked-ELL form of [`to_blocked_ell`](Self::to_blocked_ell), made on first use per
+    /// block size and cached on the matrix until [`update_values`](Self::update_values).
+    pub fn blocked_ell(&self, block: usize) -> Result<Arc<BellMatrix<T, I>>> {
+        let mut cache = self.bell.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = cache.get(&block) {
+            return Ok(m.clone());
+        }
+        let m = Arc::new(self.to_blocked_ell(block)?);
+        cache.insert(block, m.clone());
+        Ok(m)
     }
 
     /// What converting to this matrix on the device cost (`None` for an upload from the host).
@@ -183,6 +235,8 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
         self.spmm_plans.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
         *self.transposed_plan.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
         *self.transposed.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+        self.bsr.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
+        self.bell.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
         Ok(())
     }
 

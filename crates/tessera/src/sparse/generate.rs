@@ -374,3 +374,104 @@ fn random_value(rng: &mut StdRng) -> f64 {
         }
     }
 }
+
+/// The structure of a random block-sparse matrix ([`generate_block_sparse`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockSparse {
+    /// Side of the aligned square blocks that hold the nonzeros.
+    pub block: usize,
+    /// Probability that a block of a nonempty block row holds entries.
+    pub density: f64,
+    /// Probability that an entry of a chosen block is stored (1: full blocks).
+    pub fill: f64,
+    /// Probability that a whole block row is empty.
+    pub empty_block_rows: f64,
+}
+
+impl BlockSparse {
+    /// `block16_d0.1_f1` (plus `_e0.2` when some block rows are empty).
+    pub fn name(&self) -> String {
+        let mut s = format!("block{}_d{}_f{}", self.block, self.density, self.fill);
+        if self.empty_block_rows > 0.0 {
+            s.push_str(&format!("_e{}", self.empty_block_rows));
+        }
+        s
+    }
+}
+
+/// A random `rows x cols` CSR matrix whose entries lie in aligned `block x block` blocks (the
+/// last block row and column cut at the matrix's edge), each block present with probability
+/// `density`, each of its entries with probability `fill` (a present block keeps at least one
+/// entry), block rows empty with probability `empty_block_rows`. Sorted, no duplicates, values
+/// as [`generate`]'s. Depends only on (structure, rows, cols, seed).
+pub fn generate_block_sparse<T: Element, I: SparseIndex>(
+    s: BlockSparse,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+) -> Result<CsrHost<T, I>> {
+    for (what, p) in [
+        ("density", s.density),
+        ("fill", s.fill),
+        ("empty_block_rows", s.empty_block_rows),
+    ] {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(Error::invalid("structure", format!("{what} {p} must be in 0..=1")));
+        }
+    }
+    if s.block == 0 {
+        return Err(Error::invalid("structure", "block must be positive"));
+    }
+    let b = s.block;
+    let block_rows = rows.div_ceil(b);
+    let block_cols = cols.div_ceil(b);
+    let rows_of: Vec<Vec<(usize, f64)>> = (0..block_rows)
+        .into_par_iter()
+        .flat_map_iter(|br| {
+            let mut rng = StdRng::seed_from_u64(seed ^ (br as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let height = b.min(rows - br * b);
+            let mut out: Vec<Vec<(usize, f64)>> = vec![Vec::new(); height];
+            if rng.random_bool(s.empty_block_rows) {
+                return out;
+            }
+            for bc in 0..block_cols {
+                if !rng.random_bool(s.density) {
+                    continue;
+                }
+                let width = b.min(cols - bc * b);
+                let mut any = false;
+                for (i, row) in out.iter_mut().enumerate() {
+                    for j in 0..width {
+                        let last = i + 1 == height && j + 1 == width;
+                        if rng.random_bool(s.fill) || (last && !any) {
+                            any = true;
+                            row.push((bc * b + j, random_value(&mut rng)));
+                        }
+                    }
+                }
+            }
+            out
+        })
+        .collect();
+    let nnz: usize = rows_of.iter().map(|r| r.len()).sum();
+    super::host::check_sizes::<I>(rows, cols, nnz)?;
+    let mut offsets = Vec::with_capacity(rows + 1);
+    let mut indices = Vec::with_capacity(nnz);
+    let mut values = Vec::with_capacity(nnz);
+    offsets.push(I::ZERO);
+    for row in rows_of {
+        for (c, v) in row {
+            indices.push(I::from_usize_in_range(c));
+            values.push(T::from_f64(v));
+        }
+        offsets.push(I::from_usize_in_range(indices.len()));
+    }
+    Ok(CsrHost {
+        rows,
+        cols,
+        offsets,
+        indices,
+        values,
+        sorted: true,
+    })
+}

@@ -16,6 +16,8 @@ pub trait SparseIndex: Element + Copy + Ord + Send + Sync + std::fmt::Debug + 's
     const MAX_USIZE: usize;
     /// Zero, to test indices for being negative.
     const ZERO: Self;
+    /// Minus one: the block index of a padding block in Blocked-ELL (as cuSPARSE's).
+    const MINUS_ONE: Self;
     /// The value as a `usize`. The caller guarantees `self >= 0` (checked in debug builds).
     fn to_usize(self) -> usize;
     /// `v` in this type, or `None` when `v > MAX_USIZE`.
@@ -28,6 +30,7 @@ pub trait SparseIndex: Element + Copy + Ord + Send + Sync + std::fmt::Debug + 's
 impl SparseIndex for i32 {
     const MAX_USIZE: usize = i32::MAX as usize;
     const ZERO: Self = 0;
+    const MINUS_ONE: Self = -1;
     fn to_usize(self) -> usize {
         debug_assert!(self >= 0, "negative sparse index {self}");
         self as usize
@@ -48,6 +51,7 @@ impl SparseIndex for i64 {
         usize::MAX
     };
     const ZERO: Self = 0;
+    const MINUS_ONE: Self = -1;
     fn to_usize(self) -> usize {
         debug_assert!(self >= 0, "negative sparse index {self}");
         self as usize

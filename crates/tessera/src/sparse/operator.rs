@@ -1,11 +1,11 @@
-//! Sparse's place in the [registry](crate::registry): SpMV verify and bench cases, the kernel
-//! variants, cuSPARSE baselines and a CPU demonstration.
+//! Sparse's place in the [registry](crate::registry): SpMV, SpMM and block-sparse verify and
+//! bench cases, the kernel variants, cuSPARSE baselines and a CPU demonstration.
 
 use std::time::Instant;
 
 use super::descriptor::SparseDescriptor;
 use super::generate::{generate, random_vector, MatrixClass};
-use super::{bench, convert, reference, sell, spmm, spmv, spmv_transposed, verify, verify_convert};
+use super::{bench, bsr, convert, reference, sell, spmm, spmv, spmv_transposed, verify, verify_block, verify_convert};
 use crate::error::Result;
 use crate::harness::{Baselines, BenchJob, VerifyJob};
 use crate::registry::Operator;
@@ -34,7 +34,14 @@ impl Operator for Sparse {
         let conversions = verify_convert::cases(quick)
             .into_iter()
             .map(|c| VerifyJob::new(c.name(), c, verify_convert::verify_case));
-        spmv.chain(spmm).chain(transposed).chain(conversions).collect()
+        let blocks = verify_block::cases(quick)
+            .into_iter()
+            .map(|c| VerifyJob::new(c.name(), c, verify_block::verify_case));
+        spmv.chain(spmm)
+            .chain(transposed)
+            .chain(conversions)
+            .chain(blocks)
+            .collect()
     }
 
     fn bench_jobs(&self, quick: bool) -> Vec<BenchJob> {
@@ -50,6 +57,20 @@ impl Operator for Sparse {
             })
             .map(|c| BenchJob::new(format!("{} sell", c.name()), None, c.clone(), bench::bench_sell_case))
             .collect::<Vec<_>>();
+        // block-sparse SpMM: our CSR (with the baselines: cuSPARSE CSR and BSR through torch),
+        // BSR, Blocked-ELL, and for halves BSR on CUDA cores, on the same matrix
+        let blocks = bench::block_cases(quick).into_iter().flat_map(|c| {
+            let mut impls = vec![bench::BlockImpl::Csr, bench::BlockImpl::Bsr, bench::BlockImpl::Bell];
+            if c.value.size() == 2 {
+                impls.push(bench::BlockImpl::BsrCudaCores);
+                impls.push(bench::BlockImpl::BsrStaged);
+            }
+            impls.into_iter().map(move |which| {
+                let baseline = (which == bench::BlockImpl::Csr).then(|| (c.name(), c.params()));
+                let name = format!("{} {}", c.name(), which.name());
+                BenchJob::new(name, baseline, (c.clone(), which), bench::bench_block_case)
+            })
+        });
         cases
             .into_iter()
             .map(|c| {
@@ -57,6 +78,7 @@ impl Operator for Sparse {
                 BenchJob::new(c.name(), baseline, c, bench::bench_case)
             })
             .chain(sell)
+            .chain(blocks)
             .collect()
     }
 
@@ -67,13 +89,15 @@ impl Operator for Sparse {
             .chain(transposed)
             .chain(convert::all_variants().into_iter().map(|v| v.spec()))
             .chain(sell::all_variants().into_iter().map(|v| v.spec()))
+            .chain(bsr::all_spmm_variants().into_iter().map(|v| v.spec()))
+            .chain(bsr::all_spmv_variants().into_iter().map(|v| v.spec()))
             .collect()
     }
 
     fn baselines(&self) -> Option<Baselines> {
         Some(Baselines {
             script: "bench_torch.py",
-            impls: &["torch-csr", "cupy-csr"],
+            impls: &["torch-csr", "cupy-csr", "torch-bsr"],
             in_process: &[],
         })
     }

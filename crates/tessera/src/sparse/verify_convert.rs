@@ -419,7 +419,7 @@ fn shuffled_triplets<T: Element, I: SparseIndex>(host: &CsrHost<T, I>, repeated:
     coo
 }
 
-fn with_problems(mut outcome: VerifyOutcome, problems: Vec<String>) -> VerifyOutcome {
+pub(crate) fn with_problems(mut outcome: VerifyOutcome, problems: Vec<String>) -> VerifyOutcome {
     if !problems.is_empty() {
         outcome.passed = false;
         let note = problems.join("; ");
