@@ -242,10 +242,11 @@ pub fn hopper_rule_broken(p: &GemmProblem, arch: Arch) -> Option<Error> {
         }
     }
     for (arg, bytes) in rules {
-        if bytes % 16 != 0 {
+        // a batch stride of 0 (one operand shared by every batch entry) is no TMA stride
+        if bytes % 16 != 0 || (bytes == 0 && arg.starts_with("batch_stride")) {
             return Some(Error::invalid(
                 arg,
-                format!("{bytes} bytes is not a multiple of 16, which the Hopper path's TMA copies need"),
+                format!("{bytes} bytes is not a positive multiple of 16, which the Hopper path's TMA copies need"),
             ));
         }
     }
