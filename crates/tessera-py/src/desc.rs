@@ -11,6 +11,20 @@ use pyo3::PyResult;
 /// What Python passes for one tensor.
 pub type RawDesc = (u64, String, Vec<i64>, Vec<i64>);
 
+/// The [`DType`] of a torch dtype name (`"float16"`, `"float8_e4m3fn"`, `"int8"`, ...) or of one
+/// of tessera's own names ([`DType::parse`]). torch's fp8 names map onto tessera's fp8 storage
+/// types: `float8_e4m3fn` (finite-only e4m3, NaN = 0x7f/0xff, the OCP/NVIDIA format) is
+/// [`DType::F8E4M3`], `float8_e5m2` is [`DType::F8E5M2`]. The AMD `*fnuz` formats encode
+/// differently and are not accepted.
+pub fn parse_dtype(name: &str) -> Option<DType> {
+    match name {
+        "float8_e4m3fn" => Some(DType::F8E4M3),
+        "float8_e5m2" => Some(DType::F8E5M2),
+        n if n.ends_with("fnuz") => None,
+        n => DType::parse(n),
+    }
+}
+
 /// A validated tensor argument (no device memory is touched here).
 #[derive(Clone, Debug)]
 pub struct Desc {
@@ -25,9 +39,10 @@ impl Desc {
     /// dimension, non-negative sizes.
     pub fn new(arg: &'static str, raw: RawDesc) -> PyResult<Desc> {
         let (ptr, dtype, shape, strides) = raw;
-        let dtype = DType::parse(&dtype).ok_or_else(|| {
+        let dtype = parse_dtype(&dtype).ok_or_else(|| {
             to_py(tessera::Error::Unsupported(format!(
-                "{arg} has dtype {dtype}; tessera takes float32, float16 and bfloat16 tensors (int32 for cu_seqlens)"
+                "{arg} has dtype {dtype}; tessera takes float32, float16 and bfloat16 tensors (int32 for cu_seqlens; \
+                 float64 for the GEMM and sparse; float8_e4m3fn, float8_e5m2 and int8 for scaled_mm / int_mm)"
             )))
         })?;
         if shape.len() != strides.len() {

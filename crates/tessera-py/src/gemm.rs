@@ -33,8 +33,8 @@ pub type GemmKey = (GemmProblem, GemmOptions);
 fn precision_of(arg: &'static str, dtype: &str) -> PyResult<Precision> {
     let unsupported = |what: &str| {
         to_py(tessera::Error::Unsupported(format!(
-            "`{arg}` has dtype {dtype}: {what} GEMM is not yet supported by tessera (the Rust GEMM \
-             names the precision but has no kernel for it); supported: float16, bfloat16, float32, float64"
+            "`{arg}` has dtype {dtype}: tessera.matmul takes float16, bfloat16, float32 and float64; \
+             {what} (Hopper, sm_90, only)"
         )))
     };
     Ok(match dtype {
@@ -42,8 +42,16 @@ fn precision_of(arg: &'static str, dtype: &str) -> PyResult<Precision> {
         "bfloat16" => Precision::BF16,
         "float32" => Precision::F32,
         "float64" => Precision::F64,
-        d if d.starts_with("float8") => return Err(unsupported("fp8")),
-        "int8" | "uint8" => return Err(unsupported("int8")),
+        d if d.starts_with("float8") => {
+            return Err(unsupported(
+                "fp8 inputs go through tessera.scaled_mm (torch._scaled_mm's contract: scales, B = w.t())",
+            ))
+        }
+        "int8" => {
+            return Err(unsupported(
+                "int8 inputs go through tessera.int_mm (torch._int_mm: int32 out) or tessera.scaled_mm (dequantised)",
+            ))
+        }
         _ => {
             return Err(to_py(tessera::Error::Unsupported(format!(
                 "`{arg}` has dtype {dtype}; tessera's GEMM takes float16, bfloat16, float32 and float64"
@@ -295,7 +303,7 @@ fn parse_activation(name: &str) -> PyResult<Activation> {
 }
 
 /// The torch dtype names of tessera's dtypes (what error messages of this module show).
-trait TorchName {
+pub(crate) trait TorchName {
     fn name_torch(&self) -> &'static str;
 }
 
@@ -309,6 +317,7 @@ impl TorchName for DType {
             DType::F8E4M3 => "float8_e4m3fn",
             DType::F8E5M2 => "float8_e5m2",
             DType::U8 => "uint8",
+            DType::I8 => "int8",
             DType::I32 => "int32",
             DType::I64 => "int64",
             #[allow(unreachable_patterns)]
@@ -364,7 +373,7 @@ fn options_for(problem: &GemmProblem, a: u64, b: u64) -> GemmOptions {
 }
 
 /// View of `d`'s memory with the stored-form `shape` and `strides`.
-fn view(d: &Desc, (shape, strides): &(Vec<usize>, Vec<usize>)) -> PyResult<TensorView<'static>> {
+pub(crate) fn view(d: &Desc, (shape, strides): &(Vec<usize>, Vec<usize>)) -> PyResult<TensorView<'static>> {
     Desc {
         ptr: d.ptr,
         dtype: d.dtype,
@@ -374,7 +383,7 @@ fn view(d: &Desc, (shape, strides): &(Vec<usize>, Vec<usize>)) -> PyResult<Tenso
     .view()
 }
 
-fn view_mut(d: &Desc, (shape, strides): &(Vec<usize>, Vec<usize>)) -> PyResult<TensorViewMut<'static>> {
+pub(crate) fn view_mut(d: &Desc, (shape, strides): &(Vec<usize>, Vec<usize>)) -> PyResult<TensorViewMut<'static>> {
     Desc {
         ptr: d.ptr,
         dtype: d.dtype,

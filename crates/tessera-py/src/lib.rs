@@ -18,6 +18,7 @@ mod gemm;
 mod kvcache;
 mod ops;
 mod plan_cache;
+mod scaled_mm;
 mod sparse;
 
 use pyo3::prelude::*;
@@ -34,6 +35,10 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(gemm::operand_layout, m)?)?;
     m.add_function(wrap_pyfunction!(gemm::check_matmul, m)?)?;
     m.add_function(wrap_pyfunction!(gemm::matmul, m)?)?;
+    m.add_function(wrap_pyfunction!(scaled_mm::check_scaled_mm, m)?)?;
+    m.add_function(wrap_pyfunction!(scaled_mm::scaled_mm, m)?)?;
+    m.add_function(wrap_pyfunction!(scaled_mm::check_int_mm, m)?)?;
+    m.add_function(wrap_pyfunction!(scaled_mm::int_mm, m)?)?;
     m.add_function(wrap_pyfunction!(cache::device_info, m)?)?;
     m.add_function(wrap_pyfunction!(cache::pointer_device, m)?)?;
     m.add_function(wrap_pyfunction!(cache::plan_cache_info, m)?)?;

@@ -643,8 +643,9 @@ def test_check_matmul_maps_torch_layouts():
         ((d((5, 8)), d((7, 3)), None, d((5, 3), ptr=0)), ValueError, "invalid argument `b`: shape [7, 3] cannot multiply a of shape [5, 8]: b has 7 rows"),
         ((d((5, 8)), d((8, 3), "float32"), None, d((5, 3), ptr=0)), ValueError, "`b`: has dtype float32, a has float16"),
         ((d((5, 8), "float8_e4m3fn"), d((8, 3)), None, d((5, 3), ptr=0)), NotImplementedError,
-         "`a` has dtype float8_e4m3fn: fp8 GEMM is not yet supported by tessera"),
-        ((d((5, 8)), d((8, 3), "int8"), None, d((5, 3), ptr=0)), NotImplementedError, "`b` has dtype int8: int8 GEMM is not yet supported"),
+         "`a` has dtype float8_e4m3fn: tessera.matmul takes float16, bfloat16, float32 and float64; fp8 inputs go through tessera.scaled_mm"),
+        ((d((5, 8)), d((8, 3), "int8"), None, d((5, 3), ptr=0)), NotImplementedError,
+         "`b` has dtype int8: tessera.matmul takes float16, bfloat16, float32 and float64; int8 inputs go through tessera.int_mm"),
         ((d((5, 8), "int32"), d((8, 3)), None, d((5, 3), ptr=0)), NotImplementedError, "`a` has dtype int32"),
         ((d((8,)), d((8, 3)), None, d((3,))), ValueError, "`a`: must be 2-D or 3-D (batched)"),
         ((d((5, 8)), d((8, 3)), d((4,)), d((5, 3), ptr=0)), ValueError, "`bias`: has shape [4]"),
@@ -697,6 +698,146 @@ def test_matmul_batch_of_the_product():
 def test_matmul_without_a_gpu_raises_no_gpu_error():
     with pytest.raises(tessera.NoGpuError):
         tessera.matmul(Fake((5, 8)), Fake((8, 3), strides=(2, 16)), out=Fake((5, 3), ptr=0x7F0000100000))
+
+
+# -- scaled_mm / int_mm (no device) ----------------------------------------------------------
+
+E4, E5, I8 = "float8_e4m3fn", "float8_e5m2", "int8"
+M_, N_, K_ = 32, 48, 64
+
+
+def lowp(dtype=E4, m=M_, n=N_, k=K_, b_strides=None, a_strides=None):
+    """fp8/int8 operands as torch._scaled_mm wants them: a [M, K] row-major, b = w.t() of a [N, K] w."""
+    return d((m, k), dtype, strides=a_strides), d((k, n), dtype, strides=b_strides or (1, k), ptr=0x7F0000100000)
+
+
+def scales(sa=(), sb=(), dtype="float32", sa_strides=None):
+    return d(sa, dtype, strides=sa_strides, ptr=0x7F0000200000), d(sb, dtype, ptr=0x7F0000300000)
+
+
+def out(dtype="bfloat16", m=M_, n=N_):
+    return d((m, n), dtype, ptr=0)
+
+
+def test_scaled_mm_and_int_mm_signatures_match_torch():
+    # torch._scaled_mm (torch >= 2.5: one tensor returned) and torch._int_mm
+    assert _params(tessera.scaled_mm) == [
+        ("a", E, P),
+        ("b", E, P),
+        ("scale_a", E, P),
+        ("scale_b", E, P),
+        ("bias", None, P),
+        ("scale_result", None, P),
+        ("out_dtype", None, P),
+        ("use_fast_accum", False, P),
+    ]
+    assert _params(tessera.int_mm) == [("a", E, P), ("b", E, P)]
+
+
+def test_check_scaled_mm_maps_scales():
+    a, b = lowp()
+    for sa, sb in [((), ()), ((1,), (1,)), ((1, 1), (1, 1)), ((), (1, 1))]:
+        assert _tessera.check_scaled_mm(a, b, *scales(sa, sb), None, out()) == "tensor"
+    assert _tessera.check_scaled_mm(a, b, *scales((M_, 1), (1, N_)), d((N_,), "bfloat16"), out()) == "row"
+    for dt, od in [(E5, "float16"), (E4, "float32"), (I8, "bfloat16"), (I8, "float32")]:
+        assert _tessera.check_scaled_mm(*lowp(dt), *scales(), None, out(od)) == "tensor"
+    # M = 1: one value of scale_a is also its [M] = [1] vector, so it pairs with a row-wise scale_b
+    a1, b1 = lowp(m=1)
+    assert _tessera.check_scaled_mm(a1, b1, *scales((), (1, N_)), None, out(m=1)) == "row"
+    # padded leading dimensions (multiples of 16 bytes) are read in place
+    ap, bp = lowp(a_strides=(K_ + 16, 1), b_strides=(1, K_ + 32))
+    assert _tessera.check_scaled_mm(ap, bp, *scales(), None, out()) == "tensor"
+    # empty products pass (nothing is launched); K = 0 skips the TMA rules
+    assert _tessera.check_scaled_mm(*lowp(m=0), *scales(), None, out(m=0)) == "tensor"
+    assert _tessera.check_scaled_mm(*lowp(k=0), *scales(), None, out()) == "tensor"
+
+
+@pytest.mark.parametrize(
+    "args, exc, text",
+    [
+        ((*lowp("float16"), *scales(), None, out()), ValueError,
+         "`a`: has dtype float16; tessera.scaled_mm takes float8_e4m3fn or float8_e5m2"),
+        ((*lowp("float8_e4m3fnuz"), *scales(), None, out()), ValueError, "`a`: has dtype float8_e4m3fnuz"),
+        ((lowp()[0], lowp(E5)[1], *scales(), None, out()), ValueError,
+         "`b`: has dtype float8_e5m2, a has float8_e4m3fn: both inputs must have one dtype"),
+        ((*lowp(b_strides=(N_, 1)), *scales(), None, out()), ValueError,
+         "`b`: strides [48, 1] of shape [64, 48] are row-major; tessera.scaled_mm reads B column-major"),
+        ((*lowp(b_strides=(N_, 1)), *scales(), None, out()), ValueError, "pass a row-major [N, K] weight w as w.t()"),
+        ((*lowp(b_strides=(2, 256)), *scales(), None, out()), ValueError, "are neither row- nor column-major"),
+        ((*lowp(a_strides=(1, M_)), *scales(), None, out()), ValueError,
+         "`a`: strides [1, 32] of shape [32, 64] are not row-major"),
+        ((d((2, M_, K_), E4), lowp()[1], *scales(), None, out()), ValueError, "`a`: must be 2-D [M, K], got shape [2, 32, 64]"),
+        ((lowp()[0], lowp(k=80)[1], *scales(), None, out()), ValueError, "`b`: shape [80, 48] cannot multiply a of shape [32, 64]"),
+        ((*lowp(), *scales(dtype="float16"), None, out()), ValueError, "`scale_a`: has dtype float16; scales are float32"),
+        ((*lowp(), *scales((M_,), ()), None, out()), ValueError, "`scale_a`: has shape [32]; it must hold one value"),
+        ((*lowp(), *scales((), (N_, 1)), None, out()), ValueError, "`scale_b`: has shape [48, 1]"),
+        ((*lowp(), *scales((M_, 1), (1, N_), sa_strides=(2, 1)), None, out()), ValueError,
+         "`scale_a`: has shape [32, 1] and strides [2, 1]; a row-wise scale must be contiguous"),
+        ((*lowp(), *scales((), (1, N_)), None, out()), NotImplementedError,
+         "`scale_a` is one value (per-tensor) while `scale_b` is row-wise: mixing per-tensor and row-wise scales is not supported yet"),
+        ((*lowp(), *scales((M_, 1), (1, 1)), None, out()), NotImplementedError, "`scale_b` is one value (per-tensor) while `scale_a` is row-wise"),
+        ((*lowp(), *scales(), d((N_,), "float32"), out()), ValueError, "`bias`: has dtype float32; it must have the output's dtype bfloat16"),
+        ((*lowp(), *scales(), d((N_ - 1,), "bfloat16"), out()), ValueError, "`bias`: has shape [47]"),
+        ((*lowp(), *scales(), None, out(E4)), NotImplementedError, "GEMM fp8e4m3 inputs with fp8e4m3 output; supported outputs: bf16, fp16, fp32"),
+        ((*lowp(I8), *scales(), None, out("int32")), ValueError, "an i32 output is the plain int8 product"),
+        ((*lowp(), *scales(), None, out(n=40)), ValueError, "`out`: has shape [32, 40]; the product is [32, 48]"),
+        ((*lowp(), *scales(), None, d((M_, N_), "bfloat16", strides=(1, M_), ptr=0)), ValueError, "`out`: strides [1, 32] are not row-major"),
+        # the Hopper path's TMA rules, checked without a device
+        ((*lowp(k=40), *scales(), None, out()), ValueError, "`lda`: 40 bytes is not a multiple of 16"),
+        ((*lowp(n=4), *scales(), None, out(n=4)), ValueError, "`ldd`: 8 bytes is not a multiple of 16"),
+    ],
+)
+def test_check_scaled_mm_errors_name_the_argument(args, exc, text):
+    with pytest.raises(exc) as e:
+        _tessera.check_scaled_mm(*args)
+    assert text in str(e.value)
+    assert isinstance(e.value, tessera.TesseraError)
+
+
+def test_check_int_mm():
+    assert _tessera.check_int_mm(*lowp(I8), out("int32")) is None
+    assert _tessera.check_int_mm(*lowp(I8, m=1), out("int32", m=1)) is None
+    cases = [
+        ((*lowp(E4), out("int32")), "`a`: has dtype float8_e4m3fn; tessera.int_mm takes int8"),
+        ((*lowp(I8, b_strides=(N_, 1)), out("int32")), "`b`: strides [48, 1] of shape [64, 48] are row-major; tessera.int_mm reads B column-major"),
+        ((*lowp(I8), out("float32")), "`out`: has dtype float32; int_mm writes int32"),
+        ((*lowp(I8, n=2), out("int32", n=2)), "`ldd`: 8 bytes is not a multiple of 16"),
+        ((*lowp(I8, k=24), out("int32")), "`lda`: 24 bytes is not a multiple of 16"),
+    ]
+    for args, text in cases:
+        with pytest.raises(ValueError) as e:
+            _tessera.check_int_mm(*args)
+        assert text in str(e.value), (text, str(e.value))
+
+
+def test_scaled_mm_validation_through_the_python_layer():
+    # int8 stand-ins (the CUDA array interface has no fp8 type string)
+    a, b = Fake((M_, K_), "|i1"), Fake((K_, N_), "|i1", strides=(1, K_))
+    sa, sb = Fake((), "<f4", ptr=0x7F0000200000), Fake((), "<f4", ptr=0x7F0000300000)
+    with pytest.raises(NotImplementedError, match="`scale_result`: tessera.scaled_mm writes bfloat16"):
+        tessera.scaled_mm(a, b, sa, sb, scale_result=sa, out_dtype="bfloat16")
+    with pytest.raises(tessera.UnsupportedError, match="`out_dtype` = None: torch._scaled_mm then returns a's fp8 dtype"):
+        tessera.scaled_mm(a, b, sa, sb)
+    with pytest.raises(NotImplementedError, match="`out_dtype` = float8_e4m3fn"):
+        tessera.scaled_mm(a, b, sa, sb, out_dtype="float8_e4m3fn")
+    with pytest.raises(ValueError, match="`b`: strides \\[48, 1\\] of shape \\[64, 48\\] are row-major.*w.t\\(\\)"):
+        tessera.scaled_mm(a, Fake((K_, N_), "|i1", ptr=0x7F0000100000), sa, sb, out_dtype="bfloat16")
+    with pytest.raises(ValueError, match="`scale_b`: has shape \\[48\\]"):
+        tessera.scaled_mm(a, b, sa, Fake((N_,), "<f4"), out_dtype="bfloat16")
+    with pytest.raises(ValueError, match="`b`: strides .* are row-major"):
+        tessera.int_mm(a, Fake((K_, N_), "|i1", ptr=0x7F0000100000))
+    with pytest.raises(ValueError, match="`a`: has dtype float16; tessera.int_mm takes int8"):
+        tessera.int_mm(Fake((M_, K_)), b)
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is usable here")
+def test_scaled_mm_and_int_mm_without_a_gpu_raise_no_gpu_error():
+    a, b = Fake((M_, K_), "|i1"), Fake((K_, N_), "|i1", strides=(1, K_), ptr=0x7F0000100000)
+    sa, sb = Fake((M_, 1), "<f4", ptr=0x7F0000200000), Fake((1, N_), "<f4", ptr=0x7F0000300000)
+    with pytest.raises(tessera.NoGpuError):
+        tessera.scaled_mm(a, b, sa, sb, out_dtype="bfloat16", use_fast_accum=True)
+    with pytest.raises(tessera.NoGpuError):
+        tessera.int_mm(a, b)
 
 
 # -- sparse (no device) --------------------------------------------------------------------

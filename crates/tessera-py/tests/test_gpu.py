@@ -1036,6 +1036,192 @@ def test_matmul_on_a_side_stream_and_plan_cache():
     assert info["gemm_hits"] > before["gemm_hits"] and info["gemm"] >= 2
 
 
+# -- scaled_mm / int_mm (Hopper) -------------------------------------------------------------
+
+HOPPER = torch.cuda.get_device_capability(DEV) == (9, 0)
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="tessera's fp8 / int8 GEMM runs on sm_90 only")
+FP8 = {"e4m3": getattr(torch, "float8_e4m3fn", None), "e5m2": getattr(torch, "float8_e5m2", None)}
+# fp8 inputs are exact in the float64 reference, so only the output rounding and the tensor
+# cores' fp8-mode ("fast") accumulation, which keeps fewer bits than float32, differ from it:
+# bfloat16's budget for bfloat16 out, 5e-3 for float16 and float32 out (DESIGN.md's fp8 budget,
+# 6e-2, is for fp8 outputs)
+LOWP_BUDGET = {torch.float32: 5e-3, torch.float16: 5e-3, torch.bfloat16: 1e-2}
+
+
+def lowp_close(out, ref, what):
+    assert not torch.isnan(out).any(), f"{what}: NaN (seed {SEED})"
+    e = rel_l2(out, ref)
+    assert e < LOWP_BUDGET[out.dtype], f"{what}: rel_l2 {e:.3g} >= {LOWP_BUDGET[out.dtype]} (seed {SEED})"
+
+
+def fp8_inputs(m, n, k, dt, tag):
+    """x [M, K] and a weight w [N, K] in fp8 (random normal values, rounded)."""
+    return randn((m, k), torch.float32, tag + " x").to(dt), randn((n, k), torch.float32, tag + " w").to(dt)
+
+
+def pos_scales(shape, tag):
+    """Positive float32 scales in [0.5, 1.5)."""
+    return torch.rand(shape, device=DEV, dtype=torch.float32, generator=gen(tag)) + 0.5
+
+
+def scaled_ref(x, w, sa, sb, bias):
+    """(x @ w.T) * scale_a * scale_b + bias in float64 from the same inputs."""
+    r = (x.double() @ w.double().t()) * sa.double() * sb.double()
+    return r if bias is None else r + bias.double()
+
+
+def torch_scaled_mm(*args, **kw):
+    """torch._scaled_mm's one tensor (older torch returned a pair), or None when this torch
+    cannot run the case (its own restrictions: row-wise needs bfloat16 out, e4m3, ...)."""
+    try:
+        r = torch._scaled_mm(*args, **kw)
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):
+        return None
+    return r[0] if isinstance(r, tuple) else r
+
+
+LOWP_SHAPES = [(16, 32, 16), (1, 64, 32), (77, 48, 64), (128, 256, 512), (200, 96, 4096), (513, 272, 128)]
+
+
+@needs_hopper
+@pytest.mark.skipif(FP8["e4m3"] is None or not hasattr(torch, "_scaled_mm"), reason="torch has no fp8 / _scaled_mm")
+@pytest.mark.parametrize("mnk", LOWP_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+@pytest.mark.parametrize("odt", ["bf16", "fp16", "fp32"])
+def test_scaled_mm_matches_torch_scaled_mm(mnk, fmt, scaling, odt):
+    m, n, k = mnk
+    dt, out_dtype = FP8[fmt], DTYPES[odt]
+    tag = f"smm {mnk} {fmt} {scaling} {odt}"
+    x, w = fp8_inputs(m, n, k, dt, tag)
+    if scaling == "tensor":
+        sa, sb = pos_scales((), tag + " sa"), pos_scales((), tag + " sb")
+    else:
+        sa, sb = pos_scales((m, 1), tag + " sa"), pos_scales((1, n), tag + " sb")
+    bias = randn((n,), out_dtype, tag + " bias") if m % 2 else None
+    y = tessera.scaled_mm(x, w.t(), sa, sb, bias=bias, out_dtype=out_dtype, use_fast_accum=True)
+    assert y.shape == (m, n) and y.dtype == out_dtype and y.device == x.device
+    lowp_close(y, scaled_ref(x, w, sa, sb, bias), f"scaled_mm {tag}")
+    ref = torch_scaled_mm(x, w.t(), sa, sb, bias=bias, out_dtype=out_dtype, use_fast_accum=True)
+    if ref is not None:  # the same inputs through cuBLASLt / CUTLASS
+        lowp_close(y, ref.double(), f"scaled_mm vs torch._scaled_mm {tag}")
+
+
+@needs_hopper
+@pytest.mark.skipif(FP8["e4m3"] is None, reason="torch has no fp8 dtypes")
+def test_scaled_mm_scale_forms_bias_and_degenerate_shapes():
+    dt = FP8["e4m3"]
+    x, w = fp8_inputs(64, 48, 32, dt, "smm forms")
+    ref = scaled_ref(x, w, torch.tensor(0.75), torch.tensor(1.25), None)
+    for sa, sb in [((), ()), ((1,), (1,)), ((1, 1), (1, 1))]:
+        a_s = torch.full(sa, 0.75, device=DEV)
+        b_s = torch.full(sb, 1.25, device=DEV)
+        lowp_close(tessera.scaled_mm(x, w.t(), a_s, b_s, out_dtype=torch.float32), ref, f"scale shapes {sa} {sb}")
+    # M = 1: one value of scale_a pairs with a row-wise scale_b
+    x1 = x[:1].contiguous()
+    sb = pos_scales((1, 48), "smm m1 sb")
+    sa = torch.tensor(0.5, device=DEV)
+    lowp_close(tessera.scaled_mm(x1, w.t(), sa, sb, out_dtype=torch.bfloat16), scaled_ref(x1, w, sa, sb, None), "M = 1 row-wise")
+    # a row-wise scale_a sliced from a wider tensor is made contiguous first
+    sa2 = pos_scales((64, 2), "smm sliced sa")[:, :1]
+    sb2 = pos_scales((1, 48), "smm sliced sb")
+    y = tessera.scaled_mm(x, w.t(), sa2, sb2, out_dtype=torch.bfloat16)
+    lowp_close(y, scaled_ref(x, w, sa2, sb2, None), "sliced scale_a")
+    # empty products and K = 0 (bias only)
+    one = torch.ones((), device=DEV)
+    e = tessera.scaled_mm(x[:0], w.t(), one, one, out_dtype=torch.bfloat16)
+    assert e.shape == (0, 48)
+    bias = randn((48,), torch.bfloat16, "smm k0 bias")
+    z = tessera.scaled_mm(torch.empty(5, 0, device=DEV, dtype=dt), torch.empty(48, 0, device=DEV, dtype=dt).t(), one, one,
+                          bias=bias, out_dtype=torch.bfloat16)
+    assert torch.equal(z, bias.expand(5, 48))
+    # torch's argument errors, as tessera's
+    with pytest.raises(ValueError, match="`b`: .* are row-major.*w.t\\(\\)"):
+        tessera.scaled_mm(x, w.t().contiguous(), one, one, out_dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="`scale_result`"):
+        tessera.scaled_mm(x, w.t(), one, one, scale_result=one, out_dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="`out_dtype` = None"):
+        tessera.scaled_mm(x, w.t(), one, one)
+    with pytest.raises(NotImplementedError, match="mixing per-tensor and row-wise"):
+        tessera.scaled_mm(x, w.t(), one, pos_scales((1, 48), "smm mixed"), out_dtype=torch.bfloat16)
+
+
+@needs_hopper
+@pytest.mark.parametrize("odt", ["bf16", "fp32"])
+def test_scaled_mm_int8_dequantised(odt):
+    # a tessera extension: int8 inputs, int32 accumulate, scaled into bf16 / fp32
+    m, n, k = 100, 64, 256
+    a = torch.randint(-128, 128, (m, k), device=DEV, dtype=torch.int8, generator=gen("smm i8 a"))
+    w = torch.randint(-128, 128, (n, k), device=DEV, dtype=torch.int8, generator=gen("smm i8 w"))
+    sa, sb = pos_scales((m, 1), "smm i8 sa") * 1e-3, pos_scales((1, n), "smm i8 sb") * 1e-3
+    y = tessera.scaled_mm(a, w.t(), sa, sb, out_dtype=DTYPES[odt])
+    lowp_close(y, scaled_ref(a, w, sa, sb, None), f"int8 scaled_mm {odt}")
+
+
+INT_MM_SHAPES = [(17, 8, 16), (1, 64, 32), (32, 32, 32), (77, 100, 208), (256, 512, 1024), (33, 4, 4096)]
+
+
+@needs_hopper
+@pytest.mark.parametrize("mnk", INT_MM_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_int_mm_matches_torch_int_mm(mnk):
+    m, n, k = mnk
+    a = torch.randint(-128, 128, (m, k), device=DEV, dtype=torch.int8, generator=gen(f"imm a {mnk}"))
+    w = torch.randint(-128, 128, (n, k), device=DEV, dtype=torch.int8, generator=gen(f"imm w {mnk}"))
+    a[0, :] = -128  # the extremes: |sum| up to 2^14 K
+    w[0, :] = -128
+    y = tessera.int_mm(a, w.t())
+    assert y.shape == (m, n) and y.dtype == torch.int32
+    exact = (a.double() @ w.double().t()).to(torch.int32)  # exact: |sums| << 2^53
+    assert torch.equal(y, exact), f"int_mm {mnk}: {(y != exact).sum().item()} wrong elements (seed {SEED})"
+    if hasattr(torch, "_int_mm"):
+        try:
+            ref = torch._int_mm(a, w.t())
+        except RuntimeError:  # torch's own limits (M > 16, K and N multiples of 8)
+            ref = None
+        if ref is not None:
+            assert torch.equal(y, ref), f"int_mm vs torch._int_mm {mnk} (seed {SEED})"
+
+
+@needs_hopper
+def test_int_mm_and_scaled_mm_padded_leading_dimensions():
+    # K = 40 (not a multiple of the kernel's K tile) read from rows padded to 64 bytes: legal for
+    # TMA (16-byte row pitch), the K tail must be zero-filled
+    a = torch.randint(-128, 128, (50, 64), device=DEV, dtype=torch.int8, generator=gen("imm pad a"))[:, :40]
+    w = torch.randint(-128, 128, (24, 64), device=DEV, dtype=torch.int8, generator=gen("imm pad w"))[:, :40]
+    y = tessera.int_mm(a, w.t())
+    assert torch.equal(y, (a.double() @ w.double().t()).to(torch.int32)), f"padded int_mm (seed {SEED})"
+    if FP8["e4m3"] is not None:
+        x8 = randn((50, 80), torch.float32, "smm pad x").to(FP8["e4m3"])[:, :40]
+        w8 = randn((24, 80), torch.float32, "smm pad w").to(FP8["e4m3"])[:, :40]
+        one = torch.ones((), device=DEV)
+        y8 = tessera.scaled_mm(x8, w8.t(), one, one, out_dtype=torch.float32)
+        lowp_close(y8, scaled_ref(x8, w8, one, one, None), "padded scaled_mm")
+
+
+@needs_hopper
+def test_int_mm_errors_and_degenerate_shapes():
+    a = torch.randint(-128, 128, (32, 64), device=DEV, dtype=torch.int8, generator=gen("imm err a"))
+    w = torch.randint(-128, 128, (16, 64), device=DEV, dtype=torch.int8, generator=gen("imm err w"))
+    with pytest.raises(ValueError, match="`b`: .* are row-major.*w.t\\(\\)"):
+        tessera.int_mm(a, w.t().contiguous())
+    with pytest.raises(ValueError, match="`lda`: 40 bytes"):
+        tessera.int_mm(a[:, :40].contiguous(), w[:, :40].t())
+    assert tessera.int_mm(a[:0], w.t()).shape == (0, 16)
+    z = tessera.int_mm(torch.empty(3, 0, device=DEV, dtype=torch.int8), torch.empty(16, 0, device=DEV, dtype=torch.int8).t())
+    assert torch.equal(z, torch.zeros(3, 16, device=DEV, dtype=torch.int32))
+
+
+@pytest.mark.skipif(HOPPER, reason="this device is sm_90")
+def test_scaled_mm_and_int_mm_off_hopper_raise_unsupported():
+    a = torch.randint(-128, 128, (32, 64), device=DEV, dtype=torch.int8)
+    w = torch.randint(-128, 128, (16, 64), device=DEV, dtype=torch.int8)
+    with pytest.raises(tessera.UnsupportedError, match="sm_90"):
+        tessera.int_mm(a, w.t())
+    one = torch.ones((), device=DEV)
+    with pytest.raises(tessera.UnsupportedError, match="sm_90"):
+        tessera.scaled_mm(a, w.t(), one, one, out_dtype=torch.bfloat16)
+
+
 # -- sparse --------------------------------------------------------------------------------
 
 

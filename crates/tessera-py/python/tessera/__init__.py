@@ -15,6 +15,9 @@ and return torch tensors (or write into ``out=``)::
     w = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)  # a [N, K] weight
     y = tessera.matmul(x, w.t(), activation="gelu")         # gelu(x @ w.T), one kernel
 
+fp8 and int8 GEMM on Hopper (sm_90) follow torch's private ops: :func:`scaled_mm`
+(``torch._scaled_mm``) and :func:`int_mm` (``torch._int_mm``).
+
 Sparse least squares: :mod:`tessera.sparse` (``csr_matrix``: SpMV/SpMM with torch tensors) and
 :func:`lsmr` (SciPy's ``scipy.sparse.linalg.lsmr`` on the GPU).
 
@@ -44,6 +47,7 @@ _find_nvrtc()
 from . import _tessera  # noqa: E402
 from ._attention import flash_attn_func, flash_attn_varlen_func  # noqa: E402
 from ._matmul import matmul  # noqa: E402
+from ._scaled_mm import int_mm, scaled_mm  # noqa: E402
 from ._softmax import log_softmax, softmax  # noqa: E402
 from ._tessera import (  # noqa: E402
     CompileError,
@@ -115,11 +119,13 @@ __all__ = [
     "device_info",
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "int_mm",
     "is_available",
     "log_softmax",
     "lsmr",
     "matmul",
     "plan_cache_info",
+    "scaled_mm",
     "softmax",
     "sparse",
 ]

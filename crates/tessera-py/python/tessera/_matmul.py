@@ -61,8 +61,9 @@ def matmul(
     are copied with ``.contiguous()`` first (interface objects raise). Plans are cached per
     (device, stream, shapes, strides, dtypes, epilogue).
 
-    fp8 and int8 inputs (``torch._scaled_mm`` / ``torch._int_mm``) are not supported yet:
-    tessera's GEMM has no kernel for them, and raises ``UnsupportedError`` saying so.
+    fp8 and int8 inputs are not taken here (``UnsupportedError`` saying where they go): use
+    :func:`tessera.scaled_mm` (``torch._scaled_mm``) and :func:`tessera.int_mm`
+    (``torch._int_mm``), Hopper (sm_90) only.
 
     Raises:
         InvalidArgumentError (a ValueError): shapes, strides, bias or ``out`` that do not fit.

@@ -15,7 +15,7 @@ from . import _tessera
 from ._tessera import InvalidArgumentError, NoGpuError, UnsupportedError
 
 # CUDA array interface type strings tessera understands (little-endian).
-_TYPESTR = {"<f4": "float32", "<f2": "float16", "<i4": "int32", "<f8": "float64"}
+_TYPESTR = {"<f4": "float32", "<f2": "float16", "<i4": "int32", "<f8": "float64", "|i1": "int8", "<i1": "int8"}
 
 
 def invalid(arg: str, rule: str) -> InvalidArgumentError:

@@ -194,6 +194,34 @@ def matmul(
     """Queues ``out = act(a @ b + bias)`` on ``stream``; returns the kernel path that ran
     (``"sm80"``, ``"skinny"``, ``"simt"``, ``"dmma"``)."""
 
+def check_scaled_mm(
+    a: Desc, b: Desc, scale_a: Desc, scale_b: Desc, bias: Optional[Desc], out: Desc
+) -> str:
+    """Validates ``out = (a @ b) * scale_a * scale_b + bias`` (fp8 or int8 ``a`` row-major, ``b``
+    column-major; no device needed, ``out`` may have address 0), including the Hopper path's
+    16-byte TMA rules; returns the scaling, ``"tensor"`` or ``"row"``."""
+
+def scaled_mm(
+    device: int,
+    stream: int,
+    a: Desc,
+    b: Desc,
+    scale_a: Desc,
+    scale_b: Desc,
+    bias: Optional[Desc],
+    out: Desc,
+) -> str:
+    """Queues ``out = (a @ b) * scale_a * scale_b + bias`` on ``stream`` (sm_90 only); returns
+    the kernel path that ran (``"hopper"``)."""
+
+def check_int_mm(a: Desc, b: Desc, out: Desc) -> None:
+    """Validates ``out = a @ b`` (int8 ``a`` row-major, ``b`` column-major, int32 ``out``)
+    without a device."""
+
+def int_mm(device: int, stream: int, a: Desc, b: Desc, out: Desc) -> str:
+    """Queues the int32 product ``out = a @ b`` on ``stream`` (sm_90 only); returns the kernel
+    path that ran (``"hopper"``)."""
+
 def check_csr(rows: int, cols: int, dtype: str, indptr: bytes, indices: bytes, data: bytes) -> int:
     """Validates host CSR arrays (``indptr``/``indices`` int64 bytes, ``data`` bytes of
     ``dtype``) without a device; returns the nonzeros after duplicates are summed."""
