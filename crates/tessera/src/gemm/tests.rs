@@ -235,7 +235,11 @@ fn dispatch_follows_precision_shape_layout_and_alignment() {
     assert_eq!(auto90(&f64p).unwrap(), GemmPath::Dmma);
     let mut shared_b = h(256, 256, 256).batched(3);
     shared_b.batch_stride_b = 0;
-    assert_eq!(auto90(&shared_b).unwrap(), GemmPath::Sm80, "a shared B (batch stride 0) is no TMA stride");
+    assert_eq!(
+        auto90(&shared_b).unwrap(),
+        GemmPath::Sm80,
+        "a shared B (batch stride 0) is no TMA stride"
+    );
     let fp8 = GemmProblem::new(Precision::Fp8E4M3, DType::BF16, 64, 64, 64).b_layout(Layout::ColMajor);
     assert_eq!(auto90(&fp8).unwrap(), GemmPath::Hopper);
     assert!(choose_path(&fp8, a100, GemmPath::Auto).is_err_and(|e| e.to_string().contains("sm_90")));
