@@ -618,3 +618,33 @@ fn column_scaling_needs_valid_column_norms() {
     // off by default
     assert!(!LsmrOptions::default().scale_columns);
 }
+
+/// `tessera verify lsmr` compares a GPU run that stopped one iteration past the reference with
+/// the reference re-run to that iteration with every tolerance test off: that re-run must reach
+/// the requested iteration (a maxiter stop) one past or one before the reference's stop, and
+/// its iterate at the reference's own stop must be the original one.
+#[test]
+fn a_rerun_with_the_tolerance_tests_off_reaches_the_next_iteration() {
+    for name in ["ill_conditioned_conlim", "ill_conditioned_machine"] {
+        let c = cases().into_iter().find(|c| c.name == name).expect("fixture");
+        let want = lsmr_host(&c.csr, &c.b, &c.opts).unwrap();
+        let off = |itn| LsmrOptions {
+            atol: 0.0,
+            btol: 0.0,
+            conlim: 0.0,
+            maxiter: Some(itn),
+            ..c.opts.clone()
+        };
+        // the GPU overshot the conlim stop (20 vs 19) and undershot the machine-precision one
+        // (41 vs 42); the latter's tests stop every run at 42, the former's can go on
+        let target = if name == "ill_conditioned_conlim" {
+            want.itn + 1
+        } else {
+            want.itn - 1
+        };
+        let moved = lsmr_host(&c.csr, &c.b, &off(target)).unwrap();
+        assert_eq!((moved.istop, moved.itn), (7, target), "{name}");
+        let same = lsmr_host(&c.csr, &c.b, &off(want.itn)).unwrap();
+        assert_eq!(same.x, want.x, "{name}: the iterate at the reference's own stop");
+    }
+}

@@ -235,8 +235,9 @@ fn build(problem: &Problem, seed: u64) -> Result<Built> {
 /// the same iteration; when the GPU stopped one iteration earlier or later (allowed: the stopping
 /// tests compare estimates against thresholds, and last-bit differences in the norms can move
 /// the crossing by one iteration), the reference re-run to the GPU's iteration (`rerun(itn)`,
-/// a maxiter stop), with `want`'s istop and itn kept so that those are still judged against the
-/// real stop. On ill-conditioned problems two iterates one step apart differ far more than
+/// a maxiter stop with the tolerance tests off: with them on, a reference that stopped earlier
+/// would stop there again), with `want`'s istop and itn kept so that those are still judged
+/// against the real stop. On ill-conditioned problems two iterates one step apart differ far more than
 /// rounding, so comparing x across them would test the stopping rule's knife edge, not the
 /// solver.
 fn same_iteration(
@@ -297,6 +298,12 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
             &a_ref,
             &b_ref,
             &LsmrOptions {
+                // every tolerance test off (0 leaves only the machine-precision ones, which
+                // did not stop either run before the later of the two stops), so that the
+                // reference runs exactly to the GPU's iteration
+                atol: 0.0,
+                btol: 0.0,
+                conlim: 0.0,
                 maxiter: Some(itn),
                 ..built.opts.clone()
             },
