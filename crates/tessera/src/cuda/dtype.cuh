@@ -3,7 +3,7 @@
 // Defines: ts::f16, ts::bf16, ts::fp8e4m3, ts::fp8e5m2 (storage-only structs holding the raw
 //          bits; arithmetic is always done in f32),
 //          ts::to_float(x) for float, double and every storage type,
-//          ts::from_float<T>(float) (round to nearest even; fp8 saturates to the largest finite
+//          ts::convert<To>(From), ts::from_float<T>(float) (round to nearest even; fp8 saturates to the largest finite
 //          value, NaN stays NaN),
 //          pair conversions used by the vector code: ts::pack_f16x2 / unpack_f16x2,
 //          pack_bf16x2 / unpack_bf16x2, pack_e4m3x2 / unpack_e4m3x2, pack_e5m2x2 / unpack_e5m2x2
@@ -289,6 +289,22 @@ TS_DEVICE T from_float(float x) {
     return fp8e5m2{(uint8_t)float_to_e5m2_bits(x)};
   } else {
     static_assert(sizeof(T) == 0, "from_float: unsupported storage type");
+  }
+}
+
+/// From -> To between the storage and compute types: a plain cast between float and double, via
+/// f32 (to_float / from_float, round to nearest even) for the 16- and 8-bit storage types; the
+/// one conversion the sparse kernels use between values and accumulators.
+template <typename To, typename From>
+TS_DEVICE To convert(From x) {
+  constexpr bool to_wide = is_same_v<To, float> || is_same_v<To, double>;
+  constexpr bool from_wide = is_same_v<From, float> || is_same_v<From, double>;
+  if constexpr (to_wide && from_wide) {
+    return (To)x;
+  } else if constexpr (to_wide) {
+    return (To)to_float(x);
+  } else {
+    return from_float<To>(to_float(x));
   }
 }
 

@@ -84,18 +84,6 @@ static_assert(sizeof(BsrParams) == 112, "BsrParams and its Rust mirror (bsr.rs) 
 
 namespace {
 
-template <class V>
-TS_DEVICE Acc to_acc(V v) {
-  if constexpr (ts::is_same_v<V, double> || ts::is_same_v<V, float>) return (Acc)v;
-  else return ts::to_float(v);
-}
-
-template <class V>
-TS_DEVICE V from_acc(Acc v) {
-  if constexpr (ts::is_same_v<V, double> || ts::is_same_v<V, float>) return (V)v;
-  else return ts::from_float<V>(v);
-}
-
 /// The stored blocks of block row br: [begin, end) of block_indices / values.
 TS_DEVICE void block_range(const BsrParams& p, long long br, long long& begin, long long& end) {
   if (p.ell_width > 0) {
@@ -115,8 +103,8 @@ TS_DEVICE void write_c(const BsrParams& p, long long r, long long j, Acc sum) {
   if (r >= p.rows || j >= p.n) return;
   const long long at = dense_at(r, j, p.ldc);
   Acc out = (Acc)p.alpha * sum;
-  if (p.beta != 0.0) out += (Acc)p.beta * to_acc(p.c[at]);
-  p.c[at] = from_acc<Val>(out);
+  if (p.beta != 0.0) out += (Acc)p.beta * ts::convert<Acc>(p.c[at]);
+  p.c[at] = ts::convert<Val>(out);
 }
 
 /// The raw 16 bits of B element (r, j) (V: f16 or bf16), or +0 outside the B of cols x n.
@@ -316,7 +304,7 @@ TS_DEVICE void cuda_core_column(const BsrParams& p, long long br, long long j) {
       Acc bv[kChunk];
 #pragma unroll
       for (int kk = 0; kk < kChunk; ++kk)
-        bv[kk] = live && r0 + c0 + kk < p.cols ? to_acc(ts::load_scalar(b_at + (c0 + kk) * kstep)) : (Acc)0;
+        bv[kk] = live && r0 + c0 + kk < p.cols ? ts::convert<Acc>(ts::load_scalar(b_at + (c0 + kk) * kstep)) : (Acc)0;
 #pragma unroll
       for (int i = 0; i < kBlock; ++i) {
         ts::Pack<Val, kPack> row[kChunk / kPack];
@@ -325,7 +313,7 @@ TS_DEVICE void cuda_core_column(const BsrParams& p, long long br, long long j) {
 #pragma unroll
         for (int q = 0; q < kChunk / kPack; ++q)
 #pragma unroll
-          for (int e = 0; e < kPack; ++e) acc[i] += to_acc(row[q][e]) * bv[q * kPack + e];
+          for (int e = 0; e < kPack; ++e) acc[i] += ts::convert<Acc>(row[q][e]) * bv[q * kPack + e];
       }
     }
   }

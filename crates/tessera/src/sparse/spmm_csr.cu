@@ -53,18 +53,6 @@ struct SpmmParams {
 
 namespace {
 
-template <class V>
-TS_DEVICE Acc to_acc(V v) {
-  if constexpr (ts::is_same_v<V, double> || ts::is_same_v<V, float>) return (Acc)v;
-  else return ts::to_float(v);
-}
-
-template <class V>
-TS_DEVICE V from_acc(Acc v) {
-  if constexpr (ts::is_same_v<V, double> || ts::is_same_v<V, float>) return (V)v;
-  else return ts::from_float<V>(v);
-}
-
 /// The lanes of this thread's group of kWidth (aligned in its warp).
 template <int kWidth>
 TS_DEVICE unsigned int group_mask() {
@@ -75,8 +63,8 @@ TS_DEVICE unsigned int group_mask() {
 /// C element (row, col) = alpha * sum + beta * C (C not read when beta == 0).
 TS_DEVICE void write_c(const SpmmParams& p, long long at, Acc sum) {
   Acc out = (Acc)p.alpha * sum;
-  if (p.beta != 0.0) out += (Acc)p.beta * to_acc(p.c[at]);
-  p.c[at] = from_acc<Val>(out);
+  if (p.beta != 0.0) out += (Acc)p.beta * ts::convert<Acc>(p.c[at]);
+  p.c[at] = ts::convert<Val>(out);
 }
 
 /// Row-major B and C: this lane's kVec columns of (row, tile).
@@ -91,11 +79,11 @@ TS_DEVICE void row_major_tile(const SpmmParams& p, long long row, long long j0, 
   // Every lane of the group reads the same index and value (one L1 request serves them).
   for (long long k = begin; k < end; ++k) {
     const long long index = (long long)p.indices[k];
-    const Acc value = to_acc(p.values[k]);
+    const Acc value = ts::convert<Acc>(p.values[k]);
     const Val* brow = p.b + index * p.ldb;
 #pragma unroll
     for (int v = 0; v < kVec; ++v) {
-      if (my_col + v < p.n) acc[v] += value * to_acc(brow[my_col + v]);
+      if (my_col + v < p.n) acc[v] += value * ts::convert<Acc>(brow[my_col + v]);
     }
   }
 #pragma unroll
@@ -114,10 +102,10 @@ TS_DEVICE void col_major_pass(const SpmmParams& p, long long row, long long j0, 
   for (int c = 0; c < kCols; ++c) acc[c] = 0;
   for (long long k = begin + lane; k < end; k += kLanes) {
     const long long index = (long long)p.indices[k];
-    const Acc value = to_acc(p.values[k]);
+    const Acc value = ts::convert<Acc>(p.values[k]);
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
-      if (j0 + c < p.n) acc[c] += value * to_acc(p.b[index + (j0 + c) * p.ldb]);
+      if (j0 + c < p.n) acc[c] += value * ts::convert<Acc>(p.b[index + (j0 + c) * p.ldb]);
     }
   }
 #pragma unroll

@@ -48,22 +48,6 @@ struct BsrParams {
 };
 static_assert(sizeof(BsrParams) == 112, "BsrParams and its Rust mirror (bsr.rs) differ");
 
-namespace {
-
-template <class V>
-TS_DEVICE Acc to_acc(V v) {
-  if constexpr (ts::is_same_v<V, double> || ts::is_same_v<V, float>) return (Acc)v;
-  else return ts::to_float(v);
-}
-
-template <class V>
-TS_DEVICE V from_acc(Acc v) {
-  if constexpr (ts::is_same_v<V, double> || ts::is_same_v<V, float>) return (V)v;
-  else return ts::from_float<V>(v);
-}
-
-}  // namespace
-
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_bsr(const __grid_constant__ BsrParams p) {
   const long long br = (long long)blockIdx.x * kWarps + threadIdx.x / 32;
   if (br >= p.block_rows) return;  // whole warps leave together
@@ -85,14 +69,14 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_bsr(const __gri
     const long long bc = (long long)p.block_indices[k];
     if (bc < 0) break;  // Blocked-ELL padding: the rest of the row is padding too
     const long long col = bc * kBlock + j;
-    if (col < p.cols) sum += to_acc(p.values[k * (kBlock * kBlock) + i * kBlock + j]) * to_acc(p.b[col]);
+    if (col < p.cols) sum += ts::convert<Acc>(p.values[k * (kBlock * kBlock) + i * kBlock + j]) * ts::convert<Acc>(p.b[col]);
   }
 #pragma unroll
   for (int m = kLanes / 2; m > 0; m /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, m);
   const long long row = br * kBlock + i;
   if (s == 0 && row < p.rows) {
     Acc out = (Acc)p.alpha * sum;
-    if (p.beta != 0.0) out += (Acc)p.beta * to_acc(p.c[row]);
-    p.c[row] = from_acc<Val>(out);
+    if (p.beta != 0.0) out += (Acc)p.beta * ts::convert<Acc>(p.c[row]);
+    p.c[row] = ts::convert<Val>(out);
   }
 }

@@ -67,17 +67,6 @@ struct SpmvParams {
 
 namespace {
 
-TS_DEVICE Acc to_acc(double v) { return (Acc)v; }
-TS_DEVICE Acc to_acc(float v) { return v; }
-TS_DEVICE Acc to_acc(ts::f16 v) { return ts::to_float(v); }
-TS_DEVICE Acc to_acc(ts::bf16 v) { return ts::to_float(v); }
-
-template <class V>
-TS_DEVICE V from_acc(Acc v) {
-  if constexpr (ts::is_same_v<V, double> || ts::is_same_v<V, float>) return (V)v;
-  else return ts::from_float<V>(v);
-}
-
 /// A streaming (read-once) load: evict-first in L1 and L2.
 template <class T>
 TS_DEVICE T load_stream(const T* p) {
@@ -101,7 +90,7 @@ TS_DEVICE Acc load_x(const V* x, Idx col) {
   else {
     V v;
     v.bits = __ldg(reinterpret_cast<const unsigned short*>(x) + col);
-    return to_acc(v);
+    return ts::convert<Acc>(v);
   }
 }
 
@@ -133,18 +122,18 @@ TS_DEVICE Acc lane_dot(const SpmvParams& p, long long begin, long long end, int 
     const Idx c1 = load_stream(p.indices + j + kWidth);
     const Val v0 = load_stream(p.values + j);
     const Val v1 = load_stream(p.values + j + kWidth);
-    a0 += to_acc(v0) * load_x(p.x, c0);
-    a1 += to_acc(v1) * load_x(p.x, c1);
+    a0 += ts::convert<Acc>(v0) * load_x(p.x, c0);
+    a1 += ts::convert<Acc>(v1) * load_x(p.x, c1);
   }
-  if (j < end) a0 += to_acc(load_stream(p.values + j)) * load_x(p.x, load_stream(p.indices + j));
+  if (j < end) a0 += ts::convert<Acc>(load_stream(p.values + j)) * load_x(p.x, load_stream(p.indices + j));
   return a0 + a1;
 }
 
 /// y[row] = alpha * sum + beta * y[row] (y not read when beta == 0).
 TS_DEVICE void write_y(const SpmvParams& p, long long row, Acc sum) {
-  Acc out = to_acc(p.alpha) * sum;
-  if (p.beta != 0.0) out += to_acc(p.beta) * to_acc(p.y[row]);
-  p.y[row] = from_acc<Val>(out);
+  Acc out = ts::convert<Acc>(p.alpha) * sum;
+  if (p.beta != 0.0) out += ts::convert<Acc>(p.beta) * ts::convert<Acc>(p.y[row]);
+  p.y[row] = ts::convert<Val>(out);
 }
 
 }  // namespace

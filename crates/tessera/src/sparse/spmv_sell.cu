@@ -44,22 +44,6 @@ struct SellParams {
 };
 static_assert(sizeof(SellParams) == 80, "SellParams and its Rust mirror (sell.rs) differ");
 
-namespace {
-
-template <class V>
-TS_DEVICE Acc to_acc(V v) {
-  if constexpr (ts::is_same_v<V, double> || ts::is_same_v<V, float>) return (Acc)v;
-  else return ts::to_float(v);
-}
-
-template <class V>
-TS_DEVICE V from_acc(Acc v) {
-  if constexpr (ts::is_same_v<V, double> || ts::is_same_v<V, float>) return (V)v;
-  else return ts::from_float<V>(v);
-}
-
-}  // namespace
-
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_sell(const __grid_constant__ SellParams p) {
   const long long sorted = (long long)blockIdx.x * kBlockThreads + threadIdx.x;
   if (sorted >= p.rows) return;
@@ -70,10 +54,10 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_sell(const __gr
   Acc sum = 0;
   for (int j = 0; j < width; ++j) {
     const long long at = base + (long long)j * kSliceRows;
-    sum += to_acc(p.values[at]) * to_acc(p.x[p.indices[at]]);
+    sum += ts::convert<Acc>(p.values[at]) * ts::convert<Acc>(p.x[p.indices[at]]);
   }
   const long long row = (long long)p.row_of[sorted];
-  Acc out = to_acc(p.alpha) * sum;
-  if (p.beta != 0.0) out += to_acc(p.beta) * to_acc(p.y[row]);
-  p.y[row] = from_acc<Val>(out);
+  Acc out = ts::convert<Acc>(p.alpha) * sum;
+  if (p.beta != 0.0) out += ts::convert<Acc>(p.beta) * ts::convert<Acc>(p.y[row]);
+  p.y[row] = ts::convert<Val>(out);
 }
