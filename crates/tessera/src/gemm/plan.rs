@@ -242,11 +242,16 @@ pub fn hopper_rule_broken(p: &GemmProblem, arch: Arch) -> Option<Error> {
         }
     }
     for (arg, bytes) in rules {
-        // a batch stride of 0 (one operand shared by every batch entry) is no TMA stride
-        if bytes % 16 != 0 || (bytes == 0 && arg.starts_with("batch_stride")) {
+        if bytes % 16 != 0 {
             return Some(Error::invalid(
                 arg,
-                format!("{bytes} bytes is not a positive multiple of 16, which the Hopper path's TMA copies need"),
+                format!("{bytes} bytes is not a multiple of 16, which the Hopper path's TMA copies need"),
+            ));
+        }
+        if bytes == 0 && arg.starts_with("batch_stride") {
+            return Some(Error::invalid(
+                arg,
+                "0: an operand shared by every batch entry has no TMA batch stride",
             ));
         }
     }
