@@ -234,26 +234,7 @@ fn matmul_problem(a: &Desc, b: &Desc, bias: Option<&Desc>, d: &Desc, activation:
         ));
     }
     if let Some(bias) = bias {
-        let ok = bias.shape == [n] && (n <= 1 || bias.strides == [1]);
-        if !ok {
-            return Err(invalid(
-                "bias",
-                format!(
-                    "has shape {:?} and strides {:?}; it must be a contiguous [{n}] vector (one value per output column)",
-                    bias.shape, bias.strides
-                ),
-            ));
-        }
-        if bias.dtype != d.dtype {
-            return Err(invalid(
-                "bias",
-                format!(
-                    "has dtype {}; it must have the output's dtype {}",
-                    bias.dtype.name_torch(),
-                    d.dtype.name_torch()
-                ),
-            ));
-        }
+        check_bias(bias, n, d.dtype)?;
     }
     let problem = GemmProblem {
         m,
@@ -291,6 +272,32 @@ fn matmul_problem(a: &Desc, b: &Desc, bias: Option<&Desc>, d: &Desc, activation:
         d: stored(batch, problem.batch_stride_d, m, n, problem.ldd),
         problem,
     })
+}
+
+/// The bias of a GEMM with `n` output columns written in `out`: a contiguous `[n]` vector of the
+/// output's dtype (matmul's and scaled_mm's rule).
+pub(crate) fn check_bias(bias: &Desc, n: usize, out: DType) -> PyResult<()> {
+    let ok = bias.shape == [n] && (n <= 1 || bias.strides == [1]);
+    if !ok {
+        return Err(invalid(
+            "bias",
+            format!(
+                "has shape {:?} and strides {:?}; it must be a contiguous [{n}] vector (one value per output column)",
+                bias.shape, bias.strides
+            ),
+        ));
+    }
+    if bias.dtype != out {
+        return Err(invalid(
+            "bias",
+            format!(
+                "has dtype {}; it must have the output's dtype {}",
+                bias.dtype.name_torch(),
+                out.name_torch()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_activation(name: &str) -> PyResult<Activation> {

@@ -27,7 +27,7 @@ use tessera::DType;
 use crate::cache::{self, StreamId, GEMM_PLANS};
 use crate::desc::{Desc, RawDesc};
 use crate::errors::{invalid, to_py, IntoPy};
-use crate::gemm::{layout_of, view, view_mut, TorchName};
+use crate::gemm::{check_bias, layout_of, view, view_mut, TorchName};
 
 /// A stored-form view: `(shape, strides)`.
 type Stored = (Vec<usize>, Vec<usize>);
@@ -289,26 +289,7 @@ fn lowp_problem(
         ));
     }
     if let Some(bias) = bias {
-        let ok = bias.shape == [n] && (n <= 1 || bias.strides == [1]);
-        if !ok {
-            return Err(invalid(
-                "bias",
-                format!(
-                    "has shape {:?} and strides {:?}; it must be a contiguous [{n}] vector (one value per output column)",
-                    bias.shape, bias.strides
-                ),
-            ));
-        }
-        if bias.dtype != d.dtype {
-            return Err(invalid(
-                "bias",
-                format!(
-                    "has dtype {}; it must have the output's dtype {}",
-                    bias.dtype.name_torch(),
-                    d.dtype.name_torch()
-                ),
-            ));
-        }
+        check_bias(bias, n, d.dtype)?;
     }
     let gemm_scales = match scales {
         Some((sa, sb)) => scaling(sa, sb, m, n)?,
