@@ -234,14 +234,69 @@ def bench_lsmr(case, params):
 # is passed as b.t(), as torch.nn.functional.linear does. Plain products use torch.mm, a bias
 # torch.addmm, bias + relu/gelu torch._addmm_activation (cuBLASLt's fused epilogue; its GELU is
 # the tanh form); other activations run after torch.addmm. fp32 is timed with TF32 off (exact).
-# TFLOP/s for every row; GB/s (A, B and D bytes once) for M <= 16.
+# TFLOP/s for every row; GB/s (A, B and D bytes once) for M <= 16. The quantized contracts:
+# "fp8e4m3"/"fp8e5m2" through torch._scaled_mm (params "scales": "tensor" -> scalar scales,
+# "row" -> [M, 1] and [1, N]; use_fast_accum=True, the accumulation tessera's fp8 path does),
+# "int8" -> int32 through torch._int_mm, "tf32" through torch.mm with TF32 allowed.
 
 GEMM_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
+QUANT_DTYPES = {"fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2", "int8": "int8", "tf32": "float32"}
+OUT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "i32": "int32", "int32": "int32"}
+
+
+def bench_gemm_quantized(case, params):
+    m, n, k = int(params["M"]), int(params["N"]), int(params["K"])
+    name = params["dtype"]
+    if params.get("b_layout", "nk") != "nk" or params.get("bias") or params.get("activation", "none") != "none":
+        return [row(case, params, "torch", missing="quantized baselines take B [N, K] only, no epilogue")]
+    dtype = getattr(torch, QUANT_DTYPES[name])
+    out_name = params.get("out", "bf16")
+    if out_name not in OUT_DTYPES:
+        return [row(case, params, "torch", missing=f"no torch output dtype for {out_name}")]
+    out_dtype = getattr(torch, OUT_DTYPES[out_name])
+    esize = torch.empty((), dtype=dtype).element_size()
+    nbuf = rotation_count((m * k + k * n) * esize)
+    gen = torch.Generator(device="cuda").manual_seed(0x6E34)
+
+    def rand(*shape):
+        if name == "int8":
+            return torch.randint(-64, 64, shape, device="cuda", dtype=torch.int8, generator=gen)
+        return torch.randn(shape, device="cuda", dtype=torch.float32, generator=gen).to(dtype)
+
+    sets = [(rand(m, k), rand(n, k)) for _ in range(nbuf)]
+    note = None
+    prev_tf32 = torch.backends.cuda.matmul.allow_tf32
+    if name == "int8":
+        fn = lambda ab: torch._int_mm(ab[0], ab[1].t())  # noqa: E731
+    elif name == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        fn = lambda ab: torch.mm(ab[0], ab[1].t())  # noqa: E731
+    else:
+        if params.get("scales", "tensor") == "row":
+            sa = 1.0 + 0.75 * torch.rand(m, 1, device="cuda", generator=gen)
+            sb = 1.0 + 0.75 * torch.rand(1, n, device="cuda", generator=gen)
+        else:
+            sa = torch.tensor(1.25, device="cuda")
+            sb = torch.tensor(1.5, device="cuda")
+        note = "torch._scaled_mm, use_fast_accum=True"
+        fn = lambda ab: torch._scaled_mm(  # noqa: E731
+            ab[0], ab[1].t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=True)
+    try:
+        ms = time_ms(fn, sets)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev_tf32
+        del sets
+    tflops = 2.0 * m * n * k / (ms * 1e-3) / 1e12
+    osize = torch.empty((), dtype=out_dtype).element_size()
+    gbps = (m * k + k * n) * esize / (ms * 1e-3) / 1e9 + m * n * osize / (ms * 1e-3) / 1e9 if m <= 16 else None
+    return [row(case, params, "torch", ms=ms, tflops=tflops, gbps=gbps, note=note)]
 
 
 def bench_gemm(case, params):
     m, n, k = int(params["M"]), int(params["N"]), int(params["K"])
     name = params.get("dtype", "bf16")
+    if name in QUANT_DTYPES:
+        return bench_gemm_quantized(case, params)
     dtype = getattr(torch, GEMM_DTYPES[name])
     if params.get("out", name) != name:
         return [row(case, params, "torch", missing=f"torch.mm writes {name}, not {params['out']}")]

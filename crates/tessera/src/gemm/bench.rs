@@ -2,20 +2,24 @@
 //! Llama projections ((4096, 4096, 4096), (4096, 14336, 4096), (4096, 4096, 14336),
 //! (4096, 28672, 8192), (4096, 8192, 28672)), all with B stored [N, K]; decode (M in {1, 8, 16},
 //! (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}); bias + GELU at (4096, 14336, 4096);
-//! exact fp32 and fp64 at 4096^3; a few forced paths. TFLOP/s for every row, GB/s (weight and
-//! activation bytes once) for decode.
+//! exact fp32 and fp64 at 4096^3; fp8 e4m3 with per-tensor and row-wise scales on the bf16
+//! shapes, int8 (s32 out) at 8192^3 and (4096, 14336, 4096), tf32 at 4096^3 and 8192^3; a few
+//! forced paths. TFLOP/s for every row, GB/s (weight and activation bytes once) for decode.
 //!
 //! Timing is `runtime::time_median` (DESIGN.md's method) over rotating input sets that together
 //! span more than twice the L2, so weights are read from memory as in a real model. Before
 //! timing, the output of the first set is checked against the f64 reference on a sample of rows
 //! (the bound of `reference`); a failure aborts the case. Baselines: `scripts/baselines/
 //! bench_torch.py --op gemm` (torch.mm / torch.addmm / torch._addmm_activation, i.e. cuBLAS and
-//! cuBLASLt) on the same shapes.
+//! cuBLASLt; torch._scaled_mm for fp8, torch._int_mm for int8, torch.mm with TF32 allowed for
+//! tf32) on the same shapes.
 
 use serde_json::{json, Value};
 
 use super::plan::{GemmOptions, GemmPath, GemmPlan, GemmTuning};
-use super::problem::{Activation, COperand, GemmOperands, GemmProblem, Layout, Precision};
+use super::problem::{
+    Activation, COperand, GemmOperands, GemmProblem, GemmScaleOperands, GemmScales, Layout, Precision,
+};
 use super::reference::{self, Logical};
 use crate::check::{compare, to_f64_vec};
 use crate::dtype::{DType, Element};
@@ -43,6 +47,8 @@ pub struct BenchCase {
     pub b_layout: Layout,
     pub bias: bool,
     pub activation: Activation,
+    /// Dequantisation scales (fp8 and int8 rows).
+    pub scales: GemmScales,
     pub path: GemmPath,
 }
 
@@ -69,6 +75,11 @@ impl BenchCase {
         if self.activation != Activation::None {
             s.push_str(&format!(" {}", self.activation.name()));
         }
+        match self.scales {
+            GemmScales::None => {}
+            GemmScales::PerTensor => s.push_str(" tensor-scales"),
+            GemmScales::RowWise => s.push_str(" row-scales"),
+        }
         s
     }
     /// `tessera` for the dispatcher's choice, `tessera-<path>` when forced.
@@ -84,6 +95,11 @@ impl BenchCase {
             "dtype": self.precision.name(), "out": self.out.name(),
             "b_layout": if self.b_layout == Layout::ColMajor { "nk" } else { "kn" },
             "bias": self.bias, "activation": self.activation.name(),
+            "scales": match self.scales {
+                GemmScales::None => "none",
+                GemmScales::PerTensor => "tensor",
+                GemmScales::RowWise => "row",
+            },
         })
     }
     pub fn problem(&self) -> GemmProblem {
@@ -91,6 +107,7 @@ impl BenchCase {
             .b_layout(self.b_layout)
             .bias(self.bias)
             .activation(self.activation)
+            .scales(self.scales)
     }
     /// Decode cases report GB/s.
     fn is_decode(&self) -> bool {
@@ -106,6 +123,8 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
             Precision::F16 => DType::F16,
             Precision::BF16 => DType::BF16,
             Precision::F64 => DType::F64,
+            Precision::Fp8E4M3 | Precision::Fp8E5M2 => DType::BF16,
+            Precision::Int8 => DType::I32,
             _ => DType::F32,
         },
         m,
@@ -114,6 +133,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         b_layout: Layout::ColMajor,
         bias: false,
         activation: Activation::None,
+        scales: GemmScales::None,
         path: GemmPath::Auto,
     };
     if quick {
@@ -160,10 +180,36 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         path: GemmPath::Simt,
         ..case(Precision::F64, 4096, 4096, 4096)
     });
+    // the Hopper-only contracts (torch._scaled_mm, torch._int_mm, TF32 cuBLAS)
+    for scales in [GemmScales::PerTensor, GemmScales::RowWise] {
+        for (m, n, k) in [
+            (2048, 2048, 2048),
+            (4096, 4096, 4096),
+            (8192, 8192, 8192),
+            (4096, 14336, 4096),
+            (4096, 4096, 14336),
+            (4096, 28672, 8192),
+            (4096, 8192, 28672),
+        ] {
+            out.push(BenchCase {
+                scales,
+                ..case(Precision::Fp8E4M3, m, n, k)
+            });
+        }
+    }
+    for (m, n, k) in [(8192, 8192, 8192), (4096, 14336, 4096)] {
+        out.push(case(Precision::Int8, m, n, k));
+    }
+    for s in [4096, 8192] {
+        out.push(case(Precision::Tf32, s, s, s));
+    }
     out
 }
 
 pub fn bench_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    if case.precision.hopper_only() {
+        return run_quantized(ctx, case, seed, timing);
+    }
     let input = case.precision.input_dtype()?;
     crate::dispatch_float!("gemm bench"; input, [F16, BF16, F32, F64], |I| {
         crate::dispatch_float!("gemm bench"; case.out, [F16, BF16, F32, F64], |O| run::<I, O>(ctx, case, seed, timing))
@@ -239,7 +285,7 @@ fn run<I: Element, O: Element>(
         ms: t.median_ms,
         gbps: case.is_decode().then(|| bytes as f64 / s / 1e9),
         tflops: Some(p.flops() / s / 1e12),
-        // the split-K partials
+        // the split-K partials (the quantized rows have none)
         extra_mib: Some(if plan.splits() > 1 {
             (plan.splits() * p.m * p.n * 4) as f64 / (1u64 << 20) as f64
         } else {
@@ -291,4 +337,156 @@ fn check_rows<I: Element, O: Element>(p: &GemmProblem, a: &[I], b: &[I], bias: &
         )));
     }
     Ok((cmp.max_abs_err, cmp.rel_l2))
+}
+
+/// The tf32, fp8 and int8 rows: operands as raw bytes (the `Element` types stop at the floats),
+/// scales of 1 + 3/4 U(0, 1), the output checked on CHECK_ROWS rows against an f64 product of
+/// the stored operand values (int8 -> s32 must be exact), then timed like [`run`].
+fn run_quantized(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    use crate::numeric;
+    let p = case.problem();
+    if case.b_layout != Layout::ColMajor || p.epilogue.bias || p.epilogue.activation != Activation::None {
+        return Err(Error::Unsupported(
+            "the quantized bench rows take B [N, K] without bias or activation".into(),
+        ));
+    }
+    let plan = GemmPlan::new(ctx, &p, &GemmOptions::default())?;
+    let input = p.input()?;
+    let (es, os) = (input.size(), case.out.size());
+    let set_bytes = (p.m * p.k + p.k * p.n) * es;
+    let sets = ROTATE_BYTES
+        .div_ceil(set_bytes.max(1))
+        .clamp(1, MAX_SETS)
+        .min((MAX_ROTATE_TOTAL / set_bytes.max(1)).max(1));
+    // values: N(0, 1) for the floats (fp8 rounded, saturating), integers -64..=63 for int8
+    let random_bytes = |seed: u64, len: usize| -> Vec<u8> {
+        let mut bytes = vec![0u8; len * es];
+        if input == DType::I8 {
+            let v: Vec<f64> = random_matrix(seed, 1, len, len, Dist::Uniform { lo: -64.0, hi: 64.0 });
+            for (b, x) in bytes.iter_mut().zip(v) {
+                *b = (x.floor() as i8) as u8;
+            }
+        } else {
+            let v: Vec<f32> = random_matrix(seed, 1, len, len, Dist::Normal { std: 1.0 });
+            for (i, x) in v.into_iter().enumerate() {
+                numeric::store(input, x, &mut bytes[i * es..]);
+            }
+        }
+        bytes
+    };
+    let host_a = random_bytes(seed, p.m * p.k);
+    let host_b = random_bytes(seed ^ 0xb, p.n * p.k);
+    let (sa_len, sb_len) = match case.scales {
+        GemmScales::RowWise => (p.m, p.n),
+        _ => (1, 1),
+    };
+    let scale =
+        |seed: u64, len: usize| -> Vec<f32> { random_matrix(seed, 1, len, len, Dist::Uniform { lo: 1.0, hi: 1.75 }) };
+    let (host_sa, host_sb) = (scale(seed ^ 0x5a, sa_len), scale(seed ^ 0x5b, sb_len));
+    let mut a_sets = Vec::with_capacity(sets);
+    let mut b_sets = Vec::with_capacity(sets);
+    for _ in 0..sets {
+        a_sets.push(ctx.upload(&host_a)?);
+        b_sets.push(ctx.upload(&host_b)?);
+    }
+    let (sa, sb) = (ctx.upload(&host_sa)?, ctx.upload(&host_sb)?);
+    let mut d = ctx.alloc::<u8>(p.m * p.n * os)?;
+    let scale_ops = if case.scales == GemmScales::None {
+        GemmScaleOperands::default()
+    } else {
+        GemmScaleOperands {
+            a: Some(sa.view(&[sa_len], &[1])?),
+            b: Some(sb.view(&[sb_len], &[1])?),
+        }
+    };
+    let ops = |s: usize| -> Result<GemmOperands<'_>> {
+        Ok(GemmOperands {
+            a: a_sets[s].view_as(input, &[p.m, p.k], &[p.k, 1])?,
+            b: b_sets[s].view_as(input, &[p.n, p.k], &[p.k, 1])?,
+            c: COperand::None,
+            bias: None,
+            residual: None,
+        })
+    };
+    let out = case.out;
+    let (m, n) = (p.m, p.n);
+    plan.run_scaled(
+        1.0,
+        0.0,
+        &ops(0)?,
+        &scale_ops,
+        &mut d.view_mut_as(out, &[m, n], &[n, 1])?,
+    )?;
+    // check a sample of rows against the f64 product of the stored values
+    let got = d.to_host()?;
+    let value = |bytes: &[u8], i: usize| -> f64 {
+        if input == DType::I8 {
+            bytes[i] as i8 as f64
+        } else {
+            numeric::load(input, bytes, i)
+        }
+    };
+    let b_f: Vec<f64> = (0..p.n * p.k).map(|i| value(&host_b, i)).collect();
+    let rows: Vec<usize> = if m <= CHECK_ROWS {
+        (0..m).collect()
+    } else {
+        (0..CHECK_ROWS).map(|i| i * (m - 1) / (CHECK_ROWS - 1)).collect()
+    };
+    let (mut err2, mut ref2, mut max_abs) = (0.0f64, 0.0f64, 0.0f64);
+    for &r in &rows {
+        let a_row: Vec<f64> = (0..p.k).map(|kk| value(&host_a, r * p.k + kk)).collect();
+        for c in 0..n {
+            let acc: f64 = a_row.iter().zip(&b_f[c * p.k..(c + 1) * p.k]).map(|(x, y)| x * y).sum();
+            let s = host_sa[if sa_len > 1 { r } else { 0 }] as f64 * host_sb[if sb_len > 1 { c } else { 0 }] as f64;
+            let want = if case.scales == GemmScales::None { acc } else { s * acc };
+            let g = if out == DType::I32 {
+                i32::from_le_bytes(got[4 * (r * n + c)..4 * (r * n + c) + 4].try_into().unwrap_or([0; 4])) as f64
+            } else {
+                numeric::load(out, &got, r * n + c)
+            };
+            let e = (g - want).abs();
+            max_abs = max_abs.max(if e.is_nan() { f64::INFINITY } else { e });
+            err2 += e * e;
+            ref2 += want * want;
+        }
+    }
+    let rel = (err2 / ref2.max(f64::MIN_POSITIVE)).sqrt();
+    let budget = if out == DType::I32 {
+        0.0
+    } else {
+        // the output's rounding, plus tf32's 10-bit mantissa on the operands
+        out.rel_l2_budget().max(if input == DType::F32 { 2e-3 } else { 0.0 })
+    };
+    if rel.is_nan() || rel > budget {
+        return Err(Error::Unsupported(format!(
+            "output failed verification before timing: rel_l2 {rel:.3e} > {budget:.1e} (max abs {max_abs:.3e})"
+        )));
+    }
+    let t = time_median(ctx, timing, |i| {
+        plan.run_scaled(
+            1.0,
+            0.0,
+            &ops(i % sets)?,
+            &scale_ops,
+            &mut d.view_mut_as(out, &[m, n], &[n, 1])?,
+        )
+    })?;
+    let secs = t.median_ms * 1e-3;
+    let mut params = case.params();
+    params["path"] = json!(plan.path().name());
+    params["kernel"] = json!(plan.kernel_name());
+    params["splits"] = json!(plan.splits());
+    Ok(BenchOutcome {
+        case: case.name(),
+        params,
+        implementation: case.implementation(),
+        ms: t.median_ms,
+        gbps: case
+            .is_decode()
+            .then(|| ((m * p.k + p.k * n) * es + m * n * os) as f64 / secs / 1e9),
+        tflops: Some(p.flops() / secs / 1e12),
+        extra_mib: Some(0.0),
+        max_abs_err: Some(max_abs),
+        rel_l2: Some(rel),
+    })
 }
