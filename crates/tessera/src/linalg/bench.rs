@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 
 use super::device_operator::{sparse_operator, Storage};
 use super::lsmr::LsmrOptions;
-use super::lsmr_device::{lsmr, lsmr_damps};
+use super::lsmr_device::{lsmr, lsmr_damps, lsmr_with, LsmrRunOptions};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::harness::BenchOutcome;
@@ -47,6 +47,8 @@ pub struct BenchCase {
     pub storage: Storage,
     /// Also solve with SciPy on the CPU (small cases only).
     pub scipy: bool,
+    /// Replay batches of iterations as CUDA graphs (the default); false times direct launches.
+    pub graph: bool,
 }
 
 impl BenchCase {
@@ -56,8 +58,12 @@ impl BenchCase {
             _ => "",
         };
         format!(
-            "lsmr tallls{} {}x{} {}{storage}",
-            self.per_row, self.rows, self.cols, self.value
+            "lsmr tallls{} {}x{} {}{storage}{}",
+            self.per_row,
+            self.rows,
+            self.cols,
+            self.value,
+            if self.graph { "" } else { " direct" }
         )
     }
     /// The file stem the system is written to for the baseline runner.
@@ -71,7 +77,7 @@ impl BenchCase {
             "dtype": self.value.name(), "index": "i32", "maxiter": BENCH_MAXITER,
             "atol": 0.0, "btol": 0.0, "conlim": 0.0, "damp": 0.0,
             "storage": format!("{:?}", self.storage).to_lowercase(),
-            "matrix": self.matrix_stem(), "scipy": self.scipy,
+            "matrix": self.matrix_stem(), "scipy": self.scipy, "graph": self.graph,
         })
     }
 }
@@ -85,6 +91,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         value,
         storage,
         scipy,
+        graph: true,
     };
     let small = c(30_000, 617, 18, DType::F64, Storage::Dual, true);
     if quick {
@@ -96,6 +103,11 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         out.push(c(936_063, 23_394, 21, value, Storage::Dual, false));
     }
     out.push(c(306_136, 6_177, 18, DType::F32, Storage::Single, false));
+    // the CUDA graphs' gain
+    out.push(BenchCase {
+        graph: false,
+        ..c(306_136, 6_177, 18, DType::F32, Storage::Dual, false)
+    });
     out
 }
 
@@ -135,7 +147,14 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         maxiter: Some(BENCH_MAXITER),
         ..LsmrOptions::default()
     };
-    let res = lsmr(ctx, op.as_ref(), &db, &opts)?;
+    let solve = || {
+        let mut run = LsmrRunOptions {
+            graph: case.graph,
+            ..LsmrRunOptions::default()
+        };
+        lsmr_with(ctx, op.as_ref(), &db, &opts, &mut run)
+    };
+    let res = solve()?;
 
     // check: the normr estimate against ||b - A x|| on the host
     let mut r: Vec<f64> = b.iter().map(|v| v.to_f64()).collect();
@@ -170,7 +189,7 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         reps: Some(1),
         ..timing
     };
-    let t = time_median(ctx, solve_timing, |_| lsmr(ctx, op.as_ref(), &db, &opts).map(|_| ()))?;
+    let t = time_median(ctx, solve_timing, |_| solve().map(|_| ()))?;
     // the floor: one A v and one A^T u alone
     let dv = ctx.upload(
         &random_vector(case.cols, seed ^ 0x7)
@@ -200,10 +219,10 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
             p["nnz"] = json!(a.nnz());
             p
         },
-        implementation: if case.storage == Storage::Single {
-            "tessera-single".into()
-        } else {
-            "tessera".into()
+        implementation: match (case.storage, case.graph) {
+            (Storage::Single, _) => "tessera-single".into(),
+            (_, false) => "tessera-direct".into(),
+            _ => "tessera".into(),
         },
         ms: t.median_ms,
         gbps: Some(bytes_per_iteration(&a) as f64 * itn as f64 / (t.median_ms * 1e-3) / 1e9),

@@ -417,6 +417,10 @@ impl<T: Element> LinearOperator<T> for DenseOperator<T> {
             }
         }
     }
+    fn graph_capturable(&self) -> bool {
+        // products along or across lines: launches into buffers made at construction
+        true
+    }
     fn storage(&self) -> &'static str {
         match self.layout {
             DenseLayout::RowMajor => "dense-row",

@@ -43,6 +43,13 @@ pub trait LinearOperator<T: Element> {
     fn column_norms(&self) -> Option<Vec<f64>> {
         None
     }
+    /// Whether `apply` and `apply_transposed`, once each has run, only queue kernels, memsets
+    /// and device copies on the context's stream with no host synchronisation or allocation
+    /// outside the pool, so that the solver may record them in a CUDA graph and replay them
+    /// with the same buffers. Default false (a closure operator may do anything).
+    fn graph_capturable(&self) -> bool {
+        false
+    }
 }
 
 /// How a sparse matrix is stored for the solver.
@@ -123,6 +130,9 @@ impl<T: Element, I: SparseIndex> LinearOperator<T> for SparseDualOperator<T, I> 
     fn storage(&self) -> &'static str {
         "csr-dual"
     }
+    fn graph_capturable(&self) -> bool {
+        true
+    }
     fn column_norms(&self) -> Option<Vec<f64>> {
         Some(self.column_norms.clone())
     }
@@ -163,6 +173,9 @@ impl<T: Element, I: SparseIndex> LinearOperator<T> for SparseSingleOperator<T, I
     }
     fn storage(&self) -> &'static str {
         "csr-single"
+    }
+    fn graph_capturable(&self) -> bool {
+        true
     }
     fn column_norms(&self) -> Option<Vec<f64>> {
         Some(self.column_norms.clone())

@@ -61,6 +61,7 @@ use super::device_operator::LinearOperator;
 use super::lsmr::{check_damps, check_problem, column_scale, LsmrOptions, LsmrResult};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
+use crate::runtime::StreamGraph;
 use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
 
 /// Source of the solver's kernels.
@@ -303,6 +304,12 @@ pub struct LsmrRunOptions<'a> {
     /// Called after each check with `(itn, normr, normar, elapsed seconds)` (with a damp
     /// list: the iterations of the run and the estimates of its first damp).
     pub progress: Option<ProgressFn<'a>>,
+    /// Replay each batch of `check_every` iterations as one captured CUDA graph (see
+    /// [`Context::capture_graph`]) where the operator allows it
+    /// ([`LinearOperator::graph_capturable`]). Default true. The first batch always runs
+    /// directly (it builds the operator's lazily made plans), as does a final shorter batch and
+    /// every batch after a capture that failed. Only speed depends on it, never the result.
+    pub graph: bool,
 }
 
 impl Default for LsmrRunOptions<'_> {
@@ -310,6 +317,7 @@ impl Default for LsmrRunOptions<'_> {
         LsmrRunOptions {
             check_every: DEFAULT_CHECK_EVERY,
             progress: None,
+            graph: true,
         }
     }
 }
@@ -687,11 +695,23 @@ impl<T: Element> Solver<T> {
             self.x.fill_bytes(0)?;
         }
         let mut launched = 0usize;
+        // a full batch after the first, captured once and replayed (None: not yet captured;
+        // Some(None): capture failed or not allowed, launch directly)
+        let mut graph: Option<Option<StreamGraph>> = (!(run.graph && a.graph_capturable())).then_some(None);
         if sh.stop == 0.0 {
             while launched < maxiter {
                 let batch = run.check_every.min(maxiter - launched);
-                for _ in 0..batch {
-                    self.iteration(a, k)?;
+                let replay = launched > 0 && batch == run.check_every;
+                if replay && graph.is_none() {
+                    let ctx = self.ctx.clone();
+                    graph = Some(
+                        ctx.capture_graph(|| (0..batch).try_for_each(|_| self.iteration(a, k)))
+                            .ok(),
+                    );
+                }
+                match &graph {
+                    Some(Some(g)) if replay => g.launch()?,
+                    _ => (0..batch).try_for_each(|_| self.iteration(a, k))?,
                 }
                 launched += batch;
                 self.launch_scalar(ScalarMode::Test, k)?;

@@ -6,6 +6,7 @@
 
 pub mod buffer;
 pub mod context;
+pub mod graph;
 pub mod jit;
 pub mod kernel_key;
 pub mod launch;
@@ -18,6 +19,7 @@ pub mod work_counters;
 
 pub use buffer::{DeviceBuffer, TensorView, TensorViewMut};
 pub use context::{Context, DeviceInfo, PoolStats};
+pub use graph::StreamGraph;
 pub use jit::{compile_only, Arch, Compiled, KernelResources, KernelSpec};
 pub use kernel_key::KernelKey;
 pub use launch::{Kernel, KernelParams, LaunchConfig};
