@@ -1,7 +1,8 @@
 //! `tessera bench gemm`: the shapes of issue 47. fp16 and bf16 squares (2048, 4096, 8192) and
 //! Llama projections ((4096, 4096, 4096), (4096, 14336, 4096), (4096, 4096, 14336),
 //! (4096, 28672, 8192), (4096, 8192, 28672)), all with B stored [N, K]; decode (M in {1, 8, 16},
-//! (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}); bias + GELU at (4096, 14336, 4096);
+//! (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}); K-heavy (128, 128, 65536) and
+//! (256, 256, 32768); bias + GELU at (4096, 14336, 4096);
 //! exact fp32 and fp64 at 4096^3; fp8 e4m3 with per-tensor and row-wise scales on the bf16
 //! shapes, int8 (s32 out) at 8192^3 and (4096, 14336, 4096), tf32 at 4096^3 and 8192^3; a few
 //! forced paths. TFLOP/s for every row, GB/s (weight and activation bytes once) for decode.
@@ -168,6 +169,10 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
             path: GemmPath::Sm80,
             ..case(Precision::BF16, m, 4096, 4096)
         });
+    }
+    // K-heavy: split K on the Hopper path
+    for (m, n, k) in [(128, 128, 65536), (256, 256, 32768)] {
+        out.push(case(Precision::BF16, m, n, k));
     }
     out.push(BenchCase {
         bias: true,

@@ -1126,15 +1126,31 @@ mod self_check {
         use crate::gemm::problem::{
             Activation, COperand, GemmOperands, GemmProblem, GemmScaleOperands, GemmScales, Layout, Precision,
         };
+        const PLAIN: (usize, usize, usize) = (300, 392, 208);
         let cases = [
-            (Precision::Tf32, DType::F32, GemmScales::None, Activation::None, false),
-            (Precision::Tf32, DType::F32, GemmScales::None, Activation::Relu, true),
+            (
+                Precision::Tf32,
+                DType::F32,
+                GemmScales::None,
+                Activation::None,
+                false,
+                PLAIN,
+            ),
+            (
+                Precision::Tf32,
+                DType::F32,
+                GemmScales::None,
+                Activation::Relu,
+                true,
+                PLAIN,
+            ),
             (
                 Precision::Fp8E4M3,
                 DType::BF16,
                 GemmScales::RowWise,
                 Activation::GeluErf,
                 true,
+                PLAIN,
             ),
             (
                 Precision::Fp8E5M2,
@@ -1142,6 +1158,7 @@ mod self_check {
                 GemmScales::PerTensor,
                 Activation::None,
                 false,
+                PLAIN,
             ),
             (
                 Precision::Fp8E4M3,
@@ -1149,14 +1166,23 @@ mod self_check {
                 GemmScales::None,
                 Activation::Silu,
                 false,
+                PLAIN,
             ),
-            (Precision::Int8, DType::I32, GemmScales::None, Activation::None, false),
+            (
+                Precision::Int8,
+                DType::I32,
+                GemmScales::None,
+                Activation::None,
+                false,
+                PLAIN,
+            ),
             (
                 Precision::Int8,
                 DType::BF16,
                 GemmScales::RowWise,
                 Activation::None,
                 true,
+                PLAIN,
             ),
             (
                 Precision::Int8,
@@ -1164,12 +1190,38 @@ mod self_check {
                 GemmScales::PerTensor,
                 Activation::GeluTanh,
                 false,
+                PLAIN,
+            ),
+            // K-heavy shapes: split K into a batch of partial products and the f32 reduction
+            // with the epilogue (hopper_splits), and one whose K cannot split evenly
+            (
+                Precision::BF16,
+                DType::BF16,
+                GemmScales::None,
+                Activation::GeluTanh,
+                true,
+                (128, 200, 8192),
+            ),
+            (
+                Precision::Fp8E4M3,
+                DType::F32,
+                GemmScales::RowWise,
+                Activation::None,
+                false,
+                (64, 136, 16384),
+            ),
+            (
+                Precision::F16,
+                DType::F16,
+                GemmScales::None,
+                Activation::None,
+                false,
+                (200, 264, 1000),
             ),
         ];
-        let (m, n, k) = (300, 392, 208);
         let mut report = String::new();
         let mut failed = 0;
-        for (i, &(precision, out, scales, activation, bias)) in cases.iter().enumerate() {
+        for (i, &(precision, out, scales, activation, bias, (m, n, k))) in cases.iter().enumerate() {
             let mut rng = Lcg(0x51ed_2701u64.wrapping_mul(i as u64 + 3) | 1);
             let problem = GemmProblem::new(precision, out, m, n, k)
                 .b_layout(Layout::ColMajor)
@@ -1245,12 +1297,14 @@ mod self_check {
             let ok = rel.is_finite() && (rel < budget || rel == 0.0);
             failed += usize::from(!ok);
             report += &format!(
-                "{} plan {} -> {} {scales:?} {} bias {bias} (kernel {}): rel_l2 {rel:.3e} (budget {budget:.0e})\n",
+                "{} plan {} {m}x{n}x{k} -> {} {scales:?} {} bias {bias} (kernel {}, {} splits): rel_l2 {rel:.3e} \
+                 (budget {budget:.0e})\n",
                 if ok { "PASS" } else { "FAIL" },
                 precision.name(),
                 out,
                 activation.name(),
-                plan.kernel_name()
+                plan.kernel_name(),
+                plan.splits()
             );
         }
         if failed > 0 {

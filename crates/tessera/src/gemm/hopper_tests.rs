@@ -538,3 +538,38 @@ fn every_hopper_gemm_variant_compiles_without_spills() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+#[test]
+fn k_heavy_shapes_split_k_into_equal_block_multiples() {
+    use crate::gemm::plan::{hopper_splits, HOPPER_MAX_SPLITS, HOPPER_MIN_SPLIT_BLOCKS};
+    use crate::gemm::problem::{GemmProblem, Precision};
+    let bf16 = |m, n, k| GemmProblem::new(Precision::BF16, DType::BF16, m, n, k);
+    // the K-heavy shapes on 132 SMs
+    assert_eq!(hopper_splits(&bf16(128, 128, 65536), 132, None).unwrap(), (64, 1024));
+    assert_eq!(hopper_splits(&bf16(256, 256, 32768), 132, None).unwrap(), (32, 1024));
+    // enough tiles, or K too short or not divisible into k-block multiples: no split
+    assert_eq!(hopper_splits(&bf16(4096, 4096, 4096), 132, None).unwrap(), (1, 4096));
+    assert_eq!(hopper_splits(&bf16(128, 128, 256), 132, None).unwrap(), (1, 256));
+    assert_eq!(hopper_splits(&bf16(128, 128, 1000), 132, None).unwrap(), (1, 1000));
+    // fp8's k-blocks are 128 deep
+    let fp8 = GemmProblem::new(Precision::Fp8E4M3, DType::BF16, 64, 136, 16384);
+    let (s, kc) = hopper_splits(&fp8, 132, None).unwrap();
+    assert!(
+        s > 1 && s * kc == 16384 && kc % 128 == 0 && kc >= HOPPER_MIN_SPLIT_BLOCKS * 128,
+        "{s} x {kc}"
+    );
+    // batched problems and i32 outputs never split; a forced count is checked
+    let batched = bf16(128, 128, 65536).batched(2);
+    assert_eq!(hopper_splits(&batched, 132, None).unwrap(), (1, 65536));
+    let int8 = GemmProblem::new(Precision::Int8, DType::I32, 128, 128, 65536);
+    assert_eq!(hopper_splits(&int8, 132, None).unwrap(), (1, 65536));
+    assert_eq!(
+        hopper_splits(&bf16(128, 128, 65536), 132, Some(16)).unwrap(),
+        (16, 4096)
+    );
+    assert_eq!(hopper_splits(&bf16(128, 128, 65536), 132, Some(1)).unwrap(), (1, 65536));
+    for bad in [3, HOPPER_MAX_SPLITS as u32 * 2] {
+        let e = hopper_splits(&bf16(128, 128, 65536), 132, Some(bad)).unwrap_err();
+        assert!(e.to_string().contains("splits"), "{e}");
+    }
+}

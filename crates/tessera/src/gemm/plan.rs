@@ -77,7 +77,9 @@ pub struct GemmTuning {
     /// The kernel path. Default [`GemmPath::Auto`]. A forced path that cannot run the problem
     /// is an error saying why.
     pub path: GemmPath,
-    /// K splits of the skinny path. Default `None`: enough CTAs for about four per SM.
+    /// K splits of the skinny path (default `None`: enough CTAs for about four per SM) and of
+    /// the Hopper path (default `None`: [`hopper_splits`]'s choice; a forced count must divide K
+    /// into equal k-block multiples, else planning fails saying so).
     pub splits: Option<u32>,
 }
 
@@ -258,6 +260,52 @@ pub fn hopper_rule_broken(p: &GemmProblem, arch: Arch) -> Option<Error> {
     None
 }
 
+/// Most K splits of the Hopper path.
+pub const HOPPER_MAX_SPLITS: usize = 64;
+
+/// `(splits, k_per_split)` of the Hopper path for `p` on `sm_count` SMs: split K when the
+/// output tiles (counted at 128 x 128) fill less than half the SMs (K-heavy shapes such as
+/// 128 x 128 x 65536, which would otherwise run on one or two SMs), into the most equal parts
+/// that keep at least [`HOPPER_MIN_SPLIT_BLOCKS`] k-blocks each, at most one CTA per SM and
+/// [`HOPPER_MAX_SPLITS`], and divide K exactly into k-block multiples (each part is one batch
+/// entry of the kernel; a ragged last part would read past K). Not for batched problems, nor an
+/// i32 output (the reduction sums f32). `(1, K)` when not split. `forced` asks for a count:
+/// 1 disables splitting; another that breaks these rules is an error.
+pub fn hopper_splits(p: &GemmProblem, sm_count: u32, forced: Option<u32>) -> Result<(usize, usize)> {
+    let bk = hopper::block_k(p.input()?);
+    let fits = |s: usize| s >= 1 && p.k % s == 0 && (p.k / s) % bk == 0 && p.k / s >= HOPPER_MIN_SPLIT_BLOCKS * bk;
+    let splittable = p.batch == 1 && p.out != DType::I32;
+    if let Some(f) = forced {
+        let f = f as usize;
+        if f <= 1 {
+            return Ok((1, p.k));
+        }
+        if !splittable || !fits(f) || f > HOPPER_MAX_SPLITS {
+            return Err(Error::invalid(
+                "splits",
+                format!(
+                    "{f} K splits on the Hopper path: need batch 1, a float output, at most \
+                     {HOPPER_MAX_SPLITS}, and K = {} divided into equal parts of at least {} and a \
+                     multiple of {bk}",
+                    p.k,
+                    HOPPER_MIN_SPLIT_BLOCKS * bk
+                ),
+            ));
+        }
+        return Ok((f, p.k / f));
+    }
+    let tiles = p.m.div_ceil(hopper::BLOCK_M) * p.n.div_ceil(128);
+    let sms = sm_count.max(1) as usize;
+    if !splittable || 2 * tiles > sms {
+        return Ok((1, p.k));
+    }
+    let want = (sms / tiles).min(HOPPER_MAX_SPLITS);
+    Ok((2..=want).rev().find(|&s| fits(s)).map_or((1, p.k), |s| (s, p.k / s)))
+}
+
+/// Fewest k-blocks per Hopper split (a part must fill the pipeline a few times over).
+pub const HOPPER_MIN_SPLIT_BLOCKS: usize = 8;
+
 /// The path the dispatcher takes for `p` on `arch`, or the reason a forced path cannot run it.
 pub fn choose_path(p: &GemmProblem, arch: Arch, forced: GemmPath) -> Result<GemmPath> {
     let ampere = arch.major >= 8;
@@ -386,15 +434,27 @@ impl GemmPlan {
         let mut reduce = None;
         let mut workspace = None;
         if path == GemmPath::Hopper {
+            let sms = ctx.info().sm_count;
+            (splits, k_per_split) = hopper_splits(problem, sms, opts.tuning.splits)?;
+            // split K: `splits` partial products over equal k ranges, run as a batch (entry s
+            // reads A and B from k = s * k_per_split on; the scales apply to each part), summed in
+            // order into D with the epilogue by the split-K reduction
             let key = HopperShapeKey {
                 m,
                 n,
-                k: problem.k,
-                batch,
+                k: k_per_split,
+                batch: if splits > 1 { splits } else { batch },
                 b_nk: problem.b_layout == Layout::ColMajor,
                 dtype: input,
-                out_dtype: problem.out,
+                out_dtype: if splits > 1 { DType::F32 } else { problem.out },
             };
+            if splits > 1 {
+                reduce = Some((
+                    ctx.kernel(&skinny::reduce_spec(problem.out))?,
+                    skinny::reduce_config(m * n, sms),
+                ));
+                workspace = Some(ctx.alloc::<f32>(splits * m * n)?);
+            }
             let hp = HopperGemmPlan::new(ctx, &key)?;
             return Ok(GemmPlan {
                 ctx: ctx.clone(),
@@ -564,7 +624,34 @@ impl GemmPlan {
             }
             // The Hopper plan checks every address rule and launches (one commented unsafe
             // launch inside HopperGemmPlan::run).
-            return hp.run(&self.ctx, &args);
+            let Some(workspace) = self.workspace.as_ref().filter(|_| self.splits > 1) else {
+                return hp.run(&self.ctx, &args);
+            };
+            // split K: the partial products (scaled, no epilogue) into the f32 workspace as a
+            // batch over k ranges (batch 1 only: hopper_splits), then the reduction below
+            let kc = self.k_per_split;
+            hp.run(
+                &self.ctx,
+                &HopperGemmArgs {
+                    k: kc,
+                    batch: self.splits,
+                    out_dtype: DType::F32,
+                    stride_a: kc,
+                    stride_b: if args.b_nk { kc } else { kc * p.ldb },
+                    c: 0,
+                    ldc: p.n,
+                    stride_c: 0,
+                    beta: 0.0,
+                    d: workspace.device_ptr(),
+                    ldd: p.n,
+                    stride_d: p.m * p.n,
+                    bias: 0,
+                    residual: 0,
+                    alpha: 1.0,
+                    activation: 0,
+                    ..args
+                },
+            )?;
         }
         let params = GemmParams {
             a: ops.a.device_ptr(),
@@ -608,7 +695,10 @@ impl GemmPlan {
         // workspace holds splits x batch x M x N f32, written by the first kernel and read by
         // the reduction after it on the same stream. GemmParams mirrors the kernel's struct.
         unsafe {
-            self.kernel.launch(&self.ctx, self.config, &params)?;
+            // (the Hopper path's products ran above; only its split-K reduction remains)
+            if self.hopper.is_none() {
+                self.kernel.launch(&self.ctx, self.config, &params)?;
+            }
             if let Some((reduce, cfg)) = &self.reduce {
                 reduce.launch(&self.ctx, *cfg, &params)?;
             }
