@@ -17,6 +17,7 @@ To add an op: write `bench_<op>(case, params) -> list[row]` and register it in O
 """
 
 import argparse
+import os
 import sys
 
 import bench_common as common
@@ -166,8 +167,10 @@ def bench_sparse_spmm(case, params):
 # -- lsmr: whole least-squares solves with cupyx.scipy.sparse.linalg.lsmr (and SciPy on the
 # CPU when params["scipy"]) on the very system tessera solved: the matrix as for sparse
 # (STEM.offsets/.indices/.values) and b in STEM.b, both written by
-# crates/tessera/src/linalg/bench.rs. Same options (damp, atol, btol, conlim, maxiter), so with
-# atol = btol = conlim = 0 both run the same iterations. ms = median wall time of a whole
+# crates/tessera/src/linalg/bench.rs (tomography cases, params["b"] = "A x_phantom", also
+# write STEM.phantom, f64: the note then adds ||x - phantom|| / ||phantom||). Same options
+# (damp, atol, btol, conlim, maxiter), so with atol = btol = conlim = 0 both run the same
+# iterations. ms = median wall time of a whole
 # solve (5 runs after one warm-up), synchronised; the note gives itn, istop, ms per iteration
 # and the relative residual.
 
@@ -199,10 +202,21 @@ def bench_lsmr(case, params):
     normb = float(np.linalg.norm(b.astype(np.float64)))
     out = []
 
+    # tomography cases (b = A x_phantom) also write the phantom (f64): report how close x is
+    phantom_path = params["matrix"] + ".phantom"
+    phantom = None
+    if "b" in params and os.path.exists(phantom_path):
+        phantom = np.fromfile(phantom_path, dtype=np.float64)
+
     def note(res, ms):
         itn = int(res[2])
-        return (f"itn {itn} istop {int(res[1])} ms/iter {ms / max(itn, 1):.4f} "
+        text = (f"itn {itn} istop {int(res[1])} ms/iter {ms / max(itn, 1):.4f} "
                 f"relres {float(res[3]) / normb if normb else float('nan'):.3e}")
+        if phantom is not None and len(phantom) == cols:
+            x = res[0].get() if hasattr(res[0], "get") else np.asarray(res[0])
+            err = np.linalg.norm(x.astype(np.float64) - phantom) / np.linalg.norm(phantom)
+            text += f" x_err_phantom {err:.4f}"
+        return text
 
     try:
         import cupy  # noqa: PLC0415

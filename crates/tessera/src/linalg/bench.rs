@@ -5,6 +5,13 @@
 //! machine-precision test stops it, and CuPy runs the same iterations), plus one small case
 //! that SciPy also solves on the CPU.
 //!
+//! Real tomography ([`Problem::Tomography`]): the exact 2-D parallel-beam system matrix of
+//! sparse's `parallel_beam_projector` with `b = A x_phantom` (the modified Shepp-Logan phantom,
+//! computed in f64 and rounded to the value type), solved with damp 0 and with
+//! [`TOMO_DAMP`]; `params.x_err_phantom` is `||x - x_phantom|| / ||x_phantom||` after the
+//! iteration budget (the systems are square-ish and underdetermined at the image corners, so
+//! it measures reconstruction, not solver accuracy).
+//!
 //! Each row: `ms` is the median wall time of a whole solve (setup, iterations, the stop-flag
 //! checks, x back to the host); `params` carry `itn`, `istop`, `ms_per_iter`, the two-SpMV
 //! floor (`floor_ms_per_iter`: one `A v` plus one `A^T u` timed alone) and their ratio, and
@@ -18,7 +25,7 @@
 //! list in at most 2x one solve). The list is checked against the separate solves first.
 //!
 //! The matrix is written to `$TMPDIR/tessera-lsmr/<case>.{offsets,indices,values,b}` (raw
-//! little-endian) for the baseline runner (scripts/baselines/bench_torch.py --op lsmr:
+//! little-endian; tomography cases also `<case>.phantom`, f64) for the baseline runner (scripts/baselines/bench_torch.py --op lsmr:
 //! `cupyx.scipy.sparse.linalg.lsmr` with the same options, and SciPy on the CPU when the
 //! case's `scipy` flag is set), which solves the very same system.
 
@@ -31,24 +38,46 @@ use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::harness::BenchOutcome;
 use crate::runtime::{time_median, Context, TimingOptions};
-use crate::sparse::generate::{random_vector, try_generate, MatrixClass};
+use crate::sparse::bench::{TOMO_LARGE, TOMO_SMALL};
+use crate::sparse::generate::{
+    parallel_beam_projector, random_vector, shepp_logan, try_generate, MatrixClass, ParallelBeam,
+};
 use crate::sparse::CsrHost;
 
 /// The iteration budget of every case.
 pub const BENCH_MAXITER: usize = 200;
 
+/// The damp of the damped tomography case: about a thirteenth of a typical column norm of the
+/// 256 x 256, 180-angle system (`||A||_F / sqrt(n)` = 13.05; column norms grow with the
+/// number of angles), so it regularises the directions of small singular values only (CPU
+/// reference, 200 iterations: relres 8.1e-3 and `x_err_phantom` 0.113 against 1.7e-4 and
+/// 0.107 undamped).
+pub const TOMO_DAMP: f64 = 1.0;
+
+/// What a benchmark case solves.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Problem {
+    /// sparse's `TallLeastSquares` random matrix with `per_row` nonzeros per row and a random
+    /// `b` (the issue's stand-ins).
+    TallLs { per_row: usize },
+    /// The parallel-beam system matrix of the geometry and `b = A x_phantom`.
+    Tomography(ParallelBeam),
+}
+
 /// One benchmark case.
 #[derive(Clone, Debug)]
 pub struct BenchCase {
+    pub problem: Problem,
     pub rows: usize,
     pub cols: usize,
-    pub per_row: usize,
     pub value: DType,
     pub storage: Storage,
     /// Also solve with SciPy on the CPU (small cases only).
     pub scipy: bool,
-    /// Replay batches of iterations as CUDA graphs (the default); false times direct launches.
+    /// Replay batches of iterations as CUDA graphs; false (the default) launches directly.
     pub graph: bool,
+    /// LSMR's damp (0 for the plain least-squares problem).
+    pub damp: f64,
 }
 
 impl BenchCase {
@@ -57,13 +86,21 @@ impl BenchCase {
             Storage::Single => " single",
             _ => "",
         };
+        let problem = match self.problem {
+            Problem::TallLs { per_row } => format!("tallls{per_row}"),
+            Problem::Tomography(g) => g.name(),
+        };
+        let damp = if self.damp != 0.0 {
+            format!(" damp{}", self.damp)
+        } else {
+            String::new()
+        };
         format!(
-            "lsmr tallls{} {}x{} {}{storage}{}",
-            self.per_row,
+            "lsmr {problem} {}x{} {}{storage}{damp}{}",
             self.rows,
             self.cols,
             self.value,
-            if self.graph { "" } else { " direct" }
+            if self.graph { " graph" } else { "" }
         )
     }
     /// The file stem the system is written to for the baseline runner.
@@ -72,42 +109,68 @@ impl BenchCase {
         dir.join(self.name().replace(' ', "_")).to_string_lossy().into_owned()
     }
     pub fn params(&self) -> Value {
-        json!({
-            "rows": self.rows, "cols": self.cols, "per_row": self.per_row,
+        let mut p = json!({
+            "rows": self.rows, "cols": self.cols,
             "dtype": self.value.name(), "index": "i32", "maxiter": BENCH_MAXITER,
-            "atol": 0.0, "btol": 0.0, "conlim": 0.0, "damp": 0.0,
+            "atol": 0.0, "btol": 0.0, "conlim": 0.0, "damp": self.damp,
             "storage": format!("{:?}", self.storage).to_lowercase(),
             "matrix": self.matrix_stem(), "scipy": self.scipy, "graph": self.graph,
-        })
+        });
+        match self.problem {
+            Problem::TallLs { per_row } => p["per_row"] = json!(per_row),
+            Problem::Tomography(g) => {
+                p["class"] = json!(g.name());
+                p["b"] = json!("A x_phantom");
+            }
+        }
+        p
     }
 }
 
-/// The cases (`quick`: the small one only).
+/// The cases (`quick`: the two small ones, the second a 64 x 64 tomography that SciPy also
+/// solves). Tomography: 256^2 (180 x 363) fp32 and fp64 with damp 0, fp32 with [`TOMO_DAMP`],
+/// and 512^2 (360 x 725, ~120M nnz) fp32 with damp 0.
 pub fn cases(quick: bool) -> Vec<BenchCase> {
     let c = |rows, cols, per_row, value, storage, scipy| BenchCase {
+        problem: Problem::TallLs { per_row },
         rows,
         cols,
-        per_row,
         value,
         storage,
         scipy,
-        graph: true,
+        graph: false,
+        damp: 0.0,
+    };
+    let tomo = |g: ParallelBeam, value, damp, scipy| BenchCase {
+        problem: Problem::Tomography(g),
+        rows: g.rows(),
+        cols: g.cols(),
+        value,
+        storage: Storage::Dual,
+        scipy,
+        damp,
+        graph: false,
     };
     let small = c(30_000, 617, 18, DType::F64, Storage::Dual, true);
+    let small_tomo = tomo(ParallelBeam::new(64, 45, 91), DType::F64, 0.0, true);
     if quick {
-        return vec![small];
+        return vec![small, small_tomo];
     }
-    let mut out = vec![small];
+    let mut out = vec![small, small_tomo];
     for value in [DType::F32, DType::F64] {
         out.push(c(306_136, 6_177, 18, value, Storage::Dual, false));
         out.push(c(936_063, 23_394, 21, value, Storage::Dual, false));
     }
     out.push(c(306_136, 6_177, 18, DType::F32, Storage::Single, false));
-    // the CUDA graphs' gain
+    // batches of iterations replayed as CUDA graphs (LsmrRunOptions::graph)
     out.push(BenchCase {
-        graph: false,
+        graph: true,
         ..c(306_136, 6_177, 18, DType::F32, Storage::Dual, false)
     });
+    out.push(tomo(TOMO_SMALL, DType::F32, 0.0, false));
+    out.push(tomo(TOMO_SMALL, DType::F64, 0.0, false));
+    out.push(tomo(TOMO_SMALL, DType::F32, TOMO_DAMP, false));
+    out.push(tomo(TOMO_LARGE, DType::F32, 0.0, false));
     out
 }
 
@@ -123,20 +186,37 @@ pub fn bytes_per_iteration<T: Element>(a: &CsrHost<T, i32>) -> usize {
     spmv + spmv_t + (3 * a.rows + 11 * a.cols) * s
 }
 
+/// The matrix, `b`, and the phantom `b` was made from (tomography only).
+type System<T> = (CsrHost<T, i32>, Vec<T>, Option<Vec<f64>>);
+
+fn system<T: Element>(case: &BenchCase, seed: u64) -> Result<System<T>> {
+    match case.problem {
+        Problem::TallLs { per_row } => {
+            let a = try_generate::<T, i32>(MatrixClass::TallLeastSquares { per_row }, case.rows, case.cols, seed)?;
+            let b = random_vector(case.rows, seed ^ 0xb)
+                .into_iter()
+                .map(T::from_f64)
+                .collect();
+            Ok((a, b, None))
+        }
+        Problem::Tomography(g) => {
+            let a = parallel_beam_projector::<T, i32>(&g)?;
+            let phantom = shepp_logan(g.n);
+            let mut b = vec![0.0; a.rows];
+            crate::sparse::reference::spmv(&a, 1.0, &phantom, 0.0, &mut b);
+            Ok((a, b.into_iter().map(T::from_f64).collect(), Some(phantom)))
+        }
+    }
+}
+
 fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    let a = try_generate::<T, i32>(
-        MatrixClass::TallLeastSquares { per_row: case.per_row },
-        case.rows,
-        case.cols,
-        seed,
-    )?;
-    let b: Vec<T> = random_vector(case.rows, seed ^ 0xb)
-        .into_iter()
-        .map(T::from_f64)
-        .collect();
+    let (a, b, phantom) = system::<T>(case, seed)?;
     let stem = case.matrix_stem();
     crate::sparse::bench::write_matrix(&a, &stem)?;
     write_raw(&format!("{stem}.b"), &b)?;
+    if let Some(ph) = &phantom {
+        write_raw(&format!("{stem}.phantom"), ph)?;
+    }
 
     let op = sparse_operator(ctx, &a, case.storage)?;
     let db = ctx.upload(&b)?;
@@ -145,6 +225,7 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         btol: 0.0,
         conlim: 0.0,
         maxiter: Some(BENCH_MAXITER),
+        damp: case.damp,
         ..LsmrOptions::default()
     };
     let solve = || {
@@ -156,7 +237,7 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
     };
     let res = solve()?;
 
-    // check: the normr estimate against ||b - A x|| on the host
+    // check: the normr estimate against ||[b; 0] - [A; damp I] x|| on the host
     let mut r: Vec<f64> = b.iter().map(|v| v.to_f64()).collect();
     for (row, ri) in r.iter_mut().enumerate() {
         let (cols, vals) = a.row(row);
@@ -167,13 +248,14 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
             .sum();
         *ri -= ax;
     }
-    let true_normr = r.iter().map(|e| e * e).sum::<f64>().sqrt();
+    let normx2 = res.x.iter().map(|e| e * e).sum::<f64>();
+    let true_normr = (r.iter().map(|e| e * e).sum::<f64>() + case.damp * case.damp * normx2).sqrt();
     let normb = b.iter().map(|v| v.to_f64().powi(2)).sum::<f64>().sqrt();
     let est_err = (res.normr - true_normr).abs() / normb;
     let budget = if T::DTYPE == DType::F32 { 1e-3 } else { 1e-8 };
     if est_err.is_nan() || est_err > budget {
         return Err(Error::Unsupported(format!(
-            "{}: the normr estimate {:.6e} differs from ||b - A x|| = {:.6e} by {est_err:.2e} ||b|| (budget \
+            "{}: the normr estimate {:.6e} differs from ||[b; 0] - [A; damp I] x|| = {:.6e} by {est_err:.2e} ||b|| (budget \
              {budget:.0e}) before timing",
             case.name(),
             res.normr,
@@ -217,11 +299,15 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
             p["relres"] = json!(res.normr / normb);
             p["storage_used"] = json!(op.storage());
             p["nnz"] = json!(a.nnz());
+            if let Some(ph) = &phantom {
+                let err = ph.iter().zip(&res.x).map(|(p, x)| (x - p).powi(2)).sum::<f64>().sqrt();
+                p["x_err_phantom"] = json!(err / ph.iter().map(|p| p * p).sum::<f64>().sqrt());
+            }
             p
         },
         implementation: match (case.storage, case.graph) {
             (Storage::Single, _) => "tessera-single".into(),
-            (_, false) => "tessera-direct".into(),
+            (_, true) => "tessera-graph".into(),
             _ => "tessera".into(),
         },
         ms: t.median_ms,
@@ -396,4 +482,54 @@ fn run_damps<T: Element>(
         max_abs_err: None,
         rel_l2: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::linalg::lsmr::lsmr_host;
+
+    #[test]
+    fn case_names_and_params() {
+        let all = cases(false);
+        let names: std::collections::HashSet<String> = all.iter().map(BenchCase::name).collect();
+        assert_eq!(names.len(), all.len(), "names are unique");
+        assert!(names.contains("lsmr tomo256_180x363 65340x65536 fp32"));
+        assert!(names.contains("lsmr tomo256_180x363 65340x65536 fp32 damp1"));
+        assert!(names.contains("lsmr tomo512_360x725 261000x262144 fp32"));
+        assert!(names.contains("lsmr tallls18 306136x6177 fp32 single"));
+        let damped = all.iter().find(|c| c.damp > 0.0).unwrap();
+        assert_eq!(damped.params()["damp"], json!(TOMO_DAMP));
+        assert_eq!(all[0].params()["per_row"], json!(18));
+        assert_eq!(cases(true).len(), 2);
+    }
+
+    /// The quick tomography system: b = A phantom, and a CPU solve with the bench's options
+    /// approaches the phantom (reported in the bench's `x_err_phantom`).
+    #[test]
+    fn tomography_system_is_consistent() {
+        let case = &cases(true)[1];
+        let (a, b, phantom) = system::<f64>(case, 1).unwrap();
+        let phantom = phantom.unwrap();
+        assert_eq!((a.rows, a.cols, b.len()), (case.rows, case.cols, case.rows));
+        let mut r = b.clone();
+        crate::sparse::reference::spmv(&a, -1.0, &phantom, 1.0, &mut r);
+        assert!(r.iter().all(|e| e.abs() < 1e-12));
+        let norm = |v: &[f64]| v.iter().map(|e| e * e).sum::<f64>().sqrt();
+        for damp in [0.0, TOMO_DAMP] {
+            let opts = LsmrOptions {
+                atol: 0.0,
+                btol: 0.0,
+                conlim: 0.0,
+                maxiter: Some(BENCH_MAXITER),
+                damp,
+                ..LsmrOptions::default()
+            };
+            let res = lsmr_host(&a, &b, &opts).unwrap();
+            let diff: Vec<f64> = res.x.iter().zip(&phantom).map(|(x, p)| x - p).collect();
+            let err = norm(&diff) / norm(&phantom);
+            println!("64^2 tomography, damp {damp}: itn {} x_err_phantom {err:.3}", res.itn);
+            assert!(err < 0.5, "damp {damp}: x_err_phantom {err}");
+        }
+    }
 }

@@ -306,9 +306,11 @@ pub struct LsmrRunOptions<'a> {
     pub progress: Option<ProgressFn<'a>>,
     /// Replay each batch of `check_every` iterations as one captured CUDA graph (see
     /// [`Context::capture_graph`]) where the operator allows it
-    /// ([`LinearOperator::graph_capturable`]). Default true. The first batch always runs
-    /// directly (it builds the operator's lazily made plans), as does a final shorter batch and
-    /// every batch after a capture that failed. Only speed depends on it, never the result.
+    /// ([`LinearOperator::graph_capturable`]). The first batch always runs directly (it builds
+    /// the operator's lazily made plans), as does a final shorter batch and every batch after a
+    /// capture that failed. Only speed depends on it, never the result. Default false: the
+    /// graph is captured and instantiated once per solve, which on a 105-iteration solve of the
+    /// 306136 x 6177 benchmark system cost more than the replays saved (linalg/NOTES.md).
     pub graph: bool,
 }
 
@@ -317,7 +319,7 @@ impl Default for LsmrRunOptions<'_> {
         LsmrRunOptions {
             check_every: DEFAULT_CHECK_EVERY,
             progress: None,
-            graph: true,
+            graph: false,
         }
     }
 }

@@ -386,7 +386,7 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
     }
     if case.dual {
         // every iteration a batch of its own (a one-iteration graph replayed), and below the
-        // default batches launched directly: neither may change a bit of the result
+        // default batches replayed as graphs: neither may change a bit of the result
         let mut every = LsmrRunOptions {
             check_every: 1,
             progress: None,
@@ -404,20 +404,20 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
                 rel_l2(&stepwise.x, &got.x)
             ));
         }
-        let mut direct = LsmrRunOptions {
-            graph: false,
+        let mut graphs = LsmrRunOptions {
+            graph: true,
             ..LsmrRunOptions::default()
         };
-        let direct = lsmr_with(ctx, op.as_ref(), &db, &built.opts, &mut direct)?;
-        if !bitwise_equal(&direct, &got) {
+        let replayed = lsmr_with(ctx, op.as_ref(), &db, &built.opts, &mut graphs)?;
+        if !bitwise_equal(&replayed, &got) {
             failures.push(format!(
-                "launching without CUDA graphs gave another result (istop {} itn {} vs istop {} itn {}, \
+                "replaying CUDA graphs gave another result (istop {} itn {} vs istop {} itn {}, \
                  x differs by {:.2e})",
-                direct.istop,
-                direct.itn,
+                replayed.istop,
+                replayed.itn,
                 got.istop,
                 got.itn,
-                rel_l2(&direct.x, &got.x)
+                rel_l2(&replayed.x, &got.x)
             ));
         }
     }

@@ -1,5 +1,6 @@
 //! `tessera bench sparse`: SpMV on the matrices of the sparse issue (synthetic stand-ins of the
-//! same shapes and structure), fp32 and fp64, A and an explicit A^T; and block-sparse SpMM
+//! same shapes and structure, and real 2-D parallel-beam tomography system matrices from
+//! [`parallel_beam_projector`]), fp32 and fp64, A and an explicit A^T; and block-sparse SpMM
 //! (16 x 16 blocks at 5-20% block density: CSR vs BSR vs Blocked-ELL, [`block_cases`]). Effective GB/s count
 //! values, indices, offsets, x and y once. Each case is verified against the f64 reference on
 //! the timed inputs first. The matrix is written to `$TMPDIR/tessera-sparse/<case>.{offsets,
@@ -9,7 +10,7 @@
 use serde_json::{json, Value};
 
 use super::device::CsrMatrix;
-use super::generate::{random_vector, try_generate, MatrixClass};
+use super::generate::{parallel_beam_projector, random_vector, try_generate, MatrixClass, ParallelBeam};
 use super::host::CsrHost;
 use super::index::SparseIndex;
 use super::reference;
@@ -28,12 +29,16 @@ pub enum MatrixSource {
     Generated(MatrixClass),
     /// A Matrix Market file (`tessera bench sparse --matrix A.mtx`).
     File(std::path::PathBuf),
+    /// The system matrix of a 2-D parallel-beam scan ([`parallel_beam_projector`]: rays x
+    /// pixels, exact intersection lengths).
+    Tomography(ParallelBeam),
 }
 
 impl MatrixSource {
     fn name(&self) -> String {
         match self {
             MatrixSource::Generated(c) => c.name(),
+            MatrixSource::Tomography(g) => g.name(),
             MatrixSource::File(p) => p
                 .file_stem()
                 .map_or("matrix".into(), |s| s.to_string_lossy().into_owned()),
@@ -78,7 +83,7 @@ impl BenchCase {
     }
 }
 
-/// The benchmark cases (`quick`: two small ones). With `TESSERA_BENCH_MATRIX=A.mtx` (`tessera
+/// The benchmark cases (`quick`: three small ones, the last a 64 x 64 tomography). With `TESSERA_BENCH_MATRIX=A.mtx` (`tessera
 /// bench sparse --matrix A.mtx`): that matrix and its transpose, fp32 and fp64.
 pub fn cases(quick: bool) -> Vec<BenchCase> {
     if let Some(path) = std::env::var_os("TESSERA_BENCH_MATRIX") {
@@ -106,6 +111,13 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         value,
         transposed,
     };
+    let tomo = |g: ParallelBeam, transposed| BenchCase {
+        source: MatrixSource::Tomography(g),
+        rows: g.rows(),
+        cols: g.cols(),
+        value: DType::F32,
+        transposed,
+    };
     if quick {
         return vec![
             m(
@@ -122,6 +134,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
                 DType::F32,
                 true,
             ),
+            tomo(ParallelBeam::new(64, 45, 91), false),
         ];
     }
     let f = DType::F32;
@@ -160,8 +173,31 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
             DType::F64,
             false,
         ),
+        // real tomography: 256^2 pixels, 180 angles x 363 bins (65340 x 65536, ~15.0M nnz,
+        // ~230 per row) and 512^2, 360 x 725 (261000 x 262144, ~120.2M nnz, ~460 per row)
+        tomo(TOMO_SMALL, false),
+        tomo(TOMO_SMALL, true),
+        tomo(TOMO_LARGE, false),
+        tomo(TOMO_LARGE, true),
     ]
 }
+
+/// The smaller tomography benchmark geometry: a 256 x 256 image, 180 angles, 363 bins (the
+/// image's diagonal), unit bins.
+pub const TOMO_SMALL: ParallelBeam = ParallelBeam {
+    n: 256,
+    angles: 180,
+    detectors: 363,
+    det_width: 1.0,
+};
+
+/// The larger tomography benchmark geometry: 512 x 512, 360 angles, 725 bins.
+pub const TOMO_LARGE: ParallelBeam = ParallelBeam {
+    n: 512,
+    angles: 360,
+    detectors: 725,
+    det_width: 1.0,
+};
 
 /// Benchmark knobs (read here only, never by the library): `TESSERA_SPMV_LANES=1..32` forces
 /// the lanes per row, `TESSERA_SPMV_LONG=N` the long-row threshold, `TESSERA_SPMV_BINNED=1` the
@@ -189,6 +225,7 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
     let mut host: CsrHost<T, i32> = match &case.source {
         MatrixSource::Generated(class) => try_generate::<T, i32>(*class, case.rows, case.cols, seed)?,
         MatrixSource::File(path) => super::mtx::read_mtx_csr::<T, i32>(path)?,
+        MatrixSource::Tomography(g) => parallel_beam_projector::<T, i32>(g)?,
     };
     if case.transposed {
         host = host.transpose();
@@ -523,4 +560,36 @@ fn run_block<T: Element>(
         max_abs_err: Some(cmp.max_abs_err),
         rel_l2: Some(cmp.rel_l2),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tomography_cases_come_as_a_and_its_transpose() {
+        let all = cases(false);
+        let names: std::collections::HashSet<String> = all.iter().map(BenchCase::name).collect();
+        assert_eq!(names.len(), all.len(), "names are unique");
+        for g in [TOMO_SMALL, TOMO_LARGE] {
+            for transposed in [false, true] {
+                let c = all
+                    .iter()
+                    .find(|c| matches!(c.source, MatrixSource::Tomography(h) if h == g) && c.transposed == transposed)
+                    .unwrap();
+                assert_eq!((c.rows, c.cols), (g.angles * g.detectors, g.n * g.n));
+                assert_eq!(c.params()["class"], json!(g.name()));
+            }
+        }
+        assert_eq!(
+            all.iter()
+                .find(|c| c.transposed && c.name().contains("tomo256"))
+                .unwrap()
+                .name(),
+            "spmv tomo256_180x363 A^T 65340x65536 fp32"
+        );
+        assert!(cases(true)
+            .iter()
+            .any(|c| matches!(c.source, MatrixSource::Tomography(_))));
+    }
 }

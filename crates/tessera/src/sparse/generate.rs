@@ -1,6 +1,8 @@
 //! Seeded random sparse matrices of the structures SpMV/SpMM kernels must handle (uniform rows,
 //! bands, power-law rows, empty rows, one dense row, a few long rows, tall least-squares
-//! systems), and random dense vectors, for tests and benchmarks.
+//! systems), and random dense vectors, for tests and benchmarks; and real 2-D parallel-beam
+//! tomography system matrices ([`parallel_beam_projector`]) with the modified Shepp-Logan
+//! phantom ([`shepp_logan`]) to image through them.
 //!
 //! # Determinism
 //! A matrix depends only on `(class, rows, cols, seed)`. Rows are generated in chunks of
@@ -474,4 +476,332 @@ pub fn generate_block_sparse<T: Element, I: SparseIndex>(
         values,
         sorted: true,
     })
+}
+
+// ---- tomography: 2-D parallel-beam system matrices and the Shepp-Logan phantom ----
+
+/// Segments shorter than this (in pixel widths) are dropped by [`parallel_beam_projector`]:
+/// they are the rounding residue of a ray through a pixel corner (the crossing parameters
+/// carry errors of about `n * 2^-52`, far below it for any image that fits an index type).
+pub const TOMOGRAPHY_MIN_SEGMENT: f64 = 1e-10;
+
+/// A 2-D parallel-beam scan geometry (the one of astra-toolbox's `parallel` geometry with a
+/// square volume of unit pixels).
+///
+/// * Image: `n x n` pixels of side 1 covering `[-n/2, n/2]^2`, centred at the origin; pixel
+///   `(i, j)` (row `i` from the top, column `j` from the left) is column `i * n + j` of the
+///   matrix (row-major) and covers `x in [j - n/2, j + 1 - n/2)`, `y in (n/2 - i - 1, n/2 - i]`.
+/// * Angles: `theta_k = k * pi / angles`, `k = 0 .. angles` (equally spaced in `[0, pi)`).
+/// * Detector: `detectors` bins of width `det_width`; bin `m` has its centre at offset
+///   `u_m = (m - (detectors - 1) / 2) * det_width` along `e = (cos theta, sin theta)`.
+/// * Ray `(k, m)` is the line `{p : p . e = u_m}` (direction `(-sin theta, cos theta)`); at
+///   `theta = 0` it is the vertical line `x = u_m`, at `pi / 2` the horizontal `y = u_m`.
+///   It is row `k * detectors + m` of the matrix (angle-major).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ParallelBeam {
+    /// Image side in pixels.
+    pub n: usize,
+    /// Number of projection angles.
+    pub angles: usize,
+    /// Number of detector bins per angle.
+    pub detectors: usize,
+    /// Width of a detector bin in pixel widths (default 1).
+    pub det_width: f64,
+}
+
+impl ParallelBeam {
+    /// `n x n` pixels, `angles` angles, `detectors` bins of width 1.
+    pub fn new(n: usize, angles: usize, detectors: usize) -> Self {
+        ParallelBeam {
+            n,
+            angles,
+            detectors,
+            det_width: 1.0,
+        }
+    }
+
+    /// `tomo256_180x363` (image side, angles x detectors; `_w0.5` appended for a detector
+    /// width other than 1).
+    pub fn name(&self) -> String {
+        let mut s = format!("tomo{}_{}x{}", self.n, self.angles, self.detectors);
+        if self.det_width != 1.0 {
+            s.push_str(&format!("_w{}", self.det_width));
+        }
+        s
+    }
+
+    /// Rays: `angles * detectors` (saturating; [`ParallelBeam::validate`] rejects overflow).
+    pub fn rows(&self) -> usize {
+        self.angles.saturating_mul(self.detectors)
+    }
+
+    /// Pixels: `n * n` (saturating; [`ParallelBeam::validate`] rejects overflow).
+    pub fn cols(&self) -> usize {
+        self.n.saturating_mul(self.n)
+    }
+
+    /// `(cos theta_k, sin theta_k)`, with the rounding residue of `cos(pi / 2)` (6e-17) set
+    /// to 0 so that axis-aligned rays are exactly axis-aligned.
+    pub fn direction(&self, k: usize) -> (f64, f64) {
+        let theta = k as f64 * std::f64::consts::PI / self.angles as f64;
+        let snap = |v: f64| if v.abs() < 1e-15 { 0.0 } else { v };
+        (snap(theta.cos()), snap(theta.sin()))
+    }
+
+    /// The detector offset `u_m` of bin `m`.
+    pub fn offset(&self, m: usize) -> f64 {
+        (m as f64 - (self.detectors as f64 - 1.0) / 2.0) * self.det_width
+    }
+
+    /// `det_width` must be finite and positive, and `angles * detectors` and `n * n` must not
+    /// overflow. Zero pixels, angles or detectors are allowed (an empty matrix).
+    pub fn validate(&self) -> Result<()> {
+        if !(self.det_width.is_finite() && self.det_width > 0.0) {
+            return Err(Error::invalid(
+                "geometry",
+                format!("det_width {} must be finite and > 0", self.det_width),
+            ));
+        }
+        if self.angles.checked_mul(self.detectors).is_none() || self.n.checked_mul(self.n).is_none() {
+            return Err(Error::invalid(
+                "geometry",
+                format!(
+                    "{} angles x {} detectors or {}^2 pixels overflow usize",
+                    self.angles, self.detectors, self.n
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The system matrix of a 2-D parallel-beam scan: `A[ray, pixel]` = the length of the
+/// intersection of the ray (the line through the detector bin's centre, [`ParallelBeam`]) with
+/// the pixel, computed exactly by Siddon's method (the ray clipped to the image square, then
+/// cut at every pixel boundary line it crosses; each piece belongs to the pixel holding its
+/// midpoint). This is what astra-toolbox's `line` projector computes for parallel beams.
+///
+/// Pixels are half-open as [`ParallelBeam`] says, so a ray lying exactly on a pixel boundary
+/// (axis-aligned rays when `n` and `det_width` put bin centres on the grid) counts for the
+/// pixels on its right (`theta = 0`) or above it (`theta = pi / 2`), with length 1 each, and a
+/// ray on the image's right or bottom edge hits nothing. Pieces shorter than
+/// [`TOMOGRAPHY_MIN_SEGMENT`] are dropped (corner-crossing residue).
+///
+/// `(angles * detectors) x n^2`, rows angle-major, sorted columns without duplicates, values
+/// in `(0, sqrt 2]`. Deterministic: each angle's rows are computed alone (in parallel by rayon)
+/// and concatenated in order. Cost: O(rays * n) (about 2 n entries per ray at most).
+///
+/// Errors: an invalid geometry ([`ParallelBeam::validate`]) or rows, columns or nonzeros that
+/// do not fit `I`.
+pub fn parallel_beam_projector<T: Element, I: SparseIndex>(g: &ParallelBeam) -> Result<CsrHost<T, I>> {
+    g.validate()?;
+    let (rows, cols) = (g.rows(), g.cols());
+    super::host::check_sizes::<I>(rows, cols, 0)?;
+    let per_angle: Vec<Chunk<f64, usize>> = (0..g.angles)
+        .into_par_iter()
+        .map(|k| {
+            let mut out = Chunk {
+                row_lens: Vec::with_capacity(g.detectors),
+                indices: Vec::new(),
+                values: Vec::new(),
+            };
+            let mut ray = Vec::new();
+            for m in 0..g.detectors {
+                ray_pixels(g, k, m, &mut ray);
+                out.row_lens.push(ray.len());
+                out.indices.extend(ray.iter().map(|&(c, _)| c));
+                out.values.extend(ray.iter().map(|&(_, v)| v));
+            }
+            out
+        })
+        .collect();
+    let nnz: usize = per_angle.iter().map(|c| c.indices.len()).sum();
+    super::host::check_sizes::<I>(rows, cols, nnz)?;
+    let mut offsets = Vec::with_capacity(rows + 1);
+    let mut indices = Vec::with_capacity(nnz);
+    let mut values = Vec::with_capacity(nnz);
+    offsets.push(I::ZERO);
+    let mut end = 0;
+    for chunk in per_angle {
+        for len in chunk.row_lens {
+            end += len;
+            offsets.push(I::from_usize_in_range(end));
+        }
+        indices.extend(chunk.indices.into_iter().map(I::from_usize_in_range));
+        values.extend(chunk.values.into_iter().map(T::from_f64));
+    }
+    Ok(CsrHost {
+        rows,
+        cols,
+        offsets,
+        indices,
+        values,
+        sorted: true,
+    })
+}
+
+/// The parameter interval `[t0, t1)` over which the coordinate `p + t * d` lies in the
+/// half-open `[-h, h)`; `None` if empty. An axis-parallel ray (`d == 0`) is in for every `t`
+/// or for none.
+fn slab(p: f64, d: f64, h: f64) -> Option<(f64, f64)> {
+    if d == 0.0 {
+        return (-h <= p && p < h).then_some((f64::NEG_INFINITY, f64::INFINITY));
+    }
+    let (a, b) = ((-h - p) / d, (h - p) / d);
+    Some((a.min(b), a.max(b)))
+}
+
+/// The parameters `t` in `(t0, t1)`, increasing, at which `p + t * d` crosses the interior
+/// grid lines `-h + j` (`j = 1 .. n`), appended to `out`.
+fn crossings(p: f64, d: f64, h: f64, n: usize, (t0, t1): (f64, f64), out: &mut Vec<f64>) {
+    if d == 0.0 || n < 2 {
+        return;
+    }
+    // the grid lines between the coordinates at t0 and t1 (one more each side for rounding)
+    let (c0, c1) = (p + t0 * d + h, p + t1 * d + h);
+    let lo = (c0.min(c1).floor() as i64).max(1) as usize;
+    let hi = ((c0.max(c1).ceil() as i64).max(0) as usize).min(n - 1);
+    let start = out.len();
+    for j in lo..=hi {
+        let t = (j as f64 - h - p) / d;
+        if t0 < t && t < t1 {
+            out.push(t);
+        }
+    }
+    if d < 0.0 {
+        out[start..].reverse();
+    }
+}
+
+/// The `(pixel, length)` entries of ray `(k, m)`, sorted by pixel, into `out` (cleared).
+fn ray_pixels(g: &ParallelBeam, k: usize, m: usize, out: &mut Vec<(usize, f64)>) {
+    out.clear();
+    let n = g.n;
+    if n == 0 {
+        return;
+    }
+    let h = n as f64 / 2.0;
+    let (c, s) = g.direction(k);
+    let u = g.offset(m);
+    let (px, py) = (u * c, u * s);
+    let (dx, dy) = (-s, c);
+    let (Some(sx), Some(sy)) = (slab(px, dx, h), slab(py, dy, h)) else {
+        return;
+    };
+    let (t0, t1) = (sx.0.max(sy.0), sx.1.min(sy.1));
+    if t0 >= t1 {
+        return;
+    }
+    // the crossings of vertical and horizontal grid lines, each increasing, merged
+    let mut tx = Vec::with_capacity(n);
+    let mut ty = Vec::with_capacity(n);
+    crossings(px, dx, h, n, (t0, t1), &mut tx);
+    crossings(py, dy, h, n, (t0, t1), &mut ty);
+    let (mut i, mut j) = (0, 0);
+    let mut prev = t0;
+    loop {
+        let next = match (tx.get(i), ty.get(j)) {
+            (Some(&a), Some(&b)) if a <= b => {
+                i += 1;
+                a
+            }
+            (_, Some(&b)) => {
+                j += 1;
+                b
+            }
+            (Some(&a), None) => {
+                i += 1;
+                a
+            }
+            (None, None) => t1,
+        };
+        let len = next - prev;
+        if len >= TOMOGRAPHY_MIN_SEGMENT {
+            let mid = 0.5 * (prev + next);
+            let cell = |v: f64| ((v + h).floor().max(0.0) as usize).min(n - 1);
+            let col = cell(px + mid * dx);
+            let row = n - 1 - cell(py + mid * dy);
+            out.push((row * n + col, len));
+        }
+        prev = next;
+        if next == t1 {
+            break;
+        }
+    }
+    // one piece per pixel unless rounding split one; order by pixel and merge
+    out.sort_unstable_by_key(|&(p, _)| p);
+    let mut kept = 0;
+    for e in 0..out.len() {
+        if kept > 0 && out[kept - 1].0 == out[e].0 {
+            out[kept - 1].1 += out[e].1;
+        } else {
+            out[kept] = out[e];
+            kept += 1;
+        }
+    }
+    out.truncate(kept);
+}
+
+/// One ellipse of the phantom: intensity, semi-axes `a` (along x before rotation) and `b`,
+/// centre `(x0, y0)`, rotation `phi` in degrees (counter-clockwise), in the unit square
+/// `[-1, 1]^2` with y pointing up.
+struct Ellipse {
+    intensity: f64,
+    a: f64,
+    b: f64,
+    x0: f64,
+    y0: f64,
+    phi_deg: f64,
+}
+
+/// The modified Shepp-Logan phantom: the ellipses of Shepp and Logan (IEEE Trans. Nucl. Sci.
+/// 21, 1974) with the higher-contrast intensities of Toft (1996), as commonly tabulated.
+const SHEPP_LOGAN_MODIFIED: [Ellipse; 10] = {
+    const fn e(intensity: f64, a: f64, b: f64, x0: f64, y0: f64, phi_deg: f64) -> Ellipse {
+        Ellipse {
+            intensity,
+            a,
+            b,
+            x0,
+            y0,
+            phi_deg,
+        }
+    }
+    [
+        e(1.0, 0.69, 0.92, 0.0, 0.0, 0.0),
+        e(-0.8, 0.6624, 0.874, 0.0, -0.0184, 0.0),
+        e(-0.2, 0.11, 0.31, 0.22, 0.0, -18.0),
+        e(-0.2, 0.16, 0.41, -0.22, 0.0, 18.0),
+        e(0.1, 0.21, 0.25, 0.0, 0.35, 0.0),
+        e(0.1, 0.046, 0.046, 0.0, 0.1, 0.0),
+        e(0.1, 0.046, 0.046, 0.0, -0.1, 0.0),
+        e(0.1, 0.046, 0.023, -0.08, -0.605, 0.0),
+        e(0.1, 0.023, 0.023, 0.0, -0.606, 0.0),
+        e(0.1, 0.023, 0.046, 0.06, -0.605, 0.0),
+    ]
+};
+
+/// The modified Shepp-Logan phantom at `(x, y)` in `[-1, 1]^2` (y up): the sum of the
+/// intensities of the ellipses holding the point (boundary included). Values lie in `[0, 1]`.
+pub fn shepp_logan_at(x: f64, y: f64) -> f64 {
+    SHEPP_LOGAN_MODIFIED
+        .iter()
+        .filter(|e| {
+            let (sin, cos) = e.phi_deg.to_radians().sin_cos();
+            let (dx, dy) = (x - e.x0, y - e.y0);
+            let (along, across) = (dx * cos + dy * sin, -dx * sin + dy * cos);
+            (along / e.a).powi(2) + (across / e.b).powi(2) <= 1.0
+        })
+        .map(|e| e.intensity)
+        .sum()
+}
+
+/// The modified Shepp-Logan phantom sampled at the pixel centres of an `n x n` image
+/// (row-major, row 0 at the top: the pixel order of [`parallel_beam_projector`]'s columns),
+/// the image square mapped onto `[-1, 1]^2`.
+pub fn shepp_logan(n: usize) -> Vec<f64> {
+    let centre = |k: usize| (2.0 * k as f64 + 1.0) / n as f64 - 1.0;
+    (0..n)
+        .flat_map(|i| (0..n).map(move |j| shepp_logan_at(centre(j), -centre(i))))
+        .collect()
 }
