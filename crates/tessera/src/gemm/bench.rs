@@ -51,6 +51,8 @@ pub struct BenchCase {
     /// Dequantisation scales (fp8 and int8 rows).
     pub scales: GemmScales,
     pub path: GemmPath,
+    /// Plan with [`GemmTuning::autotune`] (the Hopper path's tiling and splits timed).
+    pub autotune: bool,
 }
 
 impl BenchCase {
@@ -83,9 +85,11 @@ impl BenchCase {
         }
         s
     }
-    /// `tessera` for the dispatcher's choice, `tessera-<path>` when forced.
+    /// `tessera` for the dispatcher's choice, `tessera-<path>` when forced,
+    /// `tessera-autotuned` with the autotune on.
     pub fn implementation(&self) -> String {
         match self.path {
+            _ if self.autotune => "tessera-autotuned".into(),
             GemmPath::Auto => "tessera".into(),
             p => format!("tessera-{}", p.name()),
         }
@@ -136,6 +140,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         activation: Activation::None,
         scales: GemmScales::None,
         path: GemmPath::Auto,
+        autotune: false,
     };
     if quick {
         return vec![
@@ -170,9 +175,16 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
             ..case(Precision::BF16, m, 4096, 4096)
         });
     }
-    // K-heavy: split K on the Hopper path
-    for (m, n, k) in [(128, 128, 65536), (256, 256, 32768)] {
-        out.push(case(Precision::BF16, m, n, k));
+    // K-heavy: split K on the Hopper path; these and the smallest square once more with the
+    // autotune (the same case name, another implementation: a side-by-side row)
+    for (m, n, k) in [(128, 128, 65536), (256, 256, 32768), (2048, 2048, 2048)] {
+        if k != 2048 {
+            out.push(case(Precision::BF16, m, n, k));
+        }
+        out.push(BenchCase {
+            autotune: true,
+            ..case(Precision::BF16, m, n, k)
+        });
     }
     out.push(BenchCase {
         bias: true,
@@ -235,6 +247,8 @@ fn run<I: Element, O: Element>(
             tuning: GemmTuning {
                 path: case.path,
                 splits: None,
+                autotune: case.autotune,
+                ..GemmTuning::default()
             },
         },
     )?;

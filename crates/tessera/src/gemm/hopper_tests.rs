@@ -573,3 +573,48 @@ fn k_heavy_shapes_split_k_into_equal_block_multiples() {
         assert!(e.to_string().contains("splits"), "{e}");
     }
 }
+
+#[test]
+fn autotune_file_lines_round_trip_and_bad_lines_are_skipped() {
+    use crate::gemm::autotune::{format, parse, HopperChoice};
+    let text = "NVIDIA H100 sm_90a bf16 ->bf16 128x128x65536 bnk None\t128\t64\n\
+                bad line\n\
+                k2\t300\t1\n\
+                k3\t256\t0\n\
+                k4\t256\t2\textra\n\
+                NVIDIA H100 sm_90a bf16 ->bf16 2048x2048x2048 bnk None\t256\t1\n";
+    let got = parse(text);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(
+        got["NVIDIA H100 sm_90a bf16 ->bf16 128x128x65536 bnk None"],
+        HopperChoice {
+            block_n: 128,
+            splits: 64
+        }
+    );
+    assert_eq!(parse(&format(&got)), got);
+}
+
+#[test]
+fn autotune_candidates_start_with_the_rules_choice() {
+    use crate::gemm::autotune::{candidates, MAX_CANDIDATES};
+    use crate::gemm::plan::hopper_splits;
+    use crate::gemm::problem::{GemmProblem, Precision};
+    for (m, n, k) in [
+        (128, 128, 65536),
+        (256, 256, 32768),
+        (2048, 2048, 2048),
+        (4096, 14336, 4096),
+    ] {
+        let p = GemmProblem::new(Precision::BF16, DType::BF16, m, n, k);
+        let c = candidates(&p, 132).unwrap();
+        let (s0, _) = hopper_splits(&p, 132, None).unwrap();
+        assert!(!c.is_empty() && c.len() <= MAX_CANDIDATES, "{c:?}");
+        assert_eq!(c[0].splits as usize, s0);
+        assert_eq!(c[0].block_n, choose_tile(m, n, 1, 132).block_n);
+        for x in &c {
+            assert!(hopper_splits(&p, 132, Some(x.splits)).is_ok(), "{x:?}");
+            assert!(x.block_n == 128 || x.block_n == 256);
+        }
+    }
+}

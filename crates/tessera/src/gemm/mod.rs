@@ -59,6 +59,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod autotune;
 #[cfg(feature = "harness")]
 pub mod bench;
 pub mod dmma;

@@ -53,7 +53,7 @@ impl Operator for Gemm {
         bench::cases(quick)
             .into_iter()
             .map(|c| {
-                let baseline = (c.path == plan::GemmPath::Auto).then(|| (c.name(), c.params()));
+                let baseline = (c.path == plan::GemmPath::Auto && !c.autotune).then(|| (c.name(), c.params()));
                 BenchJob::new(
                     format!("{} {}", c.name(), c.implementation()),
                     baseline,

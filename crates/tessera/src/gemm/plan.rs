@@ -81,6 +81,13 @@ pub struct GemmTuning {
     /// the Hopper path (default `None`: [`hopper_splits`]'s choice; a forced count must divide K
     /// into equal k-block multiples, else planning fails saying so).
     pub splits: Option<u32>,
+    /// The Hopper path's tile width (`block_n`: 256 or 128). Default `None`: by waves.
+    pub hopper_block_n: Option<u32>,
+    /// On the Hopper path, time up to 4 (tiling, splits) candidates once per dispatch key at
+    /// planning and keep the fastest, remembered on disk next to the kernel cache
+    /// ([`autotune`](super::autotune)); forced `splits` or `hopper_block_n` are kept as given.
+    /// Default false (the rules' choice; planning allocates and times nothing).
+    pub autotune: bool,
 }
 
 /// Options of a GEMM plan.
@@ -435,7 +442,15 @@ impl GemmPlan {
         let mut workspace = None;
         if path == GemmPath::Hopper {
             let sms = ctx.info().sm_count;
-            (splits, k_per_split) = hopper_splits(problem, sms, opts.tuning.splits)?;
+            let tuning = &opts.tuning;
+            let (forced_splits, forced_block_n) =
+                if tuning.autotune && tuning.splits.is_none() && tuning.hopper_block_n.is_none() && batch == 1 {
+                    let c = super::autotune::hopper_choice(ctx, problem)?;
+                    (Some(c.splits), Some(c.block_n))
+                } else {
+                    (tuning.splits, tuning.hopper_block_n)
+                };
+            (splits, k_per_split) = hopper_splits(problem, sms, forced_splits)?;
             // split K: `splits` partial products over equal k ranges, run as a batch (entry s
             // reads A and B from k = s * k_per_split on; the scales apply to each part), summed in
             // order into D with the epilogue by the split-K reduction
@@ -455,7 +470,18 @@ impl GemmPlan {
                 ));
                 workspace = Some(ctx.alloc::<f32>(splits * m * n)?);
             }
-            let hp = HopperGemmPlan::new(ctx, &key)?;
+            let hp = match forced_block_n {
+                None => HopperGemmPlan::new(ctx, &key)?,
+                Some(bn) => match hopper::TILES.iter().find(|t| t.block_n == bn) {
+                    Some(tile) => HopperGemmPlan::with_tile(ctx, &key, *tile)?,
+                    None => {
+                        return Err(Error::invalid(
+                            "hopper_block_n",
+                            format!("{bn}: the Hopper tilings are 256 and 128 columns wide"),
+                        ))
+                    }
+                },
+            };
             return Ok(GemmPlan {
                 ctx: ctx.clone(),
                 problem: problem.clone(),

@@ -378,6 +378,7 @@ fn run<I: Element, O: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<
             tuning: GemmTuning {
                 path: case.path,
                 splits: None,
+                ..GemmTuning::default()
             },
         },
     )?;
@@ -495,6 +496,7 @@ pub fn verify_bad_inputs(ctx: &Context, _case: &(), _seed: u64) -> Result<Verify
             GemmTuning {
                 path: GemmPath::Sm80,
                 splits: None,
+                ..GemmTuning::default()
             },
         ),
         "ldb",
@@ -530,6 +532,7 @@ pub fn verify_bad_inputs(ctx: &Context, _case: &(), _seed: u64) -> Result<Verify
             tuning: GemmTuning {
                 path: GemmPath::Sm80,
                 splits: None,
+                ..GemmTuning::default()
             },
         },
     )?;
