@@ -218,10 +218,21 @@ pub fn bytes<T: Element, I: SparseIndex>(a: &CsrHost<T, I>) -> usize {
 }
 
 pub fn bench_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| run::<T>(ctx, case, seed, timing))
+    crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| run::<T>(ctx, case, seed, timing, false))
 }
 
-fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+/// [`bench_case`] with the plan [`CsrMatrix::autotune_spmv`] chose (impl `tessera-autotuned`).
+pub fn bench_autotuned_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| run::<T>(ctx, case, seed, timing, true))
+}
+
+fn run<T: Element>(
+    ctx: &Context,
+    case: &BenchCase,
+    seed: u64,
+    timing: TimingOptions,
+    autotune: bool,
+) -> Result<BenchOutcome> {
     let mut host: CsrHost<T, i32> = match &case.source {
         MatrixSource::Generated(class) => try_generate::<T, i32>(*class, case.rows, case.cols, seed)?,
         MatrixSource::File(path) => super::mtx::read_mtx_csr::<T, i32>(path)?,
@@ -238,12 +249,13 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         .collect();
     let dx = ctx.upload(&x)?;
     let mut dy = ctx.alloc::<T>(host.rows.max(1))?;
-    let plan = SpmvPlan::new(
-        &a,
-        &SpmvOptions {
-            tuning: tuning_from_env(),
-        },
-    )?;
+    let (plan, tuning) = if autotune {
+        let tuning = a.autotune_spmv()?;
+        (a.spmv_plan()?, tuning)
+    } else {
+        let tuning = tuning_from_env();
+        (std::sync::Arc::new(SpmvPlan::new(&a, &SpmvOptions { tuning })?), tuning)
+    };
     plan.run(&a, 1.0, &dx, 0.0, &mut dy)?;
     let got = to_f64_vec(&dy.to_host()?[..host.rows]);
     let mut want = vec![0.0; host.rows];
@@ -262,9 +274,10 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
             let mut p = case.params();
             p["descriptor"] = json!(a.descriptor().to_string());
             p["path"] = json!(plan.path());
+            p["tuning"] = json!(format!("{tuning:?}"));
             p
         },
-        implementation: "tessera".into(),
+        implementation: if autotune { "tessera-autotuned" } else { "tessera" }.into(),
         ms: t.median_ms,
         gbps: Some(bytes(&host) as f64 / (t.median_ms * 1e-3) / 1e9),
         tflops: None,

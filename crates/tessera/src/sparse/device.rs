@@ -15,7 +15,7 @@ use super::descriptor::SparseDescriptor;
 use super::host::{CsrHost, DenseLayout, Duplicates};
 use super::index::SparseIndex;
 use super::spmm::SpmmPlan;
-use super::spmv::{choose_shape, SpmvOptions, SpmvPlan, SpmvTuning};
+use super::spmv::{choose_shape, spmv_candidates, SpmvOptions, SpmvPlan, SpmvTuning};
 use super::spmv_transposed::SpmvTransposedPlan;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -273,6 +273,44 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
         let plan = Arc::new(SpmvPlan::new(self, &SpmvOptions::default())?);
         *slot = Some(plan.clone());
         Ok(plan)
+    }
+
+    /// Times up to four SpMV kernel choices on this matrix ([`spmv_candidates`]: the rules'
+    /// lanes per row, half and twice as many, and the binned kernel), with CUDA events on a
+    /// random `x` (two warm-up calls, then the best of five), and makes the fastest the cached
+    /// plan that [`spmv`](Self::spmv) runs from now on. Returns the chosen tuning. Costs a
+    /// few milliseconds and two vectors of scratch; call it once, after construction, for a
+    /// matrix that will be multiplied many times (an LSMR solve, an iterative method). Every
+    /// candidate computes the same deterministic result up to its summation order.
+    pub fn autotune_spmv(&self) -> Result<SpmvTuning> {
+        let x_host: Vec<T> = (0..self.cols)
+            .map(|i| {
+                T::from_f64(((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40) as f64 / (1u64 << 24) as f64 - 0.5)
+            })
+            .collect();
+        let x = upload_nonempty(&self.ctx, &x_host)?;
+        let mut y = self.ctx.alloc::<T>(self.rows.max(1))?;
+        let timer = crate::runtime::EventTimer::new(&self.ctx)?;
+        let mut best: Option<(f64, SpmvTuning, Arc<SpmvPlan>)> = None;
+        for tuning in spmv_candidates(&self.row_lengths) {
+            let plan = Arc::new(SpmvPlan::new(self, &SpmvOptions { tuning })?);
+            plan.run(self, 1.0, &x, 0.0, &mut y)?;
+            plan.run(self, 1.0, &x, 0.0, &mut y)?;
+            let mut ms = f64::INFINITY;
+            for _ in 0..5 {
+                timer.start()?;
+                plan.run(self, 1.0, &x, 0.0, &mut y)?;
+                ms = ms.min(timer.stop_ms()?);
+            }
+            if best.as_ref().is_none_or(|(t, _, _)| ms < *t) {
+                best = Some((ms, tuning, plan));
+            }
+        }
+        let Some((_, tuning, plan)) = best else {
+            return Ok(SpmvTuning::default());
+        };
+        *self.spmv_plan.lock().unwrap_or_else(|e| e.into_inner()) = Some(plan);
+        Ok(tuning)
     }
 
     /// `y = alpha * A x + beta * y` with the cached plan (deterministic: bitwise the same

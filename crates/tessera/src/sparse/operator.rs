@@ -71,12 +71,25 @@ impl Operator for Sparse {
                 BenchJob::new(name, baseline, (c.clone(), which), bench::bench_block_case)
             })
         });
+        // the autotuned plan beside the rules' on every SpMV case (no baseline of its own)
+        let autotuned = cases
+            .iter()
+            .map(|c| {
+                BenchJob::new(
+                    format!("{} autotuned", c.name()),
+                    None,
+                    c.clone(),
+                    bench::bench_autotuned_case,
+                )
+            })
+            .collect::<Vec<_>>();
         cases
             .into_iter()
             .map(|c| {
                 let baseline = Some((c.name(), c.params()));
                 BenchJob::new(c.name(), baseline, c, bench::bench_case)
             })
+            .chain(autotuned)
             .chain(sell)
             .chain(blocks)
             .collect()

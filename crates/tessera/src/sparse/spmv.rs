@@ -206,6 +206,28 @@ pub fn choose_shape(lengths: &[usize], tuning: &SpmvTuning) -> (u32, usize) {
     (lanes, threshold)
 }
 
+/// The SpMV choices [`CsrMatrix::autotune_spmv`](super::CsrMatrix::autotune_spmv) times for
+/// rows of `lengths`: the rules' tuning (default) first, then the row kernel with half and twice
+/// its lanes per row (where they exist), then the binned kernel; at most four, all with the
+/// rules' long-row threshold.
+pub fn spmv_candidates(lengths: &[usize]) -> Vec<SpmvTuning> {
+    let (lanes, _) = choose_shape(lengths, &SpmvTuning::default());
+    let mut out = vec![SpmvTuning::default()];
+    for l in [lanes / 2, lanes * 2] {
+        if (1..=32).contains(&l) {
+            out.push(SpmvTuning {
+                lanes: Some(l),
+                ..SpmvTuning::default()
+            });
+        }
+    }
+    out.push(SpmvTuning {
+        binned: true,
+        ..SpmvTuning::default()
+    });
+    out
+}
+
 impl SpmvPlan {
     /// Plans `y = alpha A x + beta y` for `a`: chooses the kernels from its row lengths,
     /// compiles them and uploads the long-row segment tables.
@@ -400,6 +422,21 @@ fn i32_of(v: usize, what: &str) -> Result<i32> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn autotune_candidates_are_the_rules_their_neighbours_and_binned() {
+        // mean 16 -> 8 lanes by the rules
+        let c = spmv_candidates(&[16; 100]);
+        assert_eq!(c[0], SpmvTuning::default());
+        assert_eq!(c[1].lanes, Some(4));
+        assert_eq!(c[2].lanes, Some(16));
+        assert!(c[3].binned);
+        assert_eq!(c.len(), 4);
+        // 1 lane by the rules: no half; 32 lanes: no double
+        assert_eq!(spmv_candidates(&[1; 10]).len(), 3);
+        assert_eq!(spmv_candidates(&[200; 10]).len(), 3);
+        assert!(spmv_candidates(&[]).len() >= 2);
+    }
     use super::*;
 
     #[test]
