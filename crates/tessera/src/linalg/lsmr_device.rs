@@ -1075,7 +1075,7 @@ pub fn lsmr_many_with<T: Element>(
 
 /// The checks of a many-right-hand-sides problem that need no device: `1 <= k <= MAX_RHS`, `b`
 /// of `m * k` elements, `x0` (if any) of `n * k` finite ones, `opts.x0` not set, and the
-/// options of [`check_problem`].
+/// options that every solve checks (`check_problem` of lsmr.rs).
 pub fn check_many_problem(
     m: usize,
     n: usize,

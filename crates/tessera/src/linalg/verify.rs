@@ -1011,7 +1011,7 @@ pub enum ManyOperator {
     Dense,
 }
 
-/// One many-right-hand-sides case: `k` columns ([`mixed_rhs`](super::fixtures::mixed_rhs):
+/// One many-right-hand-sides case: `k` columns (`fixtures::mixed_rhs`:
 /// consistent, inconsistent, zero, scaled, ...) on a problem, solved together by
 /// [`lsmr_many`](super::lsmr_many).
 #[derive(Clone, Debug)]
