@@ -3,13 +3,19 @@
 //! reference (it says which). A progress line every `--progress-every` iterations (on the GPU
 //! at the solver's stop-flag checks, every 16 iterations), and the stop reason in words at the
 //! end. `x` is written as a Matrix Market `array` file.
+//!
+//! Several right-hand sides: a `b` file with `k > 1` columns (an `m x k` array or coordinate
+//! file) solves every column together (`lsmr_many` on the GPU: the operator's products shared
+//! as SpMM; `lsmr_host_many` on the CPU), each column its own solve with its own stop, and
+//! writes `X` as an `n x k` array file, with a summary line per column. `--x0` is then an
+//! `n x k` file.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use tessera::linalg::{
-    istop_reason, lsmr_host, lsmr_with, mtx_vector, sparse_operator, HostLinearOperator, LsmrOptions, LsmrResult,
-    LsmrRunOptions, Storage,
+    istop_reason, lsmr_host, lsmr_host_many, lsmr_many_with, lsmr_with, mtx_vector, sparse_operator,
+    HostLinearOperator, LsmrOptions, LsmrResult, LsmrRunOptions, ManyRhs, Storage,
 };
 use tessera::runtime::Context;
 use tessera::sparse::{read_mtx_csr, CsrHost};
@@ -26,9 +32,10 @@ pub enum Precision {
 pub struct LsmrArgs {
     /// The matrix A (Matrix Market coordinate file).
     pub a: PathBuf,
-    /// The right-hand side b (Matrix Market array file, or a coordinate vector).
+    /// The right-hand side b (Matrix Market array file, or a coordinate vector); an m x k file
+    /// (k > 1) solves its k columns together.
     pub b: PathBuf,
-    /// Where to write x (Matrix Market array file, n x 1).
+    /// Where to write x (Matrix Market array file, n x 1; n x k for k right-hand sides).
     #[arg(short, long)]
     pub output: PathBuf,
     /// Damping: minimise ||A x - b||^2 + damp^2 ||x||^2.
@@ -46,7 +53,7 @@ pub struct LsmrArgs {
     /// The most iterations (default min(m, n)).
     #[arg(long)]
     pub maxiter: Option<usize>,
-    /// An initial guess x0 (Matrix Market vector of n values).
+    /// An initial guess x0 (Matrix Market vector of n values; n x k for k right-hand sides).
     #[arg(long)]
     pub x0: Option<PathBuf>,
     /// Storage precision on the GPU (f32: vectors and SpMV in f32, recurrences in f64).
@@ -69,6 +76,11 @@ pub struct LsmrArgs {
 pub fn run(args: &LsmrArgs) -> Result<bool, String> {
     let t = Instant::now();
     let a = read_mtx_csr::<f64, i64>(&args.a).map_err(|e| e.to_string())?;
+    let (b_rows, b_cols, b_many) = mtx_vector::read_mtx_columns(&args.b).map_err(|e| e.to_string())?;
+    if b_rows > 1 && b_cols > 1 {
+        return run_many(args, &a, b_cols, &b_many, t);
+    }
+    drop(b_many);
     let b = mtx_vector::read_mtx_vector(&args.b).map_err(|e| e.to_string())?;
     let x0 = match &args.x0 {
         Some(p) => Some(mtx_vector::read_mtx_vector(p).map_err(|e| e.to_string())?),
@@ -125,6 +137,131 @@ pub fn run(args: &LsmrArgs) -> Result<bool, String> {
     );
     println!("lsmr: wrote x ({} values) to {}", res.x.len(), args.output.display());
     Ok(true)
+}
+
+/// The options of the command line (without x0).
+fn options(args: &LsmrArgs) -> LsmrOptions {
+    LsmrOptions {
+        damp: args.damp,
+        atol: args.atol,
+        btol: args.btol,
+        conlim: args.conlim,
+        maxiter: args.maxiter,
+        x0: None,
+        show: false,
+        scale_columns: false,
+    }
+}
+
+/// `k > 1` right-hand sides: every column of `b` (`m x k`, column-major) solved together.
+fn run_many(args: &LsmrArgs, a: &CsrHost<f64, i64>, k: usize, b: &[f64], t: Instant) -> Result<bool, String> {
+    let n = a.cols;
+    let x0 = match &args.x0 {
+        Some(p) => {
+            let (r, c, x0) = mtx_vector::read_mtx_columns(p).map_err(|e| e.to_string())?;
+            if (r, c) != (n, k) {
+                return Err(format!(
+                    "x0: {} is {r} x {c}; with {k} right-hand sides it must be n x k = {n} x {k}",
+                    p.display()
+                ));
+            }
+            Some(x0)
+        }
+        None => None,
+    };
+    println!(
+        "lsmr: A {} x {} with {} nonzeros, B of {} x {k} ({k} right-hand sides, {:.2}s to read)",
+        a.rows,
+        a.cols,
+        a.nnz(),
+        b.len() / k,
+        t.elapsed().as_secs_f64()
+    );
+    let opts = options(args);
+    let t = Instant::now();
+    let gpu = if args.cpu {
+        Err("--cpu was given".to_string())
+    } else {
+        Context::new(args.device).map_err(|e| e.to_string())
+    };
+    let x0 = x0.as_deref();
+    let results = match gpu {
+        Ok(ctx) => {
+            let storage = if args.single_storage {
+                Storage::Single
+            } else {
+                Storage::Auto
+            };
+            match args.dtype {
+                Precision::F64 => solve_gpu_many::<f64>(&ctx, a, b, k, x0, &opts, storage, args.progress_every),
+                Precision::F32 => solve_gpu_many::<f32>(&ctx, a, b, k, x0, &opts, storage, args.progress_every),
+            }
+        }
+        Err(why) => {
+            println!("lsmr: on the CPU (f64 reference solver): no GPU used: {why}");
+            lsmr_host_many(a, b, k, x0, &opts)
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    let secs = t.elapsed().as_secs_f64();
+    let xs: Vec<f64> = results.iter().flat_map(|r| r.x.iter().copied()).collect();
+    mtx_vector::write_mtx_columns(&args.output, n, k, &xs).map_err(|e| e.to_string())?;
+    for (j, r) in results.iter().enumerate() {
+        println!(
+            "lsmr: column {j:>4}: istop {}  itn {}  ||r|| {:.6e}  ||A^T r|| {:.6e}  ||A|| {:.6e}  cond(A) {:.6e}  ||x|| {:.6e}",
+            r.istop, r.itn, r.normr, r.normar, r.norma, r.conda, r.normx
+        );
+    }
+    let mut codes: Vec<u32> = results.iter().map(|r| r.istop).collect();
+    codes.sort_unstable();
+    codes.dedup();
+    for code in codes {
+        let count = results.iter().filter(|r| r.istop == code).count();
+        println!("lsmr: istop {code} ({count} of {k} columns): {}", istop_reason(code));
+    }
+    println!("lsmr: {k} right-hand sides in {secs:.3}s");
+    println!("lsmr: wrote X ({n} x {k}) to {}", args.output.display());
+    Ok(true)
+}
+
+#[allow(clippy::too_many_arguments)] // the problem, the options and the run's settings
+fn solve_gpu_many<T: Element>(
+    ctx: &Context,
+    a: &CsrHost<f64, i64>,
+    b: &[f64],
+    k: usize,
+    x0: Option<&[f64]>,
+    opts: &LsmrOptions,
+    storage: Storage,
+    every: usize,
+) -> tessera::Result<Vec<LsmrResult>> {
+    let at = CsrHost::<T, i64> {
+        rows: a.rows,
+        cols: a.cols,
+        offsets: a.offsets.clone(),
+        indices: a.indices.clone(),
+        values: a.values.iter().map(|&v| T::from_f64(v)).collect(),
+        sorted: a.sorted,
+    };
+    let op = sparse_operator(ctx, &at, storage)?;
+    println!(
+        "lsmr: on the GPU: {} ({}), {} storage {}, {k} right-hand sides together",
+        ctx.info().name,
+        ctx.arch(),
+        T::DTYPE,
+        op.storage()
+    );
+    let mut next = every;
+    let mut run = LsmrRunOptions {
+        progress: Some(Box::new(move |itn, normr, normar, secs| {
+            if every > 0 && itn >= next {
+                println!("lsmr: itn {itn:>8}  max ||r|| {normr:.6e}  max ||A^T r|| {normar:.6e}  {secs:8.3}s");
+                next = (itn / every + 1) * every;
+            }
+        })),
+        ..LsmrRunOptions::default()
+    };
+    lsmr_many_with(ctx, op.as_ref(), ManyRhs::Host(b), k, x0, opts, &mut run)
 }
 
 fn solve_gpu<T: Element>(
@@ -251,6 +388,48 @@ mod tests {
         let x = mtx_vector::read_mtx_vector(&out).unwrap();
         // normal equations: A^T A = [3 0; 0 6], A^T b = [3, 8]
         assert!((x[0] - 1.0).abs() < 1e-9 && (x[1] - 8.0 / 6.0).abs() < 1e-9, "{x:?}");
+    }
+
+    /// Several right-hand sides on the CPU path: X n x k, each column the least-squares
+    /// solution of its column (a zero column gives x = 0, a doubled column 2 x).
+    #[test]
+    fn cpu_solve_of_several_columns_writes_x_as_n_by_k() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("A.mtx");
+        std::fs::write(
+            &a,
+            "%%MatrixMarket matrix coordinate real general\n4 2 6\n1 1 1\n2 1 1\n2 2 1\n3 2 2\n4 1 1\n4 2 -1\n",
+        )
+        .unwrap();
+        let b = dir.path().join("B.mtx");
+        std::fs::write(
+            &b,
+            "%%MatrixMarket matrix array real general\n4 3\n1\n2\n3\n0\n0\n0\n0\n0\n2\n4\n6\n0\n",
+        )
+        .unwrap();
+        let out = dir.path().join("X.mtx");
+        let args = LsmrArgs {
+            atol: 1e-10,
+            btol: 1e-10,
+            ..cpu_args(a, b, out.clone())
+        };
+        assert!(run(&args).unwrap());
+        let (rows, cols, x) = mtx_vector::read_mtx_columns(&out).unwrap();
+        assert_eq!((rows, cols), (2, 3));
+        let want = [1.0, 8.0 / 6.0, 0.0, 0.0, 2.0, 16.0 / 6.0];
+        for (g, w) in x.iter().zip(want) {
+            assert!((g - w).abs() < 1e-9, "{x:?}");
+        }
+        // an x0 of the wrong shape is an error, and nothing is written
+        let x0 = dir.path().join("x0.mtx");
+        std::fs::write(&x0, "%%MatrixMarket matrix array real general\n2 1\n0\n0\n").unwrap();
+        let bad = LsmrArgs {
+            x0: Some(x0),
+            output: dir.path().join("none.mtx"),
+            ..args
+        };
+        assert!(run(&bad).is_err());
+        assert!(!dir.path().join("none.mtx").exists());
     }
 
     #[test]

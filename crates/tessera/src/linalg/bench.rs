@@ -24,6 +24,12 @@
 //! solves; `params.over_one_solve` is each time over one plain solve (the issue's target: the
 //! list in at most 2x one solve). The list is checked against the separate solves first.
 //!
+//! Many right-hand sides ([`many_cases`]): 8 random columns on the 8kv-shaped system (fp32,
+//! and fp64), timed as one [`lsmr_many`] run (SpMM products) and as 8 separate solves;
+//! `params` carry `ms_per_iter` (wall time over the most iterations of any column), one plain
+//! solve's `one_solve_ms` and `one_solve_ms_per_iter`, and `over_one_solve`. Each column is
+//! checked against its own solve first.
+//!
 //! The matrix is written to `$TMPDIR/tessera-lsmr/<case>.{offsets,indices,values,b}` (raw
 //! little-endian; tomography cases also `<case>.phantom`, f64) for the baseline runner (scripts/baselines/bench_torch.py --op lsmr:
 //! `cupyx.scipy.sparse.linalg.lsmr` with the same options, and SciPy on the CPU when the
@@ -33,11 +39,11 @@ use serde_json::{json, Value};
 
 use super::device_operator::{sparse_operator, Storage};
 use super::lsmr::LsmrOptions;
-use super::lsmr_device::{lsmr, lsmr_damps, lsmr_with, LsmrRunOptions};
+use super::lsmr_device::{lsmr, lsmr_damps, lsmr_many, lsmr_with, LsmrRunOptions, ManyRhs};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::harness::BenchOutcome;
-use crate::runtime::{time_median, Context, TimingOptions};
+use crate::runtime::{time_median, Context, DeviceBuffer, TimingOptions};
 use crate::sparse::bench::{TOMO_LARGE, TOMO_SMALL};
 use crate::sparse::generate::{
     parallel_beam_projector, random_vector, shepp_logan, try_generate, MatrixClass, ParallelBeam,
@@ -476,6 +482,168 @@ fn run_damps<T: Element>(
             "tessera".into()
         },
         ms: t.median_ms,
+        gbps: Some(bytes as f64 / (t.median_ms * 1e-3) / 1e9),
+        tflops: None,
+        extra_mib: None,
+        max_abs_err: None,
+        rel_l2: None,
+    })
+}
+
+// ---- many right-hand sides ----
+
+/// Right-hand sides of the many-right-hand-sides benchmark.
+pub const BENCH_RHS: usize = 8;
+
+/// One many-right-hand-sides benchmark row: [`BENCH_RHS`] random columns on the 8kv-shaped
+/// system, solved together by [`lsmr_many`] (`separate = false`: SpMM products) or as
+/// separate [`lsmr`] solves (`separate = true`), with the fixed iteration budget of the
+/// other cases.
+#[derive(Clone, Debug)]
+pub struct ManyBenchCase {
+    pub rows: usize,
+    pub cols: usize,
+    pub per_row: usize,
+    pub value: DType,
+    pub separate: bool,
+}
+
+impl ManyBenchCase {
+    pub fn name(&self) -> String {
+        format!(
+            "lsmr many{BENCH_RHS} tallls{} {}x{} {}{}",
+            self.per_row,
+            self.rows,
+            self.cols,
+            self.value,
+            if self.separate { " separate" } else { "" }
+        )
+    }
+}
+
+/// The many-right-hand-sides cases: the 8kv shape in fp32 together and separately, and in
+/// fp64 together (`quick`: a small shape, fp32).
+pub fn many_cases(quick: bool) -> Vec<ManyBenchCase> {
+    let (rows, cols) = if quick { (30_000, 617) } else { (306_136, 6_177) };
+    let c = |value, separate| ManyBenchCase {
+        rows,
+        cols,
+        per_row: 18,
+        value,
+        separate,
+    };
+    let mut out = vec![c(DType::F32, false), c(DType::F32, true)];
+    if !quick {
+        out.push(c(DType::F64, false));
+    }
+    out
+}
+
+pub fn bench_many_case(ctx: &Context, case: &ManyBenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    crate::dispatch_float!("lsmr bench many"; case.value, [F32, F64], |T| run_many::<T>(ctx, case, seed, timing))
+}
+
+/// Times the [`BENCH_RHS`] columns solved together or separately, and one plain solve (the
+/// first column) for the ratios (`over_one_solve`: the whole run over one solve; the ideal of
+/// shared products is well under `BENCH_RHS`). Before timing, each column of the run is
+/// checked against its own solve: same istop, itn within 1, normr within 1e-3 (fp32: 1e-2)
+/// relative (the SpMM sums in another order than the SpMV).
+fn run_many<T: Element>(ctx: &Context, case: &ManyBenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    let a = try_generate::<T, i32>(
+        MatrixClass::TallLeastSquares { per_row: case.per_row },
+        case.rows,
+        case.cols,
+        seed,
+    )?;
+    let (m, k) = (case.rows, BENCH_RHS);
+    let b: Vec<T> = (0..k)
+        .flat_map(|j| random_vector(m, seed ^ 0xb ^ ((j as u64) << 20)))
+        .map(T::from_f64)
+        .collect();
+    let op = sparse_operator(ctx, &a, Storage::Dual)?;
+    let db = ctx.upload(&b)?;
+    let columns: Vec<DeviceBuffer<T>> = (0..k)
+        .map(|j| ctx.upload(&b[j * m..(j + 1) * m]))
+        .collect::<Result<_>>()?;
+    let opts = LsmrOptions {
+        atol: 0.0,
+        btol: 0.0,
+        conlim: 0.0,
+        maxiter: Some(BENCH_MAXITER),
+        ..LsmrOptions::default()
+    };
+    let many = lsmr_many(ctx, op.as_ref(), ManyRhs::Device(&db), k, None, &opts)?;
+    let budget = if T::DTYPE == DType::F32 { 1e-2 } else { 1e-3 };
+    let mut itns = Vec::new();
+    for (j, r) in many.iter().enumerate() {
+        let alone = lsmr(ctx, op.as_ref(), &columns[j], &opts)?;
+        let err = (r.normr - alone.normr).abs() / alone.normr.abs().max(f64::MIN_POSITIVE);
+        if r.istop != alone.istop || r.itn.abs_diff(alone.itn) > 1 || err.is_nan() || err > budget {
+            return Err(Error::Unsupported(format!(
+                "{}: column {j} differs from its own solve (istop {} vs {}, itn {} vs {}, normr by {err:.2e}) \
+                 before timing",
+                case.name(),
+                r.istop,
+                alone.istop,
+                r.itn,
+                alone.itn
+            )));
+        }
+        itns.push(r.itn);
+    }
+
+    let solve_timing = TimingOptions {
+        warmup: 1,
+        warmup_ms: 0.0,
+        groups: 5,
+        reps: Some(1),
+        ..timing
+    };
+    let t = if case.separate {
+        time_median(ctx, solve_timing, |_| {
+            for col in &columns {
+                lsmr(ctx, op.as_ref(), col, &opts)?;
+            }
+            Ok(())
+        })?
+    } else {
+        time_median(ctx, solve_timing, |_| {
+            lsmr_many(ctx, op.as_ref(), ManyRhs::Device(&db), k, None, &opts).map(|_| ())
+        })?
+    };
+    let one = time_median(ctx, solve_timing, |_| {
+        lsmr(ctx, op.as_ref(), &columns[0], &opts).map(|_| ())
+    })?;
+    let itn = itns.iter().copied().max().unwrap_or(0).max(1);
+    // bytes: k times one iteration's vector work and products' vectors; the matrix bytes of
+    // the SpMM are counted once per pass of 8 columns (a lower bound: the SpMM gathers B rows)
+    let bytes = bytes_per_iteration(&a)
+        * if case.separate {
+            itns.iter().sum::<usize>()
+        } else {
+            k * itn
+        };
+    Ok(BenchOutcome {
+        case: case.name(),
+        params: json!({
+            "rows": case.rows, "cols": case.cols, "per_row": case.per_row, "nnz": a.nnz(),
+            "dtype": case.value.name(), "index": "i32", "maxiter": BENCH_MAXITER,
+            "atol": 0.0, "btol": 0.0, "conlim": 0.0, "rhs": k, "itn": itns,
+            "istop": many.iter().map(|r| r.istop).collect::<Vec<_>>(),
+            "separate": case.separate,
+            "ms_per_iter": t.median_ms / itn as f64,
+            "one_solve_ms": one.median_ms,
+            "one_solve_ms_per_iter": one.median_ms / itns[0].max(1) as f64,
+            "over_one_solve": t.median_ms / one.median_ms,
+        }),
+        implementation: if case.separate {
+            "tessera-separate".into()
+        } else {
+            "tessera".into()
+        },
+        ms: t.median_ms,
+        // the traffic of k separate solves (what the shared products save shows as GB/s
+        // above the separate row's)
         gbps: Some(bytes as f64 / (t.median_ms * 1e-3) / 1e9),
         tflops: None,
         extra_mib: None,

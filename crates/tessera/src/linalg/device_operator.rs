@@ -15,6 +15,14 @@
 //!   the copy of `A^T` plus a margin fits the device's free memory, else single.
 //! * [`FnDeviceOperator`]: a pair of closures (matrix-free operators, other libraries' kernels).
 //!
+//! Batched products ([`LinearOperator::apply_many`], [`LinearOperator::apply_transposed_many`],
+//! for many right-hand sides): `k` column vectors at once, stored column-major and packed
+//! (`n x k` with leading dimension `n`, `m x k` with `m`). The default runs the single-vector
+//! product column by column (through one-column work buffers), so every operator supports
+//! them; the sparse operators override them with the sparse module's deterministic
+//! [`CsrMatrix::spmm`] in its column-major layout (dual storage: both products; single storage:
+//! `A` only, `A^T` loops over the columns, as there is no transposed SpMM).
+//!
 //! Matrices are checked at construction: the CSR structure (by the upload) and every value
 //! finite (NaN or infinity in `A` is an error naming the first bad entry).
 
@@ -37,6 +45,33 @@ pub trait LinearOperator<T: Element> {
     fn apply_transposed(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()>;
     /// A short name of the storage, for reports (`csr-dual`, `csr-single`, `dense`, `fn`).
     fn storage(&self) -> &'static str;
+    /// `Y = alpha * A X + beta * Y` for `k >= 1` columns: `X` is `n x k` and `Y` is `m x k`,
+    /// column-major with leading dimensions `n` and `m` (column `j` of `X` at `j * n`). The
+    /// default applies [`apply`](Self::apply) to each column (with `k == 1` directly on the
+    /// buffers, else through one-column work buffers); with `k == 1` an override must give
+    /// what `apply` gives, bit for bit.
+    fn apply_many(&self, alpha: f64, x: &DeviceBuffer<T>, k: usize, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
+        let (m, n) = self.shape();
+        columnwise(n, m, alpha, x, k, beta, y, |alpha, x, beta, y| {
+            self.apply(alpha, x, beta, y)
+        })
+    }
+    /// `Y = alpha * A^T X + beta * Y` for `k >= 1` columns: `X` is `m x k`, `Y` is `n x k`,
+    /// column-major with leading dimensions `m` and `n`. Default: column by column, as
+    /// [`apply_many`](Self::apply_many).
+    fn apply_transposed_many(
+        &self,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        k: usize,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        let (m, n) = self.shape();
+        columnwise(m, n, alpha, x, k, beta, y, |alpha, x, beta, y| {
+            self.apply_transposed(alpha, x, beta, y)
+        })
+    }
     /// The Euclidean norm of each column of `A` (`n` values, on the host), for column scaling
     /// ([`LsmrOptions::scale_columns`](super::LsmrOptions::scale_columns)); `None` when the
     /// operator cannot give them (the default).
@@ -50,6 +85,118 @@ pub trait LinearOperator<T: Element> {
     fn graph_capturable(&self) -> bool {
         false
     }
+}
+
+/// Checks the operands of a batched product: `k >= 1`, `x` holds `x_len * k` elements and `y`
+/// `y_len * k`.
+pub(crate) fn check_many<T: Element>(
+    x_len: usize,
+    y_len: usize,
+    x: &DeviceBuffer<T>,
+    k: usize,
+    y: &DeviceBuffer<T>,
+) -> Result<()> {
+    if k == 0 {
+        return Err(Error::invalid("k", "is 0; a batched product needs at least one column"));
+    }
+    for (arg, len, rows) in [("x", x.len(), x_len), ("y", y.len(), y_len)] {
+        match rows.checked_mul(k) {
+            Some(need) if len >= need => {}
+            Some(need) => {
+                return Err(Error::invalid(
+                    arg,
+                    format!("has {len} elements; {rows} x {k} column-major needs {need}"),
+                ))
+            }
+            None => return Err(Error::invalid("k", format!("{rows} x {k} overflows usize"))),
+        }
+    }
+    Ok(())
+}
+
+/// The default batched product: `product` on each column of `x` (`x_len` rows) into the same
+/// column of `y` (`y_len` rows), through one-column work buffers (stream-ordered pool
+/// allocations, freed in stream order), or directly when `k == 1`.
+#[allow(clippy::too_many_arguments)] // the product's operands plus the shapes
+fn columnwise<T: Element>(
+    x_len: usize,
+    y_len: usize,
+    alpha: f64,
+    x: &DeviceBuffer<T>,
+    k: usize,
+    beta: f64,
+    y: &mut DeviceBuffer<T>,
+    product: impl Fn(f64, &DeviceBuffer<T>, f64, &mut DeviceBuffer<T>) -> Result<()>,
+) -> Result<()> {
+    check_many(x_len, y_len, x, k, y)?;
+    if k == 1 {
+        return product(alpha, x, beta, y);
+    }
+    let ctx = x.context();
+    let mut xc = ctx.alloc::<T>(x_len.max(1))?;
+    let mut yc = ctx.alloc::<T>(y_len.max(1))?;
+    for j in 0..k {
+        copy_elements(&mut xc, 0, x, j * x_len, x_len)?;
+        if beta != 0.0 {
+            copy_elements(&mut yc, 0, y, j * y_len, y_len)?;
+        }
+        product(alpha, &xc, beta, &mut yc)?;
+        copy_elements(y, j * y_len, &yc, 0, y_len)?;
+    }
+    Ok(())
+}
+
+/// `dst[dst_at .. dst_at + len] = src[src_at .. src_at + len]`, queued on the stream.
+pub(crate) fn copy_elements<T: Element>(
+    dst: &mut DeviceBuffer<T>,
+    dst_at: usize,
+    src: &DeviceBuffer<T>,
+    src_at: usize,
+    len: usize,
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let fits = |at: usize, buf_len: usize| at.checked_add(len).is_some_and(|end| end <= buf_len);
+    if !fits(dst_at, dst.len()) || !fits(src_at, src.len()) {
+        return Err(Error::invalid(
+            "len",
+            format!(
+                "copy of {len} elements from {src_at} of {} to {dst_at} of {} is out of bounds",
+                src.len(),
+                dst.len()
+            ),
+        ));
+    }
+    let s = std::mem::size_of::<T>();
+    src.context().bind()?;
+    // SAFETY: both ranges lie inside their allocations (checked above); the copy is ordered on
+    // the context's stream like every kernel that reads or writes these buffers.
+    crate::runtime::context::check("cuMemcpyDtoDAsync", unsafe {
+        cudarc::driver::sys::cuMemcpyDtoDAsync_v2(
+            dst.device_ptr() + (dst_at * s) as u64,
+            src.device_ptr() + (src_at * s) as u64,
+            len * s,
+            src.context().cu_stream(),
+        )
+    })
+}
+
+/// `C = alpha * A B + beta * C` for `k` packed column-major columns by the deterministic SpMM
+/// (`k == 1`: the SpMV, so that one column gives bitwise the single-vector product).
+fn csr_many<T: Element, I: SparseIndex>(
+    a: &CsrMatrix<T, I>,
+    alpha: f64,
+    x: &DeviceBuffer<T>,
+    k: usize,
+    beta: f64,
+    y: &mut DeviceBuffer<T>,
+) -> Result<()> {
+    check_many(a.cols(), a.rows(), x, k, y)?;
+    if k == 1 {
+        return a.spmv(alpha, x, beta, y);
+    }
+    a.spmm(alpha, x, k, crate::sparse::DenseLayout::ColMajor, beta, y)
 }
 
 /// How a sparse matrix is stored for the solver.
@@ -127,6 +274,21 @@ impl<T: Element, I: SparseIndex> LinearOperator<T> for SparseDualOperator<T, I> 
     fn apply_transposed(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
         self.at.spmv(alpha, x, beta, y)
     }
+    /// The SpMM of `A` (column-major; one column: the SpMV).
+    fn apply_many(&self, alpha: f64, x: &DeviceBuffer<T>, k: usize, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
+        csr_many(&self.a, alpha, x, k, beta, y)
+    }
+    /// The SpMM of the stored `A^T` (column-major; one column: the SpMV).
+    fn apply_transposed_many(
+        &self,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        k: usize,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        csr_many(&self.at, alpha, x, k, beta, y)
+    }
     fn storage(&self) -> &'static str {
         "csr-dual"
     }
@@ -170,6 +332,11 @@ impl<T: Element, I: SparseIndex> LinearOperator<T> for SparseSingleOperator<T, I
     }
     fn apply_transposed(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
         self.a.spmv_transposed(alpha, x, beta, y)
+    }
+    /// The SpMM of `A` (column-major; one column: the SpMV). `A^T X` keeps the default
+    /// column loop (atomic transposed SpMV per column: there is no transposed SpMM).
+    fn apply_many(&self, alpha: f64, x: &DeviceBuffer<T>, k: usize, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
+        csr_many(&self.a, alpha, x, k, beta, y)
     }
     fn storage(&self) -> &'static str {
         "csr-single"

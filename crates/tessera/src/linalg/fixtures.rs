@@ -283,3 +283,40 @@ pub(crate) fn compare(name: &str, got: &LsmrResult, want: &LsmrResult, normb: f6
     }
     bad
 }
+
+/// `k` right-hand sides for `a` (`m x k`, column-major) whose solves stop at different
+/// iterations: column 0 consistent (`b = A x`, `x` random), column 1 random (inconsistent
+/// for a tall `a`), column 2 zero (SciPy's `b = 0` exit), then random columns scaled by
+/// 10^(-3 .. 3) alternating with consistent ones and their mixtures (a consistent part plus a
+/// small random one), seeded.
+pub(crate) fn mixed_rhs(a: &CsrHost<f64, i32>, k: usize, seed: u64) -> Vec<f64> {
+    use super::HostLinearOperator;
+    use crate::sparse::generate::random_vector;
+    let m = a.rows;
+    let mut out = Vec::with_capacity(m * k);
+    for j in 0..k {
+        let consistent = |s: u64| {
+            let mut y = vec![0.0; m];
+            a.apply(1.0, &random_vector(a.cols, s), 0.0, &mut y);
+            y
+        };
+        let s = seed ^ (0x9e37 * (j as u64 + 1));
+        let col = match j {
+            0 => consistent(s),
+            1 => random_vector(m, s),
+            2 => vec![0.0; m],
+            _ if j % 3 == 0 => consistent(s),
+            _ if j % 3 == 1 => {
+                let scale = 10f64.powi((j as i32 % 7) - 3);
+                random_vector(m, s).into_iter().map(|e| e * scale).collect()
+            }
+            _ => {
+                let noise = random_vector(m, s ^ 1);
+                let eps = 10f64.powi(-((j as i32 % 5) + 1));
+                consistent(s).into_iter().zip(noise).map(|(c, e)| c + eps * e).collect()
+            }
+        };
+        out.extend(col);
+    }
+    out
+}

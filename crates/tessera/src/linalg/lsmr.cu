@@ -2,7 +2,9 @@
 // products of each iteration, the norms, and the scalar recurrences and stopping tests, so that
 // the host only launches and looks at a stop flag every few iterations. One run solves k >= 1
 // damping factors at once (the damp list): the bidiagonalisation is shared, each damp has its
-// own rotations, h, hbar, x and stopping state.
+// own rotations, h, hbar, x and stopping state. Or k >= 1 right-hand sides at once (many
+// right-hand sides): each column has its own bidiagonalisation and state (an LsmrShared and one
+// LsmrDamp per column), only the operator products are shared (SpMM over the k columns).
 //
 // What. One LSMR iteration (Fong and Saunders 2011; SciPy's order, see linalg/lsmr.rs) is, with
 // the products done by the operator (sparse SpMV, user code) into work vectors av and atu:
@@ -43,12 +45,20 @@
 // `stride` (= n) elements each, back to back. State: struct LsmrShared, then k structs
 // LsmrDamp, all doubles (Rust mirrors in lsmr_device.rs); partials: kMaxPartials doubles per
 // norm, and per damp for ||x_j|| (damp j at j * kMaxPartials).
+// Many right-hand sides: every vector is an m x k or n x k column-major block (column c at
+// c * col_stride, col_stride = m or n; h, hbar, x at c * stride), the state is k records of
+// (LsmrShared, LsmrDamp) (`state_stride` = `damp_stride` = 41 doubles apart), every partial-sum
+// array holds kMaxPartials doubles per column (column c at c * kMaxPartials). Column c is
+// blockIdx.y of the vector kernels and blockIdx.x of lsmr_scalar (one CTA per column, each with
+// one damp). The damp list is the same code with col_stride 0 (one v for all rows of CTAs of
+// lsmr_update_x), state_stride 0 (one LsmrShared) and damp_stride 28 (LsmrDamp).
 //
 // Work mapping. Vector kernels: kBlockThreads threads, a fixed grid of at most kMaxPartials CTAs
 // (host: min(ceil(len / kBlockThreads), kMaxPartials)), grid-stride over the elements, one
 // element per thread per step, arithmetic in double; lsmr_update_x has k rows of CTAs
 // (gridDim.y = k, one per damp), so the CTAs of one chunk of v are launched together and read
-// it once from DRAM (the other k - 1 reads hit L2). lsmr_scalar: one CTA of kBlockThreads
+// it once from DRAM (the other k - 1 reads hit L2). Many right-hand sides: every vector kernel
+// has gridDim.y = k (one row of CTAs per column, each on its own column), lsmr_scalar k CTAs. lsmr_scalar: one CTA of kBlockThreads
 // threads; all of them add the partials of ||u||, ||v||; warp w adds those of ||x_j|| for
 // j = w, w + 8, ... and runs damp j's stopping test; thread j runs damp j's recurrences
 // (a few hundred flops). Shared memory: 2 * kBlockThreads / 32 doubles for the block reductions.
@@ -61,6 +71,10 @@
 // So the vector work is (3m + (4 + 6k) n) s per iteration against about 2 nnz (s + sizeof(Idx))
 // for the products: for the tall tomography matrices (nnz ~ 18-21 per row, m >> n) under 10%
 // of the SpMVs, and with k = 8 damps still under 15%.
+// Many right-hand sides (k columns): the products are one SpMM each (A read once per pass of 8
+// columns instead of once per column, plus k vectors' gathers), the vector work is k times a
+// single solve's ((3m + 10n) s per column) and the scalar kernel runs k CTAs: the target is a
+// run of k columns well under k single solves when the matrix dominates the SpMV traffic.
 #include "tessera/common.cuh"
 #include "tessera/reduce.cuh"
 
@@ -118,7 +132,10 @@ struct VecParams {
   LsmrShared* shared;
   LsmrDamp* damps;  // [k]
   long long len;
-  long long stride; // elements between two damps' h, hbar, x
+  long long stride;       // elements between two damps' (columns') h, hbar, x
+  long long col_stride;   // elements between two columns of a, u (v in update_x), dv; 0: one
+  long long state_stride; // doubles between two columns' LsmrShared (0: one shared state)
+  long long damp_stride;  // doubles between two rows' LsmrDamp (28: the damp list; 41: columns)
   int first;        // setup pass (update_v: v = atu * u_scale; update_x: h = v * v_scale, hbar = 0)
   int pad;
 };
@@ -131,8 +148,8 @@ struct ScalarParams {
   const double* partials_x;  // setup: ||b|| ([count_x]); else ||x_j|| ([k][kMaxPartials])
   int count_u, count_v, count_x;
   int mode;
-  int k;                     // damps
-  int pad;
+  int k;                     // damps per CTA (many right-hand sides: 1)
+  int state_stride;          // doubles between two columns' records (CTA c: column c); 0: one
 };
 
 namespace {
@@ -163,6 +180,14 @@ TS_DEVICE double warp_norm_of(const double* partials, int count) {
   double s = 0.0;
   for (int i = ts::lane_id(); i < count; i += 32) s += partials[i];
   return sqrt(ts::warp_allreduce<32>(s, SumD{}));
+}
+
+// The state of row (column) c of a vector kernel.
+TS_DEVICE LsmrShared* shared_of(const VecParams& p, int c) {
+  return (LsmrShared*)((double*)p.shared + (long long)c * p.state_stride);
+}
+TS_DEVICE const LsmrDamp* damp_of(const VecParams& p, int c) {
+  return (const LsmrDamp*)((const double*)p.damps + (long long)c * p.damp_stride);
 }
 
 TS_DEVICE double sign_of(double v) { return v > 0.0 ? 1.0 : v < 0.0 ? -1.0 : v == 0.0 ? 0.0 : v; }
@@ -303,29 +328,32 @@ TS_DEVICE void start_damp(LsmrDamp* st, double alpha, double beta, bool early) {
 // partials[cta] = sum of a[i]^2 over the CTA's elements (setup: ||b||, ||b - A x0||).
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_sumsq(const __grid_constant__ VecParams p) {
   __shared__ double smem[kBlockThreads / 32];
+  const Val* a = p.a + (long long)blockIdx.y * p.col_stride;
   double s = 0.0;
   const long long stride = (long long)gridDim.x * kBlockThreads;
   for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
-    const double e = (double)p.a[i];
+    const double e = (double)a[i];
     s += e * e;
   }
-  write_partial(s, p.partials, smem);
+  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem);
 }
 
 // u = av * v_scale - alpha * (u * u_scale); partials of u^2.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_u(const __grid_constant__ VecParams p) {
   __shared__ double smem[kBlockThreads / 32];
-  const LsmrShared* sh = p.shared;
-  if (sh->stop != 0.0) return;  // uniform over the grid: no CTA reaches the barrier
+  const LsmrShared* sh = shared_of(p, blockIdx.y);
+  if (sh->stop != 0.0) return;  // uniform over the grid row: no CTA of it reaches the barrier
   const double alpha = sh->alpha, us = sh->u_scale, vs = sh->v_scale;
+  const Val* a = p.a + (long long)blockIdx.y * p.col_stride;
+  Val* uc = p.u + (long long)blockIdx.y * p.col_stride;
   double s = 0.0;
   const long long stride = (long long)gridDim.x * kBlockThreads;
   for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
-    const Val u = (Val)((double)p.a[i] * vs - alpha * ((double)p.u[i] * us));
-    p.u[i] = u;
+    const Val u = (Val)((double)a[i] * vs - alpha * ((double)uc[i] * us));
+    uc[i] = u;
     s += (double)u * (double)u;
   }
-  write_partial(s, p.partials, smem);
+  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem);
 }
 
 // v = atu * u_scale - beta * (v * v_scale) (setup: v = atu * u_scale, v = 0 when beta == 0);
@@ -334,36 +362,40 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_u(const 
 // after the setup, v (and dv) keep their values (SciPy) and nothing is written.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_v(const __grid_constant__ VecParams p) {
   __shared__ double smem[kBlockThreads / 32];
-  const LsmrShared* sh = p.shared;
-  if (!p.first && (sh->stop != 0.0 || !(sh->beta > 0.0))) return;
+  const LsmrShared* sh = shared_of(p, blockIdx.y);
+  if (!p.first && (sh->stop != 0.0 || !(sh->beta > 0.0))) return;  // uniform over the row
   const double beta = sh->beta, us = sh->u_scale, vs = sh->v_scale;
+  const long long off = (long long)blockIdx.y * p.col_stride;
+  const Val* a = p.a + off;
+  Val* vc = p.u + off;
+  Val* dv = p.dv + off;
   double s = 0.0;
   const long long stride = (long long)gridDim.x * kBlockThreads;
   for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
     const double di = p.d ? (double)p.d[i] : 1.0;
-    const double atu = di * (double)p.a[i];
+    const double atu = di * (double)a[i];
     double v;
     if (p.first) v = beta > 0.0 ? atu * us : 0.0;
-    else v = atu * us - beta * ((double)p.u[i] * vs);
+    else v = atu * us - beta * ((double)vc[i] * vs);
     const Val vv = (Val)v;
-    p.u[i] = vv;
-    if (p.d) p.dv[i] = (Val)(di * (double)vv);
+    vc[i] = vv;
+    if (p.d) dv[i] = (Val)(di * (double)vv);
     s += (double)vv * (double)vv;
   }
-  write_partial(s, p.partials, smem);
+  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem);
 }
 
-// Damp j = blockIdx.y: hbar_j = h_j + hbar_factor * hbar_j, x_j += x_step * hbar_j,
+// Damp (or column) j = blockIdx.y: hbar_j = h_j + hbar_factor * hbar_j, x_j += x_step * hbar_j,
 // h_j = v * v_scale + h_factor * h_j; partials of x_j^2. Setup (first): h_j = v * v_scale,
 // hbar_j = 0. v is only read.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_x(const __grid_constant__ VecParams p) {
   __shared__ double smem[kBlockThreads / 32];
-  const LsmrShared* sh = p.shared;
-  const LsmrDamp* st = p.damps + blockIdx.y;
+  const LsmrShared* sh = shared_of(p, blockIdx.y);
+  const LsmrDamp* st = damp_of(p, blockIdx.y);
   if (!p.first && (sh->stop != 0.0 || st->stop != 0.0)) return;  // uniform over the CTA
   const double vs = sh->v_scale;
   const double fb = st->hbar_factor, step = st->x_step, fh = st->h_factor;
-  const Val* v = p.u;
+  const Val* v = p.u + (long long)blockIdx.y * p.col_stride;
   const long long off = (long long)blockIdx.y * p.stride;
   Val* h = p.h + off;
   Val* hbar = p.hbar + off;
@@ -390,16 +422,23 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_x(const 
   write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem);
 }
 
-// The scalar work of one step (ScalarMode), one CTA.
+// The scalar work of one step (ScalarMode): one CTA per column (the damp list: one CTA).
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_scalar(const __grid_constant__ ScalarParams p) {
   __shared__ double smem_a[kBlockThreads / 32];
   __shared__ double smem_b[kBlockThreads / 32];
-  LsmrShared* sh = p.shared;
+  // CTA c works on column c's record (the damp list: one CTA, state_stride 0)
+  const long long rec = (long long)blockIdx.x * p.state_stride;
+  const long long part = (long long)blockIdx.x * kMaxPartials;
+  LsmrShared* sh = (LsmrShared*)((double*)p.shared + rec);
+  LsmrDamp* damps = (LsmrDamp*)((double*)p.damps + rec);
+  const double* partials_u = p.partials_u + part;
+  const double* partials_v = p.partials_v + part;
+  const double* partials_x = p.partials_x + part;
   const bool lead = threadIdx.x == 0;
   switch (p.mode) {
     case kSetupBeta: {
-      const double normb = norm_of(p.partials_x, p.count_x, smem_a);
-      const double beta = norm_of(p.partials_u, p.count_u, smem_b);
+      const double normb = norm_of(partials_x, p.count_x, smem_a);
+      const double beta = norm_of(partials_u, p.count_u, smem_b);
       if (lead) {
         sh->normb = normb;
         sh->beta = beta;
@@ -409,11 +448,11 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_scalar(const __
     }
     case kSetupAlpha: {
       const double beta = sh->beta, normb = sh->normb;  // read before anyone writes
-      const double nv = norm_of(p.partials_v, p.count_v, smem_a);
+      const double nv = norm_of(partials_v, p.count_v, smem_a);
       const double alpha = beta > 0.0 ? nv : 0.0;
       // SciPy checks ||A^T r0|| first, then ||b||
       const double early = alpha * beta == 0.0 ? 1.0 : normb == 0.0 ? 2.0 : 0.0;
-      for (int j = threadIdx.x; j < p.k; j += kBlockThreads) start_damp(p.damps + j, alpha, beta, early != 0.0);
+      for (int j = threadIdx.x; j < p.k; j += kBlockThreads) start_damp(damps + j, alpha, beta, early != 0.0);
       if (lead) {
         sh->alpha = alpha;
         sh->v_scale = alpha > 0.0 ? 1.0 / alpha : 1.0;
@@ -431,7 +470,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_scalar(const __
       const double beta = sh->beta, old_alpha = sh->alpha, old_vs = sh->v_scale;
       const double itn = sh->itn + 1.0;
       double norma2 = sh->norma2;
-      const double nv = norm_of(p.partials_v, p.count_v, smem_a);
+      const double nv = norm_of(partials_v, p.count_v, smem_a);
       // when beta == 0, v and alpha keep their values (and v its scale)
       const double alpha = beta > 0.0 ? nv : old_alpha;
       const double vs = beta > 0.0 ? (nv > 0.0 ? 1.0 / nv : 1.0) : old_vs;
@@ -446,7 +485,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_scalar(const __
         sh->norma2 = norma2;
       }
       for (int j = threadIdx.x; j < p.k; j += kBlockThreads) {
-        LsmrDamp* st = p.damps + j;
+        LsmrDamp* st = damps + j;
         if (st->stop == 0.0) recurrences(st, alpha, beta, itn, norma);
       }
       return;
@@ -456,22 +495,22 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_scalar(const __
       // the deferred test of each damp: warp w tests damps w, w + 8, ...
       const int warp = threadIdx.x / 32, warps = kBlockThreads / 32;
       for (int j = warp; j < p.k; j += warps) {
-        LsmrDamp* st = p.damps + j;
+        LsmrDamp* st = damps + j;
         const bool test = st->stop == 0.0 && st->itn >= 1.0 && st->tested_itn < st->itn;  // warp-uniform
         if (!test) continue;
-        const double normx = warp_norm_of(p.partials_x + (long long)j * kMaxPartials, p.count_x);
+        const double normx = warp_norm_of(partials_x + (long long)j * kMaxPartials, p.count_x);
         if (ts::lane_id() == 0) stopping_test(sh, st, normx);
       }
       __syncthreads();  // every damp's test is written (and visible) before the count
       if (lead) {
         bool all = true;
-        for (int j = 0; j < p.k; ++j) all = all && p.damps[j].stop != 0.0;
+        for (int j = 0; j < p.k; ++j) all = all && damps[j].stop != 0.0;
         if (all) sh->stop = 1.0;
       }
       if (p.mode == kTest) return;
       __syncthreads();
       if (sh->stop != 0.0) return;
-      const double beta = norm_of(p.partials_u, p.count_u, smem_b);
+      const double beta = norm_of(partials_u, p.count_u, smem_b);
       if (lead) {
         sh->beta = beta;
         sh->u_scale = beta > 0.0 ? 1.0 / beta : 1.0;

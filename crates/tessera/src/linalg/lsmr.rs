@@ -80,6 +80,8 @@
 //!
 //! * The damp list, [`lsmr_host_damps`]: `k` damping factors in one run sharing the
 //!   bidiagonalisation; each result is bit for bit the solve with that damp alone.
+//! * Many right-hand sides, [`lsmr_host_many`]: `k` columns of `b`, each its own solve (the
+//!   reference of the GPU's `lsmr_many`, which shares the products between the columns).
 //! * Column scaling, [`LsmrOptions::scale_columns`]: LSMR on `A D` with
 //!   `D = diag(1 / ||A_j||)`, `x = D y` returned; the estimates refer to `(A D, y)` (the
 //!   option's docs say which is which).
@@ -209,6 +211,40 @@ pub fn lsmr_host_damps(
     validate(a, b, opts)?;
     check_damps(damps, opts)?;
     solve(a, b, damps, opts)
+}
+
+/// Many right-hand sides on the host: solves `min ||[b_j; 0] - [A; damp I] x_j||_2` for every
+/// column `b_j` of `b` (`m x k`, column-major: column `j` at `j * m`) from `x0_j` (column `j`
+/// of `x0`, `n x k` column-major) or zeros, one result per column in order. It is the CPU
+/// reference of the GPU's [`lsmr_many`](super::lsmr_many): each column is literally the
+/// [`lsmr_host`] solve of that column with `opts.x0 = x0_j` (bit for bit), so zero columns give
+/// SciPy's `b = 0` answer (`istop` 0, `x` = 0) and every column stops by its own rules.
+///
+/// Errors (nothing is computed): those of [`lsmr_host`] for any column; `k` of 0; `b` of other
+/// than `m * k` elements; `x0` of other than `n * k`; `opts.x0` set (give the guesses as `x0`).
+pub fn lsmr_host_many(
+    a: &dyn HostLinearOperator,
+    b: &[f64],
+    k: usize,
+    x0: Option<&[f64]>,
+    opts: &LsmrOptions,
+) -> Result<Vec<LsmrResult>> {
+    a.check()?;
+    let (m, n) = a.shape();
+    super::lsmr_device::check_many_problem(m, n, b.len(), k, x0, opts)?;
+    super::lsmr_device::check_finite_columns("b", b, m)?;
+    (0..k)
+        .map(|j| {
+            let col = LsmrOptions {
+                x0: x0.map(|x0| x0[j * n..(j + 1) * n].to_vec()),
+                ..opts.clone()
+            };
+            if opts.show && k > 1 {
+                eprintln!("lsmr: right-hand side {j} of {k}");
+            }
+            lsmr_host(a, &b[j * m..(j + 1) * m], &col)
+        })
+        .collect()
 }
 
 /// The checks of a damp list: not empty, every element finite and `>= 0`, and `opts.damp`

@@ -47,6 +47,20 @@
 //! verify checks it). Up to [`MAX_DAMPS`] damps share one run; a longer list is solved in
 //! several runs of at most [`MAX_DAMPS`].
 //!
+//! # Many right-hand sides
+//!
+//! [`lsmr_many`] solves the `k` columns of `B` (`m x k`, column-major, [`ManyRhs`]) in one run,
+//! each column its own LSMR (its own `u`, `v`, `alpha`, `beta`, estimates and stop): the state
+//! is `k` records of ([`LsmrShared`], [`LsmrDamp`]) ([`COLUMN_LEN`] doubles each), every vector
+//! an `m x k` or `n x k` block, every vector kernel has one row of CTAs per column
+//! (`gridDim.y = k`) and `lsmr_scalar` one CTA per column. What the columns share is the
+//! operator's products: one [`apply_many`](LinearOperator::apply_many) and one
+//! [`apply_transposed_many`](LinearOperator::apply_transposed_many) per iteration (SpMM for the
+//! sparse operators). A column that stopped freezes as a damp of the damp list does (its
+//! kernels return at once; the batched products still compute its column, into work vectors
+//! only); the run ends when every column has stopped. Up to [`MAX_RHS`] columns per run, as
+//! device memory allows ([`many_bytes`], checked before any allocation).
+//!
 //! The host queues [`LsmrRunOptions::check_every`] iterations (default
 //! [`DEFAULT_CHECK_EVERY`]), then a test kernel, then reads the state (104 bytes plus 224 per
 //! damp; one synchronisation) to see the stop flag and report progress. Iterations queued after the stop
@@ -203,6 +217,11 @@ pub struct LsmrDamp {
 pub const SHARED_LEN: usize = std::mem::size_of::<LsmrShared>() / 8;
 /// Doubles in [`LsmrDamp`].
 pub const DAMP_LEN: usize = std::mem::size_of::<LsmrDamp>() / 8;
+/// Doubles in one column's state record with many right-hand sides ([`LsmrShared`], then its
+/// [`LsmrDamp`]).
+pub const COLUMN_LEN: usize = SHARED_LEN + DAMP_LEN;
+/// The most right-hand sides of one [`lsmr_many`] run (the vector kernels' `gridDim.y`).
+pub const MAX_RHS: usize = 65_535;
 const _: () = assert!(std::mem::size_of::<LsmrShared>() == 13 * 8);
 const _: () = assert!(std::mem::size_of::<LsmrDamp>() == 28 * 8);
 
@@ -243,7 +262,7 @@ enum ScalarMode {
     Test = 4,
 }
 
-/// `struct VecParams` of lsmr.cu (104 bytes).
+/// `struct VecParams` of lsmr.cu (128 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct VecParams {
@@ -259,12 +278,15 @@ struct VecParams {
     damps: u64,
     len: i64,
     stride: i64,
+    col_stride: i64,
+    state_stride: i64,
+    damp_stride: i64,
     first: i32,
     pad: i32,
 }
-const _: () = assert!(std::mem::size_of::<VecParams>() == 104);
-// SAFETY: #[repr(C)]: ten pointers as u64, two i64, two i32, in the order and of the types of
-// the kernel's struct (pointers, long long, long long, int, int).
+const _: () = assert!(std::mem::size_of::<VecParams>() == 128);
+// SAFETY: #[repr(C)]: ten pointers as u64, five i64, two i32, in the order and of the types of
+// the kernel's struct (pointers, five long long, int, int).
 unsafe impl KernelParams for VecParams {}
 
 /// `struct ScalarParams` of lsmr.cu (64 bytes).
@@ -281,7 +303,7 @@ struct ScalarParams {
     count_x: i32,
     mode: i32,
     k: i32,
-    pad: i32,
+    state_stride: i32,
 }
 const _: () = assert!(std::mem::size_of::<ScalarParams>() == 64);
 // SAFETY: #[repr(C)]: five pointers as u64 then six i32, as the kernel's struct.
@@ -352,7 +374,7 @@ pub fn lsmr_with<T: Element>(
 ) -> Result<LsmrResult> {
     let (m, n) = a.shape();
     validate::<T>(m, n, b, opts, run)?;
-    let mut solver = Solver::<T>::new(ctx, m, n, 1)?;
+    let mut solver = Solver::<T>::new(ctx, m, n, 1, false)?;
     let mut results = solver.solve(a, b, &[opts.damp], opts, run)?;
     results
         .pop()
@@ -389,7 +411,7 @@ pub fn lsmr_damps_with<T: Element>(
     let (m, n) = a.shape();
     validate::<T>(m, n, b, opts, run)?;
     check_damps(damps, opts)?;
-    let mut solver = Solver::<T>::new(ctx, m, n, damps.len().min(MAX_DAMPS))?;
+    let mut solver = Solver::<T>::new(ctx, m, n, damps.len().min(MAX_DAMPS), false)?;
     let mut results = Vec::with_capacity(damps.len());
     for chunk in damps.chunks(MAX_DAMPS) {
         results.extend(solver.solve(a, b, chunk, opts, run)?);
@@ -419,13 +441,17 @@ pub fn validate<T: Element>(
     Ok(())
 }
 
-/// The kernels and device memory of one solve of an `m x n` problem with up to `k` damps.
+/// The kernels and device memory of one solve of an `m x n` problem with up to `k` damps, or
+/// (`many`) with `k` right-hand sides.
 struct Solver<T: Element> {
     ctx: Context,
     m: usize,
     n: usize,
-    /// Damps the buffers hold.
+    /// Damps (or right-hand sides) the buffers hold.
     k: usize,
+    /// Many right-hand sides: `u`, `av` are `m x k`, `v`, `atu`, `dv` are `n x k` (column-major,
+    /// packed), the state is `k` records of [`COLUMN_LEN`], every partial-sum array `k` deep.
+    many: bool,
     sumsq: Arc<Kernel>,
     update_u: Arc<Kernel>,
     update_v: Arc<Kernel>,
@@ -452,7 +478,7 @@ struct Solver<T: Element> {
 }
 
 impl<T: Element> Solver<T> {
-    fn new(ctx: &Context, m: usize, n: usize, k: usize) -> Result<Self> {
+    fn new(ctx: &Context, m: usize, n: usize, k: usize, many: bool) -> Result<Self> {
         let kernel = |k| {
             ctx.kernel(
                 &LsmrVariant {
@@ -467,29 +493,38 @@ impl<T: Element> Solver<T> {
         let kn = k
             .checked_mul(n)
             .ok_or_else(|| Error::invalid("damps", format!("{k} damps of {n} unknowns overflow the vector size")))?;
+        // the bidiagonalisation's vectors: one set, or one per column
+        let cols = if many { k } else { 1 };
+        let (cm, cn) = (cols * m, cols * n); // <= k * max(m, n): checked by validate_many
+        let state_len = if many {
+            COLUMN_LEN * k.max(1)
+        } else {
+            SHARED_LEN + DAMP_LEN * k.max(1)
+        };
         Ok(Solver {
             ctx: ctx.clone(),
             m,
             n,
             k,
+            many,
             sumsq: kernel(LsmrKernel::SumSq)?,
             update_u: kernel(LsmrKernel::UpdateU)?,
             update_v: kernel(LsmrKernel::UpdateV)?,
             update_x: kernel(LsmrKernel::UpdateX)?,
             scalar: kernel(LsmrKernel::Scalar)?,
-            u: vec(m)?,
-            av: vec(m)?,
-            v: vec(n)?,
-            atu: vec(n)?,
+            u: vec(cm)?,
+            av: vec(cm)?,
+            v: vec(cn)?,
+            atu: vec(cn)?,
             h: vec(kn)?,
             hbar: vec(kn)?,
             x: vec(kn)?,
-            dv: vec(n)?,
+            dv: vec(cn)?,
             d: None,
-            partials_u: ctx.alloc(MAX_PARTIALS)?,
-            partials_v: ctx.alloc(MAX_PARTIALS)?,
+            partials_u: ctx.alloc(MAX_PARTIALS * cols.max(1))?,
+            partials_v: ctx.alloc(MAX_PARTIALS * cols.max(1))?,
             partials_x: ctx.alloc(MAX_PARTIALS * k.max(1))?,
-            state: ctx.alloc(SHARED_LEN + DAMP_LEN * k.max(1))?,
+            state: ctx.alloc(state_len)?,
         })
     }
 
@@ -511,27 +546,34 @@ impl<T: Element> Solver<T> {
             damps: self.damps_ptr(),
             len: len as i64,
             stride: self.n as i64,
+            // many: row c of CTAs works on column c of every vector (len elements apart);
+            // the damp list: one u, v read by every row
+            col_stride: if self.many { len as i64 } else { 0 },
+            state_stride: if self.many { COLUMN_LEN as i64 } else { 0 },
+            damp_stride: if self.many { COLUMN_LEN as i64 } else { DAMP_LEN as i64 },
             first: first as i32,
             pad: 0,
         }
     }
 
     /// A vector kernel over `p.len` elements, with `rows` rows of CTAs (the damps of
-    /// lsmr_update_x; 1 otherwise).
+    /// lsmr_update_x; many right-hand sides: the columns, every kernel; 1 otherwise).
     fn launch_vec(&self, kernel: &Kernel, p: &VecParams, rows: usize) -> Result<()> {
         let mut cfg = LaunchConfig::linear(vector_grid(p.len as usize), BLOCK_THREADS, 0);
         cfg.grid.1 = rows as u32;
         // SAFETY: every pointer in p is one of this solver's buffers (or b, of m elements,
-        // checked by validate): a, u hold >= len elements; d (when not null) and dv hold n and
-        // are read and written by update_v only, which runs with len = n; h, hbar, x hold k * n and the kernel
-        // that reads them runs with len = n, stride = n and rows <= k (solve checks k); partials
-        // hold MAX_PARTIALS doubles (partials_x MAX_PARTIALS per damp) >= grid; the state
-        // SHARED_LEN + k DAMP_LEN. Each element is written by one thread; VecParams mirrors the
-        // kernel's struct.
+        // checked by validate): a, u hold >= len elements (many: >= rows * len, col_stride =
+        // len); d (when not null) holds n and dv n (many: rows * n) and are read and written
+        // by update_v only, which runs with len = n; h, hbar, x hold k * n and the kernel that
+        // reads them runs with len = n, stride = n and rows <= k (solve checks k); partials hold
+        // MAX_PARTIALS doubles per row (partials_x per damp) >= grid; the state SHARED_LEN +
+        // k DAMP_LEN (many: k COLUMN_LEN, strides COLUMN_LEN). Each element is written by one
+        // thread; VecParams mirrors the kernel's struct.
         unsafe { kernel.launch(&self.ctx, cfg, p) }
     }
 
-    /// The scalar kernel in `mode` for `k` damps.
+    /// The scalar kernel in `mode` for `k` damps (many right-hand sides: `k` columns, one CTA
+    /// each).
     fn launch_scalar(&self, mode: ScalarMode, k: usize) -> Result<()> {
         let p = ScalarParams {
             shared: self.state.device_ptr(),
@@ -544,16 +586,17 @@ impl<T: Element> Solver<T> {
             // setup: the partials of ||b|| (m elements) sit in partials_x
             count_x: vector_grid(if mode == ScalarMode::SetupBeta { self.m } else { self.n }) as i32,
             mode: mode as i32,
-            k: k as i32,
-            pad: 0,
+            k: if self.many { 1 } else { k as i32 },
+            state_stride: if self.many { COLUMN_LEN as i32 } else { 0 },
         };
-        // SAFETY: the state holds SHARED_LEN + k DAMP_LEN doubles (k <= self.k, checked by
-        // solve); partials_u, partials_v MAX_PARTIALS, partials_x k MAX_PARTIALS doubles, of
-        // which the counts (each <= MAX_PARTIALS) are read per damp. One CTA; ScalarParams
-        // mirrors the kernel's.
+        let ctas = if self.many { k as u32 } else { 1 };
+        // SAFETY: the state holds SHARED_LEN + k DAMP_LEN doubles (many: k COLUMN_LEN, CTA c
+        // at c COLUMN_LEN; k <= self.k, checked by solve); partials_u, partials_v MAX_PARTIALS
+        // (many: per column), partials_x k MAX_PARTIALS doubles, of which the counts (each <=
+        // MAX_PARTIALS) are read per damp (column). ScalarParams mirrors the kernel's.
         unsafe {
             self.scalar
-                .launch(&self.ctx, LaunchConfig::linear(1, BLOCK_THREADS, 0), &p)
+                .launch(&self.ctx, LaunchConfig::linear(ctas, BLOCK_THREADS, 0), &p)
         }
     }
 
@@ -744,6 +787,376 @@ impl<T: Element> Solver<T> {
                 result_of(&sh, d, x)
             })
             .collect())
+    }
+}
+
+impl<T: Element> Solver<T> {
+    /// The states of the `k` columns (many right-hand sides).
+    fn read_columns(&self, k: usize) -> Result<Vec<(LsmrShared, LsmrDamp)>> {
+        let slots = self.state.to_host()?;
+        Ok((0..k)
+            .map(|c| {
+                let rec = &slots[c * COLUMN_LEN..];
+                (LsmrShared::from_slots(rec), LsmrDamp::from_slots(&rec[SHARED_LEN..]))
+            })
+            .collect())
+    }
+
+    /// One LSMR iteration of every column (many right-hand sides), queued: two batched
+    /// products, then the column-indexed vector kernels (gridDim.y = k) and scalar kernels
+    /// (one CTA per column).
+    fn iteration_many(&mut self, a: &dyn LinearOperator<T>) -> Result<()> {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let input = if self.d.is_some() { &self.dv } else { &self.v };
+        a.apply_many(1.0, input, k, 0.0, &mut self.av)?;
+        let p = self.vec_params(self.av.device_ptr(), self.u.device_ptr(), &self.partials_u, m, false);
+        self.launch_vec(&self.update_u, &p, k)?;
+        self.launch_scalar(ScalarMode::IterBeta, k)?;
+        a.apply_transposed_many(1.0, &self.u, k, 0.0, &mut self.atu)?;
+        let p = self.vec_params(self.atu.device_ptr(), self.v.device_ptr(), &self.partials_v, n, false);
+        self.launch_vec(&self.update_v, &p, k)?;
+        self.launch_scalar(ScalarMode::IterAlpha, k)?;
+        let p = self.vec_params(0, self.v.device_ptr(), &self.partials_x, n, false);
+        self.launch_vec(&self.update_x, &p, k)
+    }
+
+    /// Solves for the `self.k` columns of `b` (validated by [`validate_many`]), from `x0`
+    /// (`n x k`, f64, column-major) or zeros.
+    fn solve_many(
+        &mut self,
+        a: &dyn LinearOperator<T>,
+        b: ManyRhs<'_, T>,
+        x0: Option<&[f64]>,
+        opts: &LsmrOptions,
+        run: &mut LsmrRunOptions<'_>,
+    ) -> Result<Vec<LsmrResult>> {
+        if !self.many {
+            return Err(Error::Unsupported("lsmr_many: a solver sized for a damp list".into()));
+        }
+        let started = Instant::now();
+        let (m, n, k) = (self.m, self.n, self.k);
+        let scale: Option<Vec<f64>> = if opts.scale_columns {
+            let d: Vec<T> = column_scale(a.column_norms().as_deref(), n)?
+                .into_iter()
+                .map(T::from_f64)
+                .collect();
+            let mut buf = self.ctx.alloc::<T>(n.max(1))?;
+            buf.copy_from_host_at(0, &d)?;
+            self.d = Some(buf);
+            Some(d.iter().map(|e| e.to_f64()).collect())
+        } else {
+            self.d = None;
+            None
+        };
+        let maxiter = opts.maxiter.unwrap_or(m.min(n));
+        let shared = LsmrShared {
+            atol: opts.atol,
+            btol: opts.btol,
+            ctol: if opts.conlim > 0.0 { 1.0 / opts.conlim } else { 0.0 },
+            maxiter: maxiter as f64,
+            ..LsmrShared::default()
+        };
+        let damp = LsmrDamp {
+            damp: opts.damp,
+            ..LsmrDamp::default()
+        };
+        let mut init = Vec::with_capacity(k * COLUMN_LEN);
+        for _ in 0..k {
+            init.extend(shared.to_slots());
+            init.extend(damp.to_slots());
+        }
+        self.state.copy_from_host_at(0, &init)?;
+
+        // U = B; normb per column (partials_x) before the x0 correction
+        match b {
+            ManyRhs::Host(b) => {
+                let bt: Vec<T> = b.iter().map(|&e| T::from_f64(e)).collect();
+                self.u.copy_from_host_at(0, &bt)?;
+            }
+            ManyRhs::Device(b) => super::device_operator::copy_elements(&mut self.u, 0, b, 0, m * k)?,
+        }
+        let p = self.vec_params(self.u.device_ptr(), 0, &self.partials_x, m, true);
+        self.launch_vec(&self.sumsq, &p, k)?;
+        // X_j = x0_j (or 0), U = B - A X0 (scaled: y0 = D^-1 x0, the product reads D y0)
+        match x0 {
+            Some(x0) => {
+                let y0: Vec<f64> = match &scale {
+                    Some(d) => x0
+                        .chunks(n.max(1))
+                        .flat_map(|c| c.iter().zip(d).map(|(x, d)| x / d))
+                        .collect(),
+                    None => x0.to_vec(),
+                };
+                let y0_t: Vec<T> = y0.iter().map(|&e| T::from_f64(e)).collect();
+                self.x.copy_from_host_at(0, &y0_t)?;
+                let input: Vec<T> = match &scale {
+                    Some(d) => y0
+                        .chunks(n.max(1))
+                        .flat_map(|c| c.iter().zip(d).map(|(y, d)| T::from_f64(d * y)))
+                        .collect(),
+                    None => y0_t,
+                };
+                self.atu.copy_from_host_at(0, &input)?;
+                a.apply_many(-1.0, &self.atu, k, 1.0, &mut self.u)?;
+            }
+            None => self.x.fill_bytes(0)?,
+        }
+        let p = self.vec_params(self.u.device_ptr(), 0, &self.partials_u, m, true);
+        self.launch_vec(&self.sumsq, &p, k)?;
+        self.launch_scalar(ScalarMode::SetupBeta, k)?;
+        // V = A^T U / beta (per column, unnormalised), alpha, H = V / alpha, Hbar = 0
+        a.apply_transposed_many(1.0, &self.u, k, 0.0, &mut self.atu)?;
+        let p = self.vec_params(self.atu.device_ptr(), self.v.device_ptr(), &self.partials_v, n, true);
+        self.launch_vec(&self.update_v, &p, k)?;
+        self.launch_scalar(ScalarMode::SetupAlpha, k)?;
+        let p = self.vec_params(0, self.v.device_ptr(), &self.partials_x, n, true);
+        self.launch_vec(&self.update_x, &p, k)?;
+
+        let mut cols = self.read_columns(k)?;
+        for (c, (sh, _)) in cols.iter().enumerate() {
+            if !sh.normb.is_finite() {
+                return Err(Error::invalid(
+                    "b",
+                    format!(
+                        "column {c} contains NaN or infinity (||b|| = {}); every element must be finite",
+                        sh.normb
+                    ),
+                ));
+            }
+            if !sh.beta.is_finite() {
+                return Err(Error::invalid(
+                    "x0",
+                    format!("column {c}: ||b - A x0|| = {}: A x0 overflows", sh.beta),
+                ));
+            }
+        }
+        let mut launched = 0usize;
+        let all_stopped = |cols: &[(LsmrShared, LsmrDamp)]| cols.iter().all(|(sh, _)| sh.stop != 0.0);
+        if !all_stopped(&cols) {
+            while launched < maxiter {
+                let batch = run.check_every.min(maxiter - launched);
+                for _ in 0..batch {
+                    self.iteration_many(a)?;
+                }
+                launched += batch;
+                self.launch_scalar(ScalarMode::Test, k)?;
+                cols = self.read_columns(k)?;
+                if let Some(progress) = run.progress.as_mut() {
+                    let most = |f: &dyn Fn(&(LsmrShared, LsmrDamp)) -> f64| cols.iter().map(f).fold(0.0, f64::max);
+                    progress(
+                        most(&|c| c.0.itn) as usize,
+                        most(&|c| c.1.normr),
+                        most(&|c| c.1.normar),
+                        started.elapsed().as_secs_f64(),
+                    );
+                }
+                if all_stopped(&cols) {
+                    break;
+                }
+            }
+        }
+        let xs = self.x.to_host()?;
+        Ok(cols
+            .iter()
+            .enumerate()
+            .map(|(c, (sh, st))| {
+                let x = if sh.early == EARLY_NORMB_ZERO {
+                    vec![0.0; n] // SciPy: b = 0 returns x = 0 even with x0
+                } else {
+                    let y = xs[c * n..(c + 1) * n].iter().map(|e| e.to_f64());
+                    match &scale {
+                        Some(s) => y.zip(s).map(|(y, s)| s * y).collect(),
+                        None => y.collect(),
+                    }
+                };
+                result_of(sh, st, x)
+            })
+            .collect())
+    }
+}
+
+/// The right-hand sides of [`lsmr_many`]: `B`, `m x k` column-major (column `j` at `j * m`),
+/// on the host in f64 (rounded to `T` on upload; checked finite before any work) or already
+/// on the device in `T` (checked finite through the column norms, after the setup kernels).
+#[derive(Clone, Copy, Debug)]
+pub enum ManyRhs<'a, T: Element> {
+    Host(&'a [f64]),
+    Device(&'a DeviceBuffer<T>),
+}
+
+impl<T: Element> ManyRhs<'_, T> {
+    fn len(&self) -> usize {
+        match self {
+            ManyRhs::Host(b) => b.len(),
+            ManyRhs::Device(b) => b.len(),
+        }
+    }
+}
+
+/// Bytes of device memory [`lsmr_many`] allocates for `k` right-hand sides of an `m x n`
+/// problem with `T` vectors: `u`, `A v` (`m x k` each), `v`, `A^T u`, `D v`, `h`, `hbar`, `x`
+/// (`n x k` each), three partial-sum arrays and the state (`None`: overflows).
+pub fn many_bytes<T: Element>(m: usize, n: usize, k: usize) -> Option<usize> {
+    let s = T::DTYPE.size();
+    let vectors = m.max(1).checked_mul(2)?.checked_add(n.max(1).checked_mul(6)?)?;
+    let per_column = vectors
+        .checked_mul(s)?
+        .checked_add(8 * (3 * MAX_PARTIALS + COLUMN_LEN))?;
+    per_column.checked_mul(k)
+}
+
+/// The checks of [`lsmr_many_with`]'s arguments, all before any work: those of [`validate`]
+/// (with `b` of `m * k` elements), `1 <= k <= MAX_RHS`, a host `b` finite, `x0` of `n * k`
+/// finite elements, `opts.x0` not set, `check_every >= 1`.
+pub fn validate_many<T: Element>(
+    m: usize,
+    n: usize,
+    b: &ManyRhs<'_, T>,
+    k: usize,
+    x0: Option<&[f64]>,
+    opts: &LsmrOptions,
+    run: &LsmrRunOptions<'_>,
+) -> Result<()> {
+    if !matches!(T::DTYPE, DType::F32 | DType::F64) {
+        return Err(Error::Unsupported(format!(
+            "LSMR on {} vectors; supported: fp32, fp64",
+            T::DTYPE
+        )));
+    }
+    check_many_problem(m, n, b.len(), k, x0, opts)?;
+    if let ManyRhs::Host(b) = b {
+        check_finite_columns("b", b, m)?;
+    }
+    if run.check_every == 0 {
+        return Err(Error::invalid("check_every", "is 0; must be at least 1"));
+    }
+    Ok(())
+}
+
+/// Many right-hand sides on the GPU: solves `min ||[b_j; 0] - [A; damp I] x_j||_2` for every
+/// column `b_j` of `B` (`m x k`, column-major, [`ManyRhs`]) by LSMR, one independent solve per
+/// column (its own bidiagonalisation, estimates and stopping state, with the options of
+/// `opts`: one damp for all), returning one result per column, in order: each what [`lsmr`]
+/// returns for that column alone, up to the summation order of the batched products.
+///
+/// The columns share the operator's products: per iteration one
+/// [`apply_many`](LinearOperator::apply_many) and one
+/// [`apply_transposed_many`](LinearOperator::apply_transposed_many) over all `k` columns (the
+/// sparse operators: a deterministic SpMM, so the `A` matrix is read once per pass of columns
+/// instead of once per column); every vector kernel has one row of CTAs per column and the
+/// scalar kernel one CTA per column. A column whose stopping rules hold freezes there (its x
+/// and estimates are those of that iteration, exactly as a single solve); the run ends when
+/// every column has stopped or at `maxiter`. A zero column returns SciPy's `b = 0` answer
+/// (`istop` 0, `x` = 0). `x0`, when given, holds the `k` initial guesses (`n x k`,
+/// column-major, f64); `opts.x0` must be `None`. Column scaling applies to every column.
+///
+/// Errors (nothing runs): those of [`lsmr`] for each column; `k` of 0 or above [`MAX_RHS`];
+/// `b` of other than `m * k` elements, or (host) with NaN or infinity (the error names the
+/// column and row); `x0` of other than `n * k` elements or not finite; `opts.x0` set; the
+/// solver's vectors ([`many_bytes`]) larger than the device's free memory.
+pub fn lsmr_many<T: Element>(
+    ctx: &Context,
+    a: &dyn LinearOperator<T>,
+    b: ManyRhs<'_, T>,
+    k: usize,
+    x0: Option<&[f64]>,
+    opts: &LsmrOptions,
+) -> Result<Vec<LsmrResult>> {
+    lsmr_many_with(ctx, a, b, k, x0, opts, &mut LsmrRunOptions::default())
+}
+
+/// [`lsmr_many`] with the run options (check interval; the progress callback gets the most
+/// iterations of any column and the largest `normr`, `normar` over the columns).
+pub fn lsmr_many_with<T: Element>(
+    ctx: &Context,
+    a: &dyn LinearOperator<T>,
+    b: ManyRhs<'_, T>,
+    k: usize,
+    x0: Option<&[f64]>,
+    opts: &LsmrOptions,
+    run: &mut LsmrRunOptions<'_>,
+) -> Result<Vec<LsmrResult>> {
+    let (m, n) = a.shape();
+    validate_many::<T>(m, n, &b, k, x0, opts, run)?;
+    let need = many_bytes::<T>(m, n, k).ok_or_else(|| Error::invalid("k", format!("{k} columns overflow usize")))?;
+    let free = super::device_operator::free_device_bytes(ctx)?;
+    if need > free {
+        return Err(Error::invalid(
+            "k",
+            format!(
+                "{k} right-hand sides of a {m} x {n} problem need {:.1} MiB of device memory for the \
+                 solver's vectors, {:.1} MiB are free; solve fewer columns per call",
+                need as f64 / 1048576.0,
+                free as f64 / 1048576.0
+            ),
+        ));
+    }
+    let mut solver = Solver::<T>::new(ctx, m, n, k, true)?;
+    solver.solve_many(a, b, x0, opts, run)
+}
+
+/// The checks of a many-right-hand-sides problem that need no device: `1 <= k <= MAX_RHS`, `b`
+/// of `m * k` elements, `x0` (if any) of `n * k` finite ones, `opts.x0` not set, and the
+/// options that every solve checks (`check_problem` of lsmr.rs).
+pub fn check_many_problem(
+    m: usize,
+    n: usize,
+    b_len: usize,
+    k: usize,
+    x0: Option<&[f64]>,
+    opts: &LsmrOptions,
+) -> Result<()> {
+    if k == 0 || k > MAX_RHS {
+        return Err(Error::invalid(
+            "k",
+            format!("is {k}; give 1 to {MAX_RHS} right-hand sides per run"),
+        ));
+    }
+    let (mk, nk) = match (m.checked_mul(k), n.checked_mul(k)) {
+        (Some(mk), Some(nk)) => (mk, nk),
+        _ => return Err(Error::invalid("k", format!("{k} columns of {m} x {n} overflow usize"))),
+    };
+    if b_len != mk {
+        return Err(Error::invalid(
+            "b",
+            format!("has {b_len} elements, A is {m} x {n} so B (m x k = {m} x {k}, column-major) needs {mk}"),
+        ));
+    }
+    if opts.x0.is_some() {
+        return Err(Error::invalid(
+            "x0",
+            "opts.x0 is set; give the k initial guesses as the x0 argument (n x k, column-major)",
+        ));
+    }
+    if let Some(x0) = x0 {
+        if x0.len() != nk {
+            return Err(Error::invalid(
+                "x0",
+                format!(
+                    "has {} elements, X0 is n x k = {n} x {k} (column-major): {nk}",
+                    x0.len()
+                ),
+            ));
+        }
+        check_finite_columns("x0", x0, n)?;
+    }
+    check_problem(m, n, m, opts)
+}
+
+/// An error naming the column and row of the first NaN or infinite element of the
+/// column-major `v` (columns of `rows`).
+pub(crate) fn check_finite_columns(arg: &'static str, v: &[f64], rows: usize) -> Result<()> {
+    match v.iter().position(|e| !e.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(Error::invalid(
+            arg,
+            format!(
+                "element ({}, {}) (column-major index {i}) is {}; every element must be finite",
+                i % rows.max(1),
+                i / rows.max(1),
+                v[i]
+            ),
+        )),
     }
 }
 

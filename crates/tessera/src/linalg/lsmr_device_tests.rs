@@ -204,3 +204,76 @@ fn lsmr_jobs_are_named_apart_and_cover_the_features() {
             .any(|n| n.starts_with("lsmr damps8") && !n.ends_with("separate")));
     }
 }
+
+/// The launch-parameter structs of lsmr.cu list the fields the Rust mirrors (`VecParams`,
+/// `ScalarParams` in lsmr_device.rs) fill, in the same order (the strides of many right-hand
+/// sides included).
+#[test]
+fn launch_params_mirror_the_kernel_structs() {
+    let body = |name: &str| {
+        let start = SOURCE.find(&format!("struct {name} {{")).unwrap();
+        let end = start + SOURCE[start..].find("};").unwrap();
+        SOURCE[start..end].to_string()
+    };
+    let names = |text: &str| -> Vec<String> {
+        text.lines()
+            .skip(1)
+            .map(|l| l.split("//").next().unwrap().trim())
+            .filter(|l| !l.is_empty())
+            .flat_map(|l| {
+                // `type name` or `type* name`, then `, name` for the others of the line
+                let mut parts = l.trim_end_matches(';').split(',');
+                let first = parts.next().unwrap().split_whitespace().last().unwrap();
+                std::iter::once(first.trim_start_matches('*').to_string())
+                    .chain(parts.map(|f| f.trim().to_string()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let vec_fields = [
+        "a",
+        "u",
+        "h",
+        "hbar",
+        "x",
+        "d",
+        "dv",
+        "partials",
+        "shared",
+        "damps",
+        "len",
+        "stride",
+        "col_stride",
+        "state_stride",
+        "damp_stride",
+        "first",
+        "pad",
+    ];
+    assert_eq!(names(&body("VecParams")), vec_fields);
+    let scalar_fields = [
+        "shared",
+        "damps",
+        "partials_u",
+        "partials_v",
+        "partials_x",
+        "count_u",
+        "count_v",
+        "count_x",
+        "mode",
+        "k",
+        "state_stride",
+    ];
+    assert_eq!(names(&body("ScalarParams")), scalar_fields);
+    assert_eq!(super::lsmr_device::COLUMN_LEN, SHARED_LEN + DAMP_LEN);
+}
+
+/// The device memory of many right-hand sides grows with k and overflows into `None`.
+#[test]
+fn many_bytes_counts_every_column() {
+    use super::lsmr_device::many_bytes;
+    let one = many_bytes::<f32>(1000, 100, 1).unwrap();
+    assert_eq!(many_bytes::<f32>(1000, 100, 8).unwrap(), 8 * one);
+    assert!(one >= (2 * 1000 + 6 * 100) * 4);
+    assert!(many_bytes::<f64>(1000, 100, 1).unwrap() > one);
+    assert_eq!(many_bytes::<f64>(usize::MAX / 2, 1, 1), None);
+}

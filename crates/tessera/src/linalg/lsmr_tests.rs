@@ -648,3 +648,120 @@ fn a_rerun_with_the_tolerance_tests_off_reaches_the_next_iteration() {
         assert_eq!(same.x, want.x, "{name}: the iterate at the reference's own stop");
     }
 }
+
+// ---- many right-hand sides (lsmr_host_many) ----
+
+#[test]
+fn each_column_of_many_equals_its_own_solve_bit_for_bit() {
+    let (a, _) = random_tall(900, 70, 21);
+    let dense = {
+        let mut d = vec![0.0; 900 * 70];
+        for r in 0..900 {
+            let (cols, vals) = a.row(r);
+            for (&c, &v) in cols.iter().zip(vals) {
+                d[r * 70 + c as usize] += v;
+            }
+        }
+        DenseHost::new(900, 70, d).unwrap()
+    };
+    for k in [1usize, 2, 5, 33] {
+        let b = super::fixtures::mixed_rhs(&a, k, 7);
+        for x0 in [false, true] {
+            let x0s = x0.then(|| crate::sparse::generate::random_vector(70 * k, 3));
+            let opts = LsmrOptions {
+                atol: 1e-10,
+                btol: 1e-10,
+                ..LsmrOptions::default()
+            };
+            let got = super::lsmr_host_many(&a, &b, k, x0s.as_deref(), &opts).unwrap();
+            assert_eq!(got.len(), k);
+            for (j, r) in got.iter().enumerate() {
+                let col = LsmrOptions {
+                    x0: x0s.as_ref().map(|v| v[j * 70..(j + 1) * 70].to_vec()),
+                    ..opts.clone()
+                };
+                let alone = lsmr_host(&a, &b[j * 900..(j + 1) * 900], &col).unwrap();
+                assert_eq!(r, &alone, "k {k} column {j} x0 {x0}");
+            }
+            // the dense operator gives the same (bitwise: same summation order)
+            if k == 5 {
+                let d = super::lsmr_host_many(&dense, &b, k, x0s.as_deref(), &opts).unwrap();
+                assert_eq!(d, got, "dense k {k}");
+            }
+            if k >= 5 {
+                let itns: std::collections::BTreeSet<usize> = got.iter().map(|r| r.itn).collect();
+                assert!(itns.len() >= 3, "k {k}: stop iterations {itns:?}");
+            }
+            // the zero column: SciPy's b = 0 answer
+            if k >= 3 {
+                assert_eq!(got[2].istop, 0);
+                assert!(got[2].x.iter().all(|&e| e == 0.0));
+            }
+        }
+    }
+}
+
+#[test]
+fn many_right_hand_sides_check_their_arguments() {
+    let (a, b) = random_tall(50, 10, 2);
+    let ok = LsmrOptions::default();
+    let arg = |r: crate::Result<Vec<LsmrResult>>| match r {
+        Err(Error::InvalidArgument { arg, .. }) => arg,
+        other => panic!("expected an invalid-argument error, got {other:?}"),
+    };
+    let b2: Vec<f64> = b.iter().chain(&b).copied().collect();
+    assert_eq!(arg(super::lsmr_host_many(&a, &b2, 0, None, &ok)), "k");
+    assert_eq!(arg(super::lsmr_host_many(&a, &b2, 3, None, &ok)), "b");
+    assert_eq!(arg(super::lsmr_host_many(&a, &b2[..99], 2, None, &ok)), "b");
+    let mut nan = b2.clone();
+    nan[57] = f64::NAN;
+    match super::lsmr_host_many(&a, &nan, 2, None, &ok) {
+        Err(Error::InvalidArgument { arg: "b", rule }) => assert!(rule.contains("(7, 1)"), "{rule}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(arg(super::lsmr_host_many(&a, &b2, 2, Some(&[0.0; 19]), &ok)), "x0");
+    let mut x0 = vec![0.0; 20];
+    x0[3] = f64::INFINITY;
+    assert_eq!(arg(super::lsmr_host_many(&a, &b2, 2, Some(&x0), &ok)), "x0");
+    let with_x0 = LsmrOptions {
+        x0: Some(vec![0.0; 10]),
+        ..LsmrOptions::default()
+    };
+    assert_eq!(arg(super::lsmr_host_many(&a, &b2, 2, None, &with_x0)), "x0");
+    let neg = LsmrOptions {
+        damp: -1.0,
+        ..LsmrOptions::default()
+    };
+    assert_eq!(arg(super::lsmr_host_many(&a, &b2, 2, None, &neg)), "damp");
+    // the limits of one GPU run are the same checks
+    assert_eq!(
+        arg(super::lsmr_device::check_many_problem(50, 10, 50 * 70_000, 70_000, None, &ok).map(|_| vec![])),
+        "k"
+    );
+}
+
+#[test]
+fn many_with_damp_and_scaling_is_each_columns_solve() {
+    let (a, _) = random_tall(400, 40, 5);
+    let b = super::fixtures::mixed_rhs(&a, 4, 1);
+    for opts in [
+        LsmrOptions {
+            damp: 0.3,
+            ..LsmrOptions::default()
+        },
+        LsmrOptions {
+            scale_columns: true,
+            maxiter: Some(9),
+            ..LsmrOptions::default()
+        },
+    ] {
+        let got = super::lsmr_host_many(&a, &b, 4, None, &opts).unwrap();
+        for (j, r) in got.iter().enumerate() {
+            assert_eq!(
+                r,
+                &lsmr_host(&a, &b[j * 400..(j + 1) * 400], &opts).unwrap(),
+                "column {j}"
+            );
+        }
+    }
+}

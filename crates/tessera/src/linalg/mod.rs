@@ -17,6 +17,9 @@
 //! * The damp list: [`lsmr_damps`] (GPU) and [`lsmr_host_damps`] (CPU reference) solve for
 //!   `k` damping factors in one run, sharing every product of the operator; each result equals
 //!   a separate solve with that damp.
+//! * Many right-hand sides: [`lsmr_many`] (GPU) and [`lsmr_host_many`] (CPU reference) solve
+//!   for the `k` columns of `B` in one run, each column its own solve, sharing the operator's
+//!   products as batched ones ([`LinearOperator::apply_many`]: SpMM for sparse matrices).
 //!
 //! The host half is not behind the `harness` feature: the CLI falls back to it when there is no
 //! GPU.
@@ -52,8 +55,11 @@ pub use dense_operator::{DenseLayout, DenseOperator};
 pub use device_operator::{
     sparse_operator, FnDeviceOperator, LinearOperator, SparseDualOperator, SparseSingleOperator, Storage,
 };
-pub use lsmr::{istop_reason, lsmr_host, lsmr_host_damps, LsmrOptions, LsmrResult};
-pub use lsmr_device::{lsmr, lsmr_damps, lsmr_damps_with, lsmr_with, LsmrRunOptions, DEFAULT_CHECK_EVERY, MAX_DAMPS};
+pub use lsmr::{istop_reason, lsmr_host, lsmr_host_damps, lsmr_host_many, LsmrOptions, LsmrResult};
+pub use lsmr_device::{
+    lsmr, lsmr_damps, lsmr_damps_with, lsmr_many, lsmr_many_with, lsmr_with, LsmrRunOptions, ManyRhs,
+    DEFAULT_CHECK_EVERY, MAX_DAMPS, MAX_RHS,
+};
 pub use operator::{DenseHost, FnOperator, HostLinearOperator};
 #[cfg(feature = "harness")]
 pub use registry_entry::OPERATOR;

@@ -53,6 +53,21 @@ impl Operator for Lsmr {
             (),
             verify::verify_damp_errors,
         ));
+        jobs.extend(
+            verify::many_cases(quick)
+                .into_iter()
+                .map(|c| VerifyJob::new(c.name(), c, verify::verify_many_case)),
+        );
+        jobs.push(VerifyJob::new(
+            "lsmr many batched products".into(),
+            (),
+            verify::verify_many_products,
+        ));
+        jobs.push(VerifyJob::new(
+            "lsmr many argument errors".into(),
+            (),
+            verify::verify_many_errors,
+        ));
         jobs
     }
 
@@ -68,6 +83,11 @@ impl Operator for Lsmr {
             bench::damp_cases(quick)
                 .into_iter()
                 .map(|c| BenchJob::new(c.name(), None, c, bench::bench_damp_case)),
+        );
+        jobs.extend(
+            bench::many_cases(quick)
+                .into_iter()
+                .map(|c| BenchJob::new(c.name(), None, c, bench::bench_many_case)),
         );
         jobs
     }

@@ -1082,3 +1082,449 @@ pub fn verify_dense_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<Veri
         skipped: None,
     })
 }
+
+// ---- many right-hand sides ----
+
+/// The operator of a many-right-hand-sides case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ManyOperator {
+    /// [`SparseDualOperator`]: SpMM for both products.
+    Dual,
+    /// [`SparseSingleOperator`]: SpMM for `A`, a column loop of atomic `A^T x`.
+    Single,
+    /// [`DenseOperator`] (row-major): the default column loop for both.
+    Dense,
+}
+
+/// One many-right-hand-sides case: `k` columns (`fixtures::mixed_rhs`:
+/// consistent, inconsistent, zero, scaled, ...) on a problem, solved together by
+/// [`lsmr_many`](super::lsmr_many).
+#[derive(Clone, Debug)]
+pub struct ManyCase {
+    pub problem: Problem,
+    pub k: usize,
+    pub value: DType,
+    pub operator: ManyOperator,
+    /// Initial guesses (`n x k`, random).
+    pub x0: bool,
+    /// Column scaling.
+    pub scale: bool,
+    /// `B` uploaded by the caller ([`ManyRhs::Device`](super::ManyRhs)) rather than given on
+    /// the host.
+    pub device_b: bool,
+}
+
+impl ManyCase {
+    pub fn name(&self) -> String {
+        let what = match &self.problem {
+            Problem::Fixture(n) => n.clone(),
+            Problem::Random { label, rows, cols, .. } => format!("{label} {rows}x{cols}"),
+        };
+        let operator = match self.operator {
+            ManyOperator::Dual => "dual",
+            ManyOperator::Single => "single",
+            ManyOperator::Dense => "dense",
+        };
+        format!(
+            "lsmr many{} {what} {} {operator}{}{}{}",
+            self.k,
+            self.value,
+            if self.x0 { " x0" } else { "" },
+            if self.scale { " scaled" } else { "" },
+            if self.device_b { " device-b" } else { "" }
+        )
+    }
+}
+
+/// The many-right-hand-sides cases (`quick`: two).
+pub fn many_cases(quick: bool) -> Vec<ManyCase> {
+    let tall = Problem::Random {
+        label: "random tall",
+        rows: 3001,
+        cols: 257,
+        per_row: 9,
+        damp: 0.0,
+        x0: false,
+        maxiter: None,
+    };
+    let c = |problem: &Problem, k, value, operator, x0, scale, device_b| ManyCase {
+        problem: problem.clone(),
+        k,
+        value,
+        operator,
+        x0,
+        scale,
+        device_b,
+    };
+    use ManyOperator::{Dense, Dual, Single};
+    let mut out = vec![
+        c(&tall, 5, DType::F64, Dual, false, false, true),
+        c(&tall, 5, DType::F64, Single, false, false, false),
+    ];
+    if quick {
+        return out;
+    }
+    for k in [1, 2, 33] {
+        out.push(c(&tall, k, DType::F64, Dual, false, false, k != 2));
+    }
+    let wide = Problem::Random {
+        label: "random wide",
+        rows: 203,
+        cols: 1500,
+        per_row: 40,
+        damp: 0.0,
+        x0: false,
+        maxiter: None,
+    };
+    let damped = Problem::Random {
+        label: "random tall damped",
+        rows: 2500,
+        cols: 300,
+        per_row: 7,
+        damp: 0.7,
+        x0: false,
+        maxiter: None,
+    };
+    let limited = Problem::Random {
+        label: "random tall maxiter 13",
+        rows: 4000,
+        cols: 500,
+        per_row: 6,
+        damp: 0.0,
+        x0: false,
+        maxiter: Some(13),
+    };
+    let small = Problem::Random {
+        label: "random tall",
+        rows: 517,
+        cols: 129,
+        per_row: 8,
+        damp: 0.0,
+        x0: false,
+        maxiter: None,
+    };
+    let fixture = Problem::Fixture("tall_inconsistent".into());
+    out.extend([
+        c(&tall, 33, DType::F64, Single, false, false, true),
+        c(&tall, 5, DType::F64, Dual, true, false, false),
+        c(&tall, 5, DType::F64, Dual, false, true, true),
+        c(&tall, 5, DType::F32, Dual, false, false, true),
+        c(&tall, 2, DType::F32, Single, false, false, false),
+        c(&wide, 5, DType::F64, Dual, false, false, true),
+        c(&damped, 5, DType::F64, Dual, false, false, true),
+        c(&limited, 5, DType::F64, Dual, false, false, false),
+        c(&small, 5, DType::F64, Dense, false, false, false),
+        c(&small, 33, DType::F64, Dense, true, false, true),
+        c(&small, 5, DType::F32, Dense, false, false, true),
+        c(&fixture, 5, DType::F64, Dual, false, false, true),
+        c(&fixture, 5, DType::F64, Single, false, false, false),
+    ]);
+    out
+}
+
+pub fn verify_many_case(ctx: &Context, case: &ManyCase, seed: u64) -> Result<VerifyOutcome> {
+    crate::dispatch_float!("lsmr verify many"; case.value, [F32, F64], |T| run_many::<T>(ctx, case, seed))
+}
+
+/// The `k` columns solved together on the GPU against (1) a separate GPU [`lsmr`] of each
+/// column on the same operator (same istop, itn within 1, values within the tolerance at the
+/// same iteration: the batched products sum in another order than the single ones; one
+/// column: bitwise), and (2) the f64 CPU reference [`lsmr_host_many`](super::lsmr_host_many)
+/// on the same (T-rounded) data, as the single-solve cases.
+fn run_many<T: Element>(ctx: &Context, case: &ManyCase, seed: u64) -> Result<VerifyOutcome> {
+    use super::lsmr_device::{lsmr_many, ManyRhs};
+    let mut built = build(&case.problem, seed)?;
+    if T::DTYPE == DType::F32 {
+        built.opts.atol = built.opts.atol.max(F32_MIN_TOL);
+        built.opts.btol = built.opts.btol.max(F32_MIN_TOL);
+        built.tol = FP32;
+    }
+    built.opts.x0 = None;
+    built.opts.scale_columns = case.scale;
+    let (m, n, k) = (built.a.rows, built.a.cols, case.k);
+    let a_t: CsrHost<T, i32> = CsrHost {
+        rows: m,
+        cols: n,
+        offsets: built.a.offsets.clone(),
+        indices: built.a.indices.clone(),
+        values: built.a.values.iter().map(|&v| T::from_f64(v)).collect(),
+        sorted: built.a.sorted,
+    };
+    let a_ref: CsrHost<f64, i32> = CsrHost {
+        values: a_t.values.iter().map(|v| v.to_f64()).collect(),
+        ..built.a.clone()
+    };
+    let mut b = super::fixtures::mixed_rhs(&a_ref, k, seed);
+    if let (Problem::Fixture(_), true) = (&case.problem, k > 1) {
+        b[m..2 * m].copy_from_slice(&built.b); // the fixture's own b as the inconsistent column
+    }
+    let b_t: Vec<T> = b.iter().map(|&v| T::from_f64(v)).collect();
+    let b_ref: Vec<f64> = b_t.iter().map(|v| v.to_f64()).collect();
+    let x0: Option<Vec<f64>> = case.x0.then(|| random_vector(n * k, seed ^ 0x70));
+    let want = super::lsmr::lsmr_host_many(&a_ref, &b_ref, k, x0.as_deref(), &built.opts)?;
+
+    let op: Box<dyn LinearOperator<T>> = match case.operator {
+        ManyOperator::Dual => Box::new(SparseDualOperator::new(ctx, &a_t)?),
+        ManyOperator::Single => Box::new(SparseSingleOperator::new(ctx, &a_t)?),
+        ManyOperator::Dense => {
+            let mut dense = vec![0.0; m * n];
+            for r in 0..m {
+                let (cols, vals) = a_ref.row(r);
+                for (&c, &v) in cols.iter().zip(vals) {
+                    dense[r * n + c as usize] += v;
+                }
+            }
+            Box::new(DenseOperator::new(
+                ctx,
+                ctx.upload(&dense.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>())?,
+                m,
+                n,
+                DenseLayout::RowMajor,
+                n,
+            )?)
+        }
+    };
+    let db = ctx.upload(&b_t)?;
+    let rhs = if case.device_b {
+        ManyRhs::Device(&db)
+    } else {
+        ManyRhs::Host(&b_ref)
+    };
+    let got = lsmr_many(ctx, op.as_ref(), rhs, k, x0.as_deref(), &built.opts)?;
+    let mut failures = Vec::new();
+    if got.len() != k {
+        failures.push(format!("{} results for {k} columns", got.len()));
+    }
+    for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+        let name = format!("{} column {j}", case.name());
+        let bj = &b_ref[j * m..(j + 1) * m];
+        let normb = bj.iter().map(|e| e * e).sum::<f64>().sqrt();
+        let col_opts = LsmrOptions {
+            x0: x0.as_ref().map(|x| x[j * n..(j + 1) * n].to_vec()),
+            ..built.opts.clone()
+        };
+        // the reference at the GPU's iteration (see same_iteration)
+        let rerun = |itn: usize| LsmrOptions {
+            atol: 0.0,
+            btol: 0.0,
+            conlim: 0.0,
+            maxiter: Some(itn),
+            ..col_opts.clone()
+        };
+        let (want_here, tol_here, _) = same_iteration(g, w, built.tol, |itn, seed| {
+            lsmr_host(&perturbed(&a_ref, seed), bj, &rerun(itn))
+        })?;
+        failures.extend(compare(&format!("{name} vs CPU"), g, &want_here, normb, tol_here));
+        // the same column alone on the GPU (re-run to this column's iteration when one apart,
+        // judged within the tolerance the CPU's spread gave)
+        let dbj = ctx.upload(&b_t[j * m..(j + 1) * m])?;
+        let alone = lsmr(ctx, op.as_ref(), &dbj, &col_opts)?;
+        let alone_here = if g.itn.abs_diff(alone.itn) == 1 {
+            LsmrResult {
+                istop: alone.istop,
+                itn: alone.itn,
+                ..lsmr(ctx, op.as_ref(), &dbj, &rerun(g.itn))?
+            }
+        } else {
+            alone.clone()
+        };
+        failures.extend(compare(
+            &format!("{name} vs its own GPU solve"),
+            g,
+            &alone_here,
+            normb,
+            tol_here,
+        ));
+        if k == 1 && case.operator != ManyOperator::Single && !bitwise_equal(g, &alone) {
+            failures.push(format!(
+                "{name}: one column differs from the plain solve (must be bitwise)"
+            ));
+        }
+        // SciPy's b = 0 answer
+        if normb == 0.0 && (g.istop != 0 || g.x.iter().any(|&e| e != 0.0)) {
+            failures.push(format!("{name}: b = 0 gave istop {} and a nonzero x", g.istop));
+        }
+    }
+    let itns: Vec<usize> = got.iter().map(|r| r.itn).collect();
+    let x_got: Vec<f64> = got.iter().flat_map(|r| r.x.iter().copied()).collect();
+    let x_want: Vec<f64> = want.iter().flat_map(|r| r.x.iter().copied()).collect();
+    Ok(VerifyOutcome {
+        case: case.name(),
+        params: json!({
+            "problem": case.name(), "dtype": case.value.name(), "k": k, "itn": itns,
+            "istop": got.iter().map(|r| r.istop).collect::<Vec<_>>(),
+            "ref_itn": want.iter().map(|r| r.itn).collect::<Vec<_>>(),
+        }),
+        path: format!("{} many {k} itn {:?}", op.storage(), itns),
+        comparison: compare_vectors(&x_got, &x_want, 0.0, 0.0),
+        budget: built.tol.x,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
+
+/// The argument errors of [`lsmr_many`](super::lsmr_many) on the device: `k = 0`, `b` of the
+/// wrong length, NaN in a host `b` and in a device `b` (naming the column), `x0` of the wrong
+/// length, `opts.x0` set, too many columns for the device's memory; and the batched products'
+/// own checks (`x` too short).
+pub fn verify_many_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<VerifyOutcome> {
+    use super::lsmr_device::{lsmr_many, ManyRhs};
+    let a = try_generate::<f64, i32>(MatrixClass::TallLeastSquares { per_row: 4 }, 50, 10, 1)?;
+    let op = SparseDualOperator::new(ctx, &a)?;
+    let ok = LsmrOptions::default();
+    let mut failures = Vec::new();
+    let mut expect = |what: &str, r: Result<Vec<LsmrResult>>, arg: &str| match r {
+        Err(Error::InvalidArgument { arg: got, .. }) if got == arg => {}
+        Err(e) => failures.push(format!("{what}: error {e} does not name {arg}")),
+        Ok(_) => failures.push(format!("{what}: no error")),
+    };
+    let b = vec![1.0f64; 100];
+    expect("k = 0", lsmr_many(ctx, &op, ManyRhs::Host(&b), 0, None, &ok), "k");
+    expect(
+        "b of 100 for k = 3",
+        lsmr_many(ctx, &op, ManyRhs::Host(&b), 3, None, &ok),
+        "b",
+    );
+    let mut nan = b.clone();
+    nan[73] = f64::NAN;
+    expect(
+        "NaN in a host b",
+        lsmr_many(ctx, &op, ManyRhs::Host(&nan), 2, None, &ok),
+        "b",
+    );
+    let dnan = ctx.upload(&nan)?;
+    expect(
+        "NaN in a device b",
+        lsmr_many(ctx, &op, ManyRhs::Device(&dnan), 2, None, &ok),
+        "b",
+    );
+    expect(
+        "x0 of 19 for 10 x 2",
+        lsmr_many(ctx, &op, ManyRhs::Host(&b), 2, Some(&[0.0; 19]), &ok),
+        "x0",
+    );
+    let with_x0 = LsmrOptions {
+        x0: Some(vec![0.0; 10]),
+        ..LsmrOptions::default()
+    };
+    expect(
+        "opts.x0 set",
+        lsmr_many(ctx, &op, ManyRhs::Host(&b), 2, None, &with_x0),
+        "x0",
+    );
+    // 60000 columns of a 1 x 3e6 closure operator: ~8 TB of vectors (6 n per column),
+    // refused before any allocation
+    let huge = FnDeviceOperator::<f64>::new(
+        1,
+        3_000_000,
+        Box::new(|_, _, _, _| Ok(())),
+        Box::new(|_, _, _, _| Ok(())),
+    );
+    let ones = vec![1.0; 60_000];
+    expect(
+        "60000 columns of 3e6 unknowns",
+        lsmr_many(ctx, &huge, ManyRhs::Host(&ones), 60_000, None, &ok),
+        "k",
+    );
+    // the batched product's operand check
+    let x = ctx.alloc::<f64>(10 * 3 - 1)?;
+    let mut y = ctx.alloc::<f64>(50 * 3)?;
+    match op.apply_many(1.0, &x, 3, 0.0, &mut y) {
+        Err(Error::InvalidArgument { arg: "x", .. }) => {}
+        Err(e) => failures.push(format!("short x of apply_many: error {e} does not name x")),
+        Ok(_) => failures.push("short x of apply_many: no error".into()),
+    }
+    Ok(VerifyOutcome {
+        case: "lsmr many argument errors".into(),
+        params: json!({"problem": "many errors"}),
+        path: "-".into(),
+        comparison: compare_vectors(&[], &[], 0.0, 0.0),
+        budget: 0.0,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
+
+/// The batched products against the single ones on every operator kind: `apply_many` and
+/// `apply_transposed_many` of `k` columns (with `beta = 0` into NaN-poisoned outputs and with
+/// `beta != 0`) equal `k` single products to rounding (SpMM sums in another order than SpMV;
+/// the default column loop bitwise).
+pub fn verify_many_products(ctx: &Context, _case: &(), seed: u64) -> Result<VerifyOutcome> {
+    let (m, n) = (1031, 77);
+    let a = try_generate::<f64, i32>(MatrixClass::TallLeastSquares { per_row: 7 }, m, n, seed)?;
+    let dense = {
+        let mut d = vec![0.0; m * n];
+        for r in 0..m {
+            let (cols, vals) = a.row(r);
+            for (&c, &v) in cols.iter().zip(vals) {
+                d[r * n + c as usize] += v;
+            }
+        }
+        d
+    };
+    let ops: Vec<Box<dyn LinearOperator<f64>>> = vec![
+        Box::new(SparseDualOperator::new(ctx, &a)?),
+        Box::new(SparseSingleOperator::new(ctx, &a)?),
+        Box::new(DenseOperator::new(
+            ctx,
+            ctx.upload(&dense)?,
+            m,
+            n,
+            DenseLayout::RowMajor,
+            n,
+        )?),
+    ];
+    let mut failures = Vec::new();
+    for op in &ops {
+        for k in [1usize, 3, 8, 9] {
+            for (alpha, beta) in [(1.0, 0.0), (-0.5, 2.0)] {
+                for transposed in [false, true] {
+                    let (xl, yl) = if transposed { (m, n) } else { (n, m) };
+                    let x = random_vector(xl * k, seed ^ k as u64);
+                    let y0 = random_vector(yl * k, seed ^ 0x55);
+                    let dx = ctx.upload(&x)?;
+                    let mut dy = ctx.upload(&if beta == 0.0 {
+                        vec![f64::NAN; yl * k]
+                    } else {
+                        y0.clone()
+                    })?;
+                    if transposed {
+                        op.apply_transposed_many(alpha, &dx, k, beta, &mut dy)?;
+                    } else {
+                        op.apply_many(alpha, &dx, k, beta, &mut dy)?;
+                    }
+                    let got = dy.to_host()?;
+                    for j in 0..k {
+                        let xj = ctx.upload(&x[j * xl..(j + 1) * xl])?;
+                        let mut yj = ctx.upload(&y0[j * yl..(j + 1) * yl])?;
+                        if transposed {
+                            op.apply_transposed(alpha, &xj, beta, &mut yj)?;
+                        } else {
+                            op.apply(alpha, &xj, beta, &mut yj)?;
+                        }
+                        let want = yj.to_host()?;
+                        let err = rel_l2(&got[j * yl..(j + 1) * yl], &want);
+                        if err.is_nan() || err > 1e-13 {
+                            failures.push(format!(
+                                "{} k {k} column {j} transposed {transposed} beta {beta}: rel_l2 {err:.2e}",
+                                op.storage()
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(VerifyOutcome {
+        case: "lsmr many batched products".into(),
+        params: json!({"problem": "apply_many", "rows": m, "cols": n}),
+        path: "-".into(),
+        comparison: compare_vectors(&[], &[], 0.0, 0.0),
+        budget: 1e-13,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    })
+}
