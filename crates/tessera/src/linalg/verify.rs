@@ -56,6 +56,17 @@ const FP32: Tol = Tol {
     conda: 1.1,
 };
 
+/// fp32 runs of many iterations against the f64 reference: the f32 Golub-Kahan vectors lose
+/// orthogonality in their own way, and the estimates drift further (measured on an H100:
+/// `norma` 1.24e-2 and `conda` 1.31x from the reference after 55-57 iterations of the random
+/// tall 517 x 129 system).
+const FP32_LONG: Tol = Tol {
+    x: 1e-2,
+    est: 5e-2,
+    floor: 1e-4,
+    conda: 2.0,
+};
+
 /// The fixtures that are well conditioned (tolerance class WELL): the fp32 cases.
 fn well_conditioned(name: &str) -> bool {
     let t = tolerance(name);
@@ -244,7 +255,8 @@ fn build(problem: &Problem, seed: u64) -> Result<Built> {
 /// The fixtures' tolerances are measured at the reference's own stop; an iteration later the
 /// iterate of an ill-conditioned problem can be far more sensitive (`ill_conditioned_conlim`:
 /// x moves by 1e-7 under one-ulp changes of A at its stop, itn 19, and by up to 1e-1 at itn
-/// 20). So at the GPU's iteration the tolerance is widened to 10x the spread of the re-run
+/// 20). So at the GPU's iteration the tolerance (x, the estimates and the conda ratio's excess
+/// over 1) is widened to 10x the spread of the re-run
 /// under [`SPREAD_RUNS`] random one-ulp perturbations of A (seeded `1..=SPREAD_RUNS`), which the
 /// note reports.
 fn same_iteration(
@@ -266,9 +278,11 @@ fn same_iteration(
             .max(rel(other.normr, here.normr))
             .max(rel(other.normx, here.normx));
     }
+    // conda is a ratio of extreme |rbar| values: it moves at least as much as x does
     let widened = Tol {
         x: tol.x.max(10.0 * spread),
         est: tol.est.max(10.0 * spread),
+        conda: tol.conda.max(1.0 + 10.0 * spread),
         ..tol
     };
     Ok((
@@ -1237,7 +1251,11 @@ fn run_many<T: Element>(ctx: &Context, case: &ManyCase, seed: u64) -> Result<Ver
     if T::DTYPE == DType::F32 {
         built.opts.atol = built.opts.atol.max(F32_MIN_TOL);
         built.opts.btol = built.opts.btol.max(F32_MIN_TOL);
-        built.tol = FP32;
+        built.tol = if matches!(case.problem, Problem::Random { .. }) {
+            FP32_LONG
+        } else {
+            FP32
+        };
     }
     built.opts.x0 = None;
     built.opts.scale_columns = case.scale;
