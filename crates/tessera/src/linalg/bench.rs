@@ -270,13 +270,7 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
     }
 
     // the whole solve, wall time (one solve per group: it holds its own synchronisations)
-    let solve_timing = TimingOptions {
-        warmup: 1,
-        warmup_ms: 0.0,
-        groups: 5,
-        reps: Some(1),
-        ..timing
-    };
+    let solve_timing = whole_solve_timing(timing);
     let t = time_median(ctx, solve_timing, |_| solve().map(|_| ()))?;
     // the floor: one A v and one A^T u alone
     let dv = ctx.upload(
@@ -323,6 +317,18 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         max_abs_err: None,
         rel_l2: Some(est_err),
     })
+}
+
+/// Timing of whole solves: one solve per group (it holds its own synchronisations), one
+/// warm-up solve, five groups.
+fn whole_solve_timing(timing: TimingOptions) -> TimingOptions {
+    TimingOptions {
+        warmup: 1,
+        warmup_ms: 0.0,
+        groups: 5,
+        reps: Some(1),
+        ..timing
+    }
 }
 
 /// Writes `xs` as raw little-endian values.
@@ -436,13 +442,7 @@ fn run_damps<T: Element>(
         itns.push(r.itn);
     }
 
-    let solve_timing = TimingOptions {
-        warmup: 1,
-        warmup_ms: 0.0,
-        groups: 5,
-        reps: Some(1),
-        ..timing
-    };
+    let solve_timing = whole_solve_timing(timing);
     let t = if case.separate {
         time_median(ctx, solve_timing, |_| {
             for &damp in &damps {
@@ -598,13 +598,7 @@ fn run_many<T: Element>(ctx: &Context, case: &ManyBenchCase, seed: u64, timing: 
         itns.push(r.itn);
     }
 
-    let solve_timing = TimingOptions {
-        warmup: 1,
-        warmup_ms: 0.0,
-        groups: 5,
-        reps: Some(1),
-        ..timing
-    };
+    let solve_timing = whole_solve_timing(timing);
     let t = if case.separate {
         time_median(ctx, solve_timing, |_| {
             for col in &columns {

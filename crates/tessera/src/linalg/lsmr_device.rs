@@ -610,6 +610,24 @@ impl<T: Element> Solver<T> {
         Ok((shared, damps))
     }
 
+    /// Column scaling (`opts.scale_columns`): uploads D = diag(1/||A_j||) (folded into
+    /// lsmr_update_v) and returns it as the device rounds it, for y0 = D^-1 x0 and x = D y;
+    /// without it, clears D and returns None.
+    fn set_column_scale(&mut self, a: &dyn LinearOperator<T>, opts: &LsmrOptions) -> Result<Option<Vec<f64>>> {
+        if !opts.scale_columns {
+            self.d = None;
+            return Ok(None);
+        }
+        let d: Vec<T> = column_scale(a.column_norms().as_deref(), self.n)?
+            .into_iter()
+            .map(T::from_f64)
+            .collect();
+        let mut buf = self.ctx.alloc::<T>(self.n.max(1))?;
+        buf.copy_from_host_at(0, &d)?;
+        self.d = Some(buf);
+        Ok(Some(d.iter().map(|e| e.to_f64()).collect()))
+    }
+
     /// One LSMR iteration for `k` damps, queued.
     fn iteration(&mut self, a: &dyn LinearOperator<T>, k: usize) -> Result<()> {
         let (m, n) = (self.m, self.n);
@@ -646,19 +664,7 @@ impl<T: Element> Solver<T> {
         let (m, n) = (self.m, self.n);
         // Column scaling: the operator becomes A D (D folded into lsmr_update_v), the start
         // y0 = D^-1 x0, and x = D y at the end; scale holds D as the device rounds it.
-        let scale: Option<Vec<f64>> = if opts.scale_columns {
-            let d: Vec<T> = column_scale(a.column_norms().as_deref(), n)?
-                .into_iter()
-                .map(T::from_f64)
-                .collect();
-            let mut buf = self.ctx.alloc::<T>(n.max(1))?;
-            buf.copy_from_host_at(0, &d)?;
-            self.d = Some(buf);
-            Some(d.iter().map(|e| e.to_f64()).collect())
-        } else {
-            self.d = None;
-            None
-        };
+        let scale = self.set_column_scale(a, opts)?;
         let x0: Option<Vec<f64>> = match (&opts.x0, &scale) {
             (Some(x0), Some(d)) => Some(x0.iter().zip(d).map(|(x, d)| x / d).collect()),
             (x0, _) => x0.clone(),
@@ -719,23 +725,7 @@ impl<T: Element> Solver<T> {
         self.launch_vec(&self.update_x, &p, k)?;
 
         let (mut sh, mut st) = self.read_state(k)?;
-        // NaN or infinity in b shows in its norm (summed in f64: squares of f32 values cannot
-        // overflow; f64 values above ~1e154 would, and would break the recurrences as well)
-        if !sh.normb.is_finite() {
-            return Err(Error::invalid(
-                "b",
-                format!(
-                    "contains NaN or infinity (||b|| = {}); every element must be finite",
-                    sh.normb
-                ),
-            ));
-        }
-        if !sh.beta.is_finite() {
-            return Err(Error::invalid(
-                "x0",
-                format!("||b - A x0|| = {}: A x0 overflows", sh.beta),
-            ));
-        }
+        check_setup_norms(&sh, "")?;
         if sh.early == EARLY_NORMB_ZERO {
             self.x.fill_bytes(0)?;
         }
@@ -835,19 +825,7 @@ impl<T: Element> Solver<T> {
         }
         let started = Instant::now();
         let (m, n, k) = (self.m, self.n, self.k);
-        let scale: Option<Vec<f64>> = if opts.scale_columns {
-            let d: Vec<T> = column_scale(a.column_norms().as_deref(), n)?
-                .into_iter()
-                .map(T::from_f64)
-                .collect();
-            let mut buf = self.ctx.alloc::<T>(n.max(1))?;
-            buf.copy_from_host_at(0, &d)?;
-            self.d = Some(buf);
-            Some(d.iter().map(|e| e.to_f64()).collect())
-        } else {
-            self.d = None;
-            None
-        };
+        let scale = self.set_column_scale(a, opts)?;
         let maxiter = opts.maxiter.unwrap_or(m.min(n));
         let shared = LsmrShared {
             atol: opts.atol,
@@ -914,21 +892,7 @@ impl<T: Element> Solver<T> {
 
         let mut cols = self.read_columns(k)?;
         for (c, (sh, _)) in cols.iter().enumerate() {
-            if !sh.normb.is_finite() {
-                return Err(Error::invalid(
-                    "b",
-                    format!(
-                        "column {c} contains NaN or infinity (||b|| = {}); every element must be finite",
-                        sh.normb
-                    ),
-                ));
-            }
-            if !sh.beta.is_finite() {
-                return Err(Error::invalid(
-                    "x0",
-                    format!("column {c}: ||b - A x0|| = {}: A x0 overflows", sh.beta),
-                ));
-            }
+            check_setup_norms(sh, &format!("column {c}: "))?;
         }
         let mut launched = 0usize;
         let all_stopped = |cols: &[(LsmrShared, LsmrDamp)]| cols.iter().all(|(sh, _)| sh.stop != 0.0);
@@ -1158,6 +1122,29 @@ pub(crate) fn check_finite_columns(arg: &'static str, v: &[f64], rows: usize) ->
             ),
         )),
     }
+}
+
+/// The setup's norms must be finite: NaN or infinity in b shows in ||b|| (summed in f64:
+/// squares of f32 values cannot overflow; f64 values above ~1e154 would, and would break the
+/// recurrences as well), an overflowing A x0 in ||b - A x0||. `which` prefixes the message
+/// (`"column 3: "`).
+fn check_setup_norms(sh: &LsmrShared, which: &str) -> Result<()> {
+    if !sh.normb.is_finite() {
+        return Err(Error::invalid(
+            "b",
+            format!(
+                "{which}contains NaN or infinity (||b|| = {}); every element must be finite",
+                sh.normb
+            ),
+        ));
+    }
+    if !sh.beta.is_finite() {
+        return Err(Error::invalid(
+            "x0",
+            format!("{which}||b - A x0|| = {}: A x0 overflows", sh.beta),
+        ));
+    }
+    Ok(())
 }
 
 /// The result of one damp from the final state (SciPy's early-exit quirks included: see

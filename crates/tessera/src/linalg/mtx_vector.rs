@@ -74,21 +74,7 @@ pub fn parse_mtx_vector(text: &str) -> Result<Vec<f64>> {
             ))
         }
     };
-    let mut v = Vec::with_capacity(len);
-    for (line, l) in lines {
-        for w in l.split_whitespace() {
-            let x: f64 = w
-                .parse()
-                .map_err(|_| Error::invalid("vector file", format!("line {}: `{w}` is not a number", line + 1)))?;
-            if !x.is_finite() {
-                return Err(Error::invalid(
-                    "vector file",
-                    format!("line {}: {x} is not finite", line + 1),
-                ));
-            }
-            v.push(x);
-        }
-    }
+    let v = array_values(lines, len, "vector file")?;
     if v.len() != len {
         return Err(Error::invalid(
             "vector file",
@@ -166,21 +152,7 @@ pub fn parse_mtx_columns(text: &str) -> Result<(usize, usize, Vec<f64>)> {
     let len = rows
         .checked_mul(cols)
         .ok_or_else(|| Error::invalid("matrix file", format!("{rows} x {cols} overflows")))?;
-    let mut v = Vec::with_capacity(len);
-    for (line, l) in lines {
-        for w in l.split_whitespace() {
-            let x: f64 = w
-                .parse()
-                .map_err(|_| Error::invalid("matrix file", format!("line {}: `{w}` is not a number", line + 1)))?;
-            if !x.is_finite() {
-                return Err(Error::invalid(
-                    "matrix file",
-                    format!("line {}: {x} is not finite", line + 1),
-                ));
-            }
-            v.push(x);
-        }
-    }
+    let v = array_values(lines, len, "matrix file")?;
     if v.len() != len {
         return Err(Error::invalid(
             "matrix file",
@@ -226,6 +198,24 @@ pub fn write_mtx_vector(path: &Path, v: &[f64]) -> Result<()> {
         context: format!("writing {}", path.display()),
         source: e,
     })
+}
+
+/// The values of an `array` file's data lines `(line index, text)`: finite numbers, any number
+/// per line (`len` only sizes the vector). Errors name `what` and the line.
+fn array_values<'a>(lines: impl Iterator<Item = (usize, &'a str)>, len: usize, what: &'static str) -> Result<Vec<f64>> {
+    let mut v = Vec::with_capacity(len);
+    for (line, l) in lines {
+        for w in l.split_whitespace() {
+            let x: f64 = w
+                .parse()
+                .map_err(|_| Error::invalid(what, format!("line {}: `{w}` is not a number", line + 1)))?;
+            if !x.is_finite() {
+                return Err(Error::invalid(what, format!("line {}: {x} is not finite", line + 1)));
+            }
+            v.push(x);
+        }
+    }
+    Ok(v)
 }
 
 #[cfg(test)]

@@ -464,6 +464,40 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
     })
 }
 
+/// A case's outcome: passed when `failures` is empty, else the failures as its note.
+fn outcome(
+    case: String,
+    params: Value,
+    path: String,
+    comparison: crate::check::Comparison,
+    budget: f64,
+    failures: Vec<String>,
+) -> VerifyOutcome {
+    VerifyOutcome {
+        case,
+        params,
+        path,
+        comparison,
+        budget,
+        passed: failures.is_empty(),
+        note: (!failures.is_empty()).then(|| failures.join("; ")),
+        skipped: None,
+    }
+}
+
+/// The outcome of an argument-error case (`failures`: the calls that did not fail as they
+/// should).
+fn errors_outcome(case: &str, problem: &str, failures: Vec<String>) -> VerifyOutcome {
+    outcome(
+        case.into(),
+        json!({ "problem": problem }),
+        "-".into(),
+        compare_vectors(&[], &[], 0.0, 0.0),
+        0.0,
+        failures,
+    )
+}
+
 /// Bitwise equality of two results (x and every estimate).
 fn bitwise_equal(a: &LsmrResult, b: &LsmrResult) -> bool {
     let bits = |r: &LsmrResult| {
@@ -524,16 +558,7 @@ pub fn verify_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<VerifyOutc
         Err(e) => failures.push(format!("inf in A: error {e} does not name A")),
         Ok(_) => failures.push("inf in A: no error".into()),
     }
-    Ok(VerifyOutcome {
-        case: "lsmr argument errors".into(),
-        params: json!({"problem": "errors"}),
-        path: "-".into(),
-        comparison: compare_vectors(&[], &[], 0.0, 0.0),
-        budget: 0.0,
-        passed: failures.is_empty(),
-        note: (!failures.is_empty()).then(|| failures.join("; ")),
-        skipped: None,
-    })
+    Ok(errors_outcome("lsmr argument errors", "errors", failures))
 }
 
 // ---- the damp list ----
@@ -682,16 +707,14 @@ fn run_damps<T: Element>(ctx: &Context, case: &DampCase, seed: u64) -> Result<Ve
     let itns: Vec<usize> = got.iter().map(|r| r.itn).collect();
     let x_got: Vec<f64> = got.iter().flat_map(|r| r.x.iter().copied()).collect();
     let x_want: Vec<f64> = want.iter().flat_map(|r| r.x.iter().copied()).collect();
-    Ok(VerifyOutcome {
-        case: case.name(),
-        params: json!({"problem": case.name(), "dtype": case.value.name(), "damps": case.damps, "itn": itns}),
-        path: format!("csr-dual damps {} itn {:?}", case.damps.len(), itns),
-        comparison: compare_vectors(&x_got, &x_want, 0.0, 0.0),
-        budget: built.tol.x,
-        passed: failures.is_empty(),
-        note: (!failures.is_empty()).then(|| failures.join("; ")),
-        skipped: None,
-    })
+    Ok(outcome(
+        case.name(),
+        json!({"problem": case.name(), "dtype": case.value.name(), "damps": case.damps, "itn": itns}),
+        format!("csr-dual damps {} itn {:?}", case.damps.len(), itns),
+        compare_vectors(&x_got, &x_want, 0.0, 0.0),
+        built.tol.x,
+        failures,
+    ))
 }
 
 /// The damp list's argument errors on the device: an empty list, a negative and a NaN damp,
@@ -719,16 +742,7 @@ pub fn verify_damp_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<Verif
             Ok(_) => failures.push(format!("{what}: no error")),
         }
     }
-    Ok(VerifyOutcome {
-        case: "lsmr damps argument errors".into(),
-        params: json!({"problem": "damp errors"}),
-        path: "-".into(),
-        comparison: compare_vectors(&[], &[], 0.0, 0.0),
-        budget: 0.0,
-        passed: failures.is_empty(),
-        note: (!failures.is_empty()).then(|| failures.join("; ")),
-        skipped: None,
-    })
+    Ok(errors_outcome("lsmr damps argument errors", "damp errors", failures))
 }
 
 // ---- column scaling ----
@@ -866,22 +880,20 @@ fn run_scaled<T: Element>(ctx: &Context, case: &ScaleCase, seed: u64) -> Result<
             }
         }
     }
-    Ok(VerifyOutcome {
-        case: case.name(),
-        params: {
+    Ok(outcome(
+        case.name(),
+        {
             let mut p = json!({"problem": case.name(), "dtype": case.value.name(), "dual": case.dual});
             p["istop"] = json!(got.istop);
             p["itn"] = json!(got.itn);
             p["ref_itn"] = json!(want.itn);
             p
         },
-        path: format!("{} scaled itn {}/{}", op.storage(), got.itn, want.itn),
-        comparison: compare_vectors(&got.x, &want.x, 0.0, 0.0),
-        budget: built.tol.x,
-        passed: failures.is_empty(),
-        note: (!failures.is_empty()).then(|| failures.join("; ")),
-        skipped: None,
-    })
+        format!("{} scaled itn {}/{}", op.storage(), got.itn, want.itn),
+        compare_vectors(&got.x, &want.x, 0.0, 0.0),
+        built.tol.x,
+        failures,
+    ))
 }
 
 // ---- the dense operator ----
@@ -1038,19 +1050,17 @@ fn run_dense<T: Element>(ctx: &Context, case: &DenseCase, seed: u64) -> Result<V
         ));
     }
     failures.extend(lsmr_failures);
-    Ok(VerifyOutcome {
-        case: case.name(),
-        params: json!({
+    Ok(outcome(
+        case.name(),
+        json!({
             "rows": m, "cols": n, "layout": format!("{:?}", case.layout), "ld": ld,
             "dtype": case.value.name(), "istop": got.istop, "itn": got.itn, "ref_itn": want.itn,
         }),
-        path: format!("{} itn {}/{}", op.storage(), got.itn, want.itn),
-        comparison: compare_vectors(&got.x, &want.x, 0.0, 0.0),
-        budget: tol.x,
-        passed: failures.is_empty(),
-        note: (!failures.is_empty()).then(|| failures.join("; ")),
-        skipped: None,
-    })
+        format!("{} itn {}/{}", op.storage(), got.itn, want.itn),
+        compare_vectors(&got.x, &want.x, 0.0, 0.0),
+        tol.x,
+        failures,
+    ))
 }
 
 /// The dense operator's argument errors on the device: a NaN in the matrix, `ld` below the
@@ -1085,16 +1095,7 @@ pub fn verify_dense_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<Veri
     let short = ctx.upload(&[1.0f64; 4])?;
     let mut y = ctx.alloc::<f64>(12)?;
     expect("x of 4 for 5 columns", good.apply(1.0, &short, 0.0, &mut y), "x");
-    Ok(VerifyOutcome {
-        case: "lsmr dense argument errors".into(),
-        params: json!({"problem": "dense errors"}),
-        path: "-".into(),
-        comparison: compare_vectors(&[], &[], 0.0, 0.0),
-        budget: 0.0,
-        passed: failures.is_empty(),
-        note: (!failures.is_empty()).then(|| failures.join("; ")),
-        skipped: None,
-    })
+    Ok(errors_outcome("lsmr dense argument errors", "dense errors", failures))
 }
 
 // ---- many right-hand sides ----
@@ -1366,20 +1367,18 @@ fn run_many<T: Element>(ctx: &Context, case: &ManyCase, seed: u64) -> Result<Ver
     let itns: Vec<usize> = got.iter().map(|r| r.itn).collect();
     let x_got: Vec<f64> = got.iter().flat_map(|r| r.x.iter().copied()).collect();
     let x_want: Vec<f64> = want.iter().flat_map(|r| r.x.iter().copied()).collect();
-    Ok(VerifyOutcome {
-        case: case.name(),
-        params: json!({
+    Ok(outcome(
+        case.name(),
+        json!({
             "problem": case.name(), "dtype": case.value.name(), "k": k, "itn": itns,
             "istop": got.iter().map(|r| r.istop).collect::<Vec<_>>(),
             "ref_itn": want.iter().map(|r| r.itn).collect::<Vec<_>>(),
         }),
-        path: format!("{} many {k} itn {:?}", op.storage(), itns),
-        comparison: compare_vectors(&x_got, &x_want, 0.0, 0.0),
-        budget: built.tol.x,
-        passed: failures.is_empty(),
-        note: (!failures.is_empty()).then(|| failures.join("; ")),
-        skipped: None,
-    })
+        format!("{} many {k} itn {:?}", op.storage(), itns),
+        compare_vectors(&x_got, &x_want, 0.0, 0.0),
+        built.tol.x,
+        failures,
+    ))
 }
 
 /// The argument errors of [`lsmr_many`](super::lsmr_many) on the device: `k = 0`, `b` of the
@@ -1453,16 +1452,7 @@ pub fn verify_many_errors(ctx: &Context, _case: &(), _seed: u64) -> Result<Verif
         Err(e) => failures.push(format!("short x of apply_many: error {e} does not name x")),
         Ok(_) => failures.push("short x of apply_many: no error".into()),
     }
-    Ok(VerifyOutcome {
-        case: "lsmr many argument errors".into(),
-        params: json!({"problem": "many errors"}),
-        path: "-".into(),
-        comparison: compare_vectors(&[], &[], 0.0, 0.0),
-        budget: 0.0,
-        passed: failures.is_empty(),
-        note: (!failures.is_empty()).then(|| failures.join("; ")),
-        skipped: None,
-    })
+    Ok(errors_outcome("lsmr many argument errors", "many errors", failures))
 }
 
 /// The batched products against the single ones on every operator kind: `apply_many` and
@@ -1535,14 +1525,12 @@ pub fn verify_many_products(ctx: &Context, _case: &(), seed: u64) -> Result<Veri
             }
         }
     }
-    Ok(VerifyOutcome {
-        case: "lsmr many batched products".into(),
-        params: json!({"problem": "apply_many", "rows": m, "cols": n}),
-        path: "-".into(),
-        comparison: compare_vectors(&[], &[], 0.0, 0.0),
-        budget: 1e-13,
-        passed: failures.is_empty(),
-        note: (!failures.is_empty()).then(|| failures.join("; ")),
-        skipped: None,
-    })
+    Ok(outcome(
+        "lsmr many batched products".into(),
+        json!({"problem": "apply_many", "rows": m, "cols": n}),
+        "-".into(),
+        compare_vectors(&[], &[], 0.0, 0.0),
+        1e-13,
+        failures,
+    ))
 }
