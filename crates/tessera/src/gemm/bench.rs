@@ -2,7 +2,9 @@
 //! Llama projections ((4096, 4096, 4096), (4096, 14336, 4096), (4096, 4096, 14336),
 //! (4096, 28672, 8192), (4096, 8192, 28672)), all with B stored [N, K]; decode (M in {1, 8, 16},
 //! (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}); bias + GELU at (4096, 14336, 4096);
-//! exact fp32 and fp64 at 4096^3; a few forced paths. TFLOP/s for every row, GB/s (weight and
+//! exact fp32 and fp64 at 4096^3; a few forced paths; SwiGLU at (4096, 14336, 4096) bf16 with B
+//! as [2N, K] (one GEMM over the interleaved 2N-wide weight; the baseline is torch's two GEMMs
+//! plus `silu(g) * u`; TFLOP/s count the 2 M 2N K flops of both projections). TFLOP/s for every row, GB/s (weight and
 //! activation bytes once) for decode.
 //!
 //! Timing is `runtime::time_median` (DESIGN.md's method) over rotating input sets that together
@@ -15,7 +17,7 @@
 use serde_json::{json, Value};
 
 use super::plan::{GemmOptions, GemmPath, GemmPlan, GemmTuning};
-use super::problem::{Activation, COperand, GemmOperands, GemmProblem, Layout, Precision};
+use super::problem::{Activation, COperand, GemmOperands, GemmProblem, Glu, Layout, Precision};
 use super::reference::{self, Logical};
 use crate::check::{compare, to_f64_vec};
 use crate::dtype::{DType, Element};
@@ -43,6 +45,8 @@ pub struct BenchCase {
     pub b_layout: Layout,
     pub bias: bool,
     pub activation: Activation,
+    /// A GLU epilogue (B has 2N interleaved gate/up columns).
+    pub glu: Glu,
     pub path: GemmPath,
 }
 
@@ -69,6 +73,9 @@ impl BenchCase {
         if self.activation != Activation::None {
             s.push_str(&format!(" {}", self.activation.name()));
         }
+        if self.glu.is_some() {
+            s.push_str(&format!(" {}", self.glu.name()));
+        }
         s
     }
     /// `tessera` for the dispatcher's choice, `tessera-<path>` when forced.
@@ -84,6 +91,7 @@ impl BenchCase {
             "dtype": self.precision.name(), "out": self.out.name(),
             "b_layout": if self.b_layout == Layout::ColMajor { "nk" } else { "kn" },
             "bias": self.bias, "activation": self.activation.name(),
+            "glu": self.glu.name(),
         })
     }
     pub fn problem(&self) -> GemmProblem {
@@ -91,6 +99,7 @@ impl BenchCase {
             .b_layout(self.b_layout)
             .bias(self.bias)
             .activation(self.activation)
+            .glu(self.glu)
     }
     /// Decode cases report GB/s.
     fn is_decode(&self) -> bool {
@@ -114,6 +123,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         b_layout: Layout::ColMajor,
         bias: false,
         activation: Activation::None,
+        glu: Glu::None,
         path: GemmPath::Auto,
     };
     if quick {
@@ -154,6 +164,11 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         activation: Activation::GeluTanh,
         ..case(Precision::BF16, 4096, 14336, 4096)
     });
+    // SwiGLU: gate and up projections of a Llama-3-8B MLP in one GEMM over B [2N, K]
+    out.push(BenchCase {
+        glu: Glu::SwiGlu,
+        ..case(Precision::BF16, 4096, 14336, 4096)
+    });
     out.push(case(Precision::F32, 4096, 4096, 4096));
     out.push(case(Precision::F64, 4096, 4096, 4096));
     out.push(BenchCase {
@@ -188,7 +203,7 @@ fn run<I: Element, O: Element>(
         },
     )?;
     let (br, bc) = p.b_stored();
-    let set_bytes = (p.m * p.k + p.k * p.n) * std::mem::size_of::<I>();
+    let set_bytes = (p.m * p.k + p.k * p.b_n()) * std::mem::size_of::<I>();
     let sets = ROTATE_BYTES
         .div_ceil(set_bytes.max(1))
         .clamp(1, MAX_SETS)
@@ -204,7 +219,8 @@ fn run<I: Element, O: Element>(
         a_sets.push(ctx.upload(&host_a)?);
         b_sets.push(ctx.upload(&host_b)?);
     }
-    let host_bias: Vec<O> = random_matrix(seed ^ 0xd, 1, p.n, p.n, dist);
+    // [N], or [2N] (interleaved gate/up biases) with a GLU
+    let host_bias: Vec<O> = random_matrix(seed ^ 0xd, 1, p.b_n(), p.b_n(), dist);
     let bias = ctx.upload(&host_bias)?;
     let mut d = ctx.alloc::<O>(p.m * p.n)?;
     let ops = |s: usize| -> Result<GemmOperands<'_>> {
@@ -213,7 +229,7 @@ fn run<I: Element, O: Element>(
             b: b_sets[s].matrix(br, bc, p.ldb)?,
             c: COperand::None,
             bias: if p.epilogue.bias {
-                Some(bias.view(&[p.n], &[1])?)
+                Some(bias.view(&[p.b_n()], &[1])?)
             } else {
                 None
             },
@@ -227,7 +243,7 @@ fn run<I: Element, O: Element>(
         plan.run(1.0, 0.0, &ops(i % sets)?, &mut d.matrix_mut(p.m, p.n, p.ldd)?)
     })?;
     let s = t.median_ms * 1e-3;
-    let bytes = (p.m * p.k + p.k * p.n) * std::mem::size_of::<I>() + p.m * p.n * std::mem::size_of::<O>();
+    let bytes = (p.m * p.k + p.k * p.b_n()) * std::mem::size_of::<I>() + p.m * p.n * std::mem::size_of::<O>();
     let mut params = case.params();
     params["path"] = json!(plan.path().name());
     params["kernel"] = json!(plan.kernel_name());
