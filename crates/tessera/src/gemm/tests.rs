@@ -489,3 +489,26 @@ fn glu_interleave_host_layouts() {
     assert_eq!(out, vec![0, 3, 1, 4, 2, 5, 6, 9, 7, 10, 8, 11]);
     assert!(interleave_host::<u8>(&[], 0, 5, Layout::ColMajor).is_empty());
 }
+
+#[test]
+fn every_verify_case_plans_on_sm80_and_sm90() {
+    // the verify cases (GLU ones included) are valid problems whose forced paths can run them
+    for case in super::verify::cases(false)
+        .into_iter()
+        .chain(super::verify::cases(true))
+    {
+        let p = case.problem();
+        assert!(p.validate().is_ok(), "{}: {:?}", case.name(), p.validate());
+        for arch in [Arch::SM80, Arch::SM90] {
+            let path = choose_path(&p, arch, case.path);
+            assert!(path.is_ok(), "{} on {arch}: {path:?}", case.name());
+        }
+    }
+    // and some GLU cases reach the Hopper path through the dispatcher on sm_90
+    let hopper_glu = super::verify::cases(false)
+        .into_iter()
+        .filter(|c| c.epilogue.glu.is_some())
+        .filter(|c| choose_path(&c.problem(), Arch::SM90, c.path).ok() == Some(GemmPath::Hopper))
+        .count();
+    assert!(hopper_glu >= 6, "{hopper_glu}");
+}

@@ -339,6 +339,23 @@ pub fn cases(quick: bool) -> Vec<Case> {
             }
         }
     }
+    // N with 16-byte rows of D (and B [K, 2N]): what the Hopper path takes through auto on sm_90
+    for (j, kind) in [Glu::SwiGlu, Glu::GeGluErf, Glu::GeGluTanh].into_iter().enumerate() {
+        if quick && j > 0 {
+            break;
+        }
+        for (precision, o, m, n, k, bl) in [
+            (Precision::BF16, DType::BF16, 300, 264, 520, Layout::ColMajor),
+            (Precision::F16, DType::F32, 129, 136, 104, Layout::RowMajor),
+        ] {
+            let mut c = base(precision, o, m, n, k);
+            c.b_layout = bl;
+            c.epilogue.glu = kind;
+            c.epilogue.bias = j != 1;
+            c.pad = if j == 2 { 8 } else { 0 };
+            out.push(c);
+        }
+    }
     if !quick {
         // exact fp32 and fp64 (simt), a batch, and an LLM-like shape through the dispatcher
         for (precision, o) in [(Precision::F32, DType::F32), (Precision::F64, DType::F64)] {
