@@ -252,6 +252,10 @@ def bench_lsmr(case, params):
 # "fp8e4m3"/"fp8e5m2" through torch._scaled_mm (params "scales": "tensor" -> scalar scales,
 # "row" -> [M, 1] and [1, N]; use_fast_accum=True, the accumulation tessera's fp8 path does),
 # "int8" -> int32 through torch._int_mm, "tf32" through torch.mm with TF32 allowed.
+# "glu": "swiglu"|"geglu"|"geglu_tanh" (tessera's fused GLU epilogue, one GEMM over 2N
+# interleaved gate/up columns): the baseline is what a torch MLP runs, two GEMMs with separate
+# [N, K] (or [K, N]) gate and up weights, then act(g) * u (with the [N] biases through
+# torch.addmm when "bias"); TFLOP/s count both GEMMs (2 M 2N K).
 
 GEMM_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
 QUANT_DTYPES = {"fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2", "int8": "int8", "tf32": "float32"}
@@ -317,6 +321,9 @@ def bench_gemm(case, params):
     nk = params.get("b_layout", "nk") == "nk"
     act = params.get("activation", "none")
     has_bias = bool(params.get("bias"))
+    glu = params.get("glu", "none")
+    if glu != "none":
+        return bench_gemm_glu(case, params, m, n, k, dtype, nk, glu, has_bias)
     esize = torch.empty((), dtype=dtype).element_size()
     nbuf = rotation_count((m * k + k * n) * esize)
     gen = torch.Generator(device="cuda").manual_seed(0x6E33)
@@ -354,6 +361,40 @@ def bench_gemm(case, params):
         del sets
     tflops = 2.0 * m * n * k / (ms * 1e-3) / 1e12
     gbps = (m * k + k * n + m * n) * esize / (ms * 1e-3) / 1e9 if m <= 16 else None
+    return [row(case, params, "torch", ms=ms, tflops=tflops, gbps=gbps)]
+
+
+def bench_gemm_glu(case, params, m, n, k, dtype, nk, glu, has_bias):
+    """act(x Wg^T + bg) * (x Wu^T + bu): two cuBLAS GEMMs and the elementwise product."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    nbuf = rotation_count((m * k + 2 * k * n) * esize)
+    gen = torch.Generator(device="cuda").manual_seed(0x6E34)
+
+    def randn(*shape):
+        return torch.randn(shape, device="cuda", dtype=torch.float32, generator=gen).to(dtype)
+
+    def weight():
+        return randn(n, k) if nk else randn(k, n)
+
+    sets = [(randn(m, k), weight(), weight()) for _ in range(nbuf)]
+    bg, bu = (randn(n), randn(n)) if has_bias else (None, None)
+    act = {"swiglu": torch.nn.functional.silu,
+           "geglu": torch.nn.functional.gelu,
+           "geglu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh")}[glu]
+
+    def op_b(b):
+        return b.t() if nk else b
+
+    if has_bias:
+        fn = lambda s: act(torch.addmm(bg, s[0], op_b(s[1]))) * torch.addmm(bu, s[0], op_b(s[2]))  # noqa: E731
+    else:
+        fn = lambda s: act(torch.mm(s[0], op_b(s[1]))) * torch.mm(s[0], op_b(s[2]))  # noqa: E731
+    try:
+        ms = time_ms(fn, sets)
+    finally:
+        del sets
+    tflops = 2.0 * m * 2 * n * k / (ms * 1e-3) / 1e12
+    gbps = (m * k + 2 * k * n + m * n) * esize / (ms * 1e-3) / 1e9 if m <= 16 else None
     return [row(case, params, "torch", ms=ms, tflops=tflops, gbps=gbps)]
 
 

@@ -260,6 +260,7 @@ fn matmul_problem(a: &Desc, b: &Desc, bias: Option<&Desc>, d: &Desc, activation:
             bias: bias.is_some(),
             c: false,
             residual: false,
+            glu: Default::default(),
         },
         scales: Default::default(),
     };

@@ -5,7 +5,10 @@
 //! (256, 256, 32768); bias + GELU at (4096, 14336, 4096);
 //! exact fp32 and fp64 at 4096^3; fp8 e4m3 with per-tensor and row-wise scales on the bf16
 //! shapes, int8 (s32 out) at 8192^3 and (4096, 14336, 4096), tf32 at 4096^3 and 8192^3; a few
-//! forced paths. TFLOP/s for every row, GB/s (weight and activation bytes once) for decode.
+//! forced paths; SwiGLU at (4096, 14336, 4096) bf16 with B as [2N, K] (one GEMM over the
+//! interleaved 2N-wide weight; the baseline is torch's two GEMMs plus `silu(g) * u`; TFLOP/s
+//! count the 2 M 2N K flops of both projections). TFLOP/s for every row, GB/s (weight and
+//! activation bytes once) for decode.
 //!
 //! Timing is `runtime::time_median` (DESIGN.md's method) over rotating input sets that together
 //! span more than twice the L2, so weights are read from memory as in a real model. Before
@@ -19,7 +22,7 @@ use serde_json::{json, Value};
 
 use super::plan::{GemmOptions, GemmPath, GemmPlan, GemmTuning};
 use super::problem::{
-    Activation, COperand, GemmOperands, GemmProblem, GemmScaleOperands, GemmScales, Layout, Precision,
+    Activation, COperand, GemmOperands, GemmProblem, GemmScaleOperands, GemmScales, Glu, Layout, Precision,
 };
 use super::reference::{self, Logical};
 use crate::check::{compare, to_f64_vec};
@@ -50,6 +53,8 @@ pub struct BenchCase {
     pub activation: Activation,
     /// Dequantisation scales (fp8 and int8 rows).
     pub scales: GemmScales,
+    /// A GLU epilogue (B has 2N interleaved gate/up columns).
+    pub glu: Glu,
     pub path: GemmPath,
     /// Plan with [`GemmTuning::autotune`] (the Hopper path's tiling and splits timed).
     pub autotune: bool,
@@ -83,6 +88,9 @@ impl BenchCase {
             GemmScales::PerTensor => s.push_str(" tensor-scales"),
             GemmScales::RowWise => s.push_str(" row-scales"),
         }
+        if self.glu.is_some() {
+            s.push_str(&format!(" {}", self.glu.name()));
+        }
         s
     }
     /// `tessera` for the dispatcher's choice, `tessera-<path>` when forced,
@@ -105,6 +113,7 @@ impl BenchCase {
                 GemmScales::PerTensor => "tensor",
                 GemmScales::RowWise => "row",
             },
+            "glu": self.glu.name(),
         })
     }
     pub fn problem(&self) -> GemmProblem {
@@ -113,6 +122,7 @@ impl BenchCase {
             .bias(self.bias)
             .activation(self.activation)
             .scales(self.scales)
+            .glu(self.glu)
     }
     /// Decode cases report GB/s.
     fn is_decode(&self) -> bool {
@@ -139,6 +149,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         bias: false,
         activation: Activation::None,
         scales: GemmScales::None,
+        glu: Glu::None,
         path: GemmPath::Auto,
         autotune: false,
     };
@@ -189,6 +200,11 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
     out.push(BenchCase {
         bias: true,
         activation: Activation::GeluTanh,
+        ..case(Precision::BF16, 4096, 14336, 4096)
+    });
+    // SwiGLU: gate and up projections of a Llama-3-8B MLP in one GEMM over B [2N, K]
+    out.push(BenchCase {
+        glu: Glu::SwiGlu,
         ..case(Precision::BF16, 4096, 14336, 4096)
     });
     out.push(case(Precision::F32, 4096, 4096, 4096));
@@ -253,7 +269,7 @@ fn run<I: Element, O: Element>(
         },
     )?;
     let (br, bc) = p.b_stored();
-    let set_bytes = (p.m * p.k + p.k * p.n) * std::mem::size_of::<I>();
+    let set_bytes = (p.m * p.k + p.k * p.b_n()) * std::mem::size_of::<I>();
     let sets = ROTATE_BYTES
         .div_ceil(set_bytes.max(1))
         .clamp(1, MAX_SETS)
@@ -269,7 +285,8 @@ fn run<I: Element, O: Element>(
         a_sets.push(ctx.upload(&host_a)?);
         b_sets.push(ctx.upload(&host_b)?);
     }
-    let host_bias: Vec<O> = random_matrix(seed ^ 0xd, 1, p.n, p.n, dist);
+    // [N], or [2N] (interleaved gate/up biases) with a GLU
+    let host_bias: Vec<O> = random_matrix(seed ^ 0xd, 1, p.b_n(), p.b_n(), dist);
     let bias = ctx.upload(&host_bias)?;
     let mut d = ctx.alloc::<O>(p.m * p.n)?;
     let ops = |s: usize| -> Result<GemmOperands<'_>> {
@@ -278,7 +295,7 @@ fn run<I: Element, O: Element>(
             b: b_sets[s].matrix(br, bc, p.ldb)?,
             c: COperand::None,
             bias: if p.epilogue.bias {
-                Some(bias.view(&[p.n], &[1])?)
+                Some(bias.view(&[p.b_n()], &[1])?)
             } else {
                 None
             },
@@ -292,7 +309,7 @@ fn run<I: Element, O: Element>(
         plan.run(1.0, 0.0, &ops(i % sets)?, &mut d.matrix_mut(p.m, p.n, p.ldd)?)
     })?;
     let s = t.median_ms * 1e-3;
-    let bytes = (p.m * p.k + p.k * p.n) * std::mem::size_of::<I>() + p.m * p.n * std::mem::size_of::<O>();
+    let bytes = (p.m * p.k + p.k * p.b_n()) * std::mem::size_of::<I>() + p.m * p.n * std::mem::size_of::<O>();
     let mut params = case.params();
     params["path"] = json!(plan.path().name());
     params["kernel"] = json!(plan.kernel_name());

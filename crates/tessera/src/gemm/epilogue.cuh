@@ -8,7 +8,8 @@
 //          gemm_activate<kActivation>(x),
 //          gemm_epilogue<kActivation, kHasBias, kHasC, kHasResidual>(acc, alpha, beta, c, bias,
 //          residual), both in f32, and their forms in any T (gemm_activate_t, gemm_epilogue_t:
-//          float or double, for the fp64 GEMM).
+//          float or double, for the fp64 GEMM); gemm_glu_t<kActivation, kHasBias>(gate, up,
+//          alpha, bias_gate, bias_up), the GLU epilogue (below).
 //
 // Order (cuBLASLt's, and the CPU reference's in gemm/reference.rs):
 //     d = act(alpha * acc + beta * c + bias) + residual
@@ -22,6 +23,10 @@
 //   2 gelu_erf   0.5 x (1 + erf(x / sqrt 2))        (torch gelu(approximate='none'))
 //   3 gelu_tanh  0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))   (approximate='tanh')
 //   4 silu       x / (1 + exp(-x))                  (x sigmoid(x); -0 for x -> -inf ... -88)
+// GLU epilogue (SwiGLU / GeGLU; gemm::Glu in Rust): B has 2N columns, column 2j the gate and
+// column 2j + 1 the up projection of output column j, so the accumulators of a column pair give
+//     d = act(alpha * acc_gate + bias_gate) * (alpha * acc_up + bias_up)
+// with act = silu (SwiGLU), gelu_erf or gelu_tanh (GeGLU); no C or residual term.
 // erff/tanhf/expf (erf/tanh/exp in double) are NVRTC's built-in device math (full precision,
 // not the __ intrinsics). fmaf(beta, c, alpha * acc): one rounding for the C term.
 #pragma once
@@ -72,6 +77,19 @@ __device__ __forceinline__ T gemm_epilogue_t(T acc, T alpha, T beta, T c, T bias
   return d;
 }
 
+/// The GLU epilogue in T: act(alpha gate + bias_gate) * (alpha up + bias_up), the biases
+/// absent when kHasBias is false.
+template <int kActivation, bool kHasBias, typename T>
+__device__ __forceinline__ T gemm_glu_t(T gate, T up, T alpha, T bias_gate, T bias_up) {
+  T g = alpha * gate;
+  T u = alpha * up;
+  if constexpr (kHasBias) {
+    g += bias_gate;
+    u += bias_up;
+  }
+  return gemm_activate_t<kActivation>(g) * u;
+}
+
 /// The activation with code kActivation applied to x (see the table above).
 template <int kActivation>
 __device__ __forceinline__ float gemm_activate(float x) {
@@ -89,6 +107,7 @@ __device__ __forceinline__ float gemm_epilogue(float acc, float alpha, float bet
 namespace ts {
 using ::gemm_activate;
 using ::gemm_epilogue;
+using ::gemm_glu_t;
 constexpr int kActNone = kGemmActNone;
 constexpr int kActRelu = kGemmActRelu;
 constexpr int kActGeluErf = kGemmActGeluErf;

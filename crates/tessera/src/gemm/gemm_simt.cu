@@ -16,6 +16,12 @@
 // Loads are ordered along the operand's contiguous dimension (coalesced); elements past M, N or
 // K load as zero. Grid (N tiles, M tiles, batch).
 //
+// GLU variant (kGlu, gemm::Glu): p.n counts B's 2N columns (gate 2j, up 2j + 1), D has N = p.n / 2.
+// The CTA still multiplies kBN columns of B, but permuted in shared memory so that a thread's
+// column pair (j = 2q, 2q + 1), i.e. shared columns tx + 16 (2q) and tx + 16 (2q + 1), holds
+// B columns 2 (tx + 16 q) and 2 (tx + 16 q) + 1 of the tile: the gate and up of output column
+// tx + 16 q. The CTA writes kBN / 2 output columns (grid over 2N / kBN B tiles, as without a GLU).
+//
 // Roofline: kTM^2 FMAs per 2 kTM shared loads per k; fp32 peaks at 2 flops per FMA per core.
 #ifndef TS_GENERATED_PREAMBLE
 #error "gemm_simt.cu is compiled with a generated preamble (gemm/simt.rs)"
@@ -45,6 +51,13 @@ TS_DEVICE void a_index(int e, bool col_major, int& r, int& kk) {
     kk = e % kBK;
     r = e / kBK;
   }
+}
+
+/// The tile column of B that shared-memory column `c` holds: `c` itself, or with a GLU the
+/// permutation of the header (gate and up of one output column in a thread's column pair).
+TS_DEVICE int b_tile_col(int c) {
+  if constexpr (kGlu) return 2 * ((c % kDim) + kDim * (c / (2 * kDim))) + (c / kDim) % 2;
+  else return c;
 }
 
 /// (k, col) of the B tile's element `e`: along n when B is [K, N], along k when stored [N, K].
@@ -92,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(kThreads) gemm_simt(const __grid_co
     for (int i = 0; i < kLoadB; ++i) {
       int kk, c;
       b_index(tid + i * kThreads, b_cm, kk, c);
-      const int n = n0 + c, k = k0 + kk;
+      const int n = n0 + b_tile_col(c), k = k0 + kk;
       rb[i] = Acc(0);
       if (n < p.n && k < p.k) rb[i] = ts::gemm_load_as<Acc>(b_cm ? B[(long long)n * p.ldb + k] : B[(long long)k * p.ldb + n]);
     }
@@ -147,12 +160,24 @@ extern "C" __global__ void __launch_bounds__(kThreads) gemm_simt(const __grid_co
     }
   }
 
+  if constexpr (kGlu) {
+    // acc[i][2q] and acc[i][2q + 1]: gate and up of output column n0 / 2 + tx + 16 q
 #pragma unroll
-  for (int i = 0; i < kTM; ++i)
+    for (int i = 0; i < kTM; ++i)
 #pragma unroll
-    for (int j = 0; j < kTM; ++j) {
-      const int row = m0 + ty + kDim * i;
-      const int col = n0 + tx + kDim * j;
-      if (row < p.m && col < p.n) ts::gemm_store<Out, Acc>(p, z, row, col, acc[i][j]);
-    }
+      for (int q = 0; q < kTM / 2; ++q) {
+        const int row = m0 + ty + kDim * i;
+        const int col = n0 / 2 + tx + kDim * q;
+        if (row < p.m && 2 * col + 1 < p.n) ts::gemm_store_glu<Out, Acc>(p, z, row, col, acc[i][2 * q], acc[i][2 * q + 1]);
+      }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kTM; ++i)
+#pragma unroll
+      for (int j = 0; j < kTM; ++j) {
+        const int row = m0 + ty + kDim * i;
+        const int col = n0 + tx + kDim * j;
+        if (row < p.m && col < p.n) ts::gemm_store<Out, Acc>(p, z, row, col, acc[i][j]);
+      }
+  }
 }

@@ -21,6 +21,12 @@
 // bytes (the rest zero-filled), so the K tail contributes zeros and nothing outside an operand is
 // read; the epilogue writes only rows < M and columns < N.
 //
+// GLU variant (kGlu, gemm::Glu): p.n counts B's 2N columns (gate 2j, up 2j + 1, interleaved),
+// D has N = p.n / 2 columns. The main loop is unchanged; the mma accumulator pair e = 0, 1 (and
+// 2, 3) of a thread is the B column pair (2 tq, 2 tq + 1) of its n8 tile, i.e. the gate and up of
+// one output column, so the epilogue computes act(gate) * up in registers and writes column
+// col / 2: the CTA's output tile is 128 x 64.
+//
 // Host-checked rules (plan.rs): A, B 16-byte aligned; lda, ldb and the batch strides of A and B
 // multiples of 8 elements; M, N, K < 2^31; M tiles <= 65535 (grid y), batch <= 65535 (grid z).
 //
@@ -192,14 +198,28 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) gemm_sm80(const __grid
   // epilogue: accumulator e of tile (mi, nj) is D[g + 8 (e / 2)][2 t + e % 2] of that tile
   const int g = ts::lane_id() >> 2;
   const int tq = ts::lane_id() & 3;
+  if constexpr (kGlu) {
 #pragma unroll
-  for (int mi = 0; mi < kMmaM; ++mi)
+    for (int mi = 0; mi < kMmaM; ++mi)
 #pragma unroll
-    for (int nj = 0; nj < kMmaN; ++nj)
+      for (int nj = 0; nj < kMmaN; ++nj)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int row = t.m0 + warp_m * kWarpTileM + mi * 16 + g + 8 * (e >> 1);
-        const int col = t.n0 + warp_n * kWarpTileN + nj * 8 + 2 * tq + (e & 1);
-        if (row < p.m && col < p.n) ts::gemm_store<Out, float>(p, z, row, col, acc[mi][nj][e]);
-      }
+        for (int h = 0; h < 2; ++h) {
+          const int row = t.m0 + warp_m * kWarpTileM + mi * 16 + g + 8 * h;
+          const int col = t.n0 + warp_n * kWarpTileN + nj * 8 + 2 * tq;  // even: gate; col + 1: up
+          if (row < p.m && col + 1 < p.n)
+            ts::gemm_store_glu<Out, float>(p, z, row, col / 2, acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]);
+        }
+  } else {
+#pragma unroll
+    for (int mi = 0; mi < kMmaM; ++mi)
+#pragma unroll
+      for (int nj = 0; nj < kMmaN; ++nj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int row = t.m0 + warp_m * kWarpTileM + mi * 16 + g + 8 * (e >> 1);
+          const int col = t.n0 + warp_n * kWarpTileN + nj * 8 + 2 * tq + (e & 1);
+          if (row < p.m && col < p.n) ts::gemm_store<Out, float>(p, z, row, col, acc[mi][nj][e]);
+        }
+  }
 }

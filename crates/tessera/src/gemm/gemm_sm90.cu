@@ -12,7 +12,7 @@
 // ts::fp8e5m2, int8_t), OutT (16-bit Elem: Elem or float; tf32: float; fp8: f16, bf16 or float;
 // int8: int, f16, bf16 or float), kBlockN (128 or 256 output columns per CTA tile), kStages
 // (ring depth), kBNK (B stored [N, K], K-major; false: [K, N], N-major, 16-bit Elem only: the
-// other wgmma types read K-major operands only).
+// other wgmma types read K-major operands only), kGlu (the GLU epilogue, 16-bit operands).
 // Every k-block is one 128-byte swizzle row of each operand row: kBlockK = 128 / sizeof(Elem)
 // elements (64 for 16-bit, 32 tf32, 128 for 8-bit), four wgmma k-steps of 32 bytes; the ring's
 // byte sizes are the same for every Elem.
@@ -46,6 +46,17 @@
 //     columns), each chunk stored by one TMA store while the next one is being written. The
 //     producer keeps filling the ring for the next tile meanwhile.
 //
+// GLU variant (kGlu; gemm::Glu, SwiGLU / GeGLU): B has 2N columns interleaved at granularity 1
+// (column 2j the gate, 2j + 1 the up projection of output column j) and p.n counts them (2N);
+// D has N = p.n / 2 columns. The main loop is unchanged (the CTA tile is 128 x kBlockN columns of
+// B); in the wgmma accumulator layout a thread holds column pairs (c, c + 1) with c even, i.e.
+// the gate and up of output column c / 2, so the epilogue computes
+// act(alpha g + bias[c]) * (alpha u + bias[c + 1]) in registers (gemm_glu_t) and the output tile
+// is 128 x kBlockN / 2: half as many 128-byte store chunks, each fed by twice as many
+// accumulator blocks (one OutT per thread and row, 4 output columns per 8-column block). The D
+// tensor map and its box are the same (128-byte column chunks of N columns). No C, residual or
+// scales (hopper_supports refuses them).
+//
 // Tile order (tile_of): batch-major, then groups of p.group_m tile rows; inside a group the tile
 // row runs fastest. CTA c takes tiles c, c + grid, ...: the ~SM-count tiles in flight together
 // cover a near-square block of D, whose A rows and B columns stay in L2.
@@ -75,6 +86,7 @@ using OutT = ts::bf16;
 constexpr int kBlockN = 256;
 constexpr int kStages = 4;
 constexpr bool kBNK = true;
+constexpr bool kGlu = false;
 #endif
 
 /// The kernel parameter, mirrored by `GemmParams` in gemm/hopper.rs (512 bytes).
@@ -88,7 +100,7 @@ struct GemmParams {
   long long ldc, c_batch_stride;  // elements
   long long ldr, r_batch_stride;  // elements
   float alpha, beta;
-  int m, n, k, batch;
+  int m, n, k, batch;  // n: B's columns (2N with kGlu; D then has n / 2)
   int tiles_m, tiles_n, k_blocks, group_m;
   int activation;  // epilogue.cuh codes 0..4
   int pad_;
@@ -118,8 +130,10 @@ constexpr uint32_t kStageBytes = kABytes + kBBytes;  // expect_tx per slot (boxe
                                                      // zero-filled parts included)
 constexpr int kAccRegs = kBlockN / 2;
 constexpr int kStoreCols = 128 / int(sizeof(OutT));  // columns per 128-byte store chunk
-constexpr int kChunks = kBlockN / kStoreCols;
-constexpr int kBlocksPerChunk = kStoreCols / 8;  // 8-column accumulator blocks per chunk
+constexpr int kOutCols = kGlu ? kBlockN / 2 : kBlockN;  // output columns of a tile
+constexpr int kChunks = kOutCols / kStoreCols;
+// 8-column accumulator blocks per chunk (a block gives 4 output columns with a GLU)
+constexpr int kBlocksPerChunk = kGlu ? kStoreCols / 4 : kStoreCols / 8;
 constexpr uint32_t kChunkBytes = kConsumerRows * 128;
 constexpr int kStoreBuffers = 2;
 constexpr uint32_t kConsumerWarps = 4 * kConsumers;  // arrivals that release a ring slot
@@ -140,7 +154,8 @@ static_assert(sizeof(Elem) == 2 ? (ts::is_same_v<OutT, Elem> || ts::is_same_v<Ou
               "output: 16-bit operands -> the operand type or f32; tf32 -> f32; fp8 -> f16, bf16 or f32; "
               "int8 -> s32, f16, bf16 or f32");
 static_assert(kBlockN == 128 || kBlockN == 256, "CTA tile: 128 x 128 or 128 x 256");
-static_assert(kBlockN % kStoreCols == 0, "whole store chunks per tile");
+static_assert(kOutCols % kStoreCols == 0, "whole store chunks per tile");
+static_assert(!kGlu || (sizeof(Elem) == 2 && !kIntOut), "the GLU epilogue takes 16-bit operands");
 static_assert(sizeof(GemmParams) == 512, "GemmParams layout (hopper.rs)");
 
 /// Named barriers (0 is __syncthreads): consumer w's epilogue syncs its 128 threads on 1 + w.
@@ -326,6 +341,15 @@ TS_DEVICE void load_pair(const T* ptr, int col, int n, float& x0, float& x1) {
 TS_DEVICE uint8_t* staged_at(uint8_t* buf, int r, int bc) {
   return buf + r * 128 + ((((bc >> 4) ^ (r & 7)) << 4) | (bc & 15));
 }
+/// Stores one output at byte column `bc` of row `r` of a staging buffer (the GLU epilogue: one
+/// output column per thread and row of an accumulator block; a warp's 16 stores per row half
+/// hit 8 rows x 8 bytes, rows r and r + 8 of a thread sharing banks: two wavefronts, as the
+/// plain epilogue's two pair stores). A template (T = OutT) so that s32 outputs never
+/// instantiate it.
+template <typename T>
+TS_DEVICE void stage_one(uint8_t* buf, int r, int bc, float y) {
+  *reinterpret_cast<T*>(staged_at(buf, r, bc)) = ts::from_float<T>(y);
+}
 /// Stores a pair of s32 outputs (int8 operands, s32 out: the accumulators as they are).
 TS_DEVICE void stage_int_pair(uint8_t* buf, int r, int bc, int y0, int y1) {
   *reinterpret_cast<int2*>(staged_at(buf, r, bc)) = make_int2(y0, y1);
@@ -366,9 +390,12 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
   const OutT* r_rows =
       p.residual != nullptr ? static_cast<const OutT*>(p.residual) + tl.b * p.r_batch_stride : nullptr;
   const float beta = p.c != nullptr ? p.beta : 0.0f;
+  // D's columns: B's with a GLU halved
+  const int out_n0 = kGlu ? tl.n0 / 2 : tl.n0;
+  const int out_n = kGlu ? p.n / 2 : p.n;
 #pragma unroll
   for (int ch = 0; ch < kChunks; ++ch) {
-    if (tl.n0 + ch * kStoreCols >= p.n) break;
+    if (out_n0 + ch * kStoreCols >= out_n) break;
     uint8_t* buf = smem + Smem::store + (wg * kStoreBuffers + stores % kStoreBuffers) * kChunkBytes;
     if (tid == 0) ts::tma_store_wait_read_pending<kStoreBuffers - 1>();
     ts::named_barrier_sync(bar, 128);
@@ -381,6 +408,18 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           stage_int_pair(buf, r_local + 8 * h, cc * 4, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+      } else if constexpr (kGlu) {
+        // B columns (col, col + 1) = (gate, up) of output column col / 2, at oc in the chunk
+        const int gcol = tl.n0 + 8 * i + 2 * (lane % 4);
+        const int oc = 4 * lb + lane % 4;
+        float bias_g = 0.0f, bias_u = 0.0f;
+        if (p.bias != nullptr) load_pair(static_cast<const OutT*>(p.bias) + gcol, gcol, p.n, bias_g, bias_u);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float y = ts::gemm_glu_t<kAct, true, float>(float(acc[4 * i + 2 * h]), float(acc[4 * i + 2 * h + 1]),
+                                                             p.alpha, bias_g, bias_u);
+          stage_one<OutT>(buf, r_local + 8 * h, oc * int(sizeof(OutT)), y);
+        }
       } else {
         float bias0 = 0.0f, bias1 = 0.0f;
         if (p.bias != nullptr) load_pair(static_cast<const OutT*>(p.bias) + col, col, p.n, bias0, bias1);
@@ -417,7 +456,7 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
     ts::fence_proxy_async();
     ts::named_barrier_sync(bar, 128);
     if (tid == 0) {
-      ts::tma_store_4d(&p.d_map, buf, tl.n0 + ch * kStoreCols, row_base, tl.b, 0);
+      ts::tma_store_4d(&p.d_map, buf, out_n0 + ch * kStoreCols, row_base, tl.b, 0);
       ts::tma_store_commit();
     }
     ++stores;
@@ -429,6 +468,13 @@ TS_DEVICE void epilogue_any(const GemmParams& p, uint8_t* smem, const Acc (&acc)
                             uint32_t& stores) {
   if constexpr (kIntOut) {  // s32 out: no epilogue terms (hopper_supports), one instantiation
     epilogue<ts::kActNone>(p, smem, acc, tl, wg, stores);
+  } else if constexpr (kGlu) {  // the gate's activation (the plan passes silu, gelu or gelu_tanh)
+    switch (p.activation) {
+      case ts::kActGeluErf: epilogue<ts::kActGeluErf>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActGeluTanh: epilogue<ts::kActGeluTanh>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActSilu: epilogue<ts::kActSilu>(p, smem, acc, tl, wg, stores); break;
+      default: epilogue<ts::kActNone>(p, smem, acc, tl, wg, stores); break;
+    }
   } else {
     switch (p.activation) {
       case ts::kActRelu: epilogue<ts::kActRelu>(p, smem, acc, tl, wg, stores); break;

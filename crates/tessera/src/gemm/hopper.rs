@@ -15,7 +15,12 @@
 //! - s32 output (int8 operands, torch._int_mm): the exact int32 sums (wrapping past 2^31 as the
 //!   tensor core's s32 accumulator does), with no epilogue term, alpha 1 and no scales;
 //! - bias `[N]` in the output dtype (as the GEMM core's API has it), shared by every batch;
-//! - act: epilogue.cuh's codes (0 none, 1 relu, 2 gelu erf, 3 gelu tanh, 4 silu).
+//! - act: epilogue.cuh's codes (0 none, 1 relu, 2 gelu erf, 3 gelu tanh, 4 silu);
+//! - GLU (`glu`, 16-bit operands, a kernel variant of its own): B has `2N` columns interleaved
+//!   at granularity 1 (column `2j` the gate, `2j + 1` the up projection of output column `j`)
+//!   and `D[m, j] = act(alpha g + bias[2j]) * (alpha u + bias[2j + 1])` with act the call's
+//!   activation (silu: SwiGLU; gelu erf / tanh: GeGLU); the bias has `2N` values, no C,
+//!   residual or scales. `n` stays D's width N.
 //!
 //! Alignment ([`hopper_supports`]): every matrix's base address 16-byte aligned, every leading
 //! dimension and batch stride a multiple of 16 bytes (TMA's rule, kept for C and R as well so the
@@ -114,8 +119,10 @@ pub(crate) struct HopperGemmArgs {
     pub ldr: usize,
     pub stride_r: usize,
     pub alpha: f32,
-    /// Activation code 0..=[`MAX_ACTIVATION`].
+    /// Activation code 0..=[`MAX_ACTIVATION`] (with `glu`: the gate's).
     pub activation: u32,
+    /// The GLU epilogue: B has `2 n` interleaved gate/up columns, D has `n` (module docs).
+    pub glu: bool,
     /// f32 scale of A's rows (0 = none): `[M]` when `scale_a_rows`, else `[1]`. 8-bit operands.
     pub scale_a: u64,
     pub scale_a_rows: bool,
@@ -135,9 +142,30 @@ pub(crate) struct HopperShapeKey {
     pub b_nk: bool,
     pub dtype: DType,
     pub out_dtype: DType,
+    /// The GLU variant (B has 2N columns).
+    pub glu: bool,
+}
+
+impl HopperShapeKey {
+    /// Columns of B (the kernel's N): `n`, or `2 n` with a GLU.
+    pub(crate) fn b_n(&self) -> usize {
+        if self.glu {
+            2 * self.n
+        } else {
+            self.n
+        }
+    }
 }
 
 impl HopperGemmArgs {
+    /// Columns of B (and the kernel's N): `n`, or `2 n` with a GLU.
+    pub(crate) fn b_n(&self) -> usize {
+        if self.glu {
+            2 * self.n
+        } else {
+            self.n
+        }
+    }
     /// The plan key of this call.
     pub(crate) fn shape_key(&self) -> HopperShapeKey {
         HopperShapeKey {
@@ -148,6 +176,7 @@ impl HopperGemmArgs {
             b_nk: self.b_nk,
             dtype: self.dtype,
             out_dtype: self.out_dtype,
+            glu: self.glu,
         }
     }
 }
@@ -278,7 +307,21 @@ pub(crate) fn hopper_supports(args: &HopperGemmArgs) -> std::result::Result<(), 
             return Err(format!("{name}: must be in 1..=2^31-1 on the Hopper path, got {v}"));
         }
     }
-    let tiles = a.m.div_ceil(BLOCK_M) as u128 * a.n.div_ceil(128) as u128 * a.batch as u128;
+    if a.glu {
+        if a.dtype.size() != 2 {
+            return Err(format!(
+                "glu: the GLU epilogue takes f16 or bf16 operands, got {}",
+                a.dtype
+            ));
+        }
+        if a.c != 0 || a.residual != 0 {
+            return Err("glu: no C or residual with a GLU epilogue (D = act(gate) * up)".into());
+        }
+        if a.n > MAX_DIM / 2 {
+            return Err(format!("n: 2N = {} columns of B exceed 2^31 - 1", 2 * a.n as u128));
+        }
+    }
+    let tiles = a.m.div_ceil(BLOCK_M) as u128 * a.b_n().div_ceil(128) as u128 * a.batch as u128;
     if tiles > MAX_DIM as u128 {
         return Err(format!(
             "batch: {tiles} output tiles exceed the kernel's 32-bit tile index"
@@ -292,7 +335,7 @@ pub(crate) fn hopper_supports(args: &HopperGemmArgs) -> std::result::Result<(), 
     }
     let es = a.dtype.size();
     let os = a.out_dtype.size();
-    let (b_rows, b_cols) = if a.b_nk { (a.n, a.k) } else { (a.k, a.n) };
+    let (b_rows, b_cols) = if a.b_nk { (a.b_n(), a.k) } else { (a.k, a.b_n()) };
     let operand = |name, ptr, required, size, ld, row_len, stride, rows| Operand {
         name,
         ptr,
@@ -387,14 +430,15 @@ pub(crate) fn group_rows(tiles_m: usize, grid: u32, block_n: u32) -> u32 {
     ideal.clamp(1, tiles_m.max(1)) as u32
 }
 
-/// The kernel variant of an operand dtype, output dtype, B layout and tiling.
-pub(crate) fn kernel_key(dtype: DType, out_dtype: DType, b_nk: bool, tile: HopperTile) -> KernelKey {
+/// The kernel variant of an operand dtype, output dtype, B layout, tiling and GLU epilogue.
+pub(crate) fn kernel_key(dtype: DType, out_dtype: DType, b_nk: bool, tile: HopperTile, glu: bool) -> KernelKey {
     KernelKey::new("gemm_sm90")
         .ty("Elem", dtype)
         .ty("OutT", out_dtype)
         .int("kBlockN", "n", tile.block_n)
         .int("kStages", "s", tile.stages)
         .flag("kBNK", "bnk", b_nk)
+        .flag("kGlu", "glu", glu)
 }
 
 fn spec(key: &KernelKey) -> KernelSpec {
@@ -407,8 +451,9 @@ fn spec(key: &KernelKey) -> KernelSpec {
 }
 
 /// Every variant this path can launch on `arch`: on sm_90, each operand dtype x each of its
-/// [`hopper_outputs`] x {B [N, K], and for 16-bit operands [K, N]} x [`TILES`] (38 kernels);
-/// none elsewhere. Activations, scales and the epilogue's inputs are run-time values.
+/// [`hopper_outputs`] x {B [N, K], and for 16-bit operands [K, N]} x [`TILES`] (38 kernels),
+/// and the GLU variants of the 16-bit operands (16 more); none elsewhere. Activations, scales
+/// and the epilogue's inputs are run-time values.
 pub(crate) fn kernel_specs(arch: Arch) -> Vec<KernelSpec> {
     if arch != Arch::SM90 {
         return Vec::new();
@@ -419,7 +464,10 @@ pub(crate) fn kernel_specs(arch: Arch) -> Vec<KernelSpec> {
             let layouts: &[bool] = if dtype.size() == 2 { &[true, false] } else { &[true] };
             for &b_nk in layouts {
                 for tile in TILES {
-                    out.push(spec(&kernel_key(dtype, out_dtype, b_nk, tile)));
+                    out.push(spec(&kernel_key(dtype, out_dtype, b_nk, tile, false)));
+                    if dtype.size() == 2 {
+                        out.push(spec(&kernel_key(dtype, out_dtype, b_nk, tile, true)));
+                    }
                 }
             }
         }
@@ -522,9 +570,9 @@ impl MapShape {
 pub(crate) fn map_shapes(a: &HopperGemmArgs, tile: HopperTile) -> [MapShape; 3] {
     let bk = block_k(a.dtype);
     let (b_cols, b_rows, b_box_rows, b_box_cols) = if a.b_nk {
-        (a.k, a.n, tile.block_n, bk as u32)
+        (a.k, a.b_n(), tile.block_n, bk as u32)
     } else {
-        (a.n, a.k, bk as u32, 64)
+        (a.b_n(), a.k, bk as u32, 64)
     };
     let map_dtype = if a.dtype.size() == 1 { DType::U8 } else { a.dtype };
     [
@@ -602,7 +650,7 @@ struct MapCache {
 impl HopperGemmPlan {
     /// Plans `key` on `ctx` (an sm_90 device) with the tiling [`choose_tile`] picks.
     pub(crate) fn new(ctx: &Context, key: &HopperShapeKey) -> Result<HopperGemmPlan> {
-        let tile = choose_tile(key.m, key.n, key.batch, ctx.info().sm_count);
+        let tile = choose_tile(key.m, key.b_n(), key.batch, ctx.info().sm_count);
         Self::with_tile(ctx, key, tile)
     }
 
@@ -619,9 +667,9 @@ impl HopperGemmPlan {
                 "no Hopper GEMM tiling {tile:?}; tilings: {TILES:?}"
             )));
         }
-        let kernel = ctx.kernel(&spec(&kernel_key(key.dtype, key.out_dtype, key.b_nk, tile)))?;
+        let kernel = ctx.kernel(&spec(&kernel_key(key.dtype, key.out_dtype, key.b_nk, tile, key.glu)))?;
         let tiles_m = key.m.div_ceil(BLOCK_M);
-        let tiles_n = key.n.div_ceil(tile.block_n as usize);
+        let tiles_n = key.b_n().div_ceil(tile.block_n as usize);
         let tiles = tiles_m * tiles_n * key.batch;
         let grid = tiles.min(ctx.info().sm_count.max(1) as usize) as u32;
         Ok(HopperGemmPlan {
@@ -704,7 +752,8 @@ impl HopperGemmPlan {
             alpha: args.alpha,
             beta: args.beta,
             m: args.m as i32,
-            n: args.n as i32,
+            // the kernel's N counts B's columns (2N with a GLU; D has N)
+            n: args.b_n() as i32,
             k: args.k as i32,
             batch: args.batch as i32,
             tiles_m: self.tiles_m as i32,
@@ -836,6 +885,8 @@ mod self_check {
         /// Dequantisation scales of 8-bit operands: 0 none, 1 per-tensor, 2 per-row of A and
         /// per-column of B.
         pub scales: u8,
+        /// The GLU epilogue: B has 2N interleaved gate/up columns, `activation` is the gate's.
+        pub glu: bool,
     }
 
     impl CheckCase {
@@ -856,6 +907,7 @@ mod self_check {
                 alpha: 1.0,
                 activation: 0,
                 scales: 0,
+                glu: false,
             }
         }
         /// A plain case with another output dtype.
@@ -971,6 +1023,39 @@ mod self_check {
                 alpha: 0.25,
                 ..CheckCase::plain(200, 130, 4100, I8, true).out(F32)
             },
+            // GLU (SwiGLU / GeGLU): B [2N, K] or [K, 2N] interleaved; odd N tails, both tilings,
+            // bias [2N], f32 output, batches
+            CheckCase {
+                glu: true,
+                activation: 4,
+                ..CheckCase::plain(256, 512, 256, BF16, true)
+            },
+            CheckCase {
+                glu: true,
+                activation: 4,
+                bias: true,
+                alpha: 0.5,
+                tile: narrow,
+                ..CheckCase::plain(129, 257, 100, BF16, true)
+            },
+            CheckCase {
+                glu: true,
+                activation: 2,
+                tile: wide,
+                ..CheckCase::plain(300, 1000, 520, F16, false)
+            },
+            CheckCase {
+                glu: true,
+                activation: 3,
+                bias: true,
+                batch: 2,
+                ..CheckCase::plain(127, 129, 300, BF16, false).out(F32)
+            },
+            CheckCase {
+                glu: true,
+                activation: 4,
+                ..CheckCase::plain(1, 7, 13, F16, true).out(F32)
+            },
         ]
     }
 
@@ -989,7 +1074,9 @@ mod self_check {
         let es = cs.dtype.size();
         let os = cs.out_dtype.size();
         let lda = padded_ld(cs.k, es);
-        let (b_rows, b_cols) = if cs.b_nk { (cs.n, cs.k) } else { (cs.k, cs.n) };
+        // B's columns: 2N interleaved gate/up with a GLU
+        let bn = if cs.glu { 2 * cs.n } else { cs.n };
+        let (b_rows, b_cols) = if cs.b_nk { (bn, cs.k) } else { (cs.k, bn) };
         let ldb = padded_ld(b_cols, es);
         let ldd = padded_ld(cs.n, os);
         let (sa, sb, sd) = (lda * cs.m, ldb * b_rows, ldd * cs.m);
@@ -1001,7 +1088,7 @@ mod self_check {
         let r_h = cs
             .residual
             .then(|| Host::random(cs.out_dtype, sd * cs.batch, 1.0, &mut rng));
-        let bias_h = cs.bias.then(|| Host::random(cs.out_dtype, cs.n, 1.0, &mut rng));
+        let bias_h = cs.bias.then(|| Host::random(cs.out_dtype, bn, 1.0, &mut rng));
         // scales in [0.25, 1.75): per-tensor ones are [1]
         let (sa_len, sb_len) = if cs.scales == 2 { (cs.m, cs.n) } else { (1, 1) };
         let mut scale = |len: usize| -> Vec<f32> { (0..len).map(|_| 1.0 + 0.75 * rng.next()).collect() };
@@ -1058,6 +1145,7 @@ mod self_check {
             stride_r: sd,
             alpha: cs.alpha,
             activation: cs.activation,
+            glu: cs.glu,
             scale_a: scales_d.as_ref().map_or(0, |s| s.0.device_ptr()),
             scale_a_rows: cs.scales == 2,
             scale_b: scales_d.as_ref().map_or(0, |s| s.1.device_ptr()),
@@ -1073,7 +1161,7 @@ mod self_check {
         let mut err2 = 0.0f64;
         let mut ref2 = 0.0f64;
         let mut max_abs = 0.0f64;
-        let mut acc_row = vec![0.0f64; cs.n];
+        let mut acc_row = vec![0.0f64; bn];
         for bt in 0..cs.batch {
             for i in 0..cs.m {
                 acc_row.iter_mut().for_each(|x| *x = 0.0);
@@ -1087,6 +1175,22 @@ mod self_check {
                         };
                         *acc += av * bv;
                     }
+                }
+                if cs.glu {
+                    // D[i, j] = act(alpha g + bias[2j]) * (alpha u + bias[2j + 1])
+                    for j in 0..cs.n {
+                        let at = bt * sd + i * ldd + j;
+                        let bias = |c: usize| bias_h.as_ref().map_or(0.0, |b| b.get(c));
+                        let g = cs.alpha as f64 * acc_row[2 * j] + bias(2 * j);
+                        let u = cs.alpha as f64 * acc_row[2 * j + 1] + bias(2 * j + 1);
+                        let v = activate(cs.activation, g) * u;
+                        let got = out.get(at);
+                        let e = if got.is_nan() { f64::INFINITY } else { (got - v).abs() };
+                        max_abs = max_abs.max(e);
+                        err2 += e * e;
+                        ref2 += v * v;
+                    }
+                    continue;
                 }
                 for (j, &acc) in acc_row.iter().enumerate() {
                     let at = bt * sd + i * ldd + j;
@@ -1498,6 +1602,7 @@ mod self_check {
                     stride_r: 0,
                     alpha: 1.0,
                     activation: 0,
+                    glu: false,
                 };
                 let plan = HopperGemmPlan::new(ctx, &args(0, d.ptr()).shape_key())?;
                 // Verify before timing: ours against cuBLAS on the first input set.

@@ -40,6 +40,7 @@ fn args() -> HopperGemmArgs {
         stride_r: 1008 * m,
         alpha: 1.0,
         activation: 2,
+        glu: false,
         scale_a: 0,
         scale_a_rows: false,
         scale_b: 0,
@@ -486,8 +487,8 @@ fn reference_activations() {
 fn kernel_variants_are_hopper_only_and_distinct() {
     let specs = kernel_specs(Arch::SM90);
     // 16-bit: 2 dtypes x 2 outputs x 2 B layouts x 2 tilings; tf32: 1 x 1 x 2; fp8: 2 x 3 x 1 x 2;
-    // int8: 4 outputs x 1 x 2.
-    assert_eq!(specs.len(), 16 + 2 + 12 + 8);
+    // int8: 4 outputs x 1 x 2; the GLU variants of the 16-bit ones.
+    assert_eq!(specs.len(), 16 + 2 + 12 + 8 + 16);
     let mut names: Vec<_> = specs.iter().map(|s| s.name.clone()).collect();
     names.sort();
     names.dedup();
@@ -513,6 +514,14 @@ fn kernel_variants_are_hopper_only_and_distinct() {
         assert!(cases.iter().any(|c| c.dtype == dtype), "{dtype}");
     }
     assert!(cases.iter().any(|c| c.scales == 1) && cases.iter().any(|c| c.scales == 2));
+    // GLU: each gate activation, both layouts, f32 out, bias, both tilings
+    for code in [2, 3, 4] {
+        assert!(cases.iter().any(|c| c.glu && c.activation == code), "glu {code}");
+    }
+    let glu: Vec<_> = cases.iter().filter(|c| c.glu).collect();
+    assert!(glu.iter().any(|c| c.b_nk) && glu.iter().any(|c| !c.b_nk));
+    assert!(glu.iter().any(|c| c.out_dtype == DType::F32) && glu.iter().any(|c| c.bias));
+    assert!(glu.iter().any(|c| c.tile == Some(TILES[0])) && glu.iter().any(|c| c.tile == Some(TILES[1])));
     for code in 0..=MAX_ACTIVATION {
         assert!(cases.iter().any(|c| c.activation == code), "activation {code}");
     }
@@ -617,4 +626,70 @@ fn autotune_candidates_start_with_the_rules_choice() {
             assert!(x.block_n == 128 || x.block_n == 256);
         }
     }
+}
+
+/// The GLU variant: B has 2N rows ([N, K] layout) or columns, D has N; 16-bit operands only, no
+/// C or residual; the tensor maps and tile counts follow B's 2N.
+#[test]
+fn glu_calls_read_2n_columns_of_b() {
+    let glu = HopperGemmArgs {
+        glu: true,
+        c: 0,
+        beta: 0.0,
+        residual: 0,
+        activation: 4,
+        stride_b: 528 * 2000,
+        ..args()
+    };
+    assert_eq!(hopper_supports(&glu), Ok(()));
+    assert_eq!(glu.b_n(), 2000);
+    assert!(glu.shape_key().glu && glu.shape_key().b_n() == 2000);
+    let [_, bm, dm] = map_shapes(&glu, TILES[0]);
+    assert_eq!((bm.cols, bm.rows), (520, 2000));
+    // D keeps N columns and the 128-byte store box
+    assert_eq!((dm.cols, dm.rows, dm.box_cols, dm.box_rows), (1000, 300, 64, 64));
+    let kn = HopperGemmArgs {
+        b_nk: false,
+        ldb: 2000,
+        stride_b: 2000 * 520,
+        ..glu
+    };
+    assert_eq!(hopper_supports(&kn), Ok(()));
+    let [_, bm, _] = map_shapes(&kn, TILES[1]);
+    assert_eq!((bm.cols, bm.rows), (2000, 520));
+    // [K, 2N] with a leading dimension below 2N
+    let short = HopperGemmArgs { ldb: 1008, ..kn };
+    assert!(hopper_supports(&short).unwrap_err().starts_with("b: leading dimension"));
+    for (bad, name) in [
+        (
+            HopperGemmArgs {
+                c: 0x30000,
+                beta: 0.5,
+                ..glu
+            },
+            "glu:",
+        ),
+        (
+            HopperGemmArgs {
+                residual: 0x60000,
+                ..glu
+            },
+            "glu:",
+        ),
+        (
+            HopperGemmArgs {
+                dtype: DType::F8E4M3,
+                ..glu
+            },
+            "glu:",
+        ),
+    ] {
+        let rule = hopper_supports(&bad).unwrap_err();
+        assert!(rule.starts_with(name), "{rule}");
+    }
+    // the kernel variant differs from the plain one
+    let plain = kernel_key(DType::BF16, DType::BF16, true, TILES[0], false).name();
+    let with_glu = kernel_key(DType::BF16, DType::BF16, true, TILES[0], true).name();
+    assert_ne!(plain, with_glu);
+    assert!(with_glu.ends_with("_glu"), "{with_glu}");
 }

@@ -27,6 +27,10 @@
 //! else the SIMT kernel (slower; [`GemmPlan::path`] says which ran). [`GemmTuning::path`] forces
 //! a path for benchmarks and tests.
 //!
+//! GLU epilogues ([`Glu`]: SwiGLU, GeGLU): `D = act(X Wg^T) * (X Wu^T)` as one GEMM over a B of
+//! `2N` interleaved gate/up columns (layout and the one-time [`GluInterleave`] in [`glu`]); the
+//! Hopper, sm80 and SIMT paths run them.
+//!
 //! Plan once, run many: [`GemmPlan::new`] validates the problem, chooses and compiles the
 //! kernel and allocates any workspace; [`GemmPlan::run`] checks the operands against the plan
 //! and launches, allocating nothing.
@@ -63,6 +67,7 @@ pub mod autotune;
 #[cfg(feature = "harness")]
 pub mod bench;
 pub mod dmma;
+pub mod glu;
 pub(crate) mod hopper;
 #[cfg(test)]
 mod hopper_tests;
@@ -80,11 +85,13 @@ mod tests;
 #[cfg(feature = "harness")]
 pub mod verify;
 
+pub use glu::GluInterleave;
 #[cfg(feature = "harness")]
 pub use operator::OPERATOR;
 pub use plan::{GemmOptions, GemmPath, GemmPlan, GemmTuning};
 pub use problem::{
-    Activation, COperand, GemmEpilogue, GemmOperands, GemmProblem, GemmScaleOperands, GemmScales, Layout, Precision,
+    Activation, COperand, GemmEpilogue, GemmOperands, GemmProblem, GemmScaleOperands, GemmScales, Glu, Layout,
+    Precision,
 };
 
 use crate::error::Error;

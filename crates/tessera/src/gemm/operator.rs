@@ -28,6 +28,20 @@ impl Operator for Gemm {
             .map(|c| VerifyJob::new(c.name(), c, verify::verify_case))
             .collect();
         jobs.push(VerifyJob::new("gemm bad input".into(), (), verify::verify_bad_inputs));
+        for layout in [super::problem::Layout::ColMajor, super::problem::Layout::RowMajor] {
+            jobs.push(VerifyJob::new(
+                format!(
+                    "gemm glu interleave + swiglu {}",
+                    if layout == super::problem::Layout::ColMajor {
+                        "B[2N,K]"
+                    } else {
+                        "B[K,2N]"
+                    }
+                ),
+                layout,
+                verify::verify_glu_interleave,
+            ));
+        }
         jobs.push(VerifyJob::new(
             "gemm hopper self-check".into(),
             verify::HopperJob::SelfCheck,

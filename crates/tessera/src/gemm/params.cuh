@@ -10,6 +10,9 @@
 // thread takes the same way), and the activation a run-time code dispatched to the templates of
 // gemm_epilogue.cuh: one kernel variant serves every epilogue. Absent terms enter as zeros added
 // (alpha * acc + 0 * 0 + 0), which differs from leaving them out only in the sign of a zero.
+// Kernels built with kGlu (a compile-time flag of their preamble) run the GLU epilogue instead
+// (gemm_store_glu): there p.n counts B's 2N columns, D has N = p.n / 2, p.activation is the
+// gate's activation.
 #pragma once
 #include "tessera/common.cuh"
 #include "tessera/dtype.cuh"
@@ -61,6 +64,35 @@ TS_DEVICE Acc gemm_epilogue_rt(int activation, Acc acc, Acc alpha, Acc beta, Acc
     default:
       return gemm_epilogue_t<kGemmActNone, true, true, true, Acc>(acc, alpha, beta, c, bias, residual);
   }
+}
+
+/// The GLU epilogue with the gate activation chosen at run time (gemm_epilogue.cuh's gemm_glu_t;
+/// absent biases enter as zeros).
+template <typename Acc>
+TS_DEVICE Acc gemm_glu_rt(int activation, Acc gate, Acc up, Acc alpha, Acc bias_gate, Acc bias_up) {
+  switch (activation) {
+    case kGemmActGeluErf: return gemm_glu_t<kGemmActGeluErf, true, Acc>(gate, up, alpha, bias_gate, bias_up);
+    case kGemmActGeluTanh: return gemm_glu_t<kGemmActGeluTanh, true, Acc>(gate, up, alpha, bias_gate, bias_up);
+    case kGemmActSilu: return gemm_glu_t<kGemmActSilu, true, Acc>(gate, up, alpha, bias_gate, bias_up);
+    default: return gemm_glu_t<kGemmActNone, true, Acc>(gate, up, alpha, bias_gate, bias_up);
+  }
+}
+
+/// The GLU form of gemm_store (kernels built with kGlu): `gate` and `up` are the accumulators
+/// of B columns 2 col and 2 col + 1, D's column is `col`. With a GLU, p.n counts B's columns
+/// (2N) and D has p.n / 2; the caller has checked row < m and 2 col + 1 < p.n. The bias has 2N
+/// values (interleaved like B); C and R do not exist (the plan refuses them).
+template <typename Out, typename Acc>
+TS_DEVICE void gemm_store_glu(const GemmParams& p, int z, int row, int col, Acc gate, Acc up) {
+  Acc bg = Acc(0), bu = Acc(0);
+  if (p.has_bias) {
+    bg = gemm_load_as<Acc>(static_cast<const Out*>(p.bias)[2 * col]);
+    bu = gemm_load_as<Acc>(static_cast<const Out*>(p.bias)[2 * col + 1]);
+  }
+  const Acc d = gemm_glu_rt<Acc>(p.activation, gate, up, Acc(p.alpha), bg, bu);
+  Out* out = static_cast<Out*>(p.d) + z * p.stride_d + (long long)row * p.ldd + col;
+  if constexpr (is_same_v<Acc, double>) *out = d;
+  else *out = from_float<Out>(d);
 }
 
 /// Applies the epilogue to the accumulator of D[z][row][col] and stores it as Out. The caller

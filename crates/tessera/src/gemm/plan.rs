@@ -13,6 +13,8 @@
 //!   [`GemmPath::Simt`] (any layout and alignment);
 //! - tf32, fp8 (e4m3, e5m2) and int8: [`GemmPath::Hopper`] only (sm_90), A row-major and B
 //!   stored [N, K]; elsewhere an error.
+//! - a GLU epilogue ([`super::problem::Glu`]): as above without the skinny and DMMA paths (fp16/
+//!   bf16: Hopper, sm80, else SIMT; fp32 and fp64: SIMT); forcing skinny or dmma is an error.
 
 use std::sync::Arc;
 
@@ -275,13 +277,14 @@ pub const HOPPER_MAX_SPLITS: usize = 64;
 /// 128 x 128 x 65536, which would otherwise run on one or two SMs), into the most equal parts
 /// that keep at least [`HOPPER_MIN_SPLIT_BLOCKS`] k-blocks each, at most one CTA per SM and
 /// [`HOPPER_MAX_SPLITS`], and divide K exactly into k-block multiples (each part is one batch
-/// entry of the kernel; a ragged last part would read past K). Not for batched problems, nor an
-/// i32 output (the reduction sums f32). `(1, K)` when not split. `forced` asks for a count:
+/// entry of the kernel; a ragged last part would read past K). Not for batched problems, an
+/// i32 output (the reduction sums f32) or a GLU epilogue. `(1, K)` when not split. `forced` asks for a count:
 /// 1 disables splitting; another that breaks these rules is an error.
 pub fn hopper_splits(p: &GemmProblem, sm_count: u32, forced: Option<u32>) -> Result<(usize, usize)> {
     let bk = hopper::block_k(p.input()?);
     let fits = |s: usize| s >= 1 && p.k % s == 0 && (p.k / s) % bk == 0 && p.k / s >= HOPPER_MIN_SPLIT_BLOCKS * bk;
-    let splittable = p.batch == 1 && p.out != DType::I32;
+    // (a GLU's epilogue pairs gate and up columns of one accumulator: the reduction has none)
+    let splittable = p.batch == 1 && p.out != DType::I32 && !p.epilogue.glu.is_some();
     if let Some(f) = forced {
         let f = f as usize;
         if f <= 1 {
@@ -325,6 +328,17 @@ pub fn choose_path(p: &GemmProblem, arch: Arch, forced: GemmPath) -> Result<Gemm
             forced.name()
         )));
     }
+    let glu = p.epilogue.glu;
+    if glu.is_some() && matches!(forced, GemmPath::Skinny | GemmPath::Dmma) {
+        return Err(Error::invalid(
+            "glu",
+            format!(
+                "{} has no {} epilogue; the hopper, sm80 and simt paths (and auto) have",
+                forced.name(),
+                glu.name()
+            ),
+        ));
+    }
     match forced {
         GemmPath::Auto => {}
         GemmPath::Hopper => {
@@ -363,10 +377,10 @@ pub fn choose_path(p: &GemmProblem, arch: Arch, forced: GemmPath) -> Result<Gemm
         }
     }
     Ok(match p.precision {
-        Precision::F64 if ampere => GemmPath::Dmma,
+        Precision::F64 if ampere && !glu.is_some() => GemmPath::Dmma,
         Precision::F64 | Precision::F32 => GemmPath::Simt,
         Precision::F16 | Precision::BF16 if ampere => {
-            if skinny_rule_broken(p).is_none() {
+            if !glu.is_some() && skinny_rule_broken(p).is_none() {
                 GemmPath::Skinny
             } else if hopper_rule_broken(p, arch).is_none() {
                 GemmPath::Hopper
@@ -395,6 +409,7 @@ pub fn kernel_specs(arch: Arch) -> Vec<KernelSpec> {
         v.extend([DType::F16, DType::BF16, DType::F32].map(skinny::reduce_spec));
         v.push(dmma::spec());
     }
+    v.extend(super::glu::all_specs());
     v.extend(hopper::kernel_specs(arch));
     v
 }
@@ -435,7 +450,9 @@ impl GemmPlan {
         let input = problem.input()?;
         let arch = ctx.arch();
         let path = choose_path(problem, arch, opts.tuning.path)?;
-        let (m, n, batch) = (problem.m, problem.n, problem.batch);
+        // the kernels' N: B's columns (2N with a GLU, whose D has N)
+        let (m, n, batch) = (problem.m, problem.b_n(), problem.batch);
+        let glu = problem.epilogue.glu.is_some();
         let mut splits = 1;
         let mut k_per_split = problem.k;
         let mut reduce = None;
@@ -462,6 +479,7 @@ impl GemmPlan {
                 b_nk: problem.b_layout == Layout::ColMajor,
                 dtype: input,
                 out_dtype: if splits > 1 { DType::F32 } else { problem.out },
+                glu,
             };
             if splits > 1 {
                 reduce = Some((
@@ -502,6 +520,7 @@ impl GemmPlan {
                     input,
                     out: problem.out,
                     b_col_major: problem.b_layout == Layout::ColMajor,
+                    glu,
                 };
                 (v.spec(), sm80::Sm80Variant::launch_config(m, n, batch), 16)
             }
@@ -509,6 +528,7 @@ impl GemmPlan {
                 let v = simt::SimtVariant {
                     input,
                     out: problem.out,
+                    glu,
                 };
                 (v.spec(), v.launch_config(m, n, batch), 1)
             }
@@ -636,7 +656,13 @@ impl GemmPlan {
                 ldr: p.ldr,
                 stride_r: p.batch_stride_r,
                 alpha: alpha as f32,
-                activation: p.epilogue.activation.code(),
+                // with a GLU: the gate's activation
+                activation: if p.epilogue.glu.is_some() {
+                    p.epilogue.glu.gate_activation().code()
+                } else {
+                    p.epilogue.activation.code()
+                },
+                glu: p.epilogue.glu.is_some(),
                 scale_a: scales.a.map_or(0, |s| s.device_ptr()),
                 scale_a_rows: p.scales == GemmScales::RowWise,
                 scale_b: scales.b.map_or(0, |s| s.device_ptr()),
@@ -700,12 +726,18 @@ impl GemmPlan {
             alpha,
             beta: if p.epilogue.c { beta } else { 0.0 },
             m: p.m as i32,
-            n: p.n as i32,
+            // with a GLU the kernels count B's 2N columns (D has N = n / 2)
+            n: p.b_n() as i32,
             k: p.k as i32,
             batch: p.batch as i32,
             a_col_major: (p.a_layout == Layout::ColMajor) as i32,
             b_col_major: (p.b_layout == Layout::ColMajor) as i32,
-            activation: p.epilogue.activation.code() as i32,
+            // with a GLU: the gate's activation (the GLU kernels read it so)
+            activation: if p.epilogue.glu.is_some() {
+                p.epilogue.glu.gate_activation().code() as i32
+            } else {
+                p.epilogue.activation.code() as i32
+            },
             has_c: p.epilogue.c as i32,
             has_bias: p.epilogue.bias as i32,
             has_residual: p.epilogue.residual as i32,

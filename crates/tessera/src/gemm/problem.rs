@@ -129,6 +129,67 @@ pub fn erf64(x: f64) -> f64 {
     }
 }
 
+/// A gated linear unit epilogue: `D[m, j] = act(g) * u` with `g = alpha * (A B)[m, 2j] +
+/// bias[2j]` and `u = alpha * (A B)[m, 2j + 1] + bias[2j + 1]`, i.e. the gate and up projections
+/// of an MLP computed by one GEMM whose B has `2N` columns interleaved at granularity 1 (column
+/// `2j` of B is gate column `j`, column `2j + 1` is up column `j`; [`super::glu`] builds that
+/// layout from the concatenated `[Wg; Wu]`). alpha applies to both halves before the activation;
+/// the bias (optional) has `2N` values interleaved the same way. The problem's `n` is the
+/// output width `N`; B is stored `[K, 2N]` (row-major) or `[2N, K]` (column-major, the LLM weight
+/// layout). C and the residual are not available with a GLU; [`GemmEpilogue::activation`] must
+/// stay `None` (the GLU names its own gate activation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Glu {
+    /// No GLU: the plain epilogue (default).
+    #[default]
+    None,
+    /// `silu(g) * u` (SwiGLU, Llama / Mistral MLPs).
+    SwiGlu,
+    /// `gelu(g) * u` with the erf GELU (GeGLU, torch `gelu(approximate='none')`).
+    GeGluErf,
+    /// `gelu_tanh(g) * u` (GeGLU with the tanh GELU, Gemma's MLP).
+    GeGluTanh,
+}
+
+impl Glu {
+    pub const ALL: [Glu; 4] = [Glu::None, Glu::SwiGlu, Glu::GeGluErf, Glu::GeGluTanh];
+    pub const fn name(self) -> &'static str {
+        match self {
+            Glu::None => "none",
+            Glu::SwiGlu => "swiglu",
+            Glu::GeGluErf => "geglu",
+            Glu::GeGluTanh => "geglu_tanh",
+        }
+    }
+    /// Parses the names of [`Glu::name`] (`geglu_erf` is accepted for `geglu`).
+    pub fn parse(s: &str) -> Option<Glu> {
+        let s = s.to_ascii_lowercase();
+        Glu::ALL
+            .into_iter()
+            .find(|g| g.name() == s)
+            .or((s == "geglu_erf").then_some(Glu::GeGluErf))
+    }
+    /// The activation of the gate half (what the kernels receive as their activation code).
+    pub const fn gate_activation(self) -> Activation {
+        match self {
+            Glu::None => Activation::None,
+            Glu::SwiGlu => Activation::Silu,
+            Glu::GeGluErf => Activation::GeluErf,
+            Glu::GeGluTanh => Activation::GeluTanh,
+        }
+    }
+    /// Columns of B per output column: 2 with a GLU, else 1.
+    pub const fn b_factor(self) -> usize {
+        match self {
+            Glu::None => 1,
+            _ => 2,
+        }
+    }
+    pub const fn is_some(self) -> bool {
+        !matches!(self, Glu::None)
+    }
+}
+
 /// How a matrix is stored (see the module docs for what each means for A and B).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Layout {
@@ -251,6 +312,9 @@ pub struct GemmEpilogue {
     pub c: bool,
     /// `+ R[m, n]` after the activation. Default false.
     pub residual: bool,
+    /// A gated linear unit (SwiGLU / GeGLU) over interleaved gate/up columns of B. Default
+    /// [`Glu::None`]. See [`Glu`] for the layout and the rules (no C, residual or activation).
+    pub glu: Glu,
 }
 
 /// One GEMM: shapes, layouts, leading dimensions, batch strides, precision and epilogue. Build
@@ -319,8 +383,8 @@ impl GemmProblem {
     /// B's layout (`ColMajor` = stored `[N, K]`), contiguous.
     pub fn b_layout(mut self, layout: Layout) -> Self {
         self.b_layout = layout;
-        self.ldb = if layout == Layout::RowMajor { self.n } else { self.k }.max(1);
-        self.batch_stride_b = self.k * self.n;
+        self.ldb = if layout == Layout::RowMajor { self.b_n() } else { self.k }.max(1);
+        self.batch_stride_b = self.k * self.b_n();
         self
     }
     /// `batch` GEMMs, operands packed one after the other (the current strides are kept).
@@ -344,6 +408,14 @@ impl GemmProblem {
         self.epilogue.residual = on;
         self
     }
+    /// A GLU epilogue ([`Glu`]): B gets `2N` columns (interleaved gate/up), so B's contiguous
+    /// leading dimension and batch stride are recomputed for the current B layout (set a custom
+    /// `ldb` after this call).
+    pub fn glu(mut self, glu: Glu) -> Self {
+        self.epilogue.glu = glu;
+        let layout = self.b_layout;
+        self.b_layout(layout)
+    }
     pub fn scales(mut self, scales: GemmScales) -> Self {
         self.scales = scales;
         self
@@ -361,17 +433,23 @@ impl GemmProblem {
             Layout::ColMajor => (self.k, self.m),
         }
     }
-    /// `(rows, cols)` of B as stored (row-major: `[K, N]`, column-major: `[N, K]`).
+    /// Columns of the logical B: `N`, or `2N` with a GLU (interleaved gate and up columns).
+    pub fn b_n(&self) -> usize {
+        self.n * self.epilogue.glu.b_factor()
+    }
+    /// `(rows, cols)` of B as stored (row-major: `[K, N]`, column-major: `[N, K]`; `2N` for
+    /// `N` with a GLU).
     pub fn b_stored(&self) -> (usize, usize) {
         match self.b_layout {
-            Layout::RowMajor => (self.k, self.n),
-            Layout::ColMajor => (self.n, self.k),
+            Layout::RowMajor => (self.k, self.b_n()),
+            Layout::ColMajor => (self.b_n(), self.k),
         }
     }
 
-    /// Useful floating-point operations (2 M N K per batch entry).
+    /// Useful floating-point operations (2 M N K per batch entry; 2 M 2N K with a GLU, whose
+    /// product is twice as wide as D).
     pub fn flops(&self) -> f64 {
-        2.0 * self.m as f64 * self.n as f64 * self.k as f64 * self.batch as f64
+        2.0 * self.m as f64 * self.b_n() as f64 * self.k as f64 * self.batch as f64
     }
 
     /// Checks every rule that does not depend on the operands' addresses: supported precision
@@ -424,6 +502,53 @@ impl GemmProblem {
                     self.precision.name()
                 ),
             ));
+        }
+        if e.glu.is_some() {
+            let glu = e.glu.name();
+            if !matches!(
+                self.precision,
+                Precision::F16 | Precision::BF16 | Precision::F32 | Precision::F64
+            ) {
+                return Err(Error::invalid(
+                    "glu",
+                    format!(
+                        "{glu} takes fp16, bf16, fp32 or fp64 inputs, not {}",
+                        self.precision.name()
+                    ),
+                ));
+            }
+            if e.activation != Activation::None {
+                return Err(Error::invalid(
+                    "activation",
+                    format!(
+                        "{} with {glu}: a GLU epilogue applies its own gate activation ({}); leave activation None",
+                        e.activation.name(),
+                        e.glu.gate_activation().name()
+                    ),
+                ));
+            }
+            if e.c {
+                return Err(Error::invalid(
+                    "c",
+                    format!("a beta * C term is not available with {glu} (D = act(gate) * up)"),
+                ));
+            }
+            if e.residual {
+                return Err(Error::invalid(
+                    "residual",
+                    format!("a residual is not available with {glu} (D = act(gate) * up)"),
+                ));
+            }
+            fits_i32("n", self.b_n()).map_err(|_| {
+                Error::invalid(
+                    "n",
+                    format!(
+                        "{glu} with N = {}: B's 2N = {} columns exceed 2^31 - 1",
+                        self.n,
+                        self.b_n()
+                    ),
+                )
+            })?;
         }
         fits_i32("m", self.m)?;
         fits_i32("n", self.n)?;
@@ -638,16 +763,22 @@ pub(crate) fn check_operands(p: &GemmProblem, ops: &GemmOperands<'_>, d: &Tensor
         (false, Some(_)) => return Err(Error::invalid("bias", "given, but the plan's epilogue has no bias")),
         (true, None) => return Err(Error::invalid("bias", "missing: the plan's epilogue adds a bias")),
         (true, Some(b)) => {
-            if b.dtype() != p.out || b.shape() != [p.n] || (p.n > 1 && b.strides() != [1]) {
+            // with a GLU the bias has B's 2N columns (gate and up biases interleaved)
+            let len = p.b_n();
+            if b.dtype() != p.out || b.shape() != [len] || (len > 1 && b.strides() != [1]) {
                 return Err(Error::invalid(
                     "bias",
                     format!(
-                        "{} view {:?} with strides {:?}; the plan expects {} [{}] with stride 1",
+                        "{} view {:?} with strides {:?}; the plan expects {} [{len}] with stride 1{}",
                         b.dtype(),
                         b.shape(),
                         b.strides(),
                         p.out,
-                        p.n
+                        if p.epilogue.glu.is_some() {
+                            " (2N: gate and up biases interleaved, as B's columns)"
+                        } else {
+                            ""
+                        }
                     ),
                 ));
             }

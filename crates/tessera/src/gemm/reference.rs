@@ -21,10 +21,21 @@
 //! smallest subnormal step of the output type. The inputs are the stored (already rounded)
 //! values, so input rounding is not part of the error. Verification also applies DESIGN.md's
 //! rel-L2 budget of the output dtype.
+//!
+//! GLU epilogues ([`Glu`]): the product has `2N` columns (gate `2j`, up `2j + 1`) and
+//! `d = act(g) u` with `g = alpha acc_g + bias_g`, `u = alpha acc_u + bias_u` ([`glu`]). With
+//! `e(S) = 4 u_acc (sqrt(K) + 4) 2 S` the accumulation bound of one half (as above, the 2
+//! covering the activation's slope), the bound is
+//!
+//! ```text
+//! |d - ref| <= u_out |ref| + |u| e(S_g) + |act(g)| e(S_u) + e(S_g) e(S_u) + atol_out
+//! ```
+//!
+//! (first-order error of a product, plus the product of the two errors).
 
 use rayon::prelude::*;
 
-use super::problem::{Activation, GemmProblem, Layout};
+use super::problem::{Activation, GemmProblem, Glu, Layout};
 use crate::dtype::DType;
 
 /// Rows of D per parallel task and columns per block of [`matmul`].
@@ -99,6 +110,29 @@ pub fn epilogue(
     d
 }
 
+/// The GLU epilogue `act(alpha g + bias_g) * (alpha u + bias_u)` of [`Glu`] (`None` biases are
+/// absent); `Glu::None` is the identity on g (u ignored).
+pub fn glu(kind: Glu, gate: f64, up: f64, alpha: f64, bias: Option<(f64, f64)>) -> f64 {
+    let (bg, bu) = bias.unwrap_or((0.0, 0.0));
+    let g = alpha * gate + bg;
+    if kind == Glu::None {
+        return g;
+    }
+    let u = alpha * up + bu;
+    kind.gate_activation().apply(g) * u
+}
+
+/// The GLU bound of the module docs for one element: the reference `reference`, the gate and
+/// up values `g`, `u` entering the product and their magnitudes `s = (S_g, S_u)`
+/// (`|alpha| sum |A||B| + |bias|`).
+#[allow(clippy::too_many_arguments)]
+pub fn glu_bound(kind: Glu, out: DType, acc: DType, k: usize, reference: f64, g: f64, u: f64, s: (f64, f64)) -> f64 {
+    let e = |mag: f64| 4.0 * unit_roundoff(acc) * ((k as f64).sqrt() + 4.0) * 2.0 * mag;
+    let (eg, eu) = (e(s.0), e(s.1));
+    let act_g = kind.gate_activation().apply(g);
+    unit_roundoff(out) * reference.abs() + u.abs() * eg + act_g.abs() * eu + eg * eu + atol(out)
+}
+
 /// Unit roundoff of a storage or accumulate type.
 pub fn unit_roundoff(d: DType) -> f64 {
     match d {
@@ -145,12 +179,14 @@ pub fn gather_a(p: &GemmProblem, stored: &[f64]) -> Vec<f64> {
     out
 }
 
-/// Packed logical B, [batch][K][N], from its stored form.
+/// Packed logical B, [batch][K][N] (N = [`GemmProblem::b_n`]: 2N with a GLU), from its stored
+/// form.
 pub fn gather_b(p: &GemmProblem, stored: &[f64]) -> Vec<f64> {
-    let mut out = Vec::with_capacity(p.batch * p.k * p.n);
+    let bn = p.b_n();
+    let mut out = Vec::with_capacity(p.batch * p.k * bn);
     for z in 0..p.batch {
         for kk in 0..p.k {
-            for j in 0..p.n {
+            for j in 0..bn {
                 let off = z * p.batch_stride_b
                     + match p.b_layout {
                         Layout::RowMajor => kk * p.ldb + j,
@@ -184,8 +220,12 @@ pub struct Logical<'a> {
     pub residual: Option<&'a [f64]>,
 }
 
-/// The reference D ([batch][M][N]) and each element's error bound, for the problem's epilogue.
+/// The reference D ([batch][M][N]) and each element's error bound, for the problem's epilogue
+/// (with a GLU: `x.b` is [batch][K][2N] and `x.bias` [2N], see [`gemm_glu`]).
 pub fn gemm(p: &GemmProblem, x: &Logical<'_>, alpha: f64, beta: f64) -> (Vec<f64>, Vec<f64>) {
+    if p.epilogue.glu.is_some() {
+        return gemm_glu(p, x, alpha);
+    }
     let (m, n, k) = (p.m, p.n, p.k);
     let acc_dtype = if p.out == DType::F64 { DType::F64 } else { DType::F32 };
     let mut d = Vec::with_capacity(p.batch * m * n);
@@ -208,6 +248,38 @@ pub fn gemm(p: &GemmProblem, x: &Logical<'_>, alpha: f64, beta: f64) -> (Vec<f64
                     alpha.abs() * mag[i * n + j] + c.map_or(0.0, |(b, c)| (b * c).abs()) + bias.map_or(0.0, f64::abs);
                 d.push(v);
                 tol.push(bound(p.out, acc_dtype, k, v, s, res.map_or(0.0, f64::abs)));
+            }
+        }
+    }
+    (d, tol)
+}
+
+/// The GLU reference: the `[M, 2N]` product (interleaved gate and up columns), then [`glu`]
+/// per output column with the bound [`glu_bound`]. C and R do not exist with a GLU.
+pub fn gemm_glu(p: &GemmProblem, x: &Logical<'_>, alpha: f64) -> (Vec<f64>, Vec<f64>) {
+    let (m, n, k) = (p.m, p.n, p.k);
+    let bn = p.b_n();
+    let kind = p.epilogue.glu;
+    let acc_dtype = if p.out == DType::F64 { DType::F64 } else { DType::F32 };
+    let mut d = Vec::with_capacity(p.batch * m * n);
+    let mut tol = Vec::with_capacity(p.batch * m * n);
+    for z in 0..p.batch {
+        let a = &x.a[z * m * k..(z + 1) * m * k];
+        let b = &x.b[z * k * bn..(z + 1) * k * bn];
+        let acc = matmul(a, b, m, bn, k);
+        let abs_a: Vec<f64> = a.iter().map(|v| v.abs()).collect();
+        let abs_b: Vec<f64> = b.iter().map(|v| v.abs()).collect();
+        let mag = matmul(&abs_a, &abs_b, m, bn, k);
+        for i in 0..m {
+            for j in 0..n {
+                let (cg, cu) = (i * bn + 2 * j, i * bn + 2 * j + 1);
+                let bias = x.bias.map(|b| (b[2 * j], b[2 * j + 1]));
+                let (bg, bu) = bias.unwrap_or((0.0, 0.0));
+                let v = glu(kind, acc[cg], acc[cu], alpha, bias);
+                let (g, u) = (alpha * acc[cg] + bg, alpha * acc[cu] + bu);
+                let s = (alpha.abs() * mag[cg] + bg.abs(), alpha.abs() * mag[cu] + bu.abs());
+                d.push(v);
+                tol.push(glu_bound(kind, p.out, acc_dtype, k, v, g, u, s));
             }
         }
     }

@@ -13,6 +13,8 @@ pub const THREADS: u32 = 256;
 pub struct SimtVariant {
     pub input: DType,
     pub out: DType,
+    /// The GLU epilogue (gemm_simt.cu's kGlu): B has 2N interleaved gate/up columns.
+    pub glu: bool,
 }
 
 impl SimtVariant {
@@ -39,11 +41,13 @@ impl SimtVariant {
             .ty("Out", self.out)
             .ty("Acc", acc)
             .int("kTM", "tm", self.thread_tile() as i64)
+            .flag("kGlu", "glu", self.glu)
     }
     pub fn spec(&self) -> KernelSpec {
         self.key()
             .spec("gemm_simt.cu", SOURCE, "gemm_simt", super::DEVICE_HEADERS)
     }
+    /// The launch for an M x N problem of `batch` entries (N: B's columns, 2N with a GLU).
     pub fn launch_config(&self, m: usize, n: usize, batch: usize) -> LaunchConfig {
         let t = self.tile();
         LaunchConfig {
@@ -53,21 +57,24 @@ impl SimtVariant {
     }
 }
 
-/// Every variant: fp32 -> fp32, fp64 -> fp64, fp16/bf16 -> fp16/bf16/fp32.
+/// Every variant: fp32 -> fp32, fp64 -> fp64, fp16/bf16 -> fp16/bf16/fp32, each plain and GLU.
 pub fn all_variants() -> Vec<SimtVariant> {
-    let mut v = vec![
-        SimtVariant {
+    let mut v = Vec::new();
+    for glu in [false, true] {
+        v.push(SimtVariant {
             input: DType::F32,
             out: DType::F32,
-        },
-        SimtVariant {
+            glu,
+        });
+        v.push(SimtVariant {
             input: DType::F64,
             out: DType::F64,
-        },
-    ];
-    for input in [DType::F16, DType::BF16] {
-        for out in [DType::F16, DType::BF16, DType::F32] {
-            v.push(SimtVariant { input, out });
+            glu,
+        });
+        for input in [DType::F16, DType::BF16] {
+            for out in [DType::F16, DType::BF16, DType::F32] {
+                v.push(SimtVariant { input, out, glu });
+            }
         }
     }
     v

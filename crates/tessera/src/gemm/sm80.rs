@@ -24,6 +24,8 @@ pub struct Sm80Variant {
     pub out: DType,
     /// B stored [N, K].
     pub b_col_major: bool,
+    /// The GLU epilogue (gemm_sm80.cu's kGlu): B has 2N interleaved gate/up columns.
+    pub glu: bool,
 }
 
 impl Sm80Variant {
@@ -32,12 +34,13 @@ impl Sm80Variant {
             .ty("Elem", self.input)
             .ty("Out", self.out)
             .flag("kBColMajor", "nk", self.b_col_major)
+            .flag("kGlu", "glu", self.glu)
     }
     pub fn spec(&self) -> KernelSpec {
         self.key()
             .spec("gemm_sm80.cu", SOURCE, "gemm_sm80", super::DEVICE_HEADERS)
     }
-    /// The launch for an M x N problem of `batch` entries.
+    /// The launch for an M x N problem of `batch` entries (N: B's columns, 2N with a GLU).
     pub fn launch_config(m: usize, n: usize, batch: usize) -> LaunchConfig {
         LaunchConfig {
             grid: (n.div_ceil(TILE_N) as u32, m.div_ceil(TILE_M) as u32, batch as u32),
@@ -46,17 +49,20 @@ impl Sm80Variant {
     }
 }
 
-/// Every variant (2 inputs x 3 outputs x 2 B layouts).
+/// Every variant (2 inputs x 3 outputs x 2 B layouts x {plain, GLU}).
 pub fn all_variants() -> Vec<Sm80Variant> {
     let mut v = Vec::new();
-    for input in [DType::F16, DType::BF16] {
-        for out in [DType::F16, DType::BF16, DType::F32] {
-            for b_col_major in [false, true] {
-                v.push(Sm80Variant {
-                    input,
-                    out,
-                    b_col_major,
-                });
+    for glu in [false, true] {
+        for input in [DType::F16, DType::BF16] {
+            for out in [DType::F16, DType::BF16, DType::F32] {
+                for b_col_major in [false, true] {
+                    v.push(Sm80Variant {
+                        input,
+                        out,
+                        b_col_major,
+                        glu,
+                    });
+                }
             }
         }
     }

@@ -1,9 +1,11 @@
 //! GEMM tests without a GPU: the reference against the triple loop, erf, the epilogue order,
 //! the Rust/device activation codes, problem validation, dispatch, split-K sizing, and (with
-//! NVRTC) every kernel variant compiling for every CI architecture without spills.
+//! NVRTC) every kernel variant compiling for every CI architecture without spills; the GLU
+//! epilogue's validation, dispatch, reference and weight layout.
 
+use super::glu::interleave_host;
 use super::plan::{choose_path, kernel_specs, GemmPath};
-use super::problem::{erf64, Activation, GemmProblem, GemmScales, Layout, Precision};
+use super::problem::{erf64, Activation, GemmProblem, GemmScales, Glu, Layout, Precision};
 use super::reference::{self, matmul, matmul_naive};
 use super::skinny::{choose_splits, CHUNK_K};
 use crate::dtype::DType;
@@ -299,8 +301,9 @@ fn every_variant_is_listed_once_per_arch() {
         names.dedup();
         assert_eq!(n, names.len(), "duplicate variant names for {arch}");
         // simt, sm80, skinny, split-K reductions, dmma; on sm_90 the Hopper variants too
-        let hopper = if arch == Arch::SM90 { 38 } else { 0 };
-        assert_eq!(n, 8 + 12 + 6 + 3 + 1 + hopper, "{arch}: {names:?}");
+        // (simt and sm80 plain and GLU; the GLU interleave copy for 1/2/4/8-byte elements)
+        let hopper = if arch == Arch::SM90 { 38 + 16 } else { 0 };
+        assert_eq!(n, 16 + 24 + 6 + 3 + 1 + 4 + hopper, "{arch}: {names:?}");
     }
 }
 
@@ -331,4 +334,181 @@ fn gemm_kernels_compile_for_every_ci_arch_without_spills() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn glu_problem_has_2n_columns_of_b_and_names_broken_rules() {
+    let p = GemmProblem::new(Precision::BF16, DType::BF16, 64, 48, 32).glu(Glu::SwiGlu);
+    assert!(p.validate().is_ok());
+    assert_eq!(p.b_n(), 96);
+    assert_eq!((p.ldb, p.batch_stride_b), (96, 32 * 96));
+    assert_eq!(p.b_stored(), (32, 96));
+    let nk = p.clone().b_layout(Layout::ColMajor);
+    assert_eq!((nk.b_stored(), nk.ldb), ((96, 32), 32));
+    // the order of the builders does not matter for the contiguous ldb
+    let nk2 = GemmProblem::new(Precision::BF16, DType::BF16, 64, 48, 32)
+        .b_layout(Layout::ColMajor)
+        .glu(Glu::SwiGlu);
+    assert_eq!(nk, nk2);
+    assert_eq!(p.flops(), 2.0 * 64.0 * 96.0 * 32.0);
+    // ldb must cover 2N
+    let mut q = p.clone();
+    q.ldb = 48;
+    assert_eq!(arg_of(q.validate().unwrap_err()), "ldb");
+    assert_eq!(arg_of(p.clone().with_c(true).validate().unwrap_err()), "c");
+    assert_eq!(arg_of(p.clone().residual(true).validate().unwrap_err()), "residual");
+    assert_eq!(
+        arg_of(p.clone().activation(Activation::Silu).validate().unwrap_err()),
+        "activation"
+    );
+    assert!(p.clone().bias(true).validate().is_ok());
+    for prec in [Precision::Tf32, Precision::Fp8E4M3, Precision::Int8] {
+        let q = GemmProblem::new(prec, DType::F32, 8, 8, 16)
+            .b_layout(Layout::ColMajor)
+            .glu(Glu::GeGluErf);
+        assert_eq!(arg_of(q.validate().unwrap_err()), "glu", "{prec:?}");
+    }
+    for prec in [Precision::F32, Precision::F64] {
+        let out = if prec == Precision::F64 { DType::F64 } else { DType::F32 };
+        assert!(GemmProblem::new(prec, out, 8, 8, 16)
+            .glu(Glu::GeGluTanh)
+            .validate()
+            .is_ok());
+    }
+    // 2N past 2^31 - 1
+    let q = GemmProblem::new(Precision::BF16, DType::BF16, 8, 1 << 30, 16).glu(Glu::SwiGlu);
+    assert_eq!(arg_of(q.validate().unwrap_err()), "n");
+    for g in Glu::ALL {
+        assert_eq!(Glu::parse(g.name()), Some(g));
+    }
+    assert_eq!(Glu::parse("GeGLU_erf"), Some(Glu::GeGluErf));
+    assert_eq!(Glu::SwiGlu.gate_activation(), Activation::Silu);
+}
+
+#[test]
+fn glu_dispatch_skips_the_paths_without_it() {
+    let h = |m, n, k| {
+        GemmProblem::new(Precision::BF16, DType::BF16, m, n, k)
+            .b_layout(Layout::ColMajor)
+            .glu(Glu::SwiGlu)
+    };
+    // decode shapes: not the skinny path (no GLU there)
+    assert_eq!(
+        choose_path(&h(8, 4096, 4096), Arch::SM80, GemmPath::Auto).unwrap(),
+        GemmPath::Sm80
+    );
+    assert_eq!(
+        choose_path(&h(8, 4096, 4096), Arch::SM90, GemmPath::Auto).unwrap(),
+        GemmPath::Hopper
+    );
+    assert_eq!(
+        choose_path(&h(4096, 14336, 4096), Arch::SM90, GemmPath::Auto).unwrap(),
+        GemmPath::Hopper
+    );
+    assert_eq!(
+        choose_path(&h(64, 64, 7), Arch::SM80, GemmPath::Auto).unwrap(),
+        GemmPath::Simt
+    );
+    for forced in [GemmPath::Skinny, GemmPath::Dmma] {
+        assert_eq!(
+            arg_of(choose_path(&h(8, 64, 64), Arch::SM80, forced).unwrap_err()),
+            "glu"
+        );
+    }
+    let f64p = GemmProblem::new(Precision::F64, DType::F64, 64, 64, 64).glu(Glu::SwiGlu);
+    assert_eq!(choose_path(&f64p, Arch::SM80, GemmPath::Auto).unwrap(), GemmPath::Simt);
+    // a B [K, 2N] whose 2N rows are 16-byte multiples stays on the Hopper path
+    let kn = GemmProblem::new(Precision::F16, DType::F16, 256, 260, 64).glu(Glu::GeGluErf);
+    assert_eq!(
+        choose_path(&kn, Arch::SM90, GemmPath::Auto).unwrap(),
+        GemmPath::Sm80,
+        "ldd 520 B"
+    );
+    let kn = GemmProblem::new(Precision::F16, DType::F16, 256, 264, 64).glu(Glu::GeGluErf);
+    assert_eq!(choose_path(&kn, Arch::SM90, GemmPath::Auto).unwrap(), GemmPath::Hopper);
+}
+
+#[test]
+fn glu_reference_is_two_products_of_the_separate_weights() {
+    // interleaving [Wg | Wu] (B [K, 2N]) and the GLU reference equal act(X Wg + bg) (X Wu + bu)
+    // computed from the separate weights with the plain epilogue reference
+    let (m, n, k) = (5, 7, 9);
+    let x = rand(1, m, k);
+    let wg = rand(2, k, n);
+    let wu = rand(3, k, n);
+    let bg = rand(4, 1, n);
+    let bu = rand(5, 1, n);
+    let stacked: Vec<f64> = (0..k)
+        .flat_map(|r| wg[r * n..(r + 1) * n].iter().chain(&wu[r * n..(r + 1) * n]).copied())
+        .collect();
+    let b = interleave_host(&stacked, n, k, Layout::RowMajor);
+    let bias = interleave_host(&[bg.clone(), bu.clone()].concat(), n, 1, Layout::ColMajor);
+    for kind in [Glu::SwiGlu, Glu::GeGluErf, Glu::GeGluTanh] {
+        let p = GemmProblem::new(Precision::F32, DType::F32, m, n, k)
+            .glu(kind)
+            .bias(true);
+        let (d, tol) = reference::gemm(
+            &p,
+            &reference::Logical {
+                a: &x,
+                b: &b,
+                c: None,
+                bias: Some(&bias),
+                residual: None,
+            },
+            0.5,
+            0.0,
+        );
+        let g = matmul(&x, &wg, m, n, k);
+        let u = matmul(&x, &wu, m, n, k);
+        for i in 0..m {
+            for j in 0..n {
+                let e = i * n + j;
+                let gate = reference::epilogue(kind.gate_activation(), g[e], 0.5, None, Some(bg[j]), None);
+                let up = reference::epilogue(Activation::None, u[e], 0.5, None, Some(bu[j]), None);
+                assert!((d[e] - gate * up).abs() <= 1e-12 * (1.0 + d[e].abs()), "{kind:?} {e}");
+                assert!(
+                    tol[e] > 0.0 && tol[e] < 1e-3 * (1.0 + d[e].abs()),
+                    "{kind:?} {e}: {}",
+                    tol[e]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn glu_interleave_host_layouts() {
+    // [2N, K]: rows 2j / 2j + 1 are gate / up row j
+    let stacked: Vec<u32> = (0..6 * 2).collect(); // 2N = 6 rows of K = 2
+    let out = interleave_host(&stacked, 3, 2, Layout::ColMajor);
+    assert_eq!(out, vec![0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11]);
+    // [K, 2N]: columns 2j / 2j + 1 are gate / up column j
+    let stacked: Vec<u32> = (0..2 * 6).collect(); // K = 2 rows of 2N = 6
+    let out = interleave_host(&stacked, 3, 2, Layout::RowMajor);
+    assert_eq!(out, vec![0, 3, 1, 4, 2, 5, 6, 9, 7, 10, 8, 11]);
+    assert!(interleave_host::<u8>(&[], 0, 5, Layout::ColMajor).is_empty());
+}
+
+#[test]
+fn every_verify_case_plans_on_sm80_and_sm90() {
+    // the verify cases (GLU ones included) are valid problems whose forced paths can run them
+    for case in super::verify::cases(false)
+        .into_iter()
+        .chain(super::verify::cases(true))
+    {
+        let p = case.problem();
+        assert!(p.validate().is_ok(), "{}: {:?}", case.name(), p.validate());
+        for arch in [Arch::SM80, Arch::SM90] {
+            let path = choose_path(&p, arch, case.path);
+            assert!(path.is_ok(), "{} on {arch}: {path:?}", case.name());
+        }
+    }
+    // and some GLU cases reach the Hopper path through the dispatcher on sm_90
+    let hopper_glu = super::verify::cases(false)
+        .into_iter()
+        .filter(|c| c.epilogue.glu.is_some())
+        .filter(|c| choose_path(&c.problem(), Arch::SM90, c.path).ok() == Some(GemmPath::Hopper))
+        .count();
+    assert!(hopper_glu >= 6, "{hopper_glu}");
 }

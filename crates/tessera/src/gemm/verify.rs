@@ -4,13 +4,16 @@
 //! C (separate or D itself) and residual, every precision and output dtype, batches, NaN/Inf
 //! inputs, and forced paths. Each case passes when no element breaks the bound of
 //! [`reference`](super::reference), the rel-L2 budget of the output dtype holds, every NaN/Inf of
-//! the reference is reproduced, and D's padding is untouched. A last job checks that bad input is
-//! refused with an error naming the argument, leaving D untouched.
+//! the reference is reproduced, and D's padding is untouched. GLU epilogues (SwiGLU, GeGLU erf and
+//! tanh) run on every path that has them (auto, sm80, simt; hopper on sm_90 through auto), both B
+//! layouts, odd N, with and without the interleaved bias, and end to end from separate gate and up
+//! weights through [`GluInterleave`](super::glu::GluInterleave). A last job checks that bad input
+//! is refused with an error naming the argument, leaving D untouched.
 
 use serde_json::{json, Value};
 
 use super::plan::{GemmOptions, GemmPath, GemmPlan, GemmTuning};
-use super::problem::{Activation, COperand, GemmEpilogue, GemmOperands, GemmProblem, Layout, Precision};
+use super::problem::{Activation, COperand, GemmEpilogue, GemmOperands, GemmProblem, Glu, Layout, Precision};
 use super::reference::{self, Logical};
 use crate::check::{compare, to_f64_vec};
 use crate::dtype::{DType, Element};
@@ -78,6 +81,9 @@ impl Case {
         if e.activation != Activation::None {
             s.push_str(&format!(" {}", e.activation.name()));
         }
+        if e.glu.is_some() {
+            s.push_str(&format!(" {}", e.glu.name()));
+        }
         if e.bias {
             s.push_str(" bias");
         }
@@ -102,6 +108,7 @@ impl Case {
             "dtype": self.precision.name(), "out": self.out.name(),
             "a_layout": layout_name(self.a_layout, 'a'), "b_layout": layout_name(self.b_layout, 'b'),
             "pad": self.pad, "activation": self.epilogue.activation.name(),
+            "glu": self.epilogue.glu.name(),
             "bias": self.epilogue.bias, "c": self.epilogue.c, "c_in_d": self.c_in_d,
             "residual": self.epilogue.residual, "path": self.path.name(),
             "special": self.special == Special::NanInf,
@@ -115,6 +122,8 @@ impl Case {
             .b_layout(self.b_layout)
             .batched(self.batch);
         p.epilogue = self.epilogue;
+        // B's contiguous ldb and stride for its 2N columns with a GLU
+        p = p.b_layout(self.b_layout);
         let (ar, _) = p.a_stored();
         let (br, _) = p.b_stored();
         p.lda += self.pad;
@@ -205,6 +214,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                     bias: i % 2 == 0,
                     c: i % 3 != 1,
                     residual: i % 4 == 3,
+                    glu: Glu::None,
                 };
                 c.c_in_d = i % 6 == 0;
                 out.push(c);
@@ -221,6 +231,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             bias: true,
             c: true,
             residual: true,
+            glu: Glu::None,
         };
         out.push(c);
     }
@@ -238,6 +249,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 bias: true,
                 c: true,
                 residual: false,
+                glu: Glu::None,
             };
             c.c_in_d = true;
             out.push(c);
@@ -288,6 +300,81 @@ pub fn cases(quick: bool) -> Vec<Case> {
             c.epilogue.c = true;
             out.push(c);
         }
+    }
+    // GLU epilogues: each kind on each path that has it (auto = hopper on sm_90, else sm80 or
+    // simt), both B layouts, odd N and K tails, bias [2N] on and off, every input precision
+    let glu_shapes: &[(usize, usize, usize)] = if quick {
+        &[(7, 129, 72)]
+    } else {
+        &[
+            (1, 1, 8),
+            (7, 129, 72),
+            (129, 127, 136),
+            (200, 300, 520),
+            (257, 65, 1000),
+        ]
+    };
+    let glu_paths = [GemmPath::Auto, GemmPath::Sm80, GemmPath::Simt];
+    let mut g = 0usize;
+    for &(m, n, k) in glu_shapes {
+        for kind in [Glu::SwiGlu, Glu::GeGluErf, Glu::GeGluTanh] {
+            for &path in &glu_paths {
+                g += 1;
+                let (precision, o) = [
+                    (Precision::BF16, DType::BF16),
+                    (Precision::F16, DType::F16),
+                    (Precision::BF16, DType::F32),
+                ][g % 3];
+                let mut c = base(precision, o, m, n, k);
+                c.b_layout = if g % 2 == 0 { Layout::ColMajor } else { Layout::RowMajor };
+                c.path = path;
+                c.pad = if g % 4 == 1 { 8 } else { 0 };
+                c.epilogue.glu = kind;
+                c.epilogue.bias = g % 3 != 0;
+                // the sm80 path needs ldb a multiple of 8 elements: B [K, 2N] only when 2N + pad is
+                if path == GemmPath::Sm80 && c.b_layout == Layout::RowMajor && (2 * n + c.pad) % 8 != 0 {
+                    c.b_layout = Layout::ColMajor;
+                }
+                out.push(c);
+            }
+        }
+    }
+    // N with 16-byte rows of D (and B [K, 2N]): what the Hopper path takes through auto on sm_90
+    for (j, kind) in [Glu::SwiGlu, Glu::GeGluErf, Glu::GeGluTanh].into_iter().enumerate() {
+        if quick && j > 0 {
+            break;
+        }
+        for (precision, o, m, n, k, bl) in [
+            (Precision::BF16, DType::BF16, 300, 264, 520, Layout::ColMajor),
+            (Precision::F16, DType::F32, 129, 136, 104, Layout::RowMajor),
+        ] {
+            let mut c = base(precision, o, m, n, k);
+            c.b_layout = bl;
+            c.epilogue.glu = kind;
+            c.epilogue.bias = j != 1;
+            c.pad = if j == 2 { 8 } else { 0 };
+            out.push(c);
+        }
+    }
+    if !quick {
+        // exact fp32 and fp64 (simt), a batch, and an LLM-like shape through the dispatcher
+        for (precision, o) in [(Precision::F32, DType::F32), (Precision::F64, DType::F64)] {
+            let mut c = base(precision, o, 67, 93, 130);
+            c.b_layout = Layout::ColMajor;
+            c.epilogue.glu = Glu::SwiGlu;
+            c.epilogue.bias = true;
+            out.push(c);
+        }
+        let mut c = base(Precision::BF16, DType::BF16, 65, 70, 136);
+        c.batch = 3;
+        c.b_layout = Layout::ColMajor;
+        c.epilogue.glu = Glu::GeGluTanh;
+        c.epilogue.bias = true;
+        out.push(c);
+        let mut c = base(Precision::BF16, DType::BF16, 512, 1408, 1024);
+        c.b_layout = Layout::ColMajor;
+        c.epilogue.glu = Glu::SwiGlu;
+        out.push(c);
     }
     // NaN / Inf propagation through every activation
     for (j, act) in Activation::ALL.into_iter().enumerate() {
@@ -343,7 +430,8 @@ fn run<I: Element, O: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<
         b[off] = I::from_f64(f64::INFINITY);
     }
     let c: Vec<O> = stored(seed ^ 0xc, p.batch, p.m, p.n, p.ldc);
-    let bias: Vec<O> = stored(seed ^ 0xd, 1, 1, p.n.max(1), p.n.max(1));
+    // [N], or [2N] (gate and up interleaved) with a GLU
+    let bias: Vec<O> = stored(seed ^ 0xd, 1, 1, p.b_n().max(1), p.b_n().max(1));
     let res: Vec<O> = stored(seed ^ 0xe, p.batch, p.m, p.n, p.ldr);
     // D starts as C when C is D, else poisoned
     let d0: Vec<O> = if case.c_in_d && p.epilogue.c {
@@ -405,7 +493,7 @@ fn run<I: Element, O: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<
             (true, false) => COperand::Tensor(dc.view(&sc, &tc)?),
         },
         bias: if p.epilogue.bias {
-            Some(dbias.view(&[p.n], &[1])?)
+            Some(dbias.view(&[p.b_n()], &[1])?)
         } else {
             None
         },
@@ -458,6 +546,145 @@ fn run<I: Element, O: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<
     Ok(VerifyOutcome {
         case: case.name(),
         params: case.params(),
+        path: format!("{} ({})", plan.path().name(), plan.kernel_name()),
+        passed: comparison.passes(budget) && notes.is_empty(),
+        comparison,
+        budget,
+        note: (!notes.is_empty()).then(|| notes.join("; ")),
+        skipped: None,
+    })
+}
+
+/// The GLU weight preparation end to end, for B stored `layout`: separate gate and up weights
+/// (bf16, `[N, K]` each for B [2N, K], `[K, N]` for B [K, 2N]) are concatenated on the host,
+/// interleaved on the device by [`GluInterleave`](super::glu::GluInterleave) (checked bitwise
+/// against [`interleave_host`](super::glu::interleave_host)), then a SwiGLU GEMM with an
+/// interleaved bias runs through the dispatcher and is checked against
+/// `silu(X Wg + bg) * (X Wu + bu)` computed from the separate weights by two f64 products.
+pub fn verify_glu_interleave(ctx: &Context, layout: &Layout, seed: u64) -> Result<VerifyOutcome> {
+    use super::glu::{interleave_host, GluInterleave};
+    use half::bf16;
+    let layout = *layout;
+    let (m, n, k) = (77, 200, 136);
+    let dist = Dist::Normal { std: 1.0 };
+    let (wr, wc) = if layout == Layout::ColMajor { (n, k) } else { (k, n) };
+    let wg: Vec<bf16> = random_matrix(seed, wr, wc, wc, dist);
+    let wu: Vec<bf16> = random_matrix(seed ^ 1, wr, wc, wc, dist);
+    let x: Vec<bf16> = random_matrix(seed ^ 2, m, k, k, dist);
+    let bg: Vec<bf16> = random_matrix(seed ^ 3, 1, n, n, dist);
+    let bu: Vec<bf16> = random_matrix(seed ^ 4, 1, n, n, dist);
+    // [Wg; Wu] stacked along rows, or [Wg | Wu] side by side
+    let stacked: Vec<bf16> = if layout == Layout::ColMajor {
+        wg.iter().chain(&wu).copied().collect()
+    } else {
+        (0..k)
+            .flat_map(|r| wg[r * n..(r + 1) * n].iter().chain(&wu[r * n..(r + 1) * n]).copied())
+            .collect()
+    };
+    let bias_stacked: Vec<bf16> = bg.iter().chain(&bu).copied().collect();
+    let want_w = interleave_host(&stacked, n, k, layout);
+    let want_bias = interleave_host(&bias_stacked, n, 1, Layout::ColMajor);
+
+    let plan_w = GluInterleave::new(ctx, DType::BF16, n, k, layout)?;
+    let plan_b = GluInterleave::new(ctx, DType::BF16, n, 1, Layout::ColMajor)?;
+    let (sr, sc) = plan_w.stored();
+    let d_stacked = ctx.upload(&stacked)?;
+    let d_bias_stacked = ctx.upload(&bias_stacked)?;
+    let mut d_w = ctx.alloc::<bf16>(sr * sc)?;
+    let mut d_bias = ctx.alloc::<bf16>(2 * n)?;
+    plan_w.run(&d_stacked.matrix(sr, sc, sc)?, &mut d_w.matrix_mut(sr, sc, sc)?)?;
+    plan_b.run(
+        &d_bias_stacked.matrix(2 * n, 1, 1)?,
+        &mut d_bias.matrix_mut(2 * n, 1, 1)?,
+    )?;
+    let got_w = d_w.to_host()?;
+    let got_bias = d_bias.to_host()?;
+    let mut notes = Vec::new();
+    let bad_w = got_w
+        .iter()
+        .zip(&want_w)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let bad_b = got_bias
+        .iter()
+        .zip(&want_bias)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    if bad_w + bad_b > 0 {
+        notes.push(format!(
+            "device interleave differs from the host's in {bad_w} weight and {bad_b} bias elements"
+        ));
+    }
+
+    let p = GemmProblem::new(Precision::BF16, DType::BF16, m, n, k)
+        .glu(Glu::SwiGlu)
+        .b_layout(layout)
+        .bias(true);
+    let plan = GemmPlan::new(ctx, &p, &GemmOptions::default())?;
+    let d_x = ctx.upload(&x)?;
+    let mut d_d = ctx.alloc::<bf16>(m * n)?;
+    let ops = GemmOperands {
+        a: d_x.matrix(m, k, k)?,
+        b: d_w.matrix(sr, sc, sc)?,
+        c: COperand::None,
+        bias: Some(d_bias.view(&[2 * n], &[1])?),
+        residual: None,
+    };
+    plan.run(1.0, 0.0, &ops, &mut d_d.matrix_mut(m, n, n)?)?;
+    let got = to_f64_vec(&d_d.to_host()?);
+
+    // the reference from the separate weights: logical [K, N] each
+    let logical = |w: &[bf16]| -> Vec<f64> {
+        let w = to_f64_vec(w);
+        if layout == Layout::ColMajor {
+            (0..k * n).map(|e| w[(e % n) * k + e / n]).collect()
+        } else {
+            w
+        }
+    };
+    let xf = to_f64_vec(&x);
+    let (gl, ul) = (logical(&wg), logical(&wu));
+    let (g, u) = (
+        reference::matmul(&xf, &gl, m, n, k),
+        reference::matmul(&xf, &ul, m, n, k),
+    );
+    let abs = |v: &[f64]| v.iter().map(|x| x.abs()).collect::<Vec<_>>();
+    let (sg, su) = (
+        reference::matmul(&abs(&xf), &abs(&gl), m, n, k),
+        reference::matmul(&abs(&xf), &abs(&ul), m, n, k),
+    );
+    let (bgf, buf) = (to_f64_vec(&bg), to_f64_vec(&bu));
+    let mut want = Vec::with_capacity(m * n);
+    let mut tol = Vec::with_capacity(m * n);
+    for i in 0..m {
+        for j in 0..n {
+            let e = i * n + j;
+            let v = reference::glu(Glu::SwiGlu, g[e], u[e], 1.0, Some((bgf[j], buf[j])));
+            want.push(v);
+            tol.push(reference::glu_bound(
+                Glu::SwiGlu,
+                DType::BF16,
+                DType::F32,
+                k,
+                v,
+                g[e] + bgf[j],
+                u[e] + buf[j],
+                (sg[e] + bgf[j].abs(), su[e] + buf[j].abs()),
+            ));
+        }
+    }
+    let over = (0..want.len()).filter(|&e| (got[e] - want[e]).abs() > tol[e]).count();
+    if over > 0 {
+        notes.push(format!("{over} elements beyond the error bound"));
+    }
+    let comparison = compare(&got, &want, 0.0, 0.0);
+    let budget = DType::BF16.rel_l2_budget();
+    Ok(VerifyOutcome {
+        case: format!(
+            "gemm glu interleave + swiglu bf16 {m}x{n}x{k} {}",
+            layout_name(layout, 'b')
+        ),
+        params: json!({"M": m, "N": n, "K": k, "b_layout": layout_name(layout, 'b')}),
         path: format!("{} ({})", plan.path().name(), plan.kernel_name()),
         passed: comparison.passes(budget) && notes.is_empty(),
         comparison,
@@ -525,6 +752,69 @@ pub fn verify_bad_inputs(ctx: &Context, _case: &(), _seed: u64) -> Result<Verify
         ),
         "m",
     );
+    let glu = p.clone().glu(Glu::SwiGlu);
+    expect(
+        "glu with C",
+        plan_err(&glu.clone().with_c(true), GemmTuning::default()),
+        "c",
+    );
+    expect(
+        "glu with a residual",
+        plan_err(&glu.clone().residual(true), GemmTuning::default()),
+        "residual",
+    );
+    expect(
+        "glu with an activation",
+        plan_err(&glu.clone().activation(Activation::Relu), GemmTuning::default()),
+        "activation",
+    );
+    expect(
+        "glu forced onto the skinny path",
+        plan_err(
+            &glu,
+            GemmTuning {
+                path: GemmPath::Skinny,
+                splits: None,
+                ..GemmTuning::default()
+            },
+        ),
+        "glu",
+    );
+    expect(
+        "glu with fp8 inputs",
+        plan_err(
+            &GemmProblem::new(Precision::Fp8E4M3, DType::BF16, m, n, k)
+                .b_layout(Layout::ColMajor)
+                .glu(Glu::SwiGlu),
+            GemmTuning::default(),
+        ),
+        "glu",
+    );
+    {
+        // a GLU plan given B [N, K] instead of [2N, K], and a bias of N instead of 2N
+        let glu_plan = GemmPlan::new(ctx, &glu.clone().bias(true), &GemmOptions::default())?;
+        let b2 = ctx.upload(&vec![half::f16::ONE; 2 * n * k])?;
+        let bias2 = ctx.upload(&vec![half::f16::ONE; 2 * n])?;
+        let mut ops = GemmOperands {
+            a: a.matrix(m, k, k)?,
+            b: b.matrix(n, k, k)?,
+            c: COperand::None,
+            bias: Some(bias2.view(&[2 * n], &[1])?),
+            residual: None,
+        };
+        expect(
+            "glu with B of N rows",
+            glu_plan.run(1.0, 0.0, &ops, &mut d.matrix_mut(m, n, n)?),
+            "b",
+        );
+        ops.b = b2.matrix(2 * n, k, k)?;
+        ops.bias = Some(bias.view(&[n], &[1])?);
+        expect(
+            "glu with a bias of N",
+            glu_plan.run(1.0, 0.0, &ops, &mut d.matrix_mut(m, n, n)?),
+            "bias",
+        );
+    }
     let plan = GemmPlan::new(
         ctx,
         &p,
@@ -582,7 +872,7 @@ pub fn verify_bad_inputs(ctx: &Context, _case: &(), _seed: u64) -> Result<Verify
     }
     Ok(VerifyOutcome {
         case: "gemm bad input".into(),
-        params: json!({"checks": 10}),
+        params: json!({"checks": 17}),
         path: "-".into(),
         comparison: compare(&[], &[], 0.0, 0.0),
         budget: 0.0,
