@@ -1287,9 +1287,9 @@ def test_sparse_from_scipy_and_errors():
     A = tessera.sparse.csr_matrix(S)
     assert A.shape == S.shape and A.nnz == S.nnz and A.index_dtype == "int32"
     x = torch.from_numpy(rng.standard_normal(300)).to(DEV)
-    assert rel_l2(A @ x, torch.from_numpy(S @ x.cpu().numpy())) < 1e-12
+    assert rel_l2(A @ x, torch.from_numpy(S @ x.cpu().numpy()).to(DEV)) < 1e-12
     u = torch.from_numpy(rng.standard_normal(500)).to(DEV)
-    assert rel_l2(A.T @ u, torch.from_numpy(S.T @ u.cpu().numpy())) < 1e-12
+    assert rel_l2(A.T @ u, torch.from_numpy(S.T @ u.cpu().numpy()).to(DEV)) < 1e-12
     with pytest.raises(ValueError, match="`x`: has dtype float32; the matrix holds float64"):
         A @ x.float()
     with pytest.raises(ValueError, match="`x`: has shape"):
@@ -1299,7 +1299,7 @@ def test_sparse_from_scipy_and_errors():
     with torch.cuda.stream(s):
         y = A @ x
     s.synchronize()
-    assert rel_l2(y, torch.from_numpy(S @ x.cpu().numpy())) < 1e-12
+    assert rel_l2(y, torch.from_numpy(S @ x.cpu().numpy()).to(DEV)) < 1e-12
 
 
 # -- lsmr ----------------------------------------------------------------------------------

@@ -21,13 +21,16 @@
 // Activations, all in f32 and NaN-propagating (a NaN input gives a NaN output):
 //   1 relu       x < 0 ? 0 : x                      (NaN < 0 is false, so NaN passes through)
 //   2 gelu_erf   0.5 x (1 + erf(x / sqrt 2))        (torch gelu(approximate='none'))
+//                computed as 0.5 x erfc(-x / sqrt 2): the same function without the
+//                cancellation of 1 + erf near -1 (x < -2 lost up to 1e-4 relative in f32)
 //   3 gelu_tanh  0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))   (approximate='tanh')
+//                computed as x / (1 + exp(-2 u)), u the tanh argument, for the same reason
 //   4 silu       x / (1 + exp(-x))                  (x sigmoid(x); -0 for x -> -inf ... -88)
 // GLU epilogue (SwiGLU / GeGLU; gemm::Glu in Rust): B has 2N columns, column 2j the gate and
 // column 2j + 1 the up projection of output column j, so the accumulators of a column pair give
 //     d = act(alpha * acc_gate + bias_gate) * (alpha * acc_up + bias_up)
 // with act = silu (SwiGLU), gelu_erf or gelu_tanh (GeGLU); no C or residual term.
-// erff/tanhf/expf (erf/tanh/exp in double) are NVRTC's built-in device math (full precision,
+// erfcf/expf (erfc/exp in double) are NVRTC's built-in device math (full precision,
 // not the __ intrinsics). fmaf(beta, c, alpha * acc): one rounding for the C term.
 #pragma once
 #include "tessera/common.cuh"
@@ -38,11 +41,9 @@ constexpr int kGemmActGeluErf = 2;
 constexpr int kGemmActGeluTanh = 3;
 constexpr int kGemmActSilu = 4;
 
-/// erf / tanh / exp / fma of float (the f-suffixed builtins) and of double.
-__device__ __forceinline__ float gemm_erf(float x) { return erff(x); }
-__device__ __forceinline__ double gemm_erf(double x) { return erf(x); }
-__device__ __forceinline__ float gemm_tanh(float x) { return tanhf(x); }
-__device__ __forceinline__ double gemm_tanh(double x) { return tanh(x); }
+/// erfc / exp / fma of float (the f-suffixed builtins) and of double.
+__device__ __forceinline__ float gemm_erfc(float x) { return erfcf(x); }
+__device__ __forceinline__ double gemm_erfc(double x) { return erfc(x); }
 __device__ __forceinline__ float gemm_exp(float x) { return expf(x); }
 __device__ __forceinline__ double gemm_exp(double x) { return exp(x); }
 __device__ __forceinline__ float gemm_fma(float a, float b, float c) { return fmaf(a, b, c); }
@@ -58,9 +59,10 @@ __device__ __forceinline__ T gemm_activate_t(T x) {
   } else if constexpr (kActivation == kGemmActRelu) {
     return x < T(0) ? T(0) : x;
   } else if constexpr (kActivation == kGemmActGeluErf) {
-    return T(0.5) * x * (T(1) + gemm_erf(x * T(0.70710678118654752440)));
+    return T(0.5) * x * gemm_erfc(x * T(-0.70710678118654752440));
   } else if constexpr (kActivation == kGemmActGeluTanh) {
-    return T(0.5) * x * (T(1) + gemm_tanh(T(0.79788456080286535588) * (x + T(0.044715) * x * x * x)));
+    // 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2 u))
+    return x / (T(1) + gemm_exp(T(-1.5957691216057307118) * (x + T(0.044715) * x * x * x)));
   } else {
     return x / (T(1) + gemm_exp(-x));
   }

@@ -471,9 +471,10 @@ impl GemmPlan {
             // split K: `splits` partial products over equal k ranges, run as a batch (entry s
             // reads A and B from k = s * k_per_split on; the scales apply to each part), summed in
             // order into D with the epilogue by the split-K reduction
+            // (the Hopper plan takes D's N; with a GLU it reads 2N columns of B itself)
             let key = HopperShapeKey {
                 m,
-                n,
+                n: problem.n,
                 k: k_per_split,
                 batch: if splits > 1 { splits } else { batch },
                 b_nk: problem.b_layout == Layout::ColMajor,
@@ -484,9 +485,9 @@ impl GemmPlan {
             if splits > 1 {
                 reduce = Some((
                     ctx.kernel(&skinny::reduce_spec(problem.out))?,
-                    skinny::reduce_config(m * n, sms),
+                    skinny::reduce_config(m * problem.n, sms),
                 ));
-                workspace = Some(ctx.alloc::<f32>(splits * m * n)?);
+                workspace = Some(ctx.alloc::<f32>(splits * m * problem.n)?);
             }
             let hp = match forced_block_n {
                 None => HopperGemmPlan::new(ctx, &key)?,

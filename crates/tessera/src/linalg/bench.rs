@@ -492,10 +492,11 @@ fn run_damps<T: Element>(
 
 // ---- many right-hand sides ----
 
-/// Iterations a column of the batched solve may stop apart from its own solve before timing:
-/// the benchmark's stops are machine-precision tests (atol = btol = 0), whose crossing moves by
-/// a few iterations with the last bits of the products (SpMM and SpMV sum in other orders;
-/// measured: 104 against 102 in fp32).
+/// Iterations a column of the batched solve may stop apart from its own solve before timing (or
+/// a tenth of its iterations, if more): the benchmark's stops are machine-precision tests
+/// (atol = btol = 0), whose crossing moves by a few iterations with the last bits of the
+/// products (SpMM and SpMV sum in other orders; measured in fp32: 104 against 102, 103 against
+/// 107, 90 against 95).
 const ITN_SLACK: usize = 3;
 
 /// Right-hand sides of the many-right-hand-sides benchmark.
@@ -552,7 +553,7 @@ pub fn bench_many_case(ctx: &Context, case: &ManyBenchCase, seed: u64, timing: T
 /// Times the [`BENCH_RHS`] columns solved together or separately, and one plain solve (the
 /// first column) for the ratios (`over_one_solve`: the whole run over one solve; the ideal of
 /// shared products is well under `BENCH_RHS`). Before timing, each column of the run is
-/// checked against its own solve: same istop, itn within [`ITN_SLACK`], normr within 1e-3 (fp32: 1e-2)
+/// checked against its own solve: same istop, itn within [`ITN_SLACK`] (or a tenth), normr within 1e-3 (fp32: 1e-2)
 /// relative (the SpMM sums in another order than the SpMV).
 fn run_many<T: Element>(ctx: &Context, case: &ManyBenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
     let a = try_generate::<T, i32>(
@@ -584,7 +585,11 @@ fn run_many<T: Element>(ctx: &Context, case: &ManyBenchCase, seed: u64, timing: 
     for (j, r) in many.iter().enumerate() {
         let alone = lsmr(ctx, op.as_ref(), &columns[j], &opts)?;
         let err = (r.normr - alone.normr).abs() / alone.normr.abs().max(f64::MIN_POSITIVE);
-        if r.istop != alone.istop || r.itn.abs_diff(alone.itn) > ITN_SLACK || err.is_nan() || err > budget {
+        if r.istop != alone.istop
+            || r.itn.abs_diff(alone.itn) > ITN_SLACK.max(r.itn.max(alone.itn) / 10)
+            || err.is_nan()
+            || err > budget
+        {
             return Err(Error::Unsupported(format!(
                 "{}: column {j} differs from its own solve (istop {} vs {}, itn {} vs {}, normr by {err:.2e}) \
                  before timing",

@@ -57,12 +57,13 @@ const FP32: Tol = Tol {
 };
 
 /// fp32 runs of many iterations against the f64 reference: the f32 Golub-Kahan vectors lose
-/// orthogonality in their own way, and the estimates drift further (measured on an H100:
-/// `norma` 1.24e-2 and `conda` 1.31x from the reference after 55-57 iterations of the random
-/// tall 517 x 129 system).
+/// orthogonality in their own way, and the recurrence estimates drift further than x does
+/// (measured on an H100 over two seeds of the random tall 517 x 129 system, 39-57 iterations:
+/// `normr` up to 6.7%, `norma` 1.24e-2 and `conda` 1.31x from the reference while x agreed to
+/// 1.7e-3).
 const FP32_LONG: Tol = Tol {
     x: 1e-2,
-    est: 5e-2,
+    est: 1.5e-1,
     floor: 1e-4,
     conda: 2.0,
 };
