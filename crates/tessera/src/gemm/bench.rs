@@ -215,15 +215,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
     });
     // the Hopper-only contracts (torch._scaled_mm, torch._int_mm, TF32 cuBLAS)
     for scales in [GemmScales::PerTensor, GemmScales::RowWise] {
-        for (m, n, k) in [
-            (2048, 2048, 2048),
-            (4096, 4096, 4096),
-            (8192, 8192, 8192),
-            (4096, 14336, 4096),
-            (4096, 4096, 14336),
-            (4096, 28672, 8192),
-            (4096, 8192, 28672),
-        ] {
+        for (m, n, k) in super::hopper::BENCH_SHAPES {
             out.push(BenchCase {
                 scales,
                 ..case(Precision::Fp8E4M3, m, n, k)
@@ -308,20 +300,26 @@ fn run<I: Element, O: Element>(
     let t = time_median(ctx, timing, |i| {
         plan.run(1.0, 0.0, &ops(i % sets)?, &mut d.matrix_mut(p.m, p.n, p.ldd)?)
     })?;
-    let s = t.median_ms * 1e-3;
     let bytes = (p.m * p.k + p.k * p.b_n()) * std::mem::size_of::<I>() + p.m * p.n * std::mem::size_of::<O>();
+    Ok(outcome(case, &p, &plan, t.median_ms, bytes, cmp))
+}
+
+/// The row of a timed case: `bytes` moved once (decode rows report GB/s), the split-K
+/// workspace as extra memory, the check's (max abs, rel L2).
+fn outcome(case: &BenchCase, p: &GemmProblem, plan: &GemmPlan, ms: f64, bytes: usize, cmp: (f64, f64)) -> BenchOutcome {
+    let s = ms * 1e-3;
     let mut params = case.params();
     params["path"] = json!(plan.path().name());
     params["kernel"] = json!(plan.kernel_name());
     params["splits"] = json!(plan.splits());
-    Ok(BenchOutcome {
+    BenchOutcome {
         case: case.name(),
         params,
         implementation: case.implementation(),
-        ms: t.median_ms,
+        ms,
         gbps: case.is_decode().then(|| bytes as f64 / s / 1e9),
         tflops: Some(p.flops() / s / 1e12),
-        // the split-K partials (the quantized rows have none)
+        // the split-K partials
         extra_mib: Some(if plan.splits() > 1 {
             (plan.splits() * p.m * p.n * 4) as f64 / (1u64 << 20) as f64
         } else {
@@ -329,7 +327,7 @@ fn run<I: Element, O: Element>(
         }),
         max_abs_err: Some(cmp.0),
         rel_l2: Some(cmp.1),
-    })
+    }
 }
 
 /// Checks CHECK_ROWS rows of `got` (packed [M][N]) against the reference; (max abs, rel L2).
@@ -507,22 +505,6 @@ fn run_quantized(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptio
             &mut d.view_mut_as(out, &[m, n], &[n, 1])?,
         )
     })?;
-    let secs = t.median_ms * 1e-3;
-    let mut params = case.params();
-    params["path"] = json!(plan.path().name());
-    params["kernel"] = json!(plan.kernel_name());
-    params["splits"] = json!(plan.splits());
-    Ok(BenchOutcome {
-        case: case.name(),
-        params,
-        implementation: case.implementation(),
-        ms: t.median_ms,
-        gbps: case
-            .is_decode()
-            .then(|| ((m * p.k + p.k * n) * es + m * n * os) as f64 / secs / 1e9),
-        tflops: Some(p.flops() / secs / 1e12),
-        extra_mib: Some(0.0),
-        max_abs_err: Some(max_abs),
-        rel_l2: Some(rel),
-    })
+    let bytes = (m * p.k + p.k * n) * es + m * n * os;
+    Ok(outcome(case, &p, &plan, t.median_ms, bytes, (max_abs, rel)))
 }
