@@ -37,6 +37,17 @@ const ROTATE_BYTES: usize = 120 << 20;
 /// Most rotating sets, and most bytes they may take.
 const MAX_SETS: usize = 16;
 const MAX_ROTATE_TOTAL: usize = 4 << 30;
+
+/// How many copies of A and B (`set_bytes` per copy) the timed loop rotates through: enough to
+/// cover ROTATE_BYTES (more than the L2), at most MAX_SETS and MAX_ROTATE_TOTAL bytes, at least 1.
+fn rotation_sets(set_bytes: usize) -> usize {
+    let set_bytes = set_bytes.max(1);
+    ROTATE_BYTES
+        .div_ceil(set_bytes)
+        .clamp(1, MAX_SETS)
+        .min((MAX_ROTATE_TOTAL / set_bytes).max(1))
+}
+
 /// Rows of D checked against the reference before timing.
 const CHECK_ROWS: usize = 12;
 
@@ -262,10 +273,7 @@ fn run<I: Element, O: Element>(
     )?;
     let (br, bc) = p.b_stored();
     let set_bytes = (p.m * p.k + p.k * p.b_n()) * std::mem::size_of::<I>();
-    let sets = ROTATE_BYTES
-        .div_ceil(set_bytes.max(1))
-        .clamp(1, MAX_SETS)
-        .min((MAX_ROTATE_TOTAL / set_bytes.max(1)).max(1));
+    let sets = rotation_sets(set_bytes);
     let mut a_sets: Vec<DeviceBuffer<I>> = Vec::with_capacity(sets);
     let mut b_sets: Vec<DeviceBuffer<I>> = Vec::with_capacity(sets);
     let dist = Dist::Normal { std: 1.0 };
@@ -388,10 +396,7 @@ fn run_quantized(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptio
     let input = p.input()?;
     let (es, os) = (input.size(), case.out.size());
     let set_bytes = (p.m * p.k + p.k * p.n) * es;
-    let sets = ROTATE_BYTES
-        .div_ceil(set_bytes.max(1))
-        .clamp(1, MAX_SETS)
-        .min((MAX_ROTATE_TOTAL / set_bytes.max(1)).max(1));
+    let sets = rotation_sets(set_bytes);
     // values: N(0, 1) for the floats (fp8 rounded, saturating), integers -64..=63 for int8
     let random_bytes = |seed: u64, len: usize| -> Vec<u8> {
         let mut bytes = vec![0u8; len * es];

@@ -168,27 +168,7 @@ pub fn try_generate<T: Element, I: SparseIndex>(
             ),
         ));
     }
-    let mut offsets = Vec::with_capacity(rows + 1);
-    let mut indices = Vec::with_capacity(nnz);
-    let mut values = Vec::with_capacity(nnz);
-    offsets.push(I::ZERO);
-    let mut end = 0;
-    for chunk in chunks {
-        for len in chunk.row_lens {
-            end += len;
-            offsets.push(I::from_usize_in_range(end));
-        }
-        indices.extend_from_slice(&chunk.indices);
-        values.extend_from_slice(&chunk.values);
-    }
-    Ok(CsrHost {
-        rows,
-        cols,
-        offsets,
-        indices,
-        values,
-        sorted: true,
-    })
+    Ok(concat_chunks(rows, cols, nnz, chunks, |i| i, |v| v))
 }
 
 /// `n` values uniform in `[-1, 1]` from `seed`.
@@ -231,6 +211,39 @@ struct Chunk<T, I> {
     row_lens: Vec<usize>,
     indices: Vec<I>,
     values: Vec<T>,
+}
+
+/// The sorted CSR matrix whose rows are the chunks' rows in order (`nnz` entries in all, checked
+/// to fit `I` by the caller), each chunk's indices and values mapped by `index` and `value`.
+fn concat_chunks<T: Element, I: SparseIndex, CT, CI>(
+    rows: usize,
+    cols: usize,
+    nnz: usize,
+    chunks: Vec<Chunk<CT, CI>>,
+    index: impl Fn(CI) -> I,
+    value: impl Fn(CT) -> T,
+) -> CsrHost<T, I> {
+    let mut offsets = Vec::with_capacity(rows + 1);
+    let mut indices = Vec::with_capacity(nnz);
+    let mut values = Vec::with_capacity(nnz);
+    offsets.push(I::ZERO);
+    let mut end = 0;
+    for chunk in chunks {
+        for len in chunk.row_lens {
+            end += len;
+            offsets.push(I::from_usize_in_range(end));
+        }
+        indices.extend(chunk.indices.into_iter().map(&index));
+        values.extend(chunk.values.into_iter().map(&value));
+    }
+    CsrHost {
+        rows,
+        cols,
+        offsets,
+        indices,
+        values,
+        sorted: true,
+    }
 }
 
 /// Mixes a 64-bit value (the SplitMix64 finaliser), to derive independent chunk seeds.
@@ -617,27 +630,14 @@ pub fn parallel_beam_projector<T: Element, I: SparseIndex>(g: &ParallelBeam) -> 
         .collect();
     let nnz: usize = per_angle.iter().map(|c| c.indices.len()).sum();
     super::host::check_sizes::<I>(rows, cols, nnz)?;
-    let mut offsets = Vec::with_capacity(rows + 1);
-    let mut indices = Vec::with_capacity(nnz);
-    let mut values = Vec::with_capacity(nnz);
-    offsets.push(I::ZERO);
-    let mut end = 0;
-    for chunk in per_angle {
-        for len in chunk.row_lens {
-            end += len;
-            offsets.push(I::from_usize_in_range(end));
-        }
-        indices.extend(chunk.indices.into_iter().map(I::from_usize_in_range));
-        values.extend(chunk.values.into_iter().map(T::from_f64));
-    }
-    Ok(CsrHost {
+    Ok(concat_chunks(
         rows,
         cols,
-        offsets,
-        indices,
-        values,
-        sorted: true,
-    })
+        nnz,
+        per_angle,
+        I::from_usize_in_range,
+        T::from_f64,
+    ))
 }
 
 /// The parameter interval `[t0, t1)` over which the coordinate `p + t * d` lies in the
