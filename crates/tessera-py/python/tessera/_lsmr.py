@@ -15,6 +15,10 @@ from .sparse import _is_scipy_sparse, _is_torch_tensor, csr_matrix
 #: Right-hand sides (columns of a 2-D ``b``) one call solves together.
 MAX_RHS = _tessera.LSMR_MAX_RHS
 
+#: ``(x, istop, itn, normr, normar, norma, conda, normx)``: numbers for one right-hand side,
+#: arrays of length k for a 2-D b.
+_Solve = Tuple[Any, Any, Any, Any, Any, Any, Any, Any]
+
 
 def lsmr(
     A: Any,
@@ -26,7 +30,7 @@ def lsmr(
     maxiter: Optional[int] = None,
     x0: Any = None,
     show: bool = False,
-) -> Union[Tuple[Any, Any, Any, Any, Any, Any, Any, Any], List[Tuple[Any, int, int, float, float, float, float, float]]]:
+) -> Union[_Solve, List[_Solve]]:
     """Least squares by LSMR on the GPU: ``scipy.sparse.linalg.lsmr``'s arguments, stopping
     rules and returns, with the iteration on the device.
 
@@ -179,7 +183,8 @@ def _columns(b: Any, m: int) -> int:
     if shape[1] == 0:
         raise invalid("b", f"has shape {shape}: no right-hand side; give [{m}] or [{m}, k] with k >= 1")
     if shape[1] > MAX_RHS:
-        raise invalid("b", f"has {shape[1]} columns; at most {MAX_RHS} right-hand sides per call (solve them in chunks)")
+        raise invalid("b", f"has {shape[1]} columns; at most {MAX_RHS} right-hand sides per call "
+                      "(solve them in chunks)")
     return shape[1]
 
 
