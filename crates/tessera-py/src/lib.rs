@@ -50,6 +50,9 @@ fn _tessera(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sparse::check_csr, m)?)?;
     m.add_function(wrap_pyfunction!(sparse::check_sparse_product, m)?)?;
     m.add_function(wrap_pyfunction!(sparse::check_lsmr, m)?)?;
+    m.add_function(wrap_pyfunction!(sparse::check_lsmr_many, m)?)?;
+    m.add("LSMR_MAX_RHS", tessera::linalg::MAX_RHS)?;
+    m.add("LSMR_MAX_DAMPS", tessera::linalg::MAX_DAMPS)?;
     m.add_function(wrap_pyfunction!(sparse::lsmr_callback, m)?)?;
     m.add_class::<sparse::SparseMatrix>()?;
     Ok(())

@@ -22,18 +22,25 @@
 //!
 //! LSMR: [`SparseMatrix::lsmr`] runs `tessera::linalg::lsmr` on the home stream with the
 //! matrix behind a [`LinearOperator`] (`A^T x` through the cached CSR of `A^T` when it fits
-//! the free device memory, else the atomic transposed SpMV); [`lsmr_callback`] runs it over a
-//! Python callback (a dense torch matrix or a `matvec`/`rmatvec` object) on the caller's
-//! stream. `b` and `x0` cross as host f64 bytes and `x` comes back so: the solve synchronises
-//! every few iterations anyway.
+//! the free device memory, else the atomic transposed SpMV; many right-hand sides through
+//! the SpMM); [`lsmr_callback`] runs it over a Python callback (a dense torch matrix or a
+//! `matvec`/`rmatvec` object) on the caller's stream. Both solve one `b`, the `k` columns of
+//! `B` in one run (`lsmr_many`) or one `b` for a list of damps in one run (`lsmr_damps`)
+//! ([`Problem`]). `b` and `x0` cross as host f64 bytes and `x` comes back so: the solve
+//! synchronises every few iterations anyway.
 
+use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use tessera::linalg::device_operator::{choose_dual, free_device_bytes, FnDeviceOperator};
-use tessera::linalg::{lsmr_with, LinearOperator, LsmrOptions, LsmrResult, LsmrRunOptions, Storage};
+use tessera::linalg::device_operator::{choose_dual, free_device_bytes};
+use tessera::linalg::lsmr_device::validate_many;
+use tessera::linalg::{
+    lsmr_damps_with, lsmr_many_with, lsmr_with, LinearOperator, LsmrOptions, LsmrResult, LsmrRunOptions, ManyRhs,
+    Storage, MAX_RHS,
+};
 use tessera::runtime::{Context, DeviceBuffer};
 use tessera::sparse::{CooMatrix, CsrCheck, CsrHost, CsrMatrix, DenseLayout, Duplicates, SparseIndex};
 use tessera::{DType, Element};
@@ -491,7 +498,8 @@ unsafe fn product<T: Element, I: SparseIndex>(
 }
 
 /// The operator of LSMR over a device CSR matrix: `A^T x` through the CSR of `A^T` (cached on
-/// the matrix) or, without it, the atomic transposed SpMV.
+/// the matrix) or, without it, the atomic transposed SpMV. Many right-hand sides: the SpMM of
+/// `A` (and of the cached `A^T`), column-major.
 struct CsrOperator<'a, T: Element, I: SparseIndex> {
     a: &'a CsrMatrix<T, I>,
     at: Option<Arc<CsrMatrix<T, I>>>,
@@ -523,6 +531,113 @@ impl<T: Element, I: SparseIndex> LinearOperator<T> for CsrOperator<'_, T, I> {
             "csr-single"
         }
     }
+    /// The SpMM of `A` (one column: the SpMV, so that it is bitwise `apply`).
+    fn apply_many(
+        &self,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        k: usize,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> tessera::Result<()> {
+        check_columns("x", self.a.cols(), self.a.rows(), x, k, y)?;
+        if k == 1 {
+            return self.apply(alpha, x, beta, y);
+        }
+        self.a.spmm(alpha, x, k, DenseLayout::ColMajor, beta, y)
+    }
+    /// The SpMM of the cached `A^T`; without it (there is no transposed SpMM) the atomic
+    /// transposed SpMV column by column.
+    fn apply_transposed_many(
+        &self,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        k: usize,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> tessera::Result<()> {
+        let (m, n) = (self.a.rows(), self.a.cols());
+        check_columns("x", m, n, x, k, y)?;
+        match &self.at {
+            _ if k == 1 => self.apply_transposed(alpha, x, beta, y),
+            Some(at) => at.spmm(alpha, x, k, DenseLayout::ColMajor, beta, y),
+            None => {
+                let ctx = x.context();
+                let mut xc = ctx.alloc::<T>(m.max(1))?;
+                let mut yc = ctx.alloc::<T>(n.max(1))?;
+                for j in 0..k {
+                    copy_elements(&mut xc, 0, x, j * m, m)?;
+                    if beta != 0.0 {
+                        copy_elements(&mut yc, 0, y, j * n, n)?;
+                    }
+                    self.a.spmv_transposed(alpha, &xc, beta, &mut yc)?;
+                    copy_elements(y, j * n, &yc, 0, n)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Checks the operands of a batched product of `k` packed column-major columns: `x` holds
+/// `x_rows * k` elements, `y` `y_rows * k`, `k >= 1`. `arg` names the culprit.
+fn check_columns<T: Element>(
+    arg: &'static str,
+    x_rows: usize,
+    y_rows: usize,
+    x: &DeviceBuffer<T>,
+    k: usize,
+    y: &DeviceBuffer<T>,
+) -> tessera::Result<()> {
+    let need = |rows: usize| rows.saturating_mul(k);
+    if k == 0 || x.len() < need(x_rows) || y.len() < need(y_rows) {
+        return Err(tessera::Error::invalid(
+            arg,
+            format!(
+                "operator products over {k} columns got vectors of {} and {} elements, need {x_rows} x {k} and \
+                 {y_rows} x {k} (k >= 1)",
+                x.len(),
+                y.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `dst[dst_at..dst_at + len] = src[src_at..src_at + len]` on the stream of `src`'s context
+/// (both buffers of one context, bound to the thread by an allocation or launch before).
+fn copy_elements<T: Element>(
+    dst: &mut DeviceBuffer<T>,
+    dst_at: usize,
+    src: &DeviceBuffer<T>,
+    src_at: usize,
+    len: usize,
+) -> tessera::Result<()> {
+    let fits = |at: usize, buf: usize| at.checked_add(len).is_some_and(|end| end <= buf);
+    if !fits(dst_at, dst.len()) || !fits(src_at, src.len()) {
+        return Err(tessera::Error::invalid(
+            "x",
+            format!(
+                "copy of {len} elements from {src_at} of {} to {dst_at} of {} is out of bounds",
+                src.len(),
+                dst.len()
+            ),
+        ));
+    }
+    if len == 0 {
+        return Ok(());
+    }
+    let size = std::mem::size_of::<T>() as u64;
+    // SAFETY: both ranges lie inside their allocations (checked above), which belong to the
+    // device of `src`'s context; the context is bound to this thread (the caller's promise).
+    unsafe {
+        memcpy(
+            dst.device_ptr() + dst_at as u64 * size,
+            src.device_ptr() + src_at as u64 * size,
+            len * size as usize,
+            src.context(),
+        )
+    }
 }
 
 /// SciPy's options from the Python arguments (`x0` as host f64 bytes).
@@ -547,21 +662,120 @@ fn lsmr_options(
     })
 }
 
-/// What Python gets back: x (f64 bytes), istop, itn, normr, normar, norma, conda, normx and
-/// the progress lines (when `show`).
-pub type LsmrReturn = (Py<PyBytes>, u32, usize, f64, f64, f64, f64, f64, Vec<String>);
+/// Which LSMR problem a native call solves.
+enum Problem {
+    /// One right-hand side `b` (`tessera::linalg::lsmr_with`).
+    One,
+    /// The `k >= 2` columns of `B` (`b` holds `m x k` column-major) with their `k` initial
+    /// guesses (`n x k` column-major) if given (`lsmr_many_with`).
+    Many { k: usize, x0: Option<Vec<f64>> },
+    /// One `b` for each damp of the list (`lsmr_damps_with`).
+    Damps(Vec<f64>),
+}
 
-fn lsmr_return(py: Python<'_>, r: LsmrResult, lines: Vec<String>) -> LsmrReturn {
-    let bytes: Vec<u8> = r.x.iter().flat_map(|v| v.to_ne_bytes()).collect();
+impl Problem {
+    /// The problem of `k` columns or a damp list (`k == 1` and no list: one `b`). Many
+    /// right-hand sides take their initial guesses out of `opts.x0`.
+    fn new(k: usize, damps: Option<Vec<f64>>, opts: &mut LsmrOptions) -> PyResult<Problem> {
+        match (k, damps) {
+            (1, None) => Ok(Problem::One),
+            (1, Some(d)) => Ok(Problem::Damps(d)),
+            (_, None) => Ok(Problem::Many { k, x0: opts.x0.take() }),
+            (_, Some(_)) => Err(invalid(
+                "damp",
+                format!("a damp list takes one right-hand side; b has {k} columns (solve each damp separately)"),
+            )),
+        }
+    }
+
+    /// Validates the problem without a device (`b` host f64, column-major for many columns).
+    fn validate(&self, m: usize, n: usize, b: &[f64], opts: &LsmrOptions) -> PyResult<()> {
+        match self {
+            Problem::One => tessera::linalg::lsmr::validate_problem(m, n, b.len(), opts).py_err(),
+            Problem::Damps(d) => {
+                tessera::linalg::lsmr::validate_problem(m, n, b.len(), opts).py_err()?;
+                check_damp_list(d, opts.damp)
+            }
+            Problem::Many { k, x0 } => check_many(m, n, b, *k, x0.as_deref(), opts),
+        }
+    }
+}
+
+/// A damp list's rules (those of `lsmr_damps`, named as Python's `damp`): not empty, every
+/// element finite and >= 0, and no scalar damp beside it.
+fn check_damp_list(damps: &[f64], damp: f64) -> PyResult<()> {
+    if damps.is_empty() {
+        return Err(invalid(
+            "damp",
+            "is an empty list; give a number or at least one damp value",
+        ));
+    }
+    if let Some(j) = damps.iter().position(|d| !(d.is_finite() && *d >= 0.0)) {
+        return Err(invalid(
+            "damp",
+            format!("element {j} is {}; every damp must be finite and >= 0", damps[j]),
+        ));
+    }
+    if damp != 0.0 {
+        return Err(invalid(
+            "damp",
+            format!("is {damp} beside a damp list; give one or the other"),
+        ));
+    }
+    Ok(())
+}
+
+/// The checks of `lsmr_many` for `k` columns of `b` (host f64, `m x k` column-major) and `x0`
+/// (`n x k`): `k <= MAX_RHS`, the lengths, every element finite (the error names the column
+/// and row), the options. Errors about `k` name `b`, whose columns they are.
+fn check_many(m: usize, n: usize, b: &[f64], k: usize, x0: Option<&[f64]>, opts: &LsmrOptions) -> PyResult<()> {
+    if k > MAX_RHS {
+        return Err(invalid(
+            "b",
+            format!("has {k} columns; at most {MAX_RHS} right-hand sides per call (solve them in chunks)"),
+        ));
+    }
+    validate_many::<f64>(m, n, &ManyRhs::Host(b), k, x0, opts, &LsmrRunOptions::default())
+        .map_err(columns_of_b)
+        .py_err()
+}
+
+/// An error of the many-right-hand-sides solver about `k` (too many columns for the free
+/// device memory, an overflow) named after Python's argument: `b`, whose columns they are.
+fn columns_of_b(e: tessera::Error) -> tessera::Error {
+    match e {
+        tessera::Error::InvalidArgument { arg: "k", rule } => tessera::Error::InvalidArgument { arg: "b", rule },
+        e => e,
+    }
+}
+
+/// What Python gets back: x of every result (f64 bytes, `n` per result, one after the other:
+/// `n x k` column-major), then per result istop, itn, normr, normar, norma, conda, normx, and
+/// the progress lines (when `show`).
+pub type LsmrReturn = (
+    Py<PyBytes>,
+    Vec<u32>,
+    Vec<usize>,
+    Vec<f64>,
+    Vec<f64>,
+    Vec<f64>,
+    Vec<f64>,
+    Vec<f64>,
+    Vec<String>,
+);
+
+fn lsmr_return(py: Python<'_>, rs: Vec<LsmrResult>, lines: Vec<String>) -> LsmrReturn {
+    let bytes: Vec<u8> = rs.iter().flat_map(|r| &r.x).flat_map(|v| v.to_ne_bytes()).collect();
+    let each = |f: fn(&LsmrResult) -> f64| rs.iter().map(f).collect::<Vec<f64>>();
     (
         PyBytes::new(py, &bytes).unbind(),
-        r.istop,
-        r.itn,
-        r.normr,
-        r.normar,
-        r.norma,
-        r.conda,
-        r.normx,
+        rs.iter().map(|r| r.istop).collect(),
+        rs.iter().map(|r| r.itn).collect(),
+        each(|r| r.normr),
+        each(|r| r.normar),
+        each(|r| r.norma),
+        each(|r| r.conda),
+        each(|r| r.normx),
         lines,
     )
 }
@@ -581,10 +795,33 @@ fn run_options<'a>(show: bool, lines: &'a Mutex<Vec<String>>) -> LsmrRunOptions<
     }
 }
 
+/// Solves `problem` over `op` on `ctx`'s stream: `b` host f64 (m, or m x k column-major).
+fn solve<T: Element>(
+    ctx: &Context,
+    op: &dyn LinearOperator<T>,
+    b: &[f64],
+    problem: &Problem,
+    opts: &LsmrOptions,
+    run: &mut LsmrRunOptions<'_>,
+) -> tessera::Result<Vec<LsmrResult>> {
+    let upload_b = || {
+        let bt: Vec<T> = b.iter().map(|&v| T::from_f64(v)).collect();
+        upload_vec(ctx, &bt)
+    };
+    match problem {
+        Problem::One => Ok(vec![lsmr_with(ctx, op, &upload_b()?, opts, run)?]),
+        Problem::Damps(damps) => lsmr_damps_with(ctx, op, &upload_b()?, damps, opts, run),
+        Problem::Many { k, x0 } => {
+            lsmr_many_with(ctx, op, ManyRhs::Host(b), *k, x0.as_deref(), opts, run).map_err(columns_of_b)
+        }
+    }
+}
+
 /// Validates LSMR's arguments without a device (SciPy's rules: `b` of length m, `x0` (host f64
-/// bytes) of n finite elements, `damp`, `atol`, `btol`, `conlim` finite and >= 0).
+/// bytes) of n finite elements, `damp`, `atol`, `btol`, `conlim` finite and >= 0; a damp list
+/// `damps` not empty, each finite and >= 0, with `damp` 0).
 #[pyfunction]
-#[pyo3(signature = (m, n, b_len, damp, atol, btol, conlim, x0 = None))]
+#[pyo3(signature = (m, n, b_len, damp, atol, btol, conlim, x0 = None, damps = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn check_lsmr(
     m: usize,
@@ -595,9 +832,37 @@ pub fn check_lsmr(
     btol: f64,
     conlim: f64,
     x0: Option<&[u8]>,
+    damps: Option<Vec<f64>>,
 ) -> PyResult<()> {
     let opts = lsmr_options(damp, atol, btol, conlim, None, x0, false)?;
-    tessera::linalg::lsmr::validate_problem(m, n, b_len, &opts).py_err()
+    tessera::linalg::lsmr::validate_problem(m, n, b_len, &opts).py_err()?;
+    match damps {
+        Some(d) => check_damp_list(&d, damp),
+        None => Ok(()),
+    }
+}
+
+/// Validates LSMR over the `k` columns of `b` (host f64 bytes, `m x k` column-major) without a
+/// device: `1 <= k <= MAX_RHS`, every element of b finite (the error names column and row),
+/// `x0` (if given) `n x k` finite, and the options as [`check_lsmr`].
+#[pyfunction]
+#[pyo3(signature = (m, n, k, b, damp, atol, btol, conlim, x0 = None))]
+#[allow(clippy::too_many_arguments)]
+pub fn check_lsmr_many(
+    m: usize,
+    n: usize,
+    k: usize,
+    b: &[u8],
+    damp: f64,
+    atol: f64,
+    btol: f64,
+    conlim: f64,
+    x0: Option<&[u8]>,
+) -> PyResult<()> {
+    let b = from_bytes::<f64>("b", b)?;
+    let mut opts = lsmr_options(damp, atol, btol, conlim, None, x0, false)?;
+    let x0 = opts.x0.take();
+    check_many(m, n, &b, k, x0.as_deref(), &opts)
 }
 
 #[pymethods]
@@ -762,9 +1027,11 @@ impl SparseMatrix {
     }
 
     /// LSMR for `min ||[b; 0] - [A; damp I] x||` (SciPy's `lsmr`) on the matrix's device, in its
-    /// value dtype (float32 or float64). `b` and `x0` are host f64 bytes; returns x as f64
-    /// bytes, SciPy's seven numbers and the progress lines of `show`.
-    #[pyo3(signature = (b, damp, atol, btol, conlim, maxiter, x0, show))]
+    /// value dtype (float32 or float64). `b` and `x0` are host f64 bytes; `k >= 2`: b holds the
+    /// `k` columns of B (`m x k` column-major) and x0 as many initial guesses (`n x k`), solved
+    /// in one run; `damps`: one solve of b per damp, in one run (`damp` 0). Returns the results
+    /// ([`LsmrReturn`]: one per column or damp) and the progress lines of `show`.
+    #[pyo3(signature = (b, damp, atol, btol, conlim, maxiter, x0, show, k = 1, damps = None))]
     #[allow(clippy::too_many_arguments)]
     fn lsmr(
         &self,
@@ -777,11 +1044,14 @@ impl SparseMatrix {
         maxiter: Option<usize>,
         x0: Option<&[u8]>,
         show: bool,
+        k: usize,
+        damps: Option<Vec<f64>>,
     ) -> PyResult<LsmrReturn> {
         let b = from_bytes::<f64>("b", b)?;
-        let opts = lsmr_options(damp, atol, btol, conlim, maxiter, x0, show)?;
+        let mut opts = lsmr_options(damp, atol, btol, conlim, maxiter, x0, show)?;
+        let problem = Problem::new(k, damps, &mut opts)?;
         let (rows, cols, _) = self.dims();
-        tessera::linalg::lsmr::validate_problem(rows, cols, b.len(), &opts).py_err()?;
+        problem.validate(rows, cols, &b, &opts)?;
         let (device, home) = (self.device, self.home);
         let lines = Mutex::new(Vec::new());
         let r = py
@@ -791,10 +1061,10 @@ impl SparseMatrix {
                     let ctx = on(device, home)?;
                     let mut run = run_options(show, &lines);
                     match &self.csr {
-                        AnyCsr::F32I32(a) => solve_csr(&ctx, a, &b, &opts, &mut run),
-                        AnyCsr::F32I64(a) => solve_csr(&ctx, a, &b, &opts, &mut run),
-                        AnyCsr::F64I32(a) => solve_csr(&ctx, a, &b, &opts, &mut run),
-                        AnyCsr::F64I64(a) => solve_csr(&ctx, a, &b, &opts, &mut run),
+                        AnyCsr::F32I32(a) => solve_csr(&ctx, a, &b, &problem, &opts, &mut run),
+                        AnyCsr::F32I64(a) => solve_csr(&ctx, a, &b, &problem, &opts, &mut run),
+                        AnyCsr::F64I32(a) => solve_csr(&ctx, a, &b, &problem, &opts, &mut run),
+                        AnyCsr::F64I64(a) => solve_csr(&ctx, a, &b, &problem, &opts, &mut run),
                         _ => Err(tessera::Error::Unsupported(format!(
                             "LSMR on a {} matrix; supported: float32, float64 (convert the matrix)",
                             torch_name(self.value())
@@ -824,19 +1094,17 @@ fn solve_csr<T: Element, I: SparseIndex>(
     ctx: &Context,
     a: &CsrMatrix<T, I>,
     b: &[f64],
+    problem: &Problem,
     opts: &LsmrOptions,
     run: &mut LsmrRunOptions<'_>,
-) -> tessera::Result<LsmrResult> {
+) -> tessera::Result<Vec<LsmrResult>> {
     // dual storage (deterministic A^T x) when the transposed copy fits, as sparse_operator's Auto
     let at = if choose_dual(Storage::Auto, transpose_bytes(a), free_device_bytes(ctx)?) {
         Some(a.transposed()?)
     } else {
         None
     };
-    let op = CsrOperator { a, at };
-    let bt: Vec<T> = b.iter().map(|&v| T::from_f64(v)).collect();
-    let bb = upload_vec(ctx, &bt)?;
-    lsmr_with(ctx, &op, &bb, opts, run)
+    solve(ctx, &CsrOperator { a, at }, b, problem, opts, run)
 }
 
 /// `data` on the device (one element allocated for an empty vector).
@@ -851,12 +1119,13 @@ fn upload_vec<T: Element>(ctx: &Context, data: &[T]) -> tessera::Result<DeviceBu
     }
 }
 
-/// LSMR over a Python operator on `stream` of `device`: `apply(transpose, alpha, x_address,
-/// beta, y_address)` must queue `y = alpha * op(A) x + beta * y` (`y` not read when beta is 0)
-/// on that stream, `x` and `y` being packed vectors of `dtype` (`float32` / `float64`) of
-/// lengths n and m (m and n for the transpose). Arguments and returns as [`SparseMatrix::lsmr`].
+/// LSMR over a Python operator on `stream` of `device`: `apply(transpose, alpha, x_address, k,
+/// beta, y_address)` must queue `Y = alpha * op(A) X + beta * Y` (`Y` not read when beta is 0)
+/// on that stream for `k >= 1` packed column-major columns of `dtype` (`float32` /
+/// `float64`): `X` n x k and `Y` m x k (m x k and n x k for the transpose). Arguments and
+/// returns as [`SparseMatrix::lsmr`].
 #[pyfunction]
-#[pyo3(signature = (device, stream, m, n, dtype, apply, b, damp, atol, btol, conlim, maxiter, x0, show))]
+#[pyo3(signature = (device, stream, m, n, dtype, apply, b, damp, atol, btol, conlim, maxiter, x0, show, k = 1, damps = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn lsmr_callback(
     py: Python<'_>,
@@ -874,10 +1143,13 @@ pub fn lsmr_callback(
     maxiter: Option<usize>,
     x0: Option<&[u8]>,
     show: bool,
+    k: usize,
+    damps: Option<Vec<f64>>,
 ) -> PyResult<LsmrReturn> {
     let b = from_bytes::<f64>("b", b)?;
-    let opts = lsmr_options(damp, atol, btol, conlim, maxiter, x0, show)?;
-    tessera::linalg::lsmr::validate_problem(m, n, b.len(), &opts).py_err()?;
+    let mut opts = lsmr_options(damp, atol, btol, conlim, maxiter, x0, show)?;
+    let problem = Problem::new(k, damps, &mut opts)?;
+    problem.validate(m, n, &b, &opts)?;
     let value = match dtype {
         "float32" => DType::F32,
         "float64" => DType::F64,
@@ -895,9 +1167,11 @@ pub fn lsmr_callback(
             let ctx = on(device, stream)?;
             let mut run = run_options(show, &lines);
             if value == DType::F32 {
-                solve_fn::<f32>(&ctx, m, n, &apply, &raised, &b, &opts, &mut run)
+                let op = PyOperator::<f32>::new(m, n, &apply, &raised);
+                solve(&ctx, &op, &b, &problem, &opts, &mut run)
             } else {
-                solve_fn::<f64>(&ctx, m, n, &apply, &raised, &b, &opts, &mut run)
+                let op = PyOperator::<f64>::new(m, n, &apply, &raised);
+                solve(&ctx, &op, &b, &problem, &opts, &mut run)
             }
         })
     });
@@ -912,39 +1186,50 @@ pub fn lsmr_callback(
     ))
 }
 
-/// LSMR over the Python callback `apply` on `ctx`'s stream.
-#[allow(clippy::too_many_arguments)]
-fn solve_fn<T: Element>(
-    ctx: &Context,
+/// A Python callback as LSMR's operator (see [`lsmr_callback`]): every product, single or
+/// batched, is one call of `apply`.
+struct PyOperator<'a, T: Element> {
     m: usize,
     n: usize,
-    apply: &Py<PyAny>,
-    raised: &Mutex<Option<PyErr>>,
-    b: &[f64],
-    opts: &LsmrOptions,
-    run: &mut LsmrRunOptions<'_>,
-) -> tessera::Result<LsmrResult> {
-    let call = |transpose: bool, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>| {
-        let (need_x, need_y) = if transpose { (m, n) } else { (n, m) };
-        if x.len() < need_x || y.len() < need_y {
-            return Err(tessera::Error::invalid(
-                "A",
-                format!(
-                    "operator vectors of {} and {} elements, need {need_x} and {need_y}",
-                    x.len(),
-                    y.len()
-                ),
-            ));
+    apply: &'a Py<PyAny>,
+    /// Where the first exception a callback raised is kept (the solve then stops with a
+    /// placeholder error and the caller re-raises it).
+    raised: &'a Mutex<Option<PyErr>>,
+    _t: PhantomData<T>,
+}
+
+impl<'a, T: Element> PyOperator<'a, T> {
+    fn new(m: usize, n: usize, apply: &'a Py<PyAny>, raised: &'a Mutex<Option<PyErr>>) -> Self {
+        PyOperator {
+            m,
+            n,
+            apply,
+            raised,
+            _t: PhantomData,
         }
+    }
+
+    /// `Y = alpha * op(A) X + beta * Y` over `k` columns by the callback.
+    fn call(
+        &self,
+        transpose: bool,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        k: usize,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> tessera::Result<()> {
+        let (x_rows, y_rows) = if transpose { (self.m, self.n) } else { (self.n, self.m) };
+        check_columns("A", x_rows, y_rows, x, k, y)?;
         let failed = Python::attach(|py| {
-            apply
-                .call1(py, (transpose, alpha, x.device_ptr(), beta, y.device_ptr()))
+            self.apply
+                .call1(py, (transpose, alpha, x.device_ptr(), k, beta, y.device_ptr()))
                 .err()
         });
         match failed {
             None => Ok(()),
             Some(e) => {
-                let mut slot = raised.lock().unwrap_or_else(|p| p.into_inner());
+                let mut slot = self.raised.lock().unwrap_or_else(|p| p.into_inner());
                 let what = e.to_string();
                 slot.get_or_insert(e);
                 Err(tessera::Error::invalid(
@@ -956,14 +1241,46 @@ fn solve_fn<T: Element>(
                 ))
             }
         }
-    };
-    let op = FnDeviceOperator::<T>::new(
-        m,
-        n,
-        Box::new(|alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>| call(false, alpha, x, beta, y)),
-        Box::new(|alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>| call(true, alpha, x, beta, y)),
-    );
-    let bt: Vec<T> = b.iter().map(|&v| T::from_f64(v)).collect();
-    let bb = upload_vec(ctx, &bt)?;
-    lsmr_with(ctx, &op, &bb, opts, run)
+    }
+}
+
+impl<T: Element> LinearOperator<T> for PyOperator<'_, T> {
+    fn shape(&self) -> (usize, usize) {
+        (self.m, self.n)
+    }
+    fn apply(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> tessera::Result<()> {
+        self.call(false, alpha, x, 1, beta, y)
+    }
+    fn apply_transposed(
+        &self,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> tessera::Result<()> {
+        self.call(true, alpha, x, 1, beta, y)
+    }
+    fn storage(&self) -> &'static str {
+        "python"
+    }
+    fn apply_many(
+        &self,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        k: usize,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> tessera::Result<()> {
+        self.call(false, alpha, x, k, beta, y)
+    }
+    fn apply_transposed_many(
+        &self,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        k: usize,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> tessera::Result<()> {
+        self.call(true, alpha, x, k, beta, y)
+    }
 }

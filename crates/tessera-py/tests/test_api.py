@@ -995,3 +995,114 @@ def test_lsmr_without_a_gpu_raises_no_gpu_error():
     # the matrix-free path wants torch: without it, a clear error naming A
     with pytest.raises((tessera.NoGpuError, ValueError)):
         tessera.lsmr(_Op(), [1.0, 2.0, 3.0, 4.0])
+
+
+# -- lsmr: many right-hand sides and damp lists (no device) -------------------------------
+
+
+def _mat(rows, cols, values=None):
+    """A 2-D float64 array without NumPy: a memoryview of shape (rows, cols), row-major."""
+    import array  # noqa: PLC0415
+
+    values = [float(i % 7 + 1) for i in range(rows * cols)] if values is None else values
+    return memoryview(array.array("d", values)).cast("B").cast("d", (rows, cols))
+
+
+class _Shaped:
+    """A 2-D array stand-in with a shape (memoryview casts refuse zero-size shapes)."""
+
+    def __init__(self, shape):
+        self.shape = shape
+
+    def tolist(self):
+        return [[1.0] * self.shape[1] for _ in range(self.shape[0])]
+
+
+def _with_nan(rows, cols, r, c, value=float("nan")):
+    values = [1.0] * (rows * cols)
+    values[r * cols + c] = value
+    return _mat(rows, cols, values)
+
+
+@pytest.mark.parametrize(
+    "b, kwargs, text",
+    [
+        (_mat(5, 2), {}, "`b`: has shape (5, 2); A has m = 4 rows so b must be [4] or [4, k]"),
+        (_Shaped((4, 0)), {}, "`b`: has shape (4, 0): no right-hand side"),
+        (_mat(4, 65536), {}, "`b`: has 65536 columns; at most 65535 right-hand sides per call"),
+        (_mat(2, 2).cast("B").cast("d", (2, 1, 2)), {}, "`b`: must be [m], [m, 1] or [m, k] (k <= 65535"),
+        (_with_nan(4, 3, 2, 1), {}, "`b`: element (2, 1) (column-major index 6) is NaN; every element must be finite"),
+        (_with_nan(4, 3, 3, 2, float("inf")), {}, "`b`: element (3, 2) (column-major index 11) is inf"),
+        (_mat(4, 2), {"x0": [0.0, 0.0, 0.0]}, "`x0`: with a 2-D b of 2 columns x0 must be [n, k] = [3, 2]"),
+        (_mat(4, 2), {"x0": _mat(3, 3)}, "`x0`: with a 2-D b of 2 columns x0 must be [n, k] = [3, 2]"),
+        (_mat(4, 2), {"x0": _mat(2, 3)}, "got shape (2, 3)"),
+        (_mat(4, 2), {"x0": _with_nan(3, 2, 1, 0)}, "`x0`: element (1, 0) (column-major index 1) is NaN"),
+        (_mat(4, 2), {"damp": [0.1, 0.2]}, "`damp`: a damp list takes a 1-D b; b has shape (4, 2)"),
+        (_mat(4, 2), {"damp": -1.0}, "`damp`: is -1, must be finite and >= 0"),
+        (_mat(4, 2), {"atol": -1.0}, "`atol`: is -1, must be finite and >= 0"),
+    ],
+)
+def test_lsmr_many_rhs_validation_errors(b, kwargs, text):
+    with pytest.raises(ValueError) as e:
+        tessera.lsmr(_Op(), b, **kwargs)
+    assert text in str(e.value), str(e.value)
+    assert isinstance(e.value, tessera.InvalidArgumentError)
+
+
+def test_lsmr_one_column_b_is_a_vector():
+    # [m, 1] keeps the 1-D rules (and messages): b's length, x0 of n
+    with pytest.raises(ValueError, match="`b`: has 3 elements, A is 4 x 3 so b needs m = 4"):
+        tessera.lsmr(_Op(), _mat(3, 1))
+    with pytest.raises(ValueError, match="`x0`: has 2 elements, A is 4 x 3 so x0 needs n = 3"):
+        tessera.lsmr(_Op(), _mat(4, 1), x0=[0.0, 0.0])
+
+
+@pytest.mark.parametrize(
+    "damp, text",
+    [
+        ([0.1, -0.5], "`damp`: element 1 is -0.5; every damp must be finite and >= 0"),
+        ((0.0, float("nan")), "`damp`: element 1 is NaN; every damp must be finite and >= 0"),
+        ([float("inf")], "`damp`: element 0 is inf"),
+        ([], "`damp`: is an empty list; give a number or at least one damp value"),
+        ([0.1, "x"], "`damp`: element 1 is 'x'; a damp list holds real numbers"),
+        ([0.1, True], "`damp`: element 1 is True; a damp list holds real numbers"),
+        ("0.1", "`damp`: must be a real number, got '0.1'"),
+    ],
+)
+def test_lsmr_damp_list_validation_errors(damp, text):
+    with pytest.raises(ValueError) as e:
+        tessera.lsmr(_Op(), [1.0, 2.0, 3.0, 4.0], damp=damp)
+    assert text in str(e.value), str(e.value)
+    assert isinstance(e.value, tessera.InvalidArgumentError)
+
+
+def test_lsmr_damp_list_keeps_the_other_rules():
+    with pytest.raises(ValueError, match="`b`: has 3 elements, A is 4 x 3 so b needs m = 4"):
+        tessera.lsmr(_Op(), [1.0, 2.0, 3.0], damp=[0.1, 0.2])
+    with pytest.raises(ValueError, match="`btol`: is -1, must be finite and >= 0"):
+        tessera.lsmr(_Op(), [1.0, 2.0, 3.0, 4.0], damp=[0.1], btol=-1.0)
+
+
+def test_check_lsmr_many_and_damps_natively():
+    import array  # noqa: PLC0415
+
+    b = array.array("d", [1.0] * 8).tobytes()
+    assert _tessera.LSMR_MAX_RHS == 65535 and _tessera.LSMR_MAX_DAMPS >= 1
+    _tessera.check_lsmr_many(4, 3, 2, b, 0.0, 1e-6, 1e-6, 1e8)
+    _tessera.check_lsmr_many(4, 3, 2, b, 0.0, 1e-6, 1e-6, 1e8, bytes(48))
+    with pytest.raises(ValueError, match="`b`: has 65536 columns; at most 65535"):
+        _tessera.check_lsmr_many(4, 3, 65536, b, 0.0, 1e-6, 1e-6, 1e8)
+    with pytest.raises(ValueError, match=r"`b`: has 8 elements, A is 4 x 3 so B \(m x k = 4 x 3"):
+        _tessera.check_lsmr_many(4, 3, 3, b, 0.0, 1e-6, 1e-6, 1e8)
+    with pytest.raises(ValueError, match="`x0`: has 5 elements, X0 is n x k = 3 x 2"):
+        _tessera.check_lsmr_many(4, 3, 2, b, 0.0, 1e-6, 1e-6, 1e8, bytes(40))
+    _tessera.check_lsmr(4, 3, 4, 0.0, 1e-6, 1e-6, 1e8, None, [0.0, 1.5])
+    with pytest.raises(ValueError, match="`damp`: is 0.5 beside a damp list"):
+        _tessera.check_lsmr(4, 3, 4, 0.5, 1e-6, 1e-6, 1e8, None, [0.0, 1.5])
+    with pytest.raises(ValueError, match="`damp`: element 0 is -1"):
+        _tessera.check_lsmr(4, 3, 4, 0.0, 1e-6, 1e-6, 1e8, None, [-1.0])
+
+
+def test_lsmr_docstring_covers_many_rhs_and_damp_lists():
+    doc = tessera.lsmr.__doc__
+    assert "[m, k]" in doc and "[n, k]" in doc and "damp list" in doc and "MAX_RHS" in doc

@@ -1385,3 +1385,206 @@ def test_lsmr_float32_csr_and_x0():
     assert rel_l2(x1, ref) < 1e-4
     with pytest.raises(NotImplementedError, match="LSMR on a float16 matrix"):
         tessera.lsmr(tessera.sparse.csr_matrix(s.to(torch.float16)), b)
+
+
+# -- lsmr: many right-hand sides and damp lists --------------------------------------------
+
+MANY_M, MANY_N, MANY_K = 37, 23, 3  # odd sizes
+# (atol = btol, x tolerance, estimate tolerance) per storage dtype: fp64 as test_lsmr_matches_scipy;
+# fp32 at verify's F32_MIN_TOL (smaller tolerances are below f32 rounding)
+MANY_TOL = {torch.float64: (1e-10, 1e-6, 1e-5), torch.float32: (1e-4, 1e-3, 5e-2)}
+
+
+def _np_rng(tag):
+    np = pytest.importorskip("numpy")
+    return np.random.default_rng([SEED, zlib.crc32(tag.encode())])
+
+
+def _scipy_of(s):
+    """The SciPy CSR (float64) of a torch sparse COO tensor (its values as stored)."""
+    sp = pytest.importorskip("scipy.sparse")
+    s = s.coalesce()
+    idx, vals = s.indices().cpu().numpy(), s.values().double().cpu().numpy()
+    return sp.csr_matrix((vals, (idx[0], idx[1])), shape=tuple(s.shape))
+
+
+def _np(v):
+    import numpy as np  # noqa: PLC0415
+
+    return v.detach().cpu().double().numpy() if isinstance(v, torch.Tensor) else np.asarray(v, dtype=np.float64)
+
+
+def _same_solve(got, want, x_tol, est_tol, what, conda_ratio=None):
+    """One solve's 8-tuple against another's: same istop, itn within 1, x and the estimates
+    close (relative to max(1, |want|)); conda within a ratio when given."""
+    import numpy as np  # noqa: PLC0415
+
+    assert int(got[1]) == int(want[1]), (what, "istop", got[1:], want[1:], SEED)
+    assert abs(int(got[2]) - int(want[2])) <= 1, (what, "itn", got[2], want[2], SEED)
+    x, wx = _np(got[0]), _np(want[0])
+    assert x.shape == wx.shape, (what, x.shape, wx.shape)
+    err = np.linalg.norm(x - wx)
+    assert err <= x_tol * max(1.0, np.linalg.norm(wx)), (what, "x", err, SEED)
+    for i, name in zip(range(3, 8), ("normr", "normar", "norma", "conda", "normx")):
+        g, w = float(got[i]), float(want[i])
+        if name == "conda" and conda_ratio is not None:
+            assert max(g, w) <= conda_ratio * max(min(g, w), 1e-300), (what, name, g, w, SEED)
+        else:
+            assert abs(g - w) <= est_tol * max(1.0, abs(w)), (what, name, g, w, SEED)
+
+
+def _column(r, j):
+    """Column j of a many-right-hand-sides result as a one-solve 8-tuple."""
+    return (r[0][:, j],) + tuple(r[i][j] for i in range(1, 8))
+
+
+def _check_many_form(r, b, n, k):
+    """The return form of a 2-D b: x [n, k] of b's kind, seven arrays of length k."""
+    np = pytest.importorskip("numpy")
+    x = r[0]
+    assert tuple(x.shape) == (n, k)
+    if isinstance(b, torch.Tensor):
+        assert isinstance(x, torch.Tensor) and x.device == b.device and x.dtype == b.dtype
+        for i in range(1, 8):
+            want = torch.int64 if i <= 2 else torch.float64
+            assert isinstance(r[i], torch.Tensor) and r[i].dtype == want and r[i].device.type == "cpu", i
+            assert tuple(r[i].shape) == (k,)
+    else:
+        assert isinstance(x, np.ndarray) and x.dtype == np.float64
+        for i in range(1, 8):
+            assert isinstance(r[i], np.ndarray) and r[i].shape == (k,), i
+            assert r[i].dtype == (np.int64 if i <= 2 else np.float64), (i, r[i].dtype)
+
+
+def _many_problem(tag, dtype, warm):
+    """A fresh 37 x 23 system (stored in dtype), its SciPy twin on the rounded values, B [m, k]
+    and X0 [n, k] (NumPy float64, rounded to dtype) or None."""
+    s = lsmr_problem(MANY_M, MANY_N, tag).to(dtype)
+    rng = _np_rng(tag)
+    rounded = lambda a: torch.from_numpy(a).to(dtype).double().numpy()  # noqa: E731
+    B = rounded(rng.standard_normal((MANY_M, MANY_K)))
+    X0 = rounded(rng.standard_normal((MANY_N, MANY_K))) if warm else None
+    return s, _scipy_of(s), B, X0
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["x0-none", "x0"])
+@pytest.mark.parametrize("op", ["csr", "dense"])
+@pytest.mark.parametrize("dtype", ["fp64", "fp32"])
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_lsmr_many_rhs_matches_single_solves_and_scipy(kind, dtype, op, warm):
+    linalg = pytest.importorskip("scipy.sparse.linalg")
+    dt = {"fp64": torch.float64, "fp32": torch.float32}[dtype]
+    tol, x_tol, est_tol = MANY_TOL[dt]
+    s, S, B, X0 = _many_problem(f"lsmr many {kind} {dtype} {op} {warm}", dt, warm)
+    A = tessera.sparse.csr_matrix(s) if op == "csr" else s.to_dense()
+    if kind == "torch":
+        b, x0 = torch.from_numpy(B).to(DEV, dt), (torch.from_numpy(X0).to(DEV, dt) if warm else None)
+    else:
+        b, x0 = B, X0
+    r = tessera.lsmr(A, b, atol=tol, btol=tol, x0=x0)
+    _check_many_form(r, b, MANY_N, MANY_K)
+    for j in range(MANY_K):
+        # the column alone through today's 1-D path (same A, same dtype)
+        alone = tessera.lsmr(A, b[:, j], atol=tol, btol=tol, x0=None if x0 is None else x0[:, j])
+        tight = (1e-8, 1e-6) if dt == torch.float64 else (1e-4, 1e-3)
+        _same_solve(_column(r, j), alone, *tight, f"column {j} vs its 1-D solve")
+        # SciPy in float64 on the same (rounded) data
+        want = linalg.lsmr(S, B[:, j], atol=tol, btol=tol, x0=None if X0 is None else X0[:, j])
+        ratio = 1.3 if dt == torch.float32 else None
+        _same_solve(_column(r, j), want, x_tol, est_tol, f"column {j} vs SciPy", conda_ratio=ratio)
+
+
+def test_lsmr_many_rhs_every_operator_kind(capsys):
+    """SciPy sparse, torch sparse (COO, CSR) and matvec/rmatvec objects take a 2-D b too."""
+    dt = torch.float64
+    s, S, B, X0 = _many_problem("lsmr many kinds", dt, True)
+    dense = s.to_dense()
+
+    class Op:
+        shape = (MANY_M, MANY_N)
+        dtype = dt
+
+        def matvec(self, v):
+            return dense @ v
+
+        def rmatvec(self, v):
+            return dense.t() @ v
+
+    b, x0 = torch.from_numpy(B).to(DEV), torch.from_numpy(X0).to(DEV)
+    for what, A in [("scipy", S), ("torch coo", s), ("torch csr", s.to_sparse_csr()), ("matvec", Op())]:
+        r = tessera.lsmr(A, b, atol=1e-10, btol=1e-10, x0=x0, show=(what == "matvec"))
+        _check_many_form(r, b, MANY_N, MANY_K)
+        for j in range(MANY_K):
+            alone = tessera.lsmr(A, b[:, j], atol=1e-10, btol=1e-10, x0=x0[:, j])
+            _same_solve(_column(r, j), alone, 1e-8, 1e-6, f"{what} column {j}")
+    out = capsys.readouterr().out
+    assert f"{MANY_K} right-hand sides" in out and f"column {MANY_K - 1}: istop" in out, out
+    # a [m, 1] b is the 1-D solve: scalars and a 1-D x
+    one = tessera.lsmr(S, b[:, :1], atol=1e-10, btol=1e-10)
+    assert isinstance(one[1], int) and tuple(one[0].shape) == (MANY_N,)
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["x0-none", "x0"])
+def test_lsmr_many_rhs_zero_column(warm):
+    linalg = pytest.importorskip("scipy.sparse.linalg")
+    np = pytest.importorskip("numpy")
+    s, S, B, X0 = _many_problem(f"lsmr many zero {warm}", torch.float64, warm)
+    B[:, 1] = 0.0
+    r = tessera.lsmr(tessera.sparse.csr_matrix(s), B, atol=1e-10, btol=1e-10, x0=X0)
+    # SciPy's b = 0 answer: istop 0, x = 0 (also from a nonzero x0)
+    assert int(r[1][1]) == 0 and int(r[2][1]) == 0 and not np.any(r[0][:, 1]), (r[1], r[2])
+    for j in range(MANY_K):
+        want = linalg.lsmr(S, B[:, j], atol=1e-10, btol=1e-10, x0=None if X0 is None else X0[:, j])
+        _same_solve(_column(r, j), want, 1e-6, 1e-5, f"column {j} vs SciPy")
+
+
+@pytest.mark.parametrize("op", ["csr", "dense"])
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_lsmr_damp_list_matches_separate_solves(kind, op, capsys):
+    linalg = pytest.importorskip("scipy.sparse.linalg")
+    tag = f"lsmr damps {kind} {op}"
+    s, S, B, X0 = _many_problem(tag, torch.float64, True)
+    A = tessera.sparse.csr_matrix(s) if op == "csr" else s.to_dense()
+    b = B[:, 0] if kind == "numpy" else torch.from_numpy(B[:, 0]).to(DEV)
+    x0 = X0[:, 0] if kind == "numpy" else torch.from_numpy(X0[:, 0]).to(DEV)
+    damps = [0.0, 0.37, 1.9]
+    rs = tessera.lsmr(A, b, damp=damps, atol=1e-10, btol=1e-10, x0=x0, show=True)
+    assert isinstance(rs, list) and len(rs) == len(damps)
+    out = capsys.readouterr().out
+    assert "3 damps in one run" in out and "damp 1.9: istop" in out, out
+    for d, r in zip(damps, rs):
+        assert isinstance(r[1], int) and type(r[0]) is type(b)
+        alone = tessera.lsmr(A, b, damp=d, atol=1e-10, btol=1e-10, x0=x0)
+        _same_solve(r, alone, 1e-8, 1e-6, f"damp {d} vs its own solve")
+        want = linalg.lsmr(S, B[:, 0], damp=d, atol=1e-10, btol=1e-10, x0=X0[:, 0])
+        _same_solve(r, want, 1e-6, 1e-5, f"damp {d} vs SciPy")
+    # the damp forms: a tuple, a NumPy array, a torch tensor, one damp
+    np = pytest.importorskip("numpy")
+    for form in (tuple(damps), np.array(damps), torch.tensor(damps, dtype=torch.float64)):
+        again = tessera.lsmr(A, b, damp=form, atol=1e-10, btol=1e-10, x0=x0)
+        assert [int(r[2]) for r in again] == [int(r[2]) for r in rs]
+    assert len(tessera.lsmr(A, b, damp=[0.37], atol=1e-10, btol=1e-10)) == 1
+
+
+def test_lsmr_damp_list_longer_than_one_run():
+    """More damps than one run holds (MAX_DAMPS): solved in several runs, in order."""
+    s, S, B, _ = _many_problem("lsmr damps long", torch.float64, False)
+    A = tessera.sparse.csr_matrix(s)
+    damps = [0.05 * i for i in range(tessera._tessera.LSMR_MAX_DAMPS + 7)]
+    rs = tessera.lsmr(A, B[:, 0], damp=damps, atol=1e-10, btol=1e-10)
+    assert len(rs) == len(damps)
+    for i in (0, 1, tessera._tessera.LSMR_MAX_DAMPS - 1, tessera._tessera.LSMR_MAX_DAMPS, len(damps) - 1):
+        alone = tessera.lsmr(A, B[:, 0], damp=damps[i], atol=1e-10, btol=1e-10)
+        _same_solve(rs[i], alone, 1e-8, 1e-6, f"damp {damps[i]} (entry {i})")
+
+
+def test_lsmr_many_rhs_errors_on_the_gpu():
+    s, S, B, _ = _many_problem("lsmr many errors", torch.float64, False)
+    b = torch.from_numpy(B).to(DEV)
+    b[4, 2] = float("nan")
+    with pytest.raises(ValueError, match=r"`b`: element \(4, 2\)"):
+        tessera.lsmr(s, b)
+    with pytest.raises(ValueError, match="`x0`: with a 2-D b of 3 columns"):
+        tessera.lsmr(s, torch.from_numpy(B).to(DEV), x0=torch.zeros(MANY_N, device=DEV, dtype=torch.float64))
+    with pytest.raises(ValueError, match="`damp`: a damp list takes a 1-D b"):
+        tessera.lsmr(s, torch.from_numpy(B).to(DEV), damp=[0.1, 0.2])

@@ -241,10 +241,34 @@ def check_lsmr(
     btol: float,
     conlim: float,
     x0: Optional[bytes] = None,
+    damps: Optional[List[float]] = None,
 ) -> None:
-    """Validates LSMR's arguments as SciPy does (no device needed); ``x0`` as host float64 bytes."""
+    """Validates LSMR's arguments as SciPy does (no device needed); ``x0`` as host float64
+    bytes; ``damps`` a damp list (not empty, each finite and >= 0, ``damp`` 0)."""
 
-LsmrReturn = Tuple[bytes, int, int, float, float, float, float, float, List[str]]
+def check_lsmr_many(
+    m: int,
+    n: int,
+    k: int,
+    b: bytes,
+    damp: float,
+    atol: float,
+    btol: float,
+    conlim: float,
+    x0: Optional[bytes] = None,
+) -> None:
+    """Validates LSMR over the ``k`` columns of ``b`` (host float64 bytes, ``m x k``
+    column-major; every element finite, the error names column and row) and ``x0`` (``n x k``
+    column-major) without a device: ``1 <= k <= LSMR_MAX_RHS`` and the options as check_lsmr."""
+
+LSMR_MAX_RHS: int
+LSMR_MAX_DAMPS: int
+
+LsmrReturn = Tuple[
+    bytes, List[int], List[int], List[float], List[float], List[float], List[float], List[float], List[str]
+]
+"""x of every result (float64 bytes, n each, one after the other), then per result istop, itn,
+normr, normar, norma, conda, normx, then the progress lines of ``show``."""
 
 def lsmr_callback(
     device: int,
@@ -252,7 +276,7 @@ def lsmr_callback(
     m: int,
     n: int,
     dtype: str,
-    apply: Callable[[bool, float, int, float, int], None],
+    apply: Callable[[bool, float, int, int, float, int], None],
     b: bytes,
     damp: float,
     atol: float,
@@ -261,11 +285,14 @@ def lsmr_callback(
     maxiter: Optional[int],
     x0: Optional[bytes],
     show: bool,
+    k: int = 1,
+    damps: Optional[List[float]] = None,
 ) -> LsmrReturn:
-    """LSMR on ``stream`` over ``apply(transpose, alpha, x_address, beta, y_address)``, which
-    queues ``y = alpha * op(A) x + beta * y`` on that stream. ``b``/``x0`` are host float64
-    bytes; returns x (float64 bytes), istop, itn, normr, normar, norma, conda, normx and the
-    progress lines of ``show``."""
+    """LSMR on ``stream`` over ``apply(transpose, alpha, x_address, k, beta, y_address)``, which
+    queues ``Y = alpha * op(A) X + beta * Y`` on that stream for ``k`` packed column-major
+    columns. ``b``/``x0`` are host float64 bytes (``k >= 2``: ``m x k`` and ``n x k``
+    column-major, one run over the columns; ``damps``: one run over the damp list); returns
+    one result per column or damp (``LsmrReturn``)."""
 
 class SparseMatrix:
     """A CSR matrix on one CUDA device (``tessera.sparse.csr_matrix`` holds one). It queues on
@@ -308,5 +335,8 @@ class SparseMatrix:
         maxiter: Optional[int],
         x0: Optional[bytes],
         show: bool,
+        k: int = 1,
+        damps: Optional[List[float]] = None,
     ) -> LsmrReturn:
-        """LSMR over this matrix (float32/float64) on its stream."""
+        """LSMR over this matrix (float32/float64) on its stream: one b, the ``k`` columns of
+        b (``k >= 2``) or one b per damp of ``damps``, in one run."""
