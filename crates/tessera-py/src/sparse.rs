@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use tessera::linalg::device_operator::{choose_dual, free_device_bytes};
+use tessera::linalg::device_operator::{self as ops, choose_dual, columnwise, free_device_bytes};
 use tessera::linalg::lsmr_device::validate_many;
 use tessera::linalg::{
     lsmr_damps_with, lsmr_many_with, lsmr_with, LinearOperator, LsmrOptions, LsmrResult, LsmrRunOptions, ManyRhs,
@@ -540,7 +540,7 @@ impl<T: Element, I: SparseIndex> LinearOperator<T> for CsrOperator<'_, T, I> {
         beta: f64,
         y: &mut DeviceBuffer<T>,
     ) -> tessera::Result<()> {
-        check_columns("x", self.a.cols(), self.a.rows(), x, k, y)?;
+        ops::check_many(self.a.cols(), self.a.rows(), x, k, y)?;
         if k == 1 {
             return self.apply(alpha, x, beta, y);
         }
@@ -557,86 +557,15 @@ impl<T: Element, I: SparseIndex> LinearOperator<T> for CsrOperator<'_, T, I> {
         y: &mut DeviceBuffer<T>,
     ) -> tessera::Result<()> {
         let (m, n) = (self.a.rows(), self.a.cols());
-        check_columns("x", m, n, x, k, y)?;
         match &self.at {
-            _ if k == 1 => self.apply_transposed(alpha, x, beta, y),
-            Some(at) => at.spmm(alpha, x, k, DenseLayout::ColMajor, beta, y),
-            None => {
-                let ctx = x.context();
-                let mut xc = ctx.alloc::<T>(m.max(1))?;
-                let mut yc = ctx.alloc::<T>(n.max(1))?;
-                for j in 0..k {
-                    copy_elements(&mut xc, 0, x, j * m, m)?;
-                    if beta != 0.0 {
-                        copy_elements(&mut yc, 0, y, j * n, n)?;
-                    }
-                    self.a.spmv_transposed(alpha, &xc, beta, &mut yc)?;
-                    copy_elements(y, j * n, &yc, 0, n)?;
-                }
-                Ok(())
+            Some(at) if k > 1 => {
+                ops::check_many(m, n, x, k, y)?;
+                at.spmm(alpha, x, k, DenseLayout::ColMajor, beta, y)
             }
+            _ => columnwise(m, n, alpha, x, k, beta, y, |alpha, x, beta, y| {
+                self.apply_transposed(alpha, x, beta, y)
+            }),
         }
-    }
-}
-
-/// Checks the operands of a batched product of `k` packed column-major columns: `x` holds
-/// `x_rows * k` elements, `y` `y_rows * k`, `k >= 1`. `arg` names the culprit.
-fn check_columns<T: Element>(
-    arg: &'static str,
-    x_rows: usize,
-    y_rows: usize,
-    x: &DeviceBuffer<T>,
-    k: usize,
-    y: &DeviceBuffer<T>,
-) -> tessera::Result<()> {
-    let need = |rows: usize| rows.saturating_mul(k);
-    if k == 0 || x.len() < need(x_rows) || y.len() < need(y_rows) {
-        return Err(tessera::Error::invalid(
-            arg,
-            format!(
-                "operator products over {k} columns got vectors of {} and {} elements, need {x_rows} x {k} and \
-                 {y_rows} x {k} (k >= 1)",
-                x.len(),
-                y.len()
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// `dst[dst_at..dst_at + len] = src[src_at..src_at + len]` on the stream of `src`'s context
-/// (both buffers of one context, bound to the thread by an allocation or launch before).
-fn copy_elements<T: Element>(
-    dst: &mut DeviceBuffer<T>,
-    dst_at: usize,
-    src: &DeviceBuffer<T>,
-    src_at: usize,
-    len: usize,
-) -> tessera::Result<()> {
-    let fits = |at: usize, buf: usize| at.checked_add(len).is_some_and(|end| end <= buf);
-    if !fits(dst_at, dst.len()) || !fits(src_at, src.len()) {
-        return Err(tessera::Error::invalid(
-            "x",
-            format!(
-                "copy of {len} elements from {src_at} of {} to {dst_at} of {} is out of bounds",
-                src.len(),
-                dst.len()
-            ),
-        ));
-    }
-    if len == 0 {
-        return Ok(());
-    }
-    let size = std::mem::size_of::<T>() as u64;
-    // SAFETY: both ranges lie inside their allocations (checked above), which belong to the
-    // device of `src`'s context; the context is bound to this thread (the caller's promise).
-    unsafe {
-        memcpy(
-            dst.device_ptr() + dst_at as u64 * size,
-            src.device_ptr() + src_at as u64 * size,
-            len * size as usize,
-            src.context(),
-        )
     }
 }
 
@@ -1220,7 +1149,7 @@ impl<'a, T: Element> PyOperator<'a, T> {
         y: &mut DeviceBuffer<T>,
     ) -> tessera::Result<()> {
         let (x_rows, y_rows) = if transpose { (self.m, self.n) } else { (self.n, self.m) };
-        check_columns("A", x_rows, y_rows, x, k, y)?;
+        ops::check_many(x_rows, y_rows, x, k, y)?;
         let failed = Python::attach(|py| {
             self.apply
                 .call1(py, (transpose, alpha, x.device_ptr(), k, beta, y.device_ptr()))

@@ -89,7 +89,7 @@ pub trait LinearOperator<T: Element> {
 
 /// Checks the operands of a batched product: `k >= 1`, `x` holds `x_len * k` elements and `y`
 /// `y_len * k`.
-pub(crate) fn check_many<T: Element>(
+pub fn check_many<T: Element>(
     x_len: usize,
     y_len: usize,
     x: &DeviceBuffer<T>,
@@ -118,7 +118,7 @@ pub(crate) fn check_many<T: Element>(
 /// column of `y` (`y_len` rows), through one-column work buffers (stream-ordered pool
 /// allocations, freed in stream order), or directly when `k == 1`.
 #[allow(clippy::too_many_arguments)] // the product's operands plus the shapes
-fn columnwise<T: Element>(
+pub fn columnwise<T: Element>(
     x_len: usize,
     y_len: usize,
     alpha: f64,
