@@ -260,13 +260,20 @@ fn build(problem: &Problem, seed: u64) -> Result<Built> {
 /// over 1) is widened to 10x the spread of the re-run
 /// under [`SPREAD_RUNS`] random one-ulp perturbations of A (seeded `1..=SPREAD_RUNS`), which the
 /// note reports.
+///
+/// `measured_tol` false (the many-right-hand-side cases, whose columns are fresh random
+/// right-hand sides with no measured fixture tolerance) measures the spread and widens at the
+/// same iteration too: an ill-conditioned random column at ~90 iterations moves x by up to
+/// ~1e-4 under one-ulp changes of A, so rounding alone can exceed a fixed fp64 budget.
 fn same_iteration(
     got: &LsmrResult,
     want: &LsmrResult,
     tol: Tol,
+    measured_tol: bool,
     rerun: impl Fn(usize, u64) -> Result<LsmrResult>,
 ) -> Result<(LsmrResult, Tol, Option<f64>)> {
-    if got.itn == want.itn || got.itn.abs_diff(want.itn) > 1 {
+    let apart = got.itn.abs_diff(want.itn);
+    if apart > 1 || (apart == 0 && measured_tol) {
         return Ok((want.clone(), tol, None));
     }
     let here = rerun(got.itn, 0)?;
@@ -364,7 +371,7 @@ fn run<T: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
     let normb = b_ref.iter().map(|e| e * e).sum::<f64>().sqrt();
     // istop and itn are judged against the reference's stop; the values against its iterate at
     // the iteration the GPU stopped at (the same one, or one apart: see same_iteration)
-    let (want_here, tol_here, spread) = same_iteration(&got, &want, built.tol, |itn, seed| {
+    let (want_here, tol_here, spread) = same_iteration(&got, &want, built.tol, true, |itn, seed| {
         lsmr_host(
             &perturbed(&a_ref, seed),
             &b_ref,
@@ -1331,7 +1338,7 @@ fn run_many<T: Element>(ctx: &Context, case: &ManyCase, seed: u64) -> Result<Ver
             maxiter: Some(itn),
             ..col_opts.clone()
         };
-        let (want_here, tol_here, _) = same_iteration(g, w, built.tol, |itn, seed| {
+        let (want_here, tol_here, _) = same_iteration(g, w, built.tol, false, |itn, seed| {
             lsmr_host(&perturbed(&a_ref, seed), bj, &rerun(itn))
         })?;
         failures.extend(compare(&format!("{name} vs CPU"), g, &want_here, normb, tol_here));
