@@ -385,6 +385,7 @@ fn launch(
         (Some((sa, sb)), Some((va, vb))) => GemmScaleOperands {
             a: Some(view(sa, va)?),
             b: Some(view(sb, vb)?),
+            result: None,
         },
         _ => GemmScaleOperands::default(),
     };

@@ -436,6 +436,7 @@ fn run_quantized(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptio
         GemmScaleOperands {
             a: Some(sa.view(&[sa_len], &[1])?),
             b: Some(sb.view(&[sb_len], &[1])?),
+            result: None,
         }
     };
     let ops = |s: usize| -> Result<GemmOperands<'_>> {

@@ -2,15 +2,16 @@
 //   D[b] = act(alpha * sa[m] sb[n] * A[b] B[b] + beta * C[b] + bias) + R[b]
 // Operands f16 / bf16 (f32 accumulation), f32 read as tf32 by the tensor cores (opt-in, f32
 // accumulation), fp8 e4m3 / e5m2 (f32 accumulation; the per-tensor or per-row sa and
-// per-tensor or per-column sb scales of torch._scaled_mm), int8 (s32 accumulation; s32 out
-// with no epilogue, as torch._int_mm, or f32 / f16 / bf16 out dequantised by sa, sb and the
-// epilogue).
+// per-tensor or per-column sb scales of torch._scaled_mm; f32 / f16 / bf16 out, or fp8 out:
+// D = fp8(sr * d) with the result scale sr, saturating, and amax = max |d| raised by atomics),
+// int8 (s32 accumulation; s32 out with no epilogue, as torch._int_mm, or f32 / f16 / bf16 out
+// dequantised by sa, sb and the epilogue).
 // TMA loads into an mbarrier ring, wgmma from shared memory, one producer and two consumer
 // warpgroups (setmaxnreg), persistent CTAs over a grouped tile order, TMA-store epilogue.
 //
 // Preamble (gemm/hopper.rs, kernel_key): Elem (ts::f16, ts::bf16, float = tf32, ts::fp8e4m3,
-// ts::fp8e5m2, int8_t), OutT (16-bit Elem: Elem or float; tf32: float; fp8: f16, bf16 or float;
-// int8: int, f16, bf16 or float), kBlockN (128 or 256 output columns per CTA tile), kStages
+// ts::fp8e5m2, int8_t), OutT (16-bit Elem: Elem or float; tf32: float; fp8: f16, bf16, float,
+// ts::fp8e4m3 or ts::fp8e5m2; int8: int, f16, bf16 or float), kBlockN (128 or 256 output columns per CTA tile), kStages
 // (ring depth), kBNK (B stored [N, K], K-major; false: [K, N], N-major, 16-bit Elem only: the
 // other wgmma types read K-major operands only), kGlu (the GLU epilogue, 16-bit operands).
 // Every k-block is one 128-byte swizzle row of each operand row: kBlockK = 128 / sizeof(Elem)
@@ -26,6 +27,9 @@
 //   D [batch][M][ldd] (OutT)     map (N, M, batch, 1), box (kStoreCols, 64), TMA stores clip
 //   C, R [batch][M][ld] and bias [N] (all OutT): plain loads, bounds-checked.
 //   sa (f32, [1] or [M]) and sb (f32, [1] or [N]) scales: plain loads, null = 1 (8-bit Elem).
+//   sr (f32 [1], fp8 OutT): the result scale, null = 1; amax (f32 [1], fp8 OutT, or null): the
+//   caller zeroes it, each warp raises it once per tile with atomicMax on the bits (|d| >= 0
+//   orders as its bits, and a NaN, 0x7fc00000 and up, beats every number, so NaN propagates).
 // Every tile is stored as 128-byte rows with TMA's 128-byte swizzle (16-byte chunk j of row r at
 // chunk j ^ (r % 8)), 1024-byte aligned: the canonical SW128 layouts wgmma reads (wgmma.cuh).
 // Rows, columns and k past the tensor load as zeros (so a K tail adds 0), stores past it are
@@ -108,6 +112,8 @@ struct GemmParams {
   const float* scale_b;  // [1] or [N] (scale_b_cols), or null = 1
   int scale_a_rows;      // 1: scale_a[row], 0: scale_a[0]
   int scale_b_cols;      // 1: scale_b[col], 0: scale_b[0]
+  const float* scale_result;  // [1] or null = 1 (fp8 OutT)
+  float* amax;                // [1] or null (fp8 OutT): max |d| over D, zeroed by the caller
 };
 
 #if defined(TS_HAS_WGMMA) && defined(TS_HAS_TMA)
@@ -126,6 +132,7 @@ constexpr uint32_t kBColBlockBytes = kBlockK * 128;  // !kBNK: one 64-column blo
 using Acc = typename ts::WgmmaAcc<Elem>::type;       // f32, or s32 for int8
 constexpr bool kIntOut = ts::is_same_v<OutT, int>;   // int8 -> s32 out, no epilogue
 constexpr bool kScaled = sizeof(Elem) == 1;          // fp8 / int8: sa, sb scales
+constexpr bool kFp8Out = sizeof(OutT) == 1;          // fp8 out: result scale, amax
 constexpr uint32_t kStageBytes = kABytes + kBBytes;  // expect_tx per slot (boxes count whole,
                                                      // zero-filled parts included)
 constexpr int kAccRegs = kBlockN / 2;
@@ -150,13 +157,15 @@ static_assert(sizeof(Elem) == 2 || kBNK, "tf32, fp8 and int8 wgmma read B K-majo
 static_assert(sizeof(Elem) == 2 ? (ts::is_same_v<OutT, Elem> || ts::is_same_v<OutT, float>)
               : ts::is_same_v<Elem, float> ? ts::is_same_v<OutT, float>
               : (ts::is_same_v<OutT, ts::f16> || ts::is_same_v<OutT, ts::bf16> || ts::is_same_v<OutT, float> ||
-                 (ts::is_same_v<OutT, int> && ts::is_same_v<Elem, int8_t>)),
-              "output: 16-bit operands -> the operand type or f32; tf32 -> f32; fp8 -> f16, bf16 or f32; "
+                 (ts::is_same_v<OutT, int> && ts::is_same_v<Elem, int8_t>) ||
+                 ((ts::is_same_v<OutT, ts::fp8e4m3> || ts::is_same_v<OutT, ts::fp8e5m2>) &&
+                  !ts::is_same_v<Elem, int8_t>)),
+              "output: 16-bit operands -> the operand type or f32; tf32 -> f32; fp8 -> f16, bf16, f32 or fp8; "
               "int8 -> s32, f16, bf16 or f32");
 static_assert(kBlockN == 128 || kBlockN == 256, "CTA tile: 128 x 128 or 128 x 256");
 static_assert(kOutCols % kStoreCols == 0, "whole store chunks per tile");
 static_assert(!kGlu || (sizeof(Elem) == 2 && !kIntOut), "the GLU epilogue takes 16-bit operands");
-static_assert(sizeof(GemmParams) == 512, "GemmParams layout (hopper.rs)");
+static_assert(sizeof(GemmParams) == 576, "GemmParams layout (hopper.rs)");
 
 /// Named barriers (0 is __syncthreads): consumer w's epilogue syncs its 128 threads on 1 + w.
 constexpr uint32_t kStoreBarrier0 = 1;
@@ -360,6 +369,10 @@ TS_DEVICE void stage_pair(uint8_t* buf, int r, int bc, float y0, float y1) {
     *reinterpret_cast<float2*>(dst) = make_float2(y0, y1);
   } else if constexpr (ts::is_same_v<OutT, ts::f16>) {
     *reinterpret_cast<uint32_t*>(dst) = ts::pack_f16x2(y0, y1);
+  } else if constexpr (ts::is_same_v<OutT, ts::fp8e4m3>) {
+    *reinterpret_cast<uint16_t*>(dst) = ts::pack_e4m3x2(y0, y1);  // round to nearest even, satfinite
+  } else if constexpr (ts::is_same_v<OutT, ts::fp8e5m2>) {
+    *reinterpret_cast<uint16_t*>(dst) = ts::pack_e5m2x2(y0, y1);
   } else {
     *reinterpret_cast<uint32_t*>(dst) = ts::pack_bf16x2(y0, y1);
   }
@@ -375,7 +388,8 @@ TS_DEVICE void stage_pair(uint8_t* buf, int r, int bc, float y0, float y1) {
 /// terms out is the sign of a zero result (-0 + 0 = +0), which no comparison sees. Chunks wholly past column n and
 /// consumers wholly past row m store nothing (uniform over the warpgroup). 8-bit operands
 /// multiply the accumulators by sa[row] sb[col] first (s32 converted to f32); s32 outputs store
-/// the accumulators unchanged.
+/// the accumulators unchanged. fp8 outputs track max |d| over the thread's in-range elements,
+/// store fp8(sr * d), and raise p.amax once per warp at the end.
 template <int kAct>
 TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAccRegs], const Tile& tl, int wg,
                         uint32_t& stores) {
@@ -393,6 +407,8 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
   // D's columns: B's with a GLU halved
   const int out_n0 = kGlu ? tl.n0 / 2 : tl.n0;
   const int out_n = kGlu ? p.n / 2 : p.n;
+  const float result_scale = kFp8Out && p.scale_result != nullptr ? *p.scale_result : 1.0f;
+  uint32_t amax_bits = 0;  // fp8 out: max |d| of this thread's elements, as bits
 #pragma unroll
   for (int ch = 0; ch < kChunks; ++ch) {
     if (out_n0 + ch * kStoreCols >= out_n) break;
@@ -447,8 +463,14 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
             x0 *= sa * sb0;
             x1 *= sa * sb1;
           }
-          const float y0 = ts::gemm_epilogue<kAct, true, true, true>(x0, p.alpha, beta, c0, bias0, res0);
-          const float y1 = ts::gemm_epilogue<kAct, true, true, true>(x1, p.alpha, beta, c1, bias1, res1);
+          float y0 = ts::gemm_epilogue<kAct, true, true, true>(x0, p.alpha, beta, c0, bias0, res0);
+          float y1 = ts::gemm_epilogue<kAct, true, true, true>(x1, p.alpha, beta, c1, bias1, res1);
+          if constexpr (kFp8Out) {
+            if (row < p.m && col < p.n) amax_bits = max(amax_bits, __float_as_uint(fabsf(y0)));
+            if (row < p.m && col + 1 < p.n) amax_bits = max(amax_bits, __float_as_uint(fabsf(y1)));
+            y0 *= result_scale;
+            y1 *= result_scale;
+          }
           stage_pair(buf, r, cc * int(sizeof(OutT)), y0, y1);
         }
       }
@@ -460,6 +482,14 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
       ts::tma_store_commit();
     }
     ++stores;
+  }
+  if constexpr (kFp8Out) {
+    if (p.amax != nullptr) {
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2)
+        amax_bits = max(amax_bits, __shfl_xor_sync(0xffffffffu, amax_bits, offset));
+      if (lane == 0) atomicMax(reinterpret_cast<unsigned int*>(p.amax), amax_bits);
+    }
   }
 }
 

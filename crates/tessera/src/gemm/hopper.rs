@@ -68,7 +68,7 @@ pub(crate) fn hopper_outputs(dtype: DType) -> &'static [DType] {
         DType::F16 => &[DType::F16, DType::F32],
         DType::BF16 => &[DType::BF16, DType::F32],
         DType::F32 => &[DType::F32],
-        DType::F8E4M3 | DType::F8E5M2 => &[DType::BF16, DType::F16, DType::F32],
+        DType::F8E4M3 | DType::F8E5M2 => &[DType::BF16, DType::F16, DType::F32, DType::F8E4M3, DType::F8E5M2],
         DType::I8 => &[DType::I32, DType::BF16, DType::F16, DType::F32],
         _ => &[],
     }
@@ -129,6 +129,11 @@ pub(crate) struct HopperGemmArgs {
     /// f32 scale of B's columns (0 = none): `[N]` when `scale_b_cols`, else `[1]`. 8-bit operands.
     pub scale_b: u64,
     pub scale_b_cols: bool,
+    /// f32 `[1]` result scale of an fp8 output (0 = 1): D = fp8(scale_result * d).
+    pub scale_result: u64,
+    /// f32 `[1]` the kernel raises to `max |d|` (0 = none; fp8 outputs only; zeroed by the
+    /// caller before the launch).
+    pub amax: u64,
 }
 
 /// What a [`HopperGemmPlan`] is built for: everything but the pointers, leading dimensions and
@@ -276,6 +281,21 @@ pub(crate) fn hopper_supports(args: &HopperGemmArgs) -> std::result::Result<(), 
         ));
     }
     let eight_bit = a.dtype.size() == 1;
+    let fp8_out = a.out_dtype.size() == 1;
+    for (name, ptr) in [("scale_result", a.scale_result), ("amax", a.amax)] {
+        if ptr != 0 && !fp8_out {
+            return Err(format!("{name}: applies to fp8 outputs only, got {}", a.out_dtype));
+        }
+        if ptr % 4 != 0 {
+            return Err(format!("{name}: address {ptr:#x} is not 4-byte aligned (f32)"));
+        }
+    }
+    if fp8_out && (a.c != 0 || a.bias != 0 || a.residual != 0) {
+        return Err(format!(
+            "out_dtype: an {} output takes no C, bias or residual; ask for bf16, f16 or f32 output for those terms",
+            a.out_dtype
+        ));
+    }
     for (name, ptr) in [("scale_a", a.scale_a), ("scale_b", a.scale_b)] {
         if ptr != 0 && !eight_bit {
             return Err(format!(
@@ -451,7 +471,7 @@ fn spec(key: &KernelKey) -> KernelSpec {
 }
 
 /// Every variant this path can launch on `arch`: on sm_90, each operand dtype x each of its
-/// [`hopper_outputs`] x {B [N, K], and for 16-bit operands [K, N]} x [`TILES`] (38 kernels),
+/// [`hopper_outputs`] x {B [N, K], and for 16-bit operands [K, N]} x [`TILES`] (46 kernels),
 /// and the GLU variants of the 16-bit operands (16 more); none elsewhere. Activations, scales
 /// and the epilogue's inputs are run-time values.
 pub(crate) fn kernel_specs(arch: Arch) -> Vec<KernelSpec> {
@@ -475,7 +495,7 @@ pub(crate) fn kernel_specs(arch: Arch) -> Vec<KernelSpec> {
     out
 }
 
-/// The kernel parameter of `gemm_sm90`, mirrored by `GemmParams` in gemm_sm90.cu (512 bytes).
+/// The kernel parameter of `gemm_sm90`, mirrored by `GemmParams` in gemm_sm90.cu (576 bytes).
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct GemmParams {
@@ -505,10 +525,12 @@ pub(crate) struct GemmParams {
     pub scale_b: u64,
     pub scale_a_rows: i32,
     pub scale_b_cols: i32,
+    pub scale_result: u64,
+    pub amax: u64,
 }
 
 // SAFETY: plain data with the C layout of `GemmParams` in gemm_sm90.cu (the kernel
-// static_asserts its size, 512 bytes; hopper_tests checks this side and the field offsets).
+// static_asserts its size, 576 bytes; hopper_tests checks this side and the field offsets).
 unsafe impl KernelParams for GemmParams {}
 
 /// The geometry of one 2-D (batched) operand's tensor map: `(cols, rows, batch, 1)` with byte
@@ -602,7 +624,12 @@ pub(crate) fn map_shapes(a: &HopperGemmArgs, tile: HopperTile) -> [MapShape; 3] 
         },
         MapShape {
             ptr: a.d,
-            dtype: a.out_dtype,
+            // fp8 outputs are stored as bytes (TMA has no fp8 type)
+            dtype: if a.out_dtype.size() == 1 {
+                DType::U8
+            } else {
+                a.out_dtype
+            },
             cols: a.n,
             rows: a.m,
             batch: a.batch,
@@ -766,6 +793,8 @@ impl HopperGemmPlan {
             scale_b: args.scale_b,
             scale_a_rows: i32::from(args.scale_a_rows),
             scale_b_cols: i32::from(args.scale_b_cols),
+            scale_result: args.scale_result,
+            amax: args.amax,
         };
         let cfg = self.launch_config();
         // SAFETY: `params` mirrors the kernel's GemmParams; hopper_supports checked that every
@@ -1150,6 +1179,8 @@ mod self_check {
             scale_a_rows: cs.scales == 2,
             scale_b: scales_d.as_ref().map_or(0, |s| s.1.device_ptr()),
             scale_b_cols: cs.scales == 2,
+            scale_result: 0,
+            amax: 0,
         };
         let plan = match cs.tile {
             Some(t) => HopperGemmPlan::with_tile(ctx, &args.shape_key(), t)?,
@@ -1322,6 +1353,31 @@ mod self_check {
                 false,
                 (200, 264, 1000),
             ),
+            // fp8 outputs with the result scale (large enough that e4m3 saturates) and the amax
+            (
+                Precision::Fp8E4M3,
+                DType::F8E4M3,
+                GemmScales::RowWise,
+                Activation::None,
+                false,
+                PLAIN,
+            ),
+            (
+                Precision::Fp8E5M2,
+                DType::F8E5M2,
+                GemmScales::PerTensor,
+                Activation::Silu,
+                false,
+                (129, 208, 256),
+            ),
+            (
+                Precision::Fp8E4M3,
+                DType::F8E5M2,
+                GemmScales::None,
+                Activation::GeluErf,
+                false,
+                (1, 16, 1000),
+            ),
         ];
         let mut report = String::new();
         let mut failed = 0;
@@ -1359,23 +1415,41 @@ mod self_check {
                 },
                 residual: None,
             };
-            let scale_ops = if scales == GemmScales::None {
-                GemmScaleOperands::default()
+            // fp8 outputs: a result scale of 16 (e4m3 inputs: some outputs saturate at 448) or
+            // none (e5m2 inputs), and the amax
+            let fp8_out = out.size() == 1;
+            let result_scale = if fp8_out && precision == Precision::Fp8E4M3 {
+                16.0f32
             } else {
-                GemmScaleOperands {
-                    a: Some(sa_d.view(&[sa_len], &[1])?),
-                    b: Some(sb_d.view(&[sb_len], &[1])?),
-                }
+                1.0
             };
+            let sr_d = ctx.upload(&[result_scale])?;
+            let mut amax_d = ctx.upload(&[f32::NAN])?;
+            let mut scale_ops = GemmScaleOperands {
+                result: (result_scale != 1.0).then(|| sr_d.view(&[1], &[1])).transpose()?,
+                ..GemmScaleOperands::default()
+            };
+            if scales != GemmScales::None {
+                scale_ops.a = Some(sa_d.view(&[sa_len], &[1])?);
+                scale_ops.b = Some(sb_d.view(&[sb_len], &[1])?);
+            }
             let alpha = if out == DType::I32 { 1.0 } else { 0.5 };
-            plan.run_scaled(
-                alpha,
-                0.0,
-                &ops,
-                &scale_ops,
-                &mut d_d.buf.view_mut_as(out, &[m, n], &[n, 1])?,
-            )?;
+            let mut d_view = d_d.buf.view_mut_as(out, &[m, n], &[n, 1])?;
+            if fp8_out {
+                plan.run_scaled_amax(
+                    alpha,
+                    0.0,
+                    &ops,
+                    &scale_ops,
+                    &mut d_view,
+                    &mut amax_d.view_mut(&[1], &[1])?,
+                )?;
+            } else {
+                plan.run_scaled(alpha, 0.0, &ops, &scale_ops, &mut d_view)?;
+            }
             let got = d_d.download()?;
+            let amax_got = amax_d.to_host()?[0] as f64;
+            let mut amax_want = 0.0f64;
             let (mut err2, mut ref2) = (0.0f64, 0.0f64);
             for r in 0..m {
                 for c in 0..n {
@@ -1387,6 +1461,13 @@ mod self_check {
                     };
                     let mut v = alpha * s * acc + if bias { bias_h.get(c) } else { 0.0 };
                     v = activate(activation.code(), v);
+                    if fp8_out {
+                        // the reference rounded as the kernel stores it: fp8(sr * v), saturating
+                        amax_want = amax_want.max(v.abs());
+                        let mut q = [0u8; 1];
+                        crate::numeric::store(out, (result_scale as f64 * v) as f32, &mut q);
+                        v = crate::numeric::load(out, &q, 0);
+                    }
                     let e = got.get(r * n + c) - v;
                     err2 += if e.is_nan() { f64::INFINITY } else { e * e };
                     ref2 += v * v;
@@ -1398,11 +1479,18 @@ mod self_check {
                 ..CheckCase::plain(m, n, k, input, true)
             }
             .budget();
-            let ok = rel.is_finite() && (rel < budget || rel == 0.0);
+            // the amax of f32 sums against f64 ones (the accumulation's error only)
+            let amax_ok = !fp8_out || (amax_got - amax_want).abs() <= 1e-4 * amax_want;
+            let ok = rel.is_finite() && (rel < budget || rel == 0.0) && amax_ok;
             failed += usize::from(!ok);
+            let amax_note = if fp8_out {
+                format!(", result scale {result_scale}, amax {amax_got:.6e} (f64 {amax_want:.6e})")
+            } else {
+                String::new()
+            };
             report += &format!(
                 "{} plan {} {m}x{n}x{k} -> {} {scales:?} {} bias {bias} (kernel {}, {} splits): rel_l2 {rel:.3e} \
-                 (budget {budget:.0e})\n",
+                 (budget {budget:.0e}){amax_note}\n",
                 if ok { "PASS" } else { "FAIL" },
                 precision.name(),
                 out,
@@ -1589,6 +1677,8 @@ mod self_check {
                     scale_a_rows: false,
                     scale_b: 0,
                     scale_b_cols: false,
+                    scale_result: 0,
+                    amax: 0,
                     c: 0,
                     ldc: n,
                     stride_c: 0,

@@ -45,6 +45,8 @@ fn args() -> HopperGemmArgs {
         scale_a_rows: false,
         scale_b: 0,
         scale_b_cols: false,
+        scale_result: 0,
+        amax: 0,
     }
 }
 
@@ -59,6 +61,84 @@ fn int_args() -> HopperGemmArgs {
         residual: 0,
         activation: 0,
         ..args()
+    }
+}
+
+#[test]
+fn fp8_outputs_take_a_result_scale_and_an_amax_and_no_c_bias_or_residual() {
+    let fp8 = HopperGemmArgs {
+        dtype: DType::F8E4M3,
+        out_dtype: DType::F8E5M2,
+        c: 0,
+        beta: 0.0,
+        bias: 0,
+        residual: 0,
+        scale_a: 0x70000,
+        scale_b: 0x70100,
+        scale_result: 0x70200,
+        amax: 0x70300,
+        ..args()
+    };
+    assert_eq!(hopper_supports(&fp8), Ok(()));
+    assert_eq!(
+        hopper_supports(&HopperGemmArgs {
+            out_dtype: DType::F8E4M3,
+            ..fp8
+        }),
+        Ok(())
+    );
+    for (bad, want) in [
+        (HopperGemmArgs { bias: 0x50000, ..fp8 }, "no C, bias or residual"),
+        (
+            HopperGemmArgs {
+                c: 0x30000,
+                beta: 0.5,
+                ..fp8
+            },
+            "no C, bias or residual",
+        ),
+        (
+            HopperGemmArgs {
+                residual: 0x60000,
+                ..fp8
+            },
+            "no C, bias or residual",
+        ),
+        (HopperGemmArgs { amax: 0x70302, ..fp8 }, "amax: address"),
+        (
+            HopperGemmArgs {
+                scale_result: 0x70201,
+                ..fp8
+            },
+            "scale_result: address",
+        ),
+        (
+            HopperGemmArgs {
+                out_dtype: DType::BF16,
+                ..fp8
+            },
+            "amax: applies to fp8 outputs only",
+        ),
+        (
+            HopperGemmArgs {
+                amax: 0,
+                out_dtype: DType::F32,
+                ..fp8
+            },
+            "scale_result: applies to fp8 outputs only",
+        ),
+        (
+            HopperGemmArgs {
+                dtype: DType::BF16,
+                scale_a: 0,
+                scale_b: 0,
+                ..fp8
+            },
+            "out_dtype",
+        ),
+    ] {
+        let err = hopper_supports(&bad).expect_err(want);
+        assert!(err.contains(want), "{err} lacks {want}");
     }
 }
 
@@ -411,7 +491,7 @@ fn tensor_maps_describe_the_operands() {
 
 #[test]
 fn params_struct_matches_the_kernel() {
-    assert_eq!(size_of::<GemmParams>(), 512);
+    assert_eq!(size_of::<GemmParams>(), 576);
     assert_eq!(align_of::<GemmParams>(), 64);
     // The field order of gemm_sm90.cu (which static_asserts the size).
     assert_eq!(offset_of!(GemmParams, c), 384);
@@ -423,6 +503,8 @@ fn params_struct_matches_the_kernel() {
     assert_eq!(offset_of!(GemmParams, scale_b), 496);
     assert_eq!(offset_of!(GemmParams, scale_a_rows), 504);
     assert_eq!(offset_of!(GemmParams, scale_b_cols), 508);
+    assert_eq!(offset_of!(GemmParams, scale_result), 512);
+    assert_eq!(offset_of!(GemmParams, amax), 520);
 }
 
 /// The epilogue's staging writes (gemm_sm90.cu stage_pair): every output of a consumer's chunk
@@ -572,6 +654,10 @@ fn k_heavy_shapes_split_k_into_equal_block_multiples() {
     assert_eq!(hopper_splits(&batched, 132, None).unwrap(), (1, 65536));
     let int8 = GemmProblem::new(Precision::Int8, DType::I32, 128, 128, 65536);
     assert_eq!(hopper_splits(&int8, 132, None).unwrap(), (1, 65536));
+    // nor do fp8 outputs (their conversion and amax live in the Hopper epilogue)
+    let fp8_out = GemmProblem::new(Precision::Fp8E4M3, DType::F8E4M3, 128, 128, 65536);
+    assert_eq!(hopper_splits(&fp8_out, 132, None).unwrap(), (1, 65536));
+    assert!(hopper_splits(&fp8_out, 132, Some(16)).is_err());
     assert_eq!(
         hopper_splits(&bf16(128, 128, 65536), 132, Some(16)).unwrap(),
         (16, 4096)

@@ -284,7 +284,8 @@ pub fn hopper_splits(p: &GemmProblem, sm_count: u32, forced: Option<u32>) -> Res
     let bk = hopper::block_k(p.input()?);
     let fits = |s: usize| s >= 1 && p.k % s == 0 && (p.k / s) % bk == 0 && p.k / s >= HOPPER_MIN_SPLIT_BLOCKS * bk;
     // (a GLU's epilogue pairs gate and up columns of one accumulator: the reduction has none)
-    let splittable = p.batch == 1 && p.out != DType::I32 && !p.epilogue.glu.is_some();
+    // (an fp8 output's conversion and amax live in the Hopper epilogue, not in the reduction)
+    let splittable = p.batch == 1 && p.out != DType::I32 && p.out.size() != 1 && !p.epilogue.glu.is_some();
     if let Some(f) = forced {
         let f = f as usize;
         if f <= 1 {
@@ -295,7 +296,7 @@ pub fn hopper_splits(p: &GemmProblem, sm_count: u32, forced: Option<u32>) -> Res
                 "splits",
                 format!(
                     "{f} K splits on the Hopper path: need batch 1, a float output, at most \
-                     {HOPPER_MAX_SPLITS}, and K = {} divided into equal parts of at least {} and a \
+                     {HOPPER_MAX_SPLITS}, no GLU or fp8 output, and K = {} divided into equal parts of at least {} and a \
                      multiple of {bk}",
                     p.k,
                     HOPPER_MIN_SPLIT_BLOCKS * bk
@@ -599,7 +600,8 @@ impl GemmPlan {
     }
 
     /// [`GemmPlan::run`] with the dequantisation scales the problem declares
-    /// ([`GemmScales`]): f32 `scale_a` `[1]` or `[M]` and `scale_b` `[1]` or `[N]`, contiguous.
+    /// ([`GemmScales`]): f32 `scale_a` `[1]` or `[M]` and `scale_b` `[1]` or `[N]`, contiguous;
+    /// and for an fp8 output the optional result scale (`scales.result`, f32 `[1]`).
     pub fn run_scaled(
         &self,
         alpha: f64,
@@ -607,6 +609,54 @@ impl GemmPlan {
         ops: &GemmOperands<'_>,
         scales: &GemmScaleOperands<'_>,
         d: &mut TensorViewMut<'_>,
+    ) -> Result<()> {
+        self.launch(alpha, beta, ops, scales, d, 0)
+    }
+
+    /// [`GemmPlan::run_scaled`] for an fp8 output that also writes the output's amax into
+    /// `amax` (f32 `[1]`): `max |d|` over every element of D, `d` the epilogue's f32 value
+    /// before the result scale and the fp8 conversion (what the next step's scale is computed
+    /// from; NaN when any `d` is NaN). `amax` is zeroed on the stream first, then raised by the
+    /// kernel; it is complete when the call's stream work is. Errors (nothing written): a
+    /// non-fp8 output, `amax` not f32 `[1]`, or the errors of [`GemmPlan::run_scaled`].
+    pub fn run_scaled_amax(
+        &self,
+        alpha: f64,
+        beta: f64,
+        ops: &GemmOperands<'_>,
+        scales: &GemmScaleOperands<'_>,
+        d: &mut TensorViewMut<'_>,
+        amax: &mut TensorViewMut<'_>,
+    ) -> Result<()> {
+        if self.problem.out.size() != 1 {
+            return Err(Error::invalid(
+                "amax",
+                format!(
+                    "the output amax is computed for fp8 outputs (fp8e4m3, fp8e5m2), not {}",
+                    self.problem.out
+                ),
+            ));
+        }
+        if amax.dtype() != DType::F32 || amax.shape() != [1] {
+            return Err(Error::invalid(
+                "amax",
+                format!("{} view {:?}; the amax is fp32 [1]", amax.dtype(), amax.shape()),
+            ));
+        }
+        check_aligned("amax", amax.device_ptr(), 4, "an f32 written by atomics")?;
+        self.launch(alpha, beta, ops, scales, d, amax.device_ptr())
+    }
+
+    /// Validates one call and launches it; `amax` is the device address of the f32 amax (0 =
+    /// none; fp8 outputs only, checked by the caller).
+    fn launch(
+        &self,
+        alpha: f64,
+        beta: f64,
+        ops: &GemmOperands<'_>,
+        scales: &GemmScaleOperands<'_>,
+        d: &mut TensorViewMut<'_>,
+        amax: u64,
     ) -> Result<()> {
         let p = &self.problem;
         check_operands(p, ops, d)?;
@@ -621,6 +671,14 @@ impl GemmPlan {
             let why = format!("the {} path's 16-byte loads", self.path.name());
             check_aligned("a", ops.a.device_ptr(), self.operand_align, &why)?;
             check_aligned("b", ops.b.device_ptr(), self.operand_align, &why)?;
+        }
+        if amax != 0 {
+            self.ctx.bind()?;
+            // SAFETY: `amax` is a checked f32 [1] view (4 bytes, 4-byte aligned) of this
+            // context's device; the memset is ordered on the stream before the kernel raises it.
+            crate::runtime::context::check("cuMemsetD32Async", unsafe {
+                cudarc::driver::sys::cuMemsetD32Async(amax, 0, 1, self.ctx.cu_stream())
+            })?;
         }
         if p.is_empty() {
             return Ok(());
@@ -668,6 +726,8 @@ impl GemmPlan {
                 scale_a_rows: p.scales == GemmScales::RowWise,
                 scale_b: scales.b.map_or(0, |s| s.device_ptr()),
                 scale_b_cols: p.scales == GemmScales::RowWise,
+                scale_result: scales.result.map_or(0, |s| s.device_ptr()),
+                amax,
             };
             if p.out == DType::I32 && alpha != 1.0 {
                 return Err(Error::invalid(
@@ -769,6 +829,20 @@ impl GemmPlan {
 /// The scale tensors of a call against the problem's [`GemmScales`]: f32, `[1]` each for
 /// per-tensor, `[M]` and `[N]` for row-wise, none without scales.
 fn check_scales(p: &GemmProblem, s: &GemmScaleOperands<'_>) -> Result<()> {
+    if let Some(v) = s.result {
+        if p.out.size() != 1 {
+            return Err(Error::invalid(
+                "scale_result",
+                format!("given, but the result scale applies to fp8 outputs only, not {}", p.out),
+            ));
+        }
+        if v.dtype() != DType::F32 || v.shape() != [1] {
+            return Err(Error::invalid(
+                "scale_result",
+                format!("{} view {:?}; the plan expects fp32 [1]", v.dtype(), v.shape()),
+            ));
+        }
+    }
     let (len_a, len_b) = match p.scales {
         GemmScales::None => {
             if s.a.is_some() || s.b.is_some() {

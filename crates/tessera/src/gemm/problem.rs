@@ -212,8 +212,10 @@ pub enum Precision {
     /// fp32 inputs read as tf32 by the tensor cores (10-bit mantissas; opt-in), f32 accumulate;
     /// fp32 out. sm_90 only (the Hopper path), B stored [N, K].
     Tf32,
-    /// fp8 e4m3 inputs, f32 accumulate, optional [`GemmScales`]; fp16, bf16 or fp32 out. sm_90
-    /// only (the Hopper path), B stored [N, K].
+    /// fp8 e4m3 inputs, f32 accumulate, optional [`GemmScales`]; fp16, bf16 or fp32 out, or an
+    /// fp8 (e4m3 or e5m2) out scaled by an optional result scale, with the output's amax
+    /// ([`GemmPlan::run_scaled_amax`](super::plan::GemmPlan::run_scaled_amax)). sm_90 only (the
+    /// Hopper path), B stored [N, K].
     Fp8E4M3,
     /// fp8 e5m2 inputs, as [`Precision::Fp8E4M3`].
     Fp8E5M2,
@@ -274,7 +276,9 @@ impl Precision {
             Precision::F16 | Precision::BF16 => &[DType::F16, DType::BF16, DType::F32],
             Precision::F32 | Precision::Tf32 => &[DType::F32],
             Precision::F64 => &[DType::F64],
-            Precision::Fp8E4M3 | Precision::Fp8E5M2 => &[DType::BF16, DType::F16, DType::F32],
+            Precision::Fp8E4M3 | Precision::Fp8E5M2 => {
+                &[DType::BF16, DType::F16, DType::F32, DType::F8E4M3, DType::F8E5M2]
+            }
             Precision::Int8 => &[DType::I32, DType::BF16, DType::F16, DType::F32],
         }
     }
@@ -299,6 +303,9 @@ pub enum GemmScales {
 pub struct GemmScaleOperands<'a> {
     pub a: Option<TensorView<'a>>,
     pub b: Option<TensorView<'a>>,
+    /// The result scale of an fp8 output (torch._scaled_mm's `scale_result`): f32 `[1]`; D is
+    /// `fp8(scale_result * d)`, `d` the epilogue's f32 value. None = 1. fp8 outputs only.
+    pub result: Option<TensorView<'a>>,
 }
 
 /// Which epilogue terms the plan computes (the activation and the presence of each operand).
@@ -484,6 +491,16 @@ impl GemmProblem {
             ));
         }
         let e = &self.epilogue;
+        if self.out.size() == 1 && (e.c || e.bias || e.residual) {
+            return Err(Error::invalid(
+                "out",
+                format!(
+                    "an {} output takes no C, bias or residual (they would be stored in fp8); ask for bf16, fp16 \
+                     or fp32 output for those terms",
+                    self.out
+                ),
+            ));
+        }
         if self.out == DType::I32
             && (self.scales != GemmScales::None || e.c || e.bias || e.residual || e.activation != Activation::None)
         {
