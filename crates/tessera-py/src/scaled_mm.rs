@@ -8,7 +8,10 @@
 //! `scaled_mm` multiplies the f32 accumulator of element (m, n) by `scale_a * scale_b`: one value
 //! each ([`GemmScales::PerTensor`], `[1]` views) or `scale_a [M, 1]` and `scale_b [1, N]`
 //! ([`GemmScales::RowWise`], `[M]` and `[N]` views); a per-tensor scale beside a row-wise one is
-//! not supported yet. `int_mm` writes the exact int32 product, no epilogue.
+//! not supported yet. fp8 inputs may also write an fp8 output (`float8_e4m3fn` or `float8_e5m2`):
+//! `fp8(scale_result * d)`, with the optional one-value `scale_result` and the optional output
+//! amax (`GemmPlan::run_scaled_amax`, max |d| before the result scale); an fp8 output takes no
+//! bias. `int_mm` writes the exact int32 product, no epilogue.
 //!
 //! `check_*` validates without a device, including the Hopper path's address-free rules
 //! (16-byte leading dimensions for TMA) as if the device were sm_90, so argument errors are the
@@ -184,6 +187,111 @@ fn mixed_scales(one: &str, vector: &str, fix: &str) -> PyErr {
     )))
 }
 
+fn is_fp8(dtype: DType) -> bool {
+    matches!(dtype, DType::F8E4M3 | DType::F8E5M2)
+}
+
+/// The output dtypes of scaled_mm for inputs of `input` (bfloat16, float16, float32; and the fp8
+/// formats for fp8 inputs), named as torch names them. An int32 output of int8 inputs is left to
+/// the problem's own error (it is the plain product, `int_mm`).
+fn check_scaled_out(input: DType, out: DType) -> PyResult<()> {
+    let plain_int = input == DType::I8 && out == DType::I32;
+    if plain_int || matches!(out, DType::BF16 | DType::F16 | DType::F32) || (is_fp8(input) && is_fp8(out)) {
+        return Ok(());
+    }
+    let supported = if is_fp8(input) {
+        "bfloat16, float16, float32, float8_e4m3fn or float8_e5m2"
+    } else {
+        "bfloat16, float16 or float32 (the int32 product dequantised; fp8 outputs take fp8 inputs)"
+    };
+    Err(to_py(tessera::Error::Unsupported(format!(
+        "`out_dtype` = {} with {} inputs: tessera.scaled_mm writes {supported}",
+        out.name_torch(),
+        input.name_torch()
+    ))))
+}
+
+/// The optional one-value f32 tensors of an fp8 output: `scale_result` (read) and `amax`
+/// (written). Either is an error with another output; any shape of one element is accepted
+/// (`[]`, `[1]`, `[1, 1]`, as torch's per-tensor scales).
+fn check_fp8_extra(arg: &'static str, x: &Desc, out: DType) -> PyResult<()> {
+    if !is_fp8(out) {
+        let what = if arg == "amax" {
+            "the output amax is computed for fp8 outputs only"
+        } else {
+            "the result scale applies to fp8 outputs only (torch._scaled_mm ignores it for wider outputs)"
+        };
+        return Err(invalid(
+            arg,
+            format!(
+                "given with a {} output: {what} (out_dtype float8_e4m3fn or float8_e5m2); pass {arg}=None",
+                out.name_torch()
+            ),
+        ));
+    }
+    let numel: usize = x.shape.iter().product();
+    if x.dtype != DType::F32 || numel != 1 {
+        return Err(invalid(
+            arg,
+            format!(
+                "has dtype {} and shape {:?}; it must be a float32 tensor of one element (e.g. shape [], [1] or [1, 1])",
+                x.dtype.name_torch(),
+                x.shape
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the `amax` element (4 bytes at `amax`) lies within the bytes `x` addresses: it is
+/// zeroed before the kernel runs, so it must not be an input, a scale or the output.
+fn overlaps(amax: u64, x: &Desc) -> bool {
+    if amax == 0 || x.ptr == 0 || x.shape.contains(&0) {
+        return false;
+    }
+    let last: u128 = x
+        .shape
+        .iter()
+        .zip(&x.strides)
+        .map(|(&n, &s)| (n as u128 - 1) * s as u128)
+        .sum();
+    let end = x.ptr as u128 + (last + 1) * x.dtype.size() as u128;
+    (amax as u128) + 4 > x.ptr as u128 && (amax as u128) < end
+}
+
+/// The result scale and the amax of a scaled_mm call (both optional), checked against the
+/// output and the other tensors.
+fn check_extras(
+    d: &Desc,
+    scale_result: Option<&Desc>,
+    amax: Option<&Desc>,
+    others: &[(&'static str, Option<&Desc>)],
+) -> PyResult<()> {
+    if let Some(sr) = scale_result {
+        check_fp8_extra("scale_result", sr, d.dtype)?;
+    }
+    if let Some(am) = amax {
+        check_fp8_extra("amax", am, d.dtype)?;
+        for (name, x) in others
+            .iter()
+            .chain([("out", Some(d)), ("scale_result", scale_result)].iter())
+        {
+            if let Some(x) = x {
+                if overlaps(am.ptr, x) {
+                    return Err(invalid(
+                        "amax",
+                        format!(
+                            "shares memory with `{name}`; it is zeroed before the GEMM runs, so it must be a \
+                             tensor of its own"
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 fn lowp_problem(
     op: Op,
     a: &Desc,
@@ -288,7 +396,18 @@ fn lowp_problem(
             format!("has dtype {}; int_mm writes int32", d.dtype.name_torch()),
         ));
     }
+    if op == Op::ScaledMm {
+        check_scaled_out(a.dtype, d.dtype)?;
+    }
     if let Some(bias) = bias {
+        if is_fp8(d.dtype) {
+            return Err(to_py(tessera::Error::Unsupported(format!(
+                "`bias` with a {} output: tessera's fp8 outputs take no bias (torch._scaled_mm accepts a \
+                 bfloat16 or float16 one there); pass bias=None, or ask for a bfloat16 or float16 output, which \
+                 takes a bias of its own dtype",
+                d.dtype.name_torch()
+            ))));
+        }
         check_bias(bias, n, d.dtype)?;
     }
     let gemm_scales = match scales {
@@ -338,10 +457,67 @@ fn out_desc(arg: &'static str, raw: RawDesc) -> PyResult<Desc> {
     Desc::new(arg, raw)
 }
 
-/// Validates `out = (a @ b) * scale_a * scale_b + bias` without a device (`out` may carry
-/// address 0); returns the scaling, `"tensor"` or `"row"`.
+/// The parsed tensors of one scaled_mm call.
+struct ScaledArgs {
+    a: Desc,
+    b: Desc,
+    sa: Desc,
+    sb: Desc,
+    bias: Option<Desc>,
+    scale_result: Option<Desc>,
+    amax: Option<Desc>,
+    d: Desc,
+}
+
+/// Parses and validates a scaled_mm call (no device needed).
+#[allow(clippy::too_many_arguments)]
+fn scaled_args(
+    a: RawDesc,
+    b: RawDesc,
+    scale_a: RawDesc,
+    scale_b: RawDesc,
+    bias: Option<RawDesc>,
+    out: RawDesc,
+    scale_result: Option<RawDesc>,
+    amax: Option<RawDesc>,
+) -> PyResult<(ScaledArgs, LowpMm)> {
+    let (a, b) = (input_desc(Op::ScaledMm, "a", a)?, input_desc(Op::ScaledMm, "b", b)?);
+    let (sa, sb) = (Desc::new("scale_a", scale_a)?, Desc::new("scale_b", scale_b)?);
+    let d = out_desc("out", out)?;
+    let bias = bias.map(|x| out_desc("bias", x)).transpose()?;
+    let scale_result = scale_result.map(|x| Desc::new("scale_result", x)).transpose()?;
+    let amax = amax.map(|x| Desc::new("amax", x)).transpose()?;
+    let mm = lowp_problem(Op::ScaledMm, &a, &b, Some((&sa, &sb)), bias.as_ref(), &d)?;
+    check_extras(
+        &d,
+        scale_result.as_ref(),
+        amax.as_ref(),
+        &[
+            ("a", Some(&a)),
+            ("b", Some(&b)),
+            ("scale_a", Some(&sa)),
+            ("scale_b", Some(&sb)),
+        ],
+    )?;
+    let args = ScaledArgs {
+        a,
+        b,
+        sa,
+        sb,
+        bias,
+        scale_result,
+        amax,
+        d,
+    };
+    Ok((args, mm))
+}
+
+/// Validates `out = fp8?(scale_result * ((a @ b) * scale_a * scale_b + bias))` without a device
+/// (`out` may carry address 0), with the optional `scale_result` and `amax` of an fp8 output;
+/// returns the scaling, `"tensor"` or `"row"`.
 #[pyfunction]
-#[pyo3(signature = (a, b, scale_a, scale_b, bias, out))]
+#[pyo3(signature = (a, b, scale_a, scale_b, bias, out, scale_result = None, amax = None))]
+#[allow(clippy::too_many_arguments)]
 pub fn check_scaled_mm(
     a: RawDesc,
     b: RawDesc,
@@ -349,12 +525,10 @@ pub fn check_scaled_mm(
     scale_b: RawDesc,
     bias: Option<RawDesc>,
     out: RawDesc,
+    scale_result: Option<RawDesc>,
+    amax: Option<RawDesc>,
 ) -> PyResult<&'static str> {
-    let (a, b) = (input_desc(Op::ScaledMm, "a", a)?, input_desc(Op::ScaledMm, "b", b)?);
-    let (sa, sb) = (Desc::new("scale_a", scale_a)?, Desc::new("scale_b", scale_b)?);
-    let d = out_desc("out", out)?;
-    let bias = bias.map(|x| out_desc("bias", x)).transpose()?;
-    let mm = lowp_problem(Op::ScaledMm, &a, &b, Some((&sa, &sb)), bias.as_ref(), &d)?;
+    let (_, mm) = scaled_args(a, b, scale_a, scale_b, bias, out, scale_result, amax)?;
     Ok(scale_name(mm.problem.scales))
 }
 
@@ -367,6 +541,13 @@ pub fn check_int_mm(a: RawDesc, b: RawDesc, out: RawDesc) -> PyResult<()> {
     Ok(())
 }
 
+/// The result scale and amax of an fp8-output scaled_mm call (both optional).
+#[derive(Default)]
+struct Fp8Extras<'a> {
+    scale_result: Option<&'a Desc>,
+    amax: Option<&'a Desc>,
+}
+
 /// Fetches or makes the plan of `mm` on (device, stream) and runs it with the GIL released;
 /// returns the kernel path that ran.
 fn launch(
@@ -375,17 +556,21 @@ fn launch(
     stream: StreamId,
     tensors: (&Desc, &Desc, Option<&Desc>, &Desc),
     scales: Option<(&Desc, &Desc)>,
+    extras: Fp8Extras<'_>,
     mm: &LowpMm,
 ) -> PyResult<&'static str> {
     let (a, b, bias, d) = tensors;
     let (av, bv) = (view(a, &mm.a)?, view(b, &mm.b)?);
     let mut dv = view_mut(d, &mm.d)?;
     let biasv = bias.map(|x| x.view()).transpose()?;
+    let one = (vec![1], vec![1]);
+    let result = extras.scale_result.map(|x| view(x, &one)).transpose()?;
+    let mut amaxv = extras.amax.map(|x| view_mut(x, &one)).transpose()?;
     let scale_views = match (scales, &mm.scales) {
         (Some((sa, sb)), Some((va, vb))) => GemmScaleOperands {
             a: Some(view(sa, va)?),
             b: Some(view(sb, vb)?),
-            result: None,
+            result,
         },
         _ => GemmScaleOperands::default(),
     };
@@ -405,17 +590,21 @@ fn launch(
                 bias: biasv,
                 residual: None,
             };
-            plan.run_scaled(1.0, 0.0, &ops, &scale_views, &mut dv)?;
+            match amaxv.as_mut() {
+                Some(amax) => plan.run_scaled_amax(1.0, 0.0, &ops, &scale_views, &mut dv, amax)?,
+                None => plan.run_scaled(1.0, 0.0, &ops, &scale_views, &mut dv)?,
+            }
             Ok(plan.path().name())
         })
     })
     .py_err()
 }
 
-/// `out = (a @ b) * scale_a * scale_b + bias` on `stream` of `device` (fp8 or int8 in, sm_90);
-/// returns the kernel path that ran (`"hopper"`).
+/// `out = fp8?(scale_result * ((a @ b) * scale_a * scale_b + bias))` on `stream` of `device`
+/// (fp8 or int8 in, sm_90), writing the output amax into `amax` if given (fp8 outputs); returns
+/// the kernel path that ran (`"hopper"`).
 #[pyfunction]
-#[pyo3(signature = (device, stream, a, b, scale_a, scale_b, bias, out))]
+#[pyo3(signature = (device, stream, a, b, scale_a, scale_b, bias, out, scale_result = None, amax = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn scaled_mm(
     py: Python<'_>,
@@ -427,13 +616,23 @@ pub fn scaled_mm(
     scale_b: RawDesc,
     bias: Option<RawDesc>,
     out: RawDesc,
+    scale_result: Option<RawDesc>,
+    amax: Option<RawDesc>,
 ) -> PyResult<&'static str> {
-    let (a, b) = (input_desc(Op::ScaledMm, "a", a)?, input_desc(Op::ScaledMm, "b", b)?);
-    let (sa, sb) = (Desc::new("scale_a", scale_a)?, Desc::new("scale_b", scale_b)?);
-    let d = out_desc("out", out)?;
-    let bias = bias.map(|x| out_desc("bias", x)).transpose()?;
-    let mm = lowp_problem(Op::ScaledMm, &a, &b, Some((&sa, &sb)), bias.as_ref(), &d)?;
-    launch(py, device, stream, (&a, &b, bias.as_ref(), &d), Some((&sa, &sb)), &mm)
+    let (x, mm) = scaled_args(a, b, scale_a, scale_b, bias, out, scale_result, amax)?;
+    let extras = Fp8Extras {
+        scale_result: x.scale_result.as_ref(),
+        amax: x.amax.as_ref(),
+    };
+    launch(
+        py,
+        device,
+        stream,
+        (&x.a, &x.b, x.bias.as_ref(), &x.d),
+        Some((&x.sa, &x.sb)),
+        extras,
+        &mm,
+    )
 }
 
 /// `out = a @ b` (int8 in, exact int32 out) on `stream` of `device` (sm_90); returns the kernel
@@ -450,5 +649,5 @@ pub fn int_mm(
     let (a, b) = (input_desc(Op::IntMm, "a", a)?, input_desc(Op::IntMm, "b", b)?);
     let d = out_desc("out", out)?;
     let mm = lowp_problem(Op::IntMm, &a, &b, None, None, &d)?;
-    launch(py, device, stream, (&a, &b, None, &d), None, &mm)
+    launch(py, device, stream, (&a, &b, None, &d), None, Fp8Extras::default(), &mm)
 }

@@ -730,6 +730,7 @@ def test_scaled_mm_and_int_mm_signatures_match_torch():
         ("scale_result", None, P),
         ("out_dtype", None, P),
         ("use_fast_accum", False, P),
+        ("amax", None, K),  # a tessera extension, keyword only
     ]
     assert _params(tessera.int_mm) == [("a", E, P), ("b", E, P)]
 
@@ -750,6 +751,29 @@ def test_check_scaled_mm_maps_scales():
     # empty products pass (nothing is launched); K = 0 skips the TMA rules
     assert _tessera.check_scaled_mm(*lowp(m=0), *scales(), None, out(m=0)) == "tensor"
     assert _tessera.check_scaled_mm(*lowp(k=0), *scales(), None, out()) == "tensor"
+
+
+def one(dtype="float32", shape=(), ptr=0x7F0000400000):
+    """A one-value tensor: scale_result (or amax at another address)."""
+    return d(shape, dtype, ptr=ptr)
+
+
+def test_check_scaled_mm_fp8_outputs():
+    # fp8 in -> either fp8 format out, with or without scale_result / amax (one value, any of
+    # the per-tensor shapes), per-tensor or row-wise scales
+    for dt, od in [(E4, E4), (E4, E5), (E5, E4), (E5, E5)]:
+        assert _tessera.check_scaled_mm(*lowp(dt), *scales(), None, out(od)) == "tensor"
+    a, b = lowp()
+    for shape in [(), (1,), (1, 1)]:
+        sr, am = one(shape=shape), one(shape=shape, ptr=0x7F0000500000)
+        assert _tessera.check_scaled_mm(a, b, *scales(), None, out(E4), sr, am) == "tensor"
+        assert _tessera.check_scaled_mm(a, b, *scales((M_, 1), (1, N_)), None, out(E5), sr, None) == "row"
+        assert _tessera.check_scaled_mm(a, b, *scales((M_, 1), (1, N_)), None, out(E5), None, am) == "row"
+    # N = 16: the smallest 16-byte fp8 row pitch
+    assert _tessera.check_scaled_mm(*lowp(n=16), *scales(), None, out(E4, n=16)) == "tensor"
+    # empty products and K = 0 pass (the Python layer zeroes the amax)
+    assert _tessera.check_scaled_mm(*lowp(m=0), *scales(), None, out(E4, m=0), None, one()) == "tensor"
+    assert _tessera.check_scaled_mm(*lowp(k=0), *scales(), None, out(E4), None, one()) == "tensor"
 
 
 @pytest.mark.parametrize(
@@ -778,7 +802,33 @@ def test_check_scaled_mm_maps_scales():
         ((*lowp(), *scales((M_, 1), (1, 1)), None, out()), NotImplementedError, "`scale_b` is one value (per-tensor) while `scale_a` is row-wise"),
         ((*lowp(), *scales(), d((N_,), "float32"), out()), ValueError, "`bias`: has dtype float32; it must have the output's dtype bfloat16"),
         ((*lowp(), *scales(), d((N_ - 1,), "bfloat16"), out()), ValueError, "`bias`: has shape [47]"),
-        ((*lowp(), *scales(), None, out(E4)), NotImplementedError, "GEMM fp8e4m3 inputs with fp8e4m3 output; supported outputs: bf16, fp16, fp32"),
+        ((*lowp(I8), *scales(), None, out(E4)), NotImplementedError,
+         "`out_dtype` = float8_e4m3fn with int8 inputs: tessera.scaled_mm writes bfloat16, float16 or float32"),
+        ((*lowp(I8), *scales(), None, out(E5)), NotImplementedError, "fp8 outputs take fp8 inputs"),
+        ((*lowp(), *scales(), None, out("float64")), NotImplementedError,
+         "`out_dtype` = float64 with float8_e4m3fn inputs: tessera.scaled_mm writes bfloat16, float16, float32, float8_e4m3fn or float8_e5m2"),
+        # fp8 outputs: no bias; scale_result and amax only with them, float32 of one element
+        ((*lowp(), *scales(), d((N_,), "bfloat16"), out(E4)), NotImplementedError,
+         "`bias` with a float8_e4m3fn output: tessera's fp8 outputs take no bias"),
+        ((*lowp(), *scales(), d((N_,), "float8_e5m2"), out(E5)), NotImplementedError, "fp8 outputs take no bias"),
+        ((*lowp(), *scales(), None, out(), one()), ValueError,
+         "`scale_result`: given with a bfloat16 output: the result scale applies to fp8 outputs only"),
+        ((*lowp(I8), *scales(), None, out("float32"), one()), ValueError, "`scale_result`: given with a float32 output"),
+        ((*lowp(), *scales(), None, out("float16"), None, one()), ValueError,
+         "`amax`: given with a float16 output: the output amax is computed for fp8 outputs only"),
+        ((*lowp(), *scales(), None, out(E4), one("float16")), ValueError,
+         "`scale_result`: has dtype float16 and shape []; it must be a float32 tensor of one element"),
+        ((*lowp(), *scales(), None, out(E4), one(shape=(2,))), ValueError, "`scale_result`: has dtype float32 and shape [2]"),
+        ((*lowp(), *scales(), None, out(E4), None, one("float64")), ValueError,
+         "`amax`: has dtype float64 and shape []; it must be a float32 tensor of one element"),
+        ((*lowp(), *scales(), None, out(E4), None, one(shape=(1, 2))), ValueError, "`amax`: has dtype float32 and shape [1, 2]"),
+        ((*lowp(), *scales(), None, out(E4), None, one(shape=(0,))), ValueError, "`amax`: has dtype float32 and shape [0]"),
+        ((*lowp(), *scales(), None, out(E4), None, one(ptr=0x7F0000200000)), ValueError,
+         "`amax`: shares memory with `scale_a`; it is zeroed before the GEMM runs"),
+        ((*lowp(), *scales(), None, out(E4), one(), one()), ValueError, "`amax`: shares memory with `scale_result`"),
+        ((*lowp(), *scales(), None, out(E4), None, one(ptr=0x7F0000100000 + 5)), ValueError, "`amax`: shares memory with `b`"),
+        # an fp8 row is N bytes: the TMA store needs N % 16 == 0
+        ((*lowp(n=40), *scales(), None, out(E4, n=40)), ValueError, "`ldd`: 40 bytes is not a multiple of 16"),
         ((*lowp(I8), *scales(), None, out("int32")), ValueError, "an i32 output is the plain int8 product"),
         ((*lowp(), *scales(), None, out(n=40)), ValueError, "`out`: has shape [32, 40]; the product is [32, 48]"),
         ((*lowp(), *scales(), None, d((M_, N_), "bfloat16", strides=(1, M_), ptr=0)), ValueError, "`out`: strides [1, 32] are not row-major"),
@@ -814,12 +864,17 @@ def test_scaled_mm_validation_through_the_python_layer():
     # int8 stand-ins (the CUDA array interface has no fp8 type string)
     a, b = Fake((M_, K_), "|i1"), Fake((K_, N_), "|i1", strides=(1, K_))
     sa, sb = Fake((), "<f4", ptr=0x7F0000200000), Fake((), "<f4", ptr=0x7F0000300000)
-    with pytest.raises(NotImplementedError, match="`scale_result`: tessera.scaled_mm writes bfloat16"):
-        tessera.scaled_mm(a, b, sa, sb, scale_result=sa, out_dtype="bfloat16")
-    with pytest.raises(tessera.UnsupportedError, match="`out_dtype` = None: torch._scaled_mm then returns a's fp8 dtype"):
+    sr, am = Fake((1,), "<f4", ptr=0x7F0000400000), Fake((1, 1), "<f4", ptr=0x7F0000500000)
+    with pytest.raises(tessera.InvalidArgumentError, match="`scale_result`: given with a bfloat16 output"):
+        tessera.scaled_mm(a, b, sa, sb, scale_result=sr, out_dtype="bfloat16")
+    with pytest.raises(tessera.InvalidArgumentError, match="`amax`: given with a float32 output"):
+        tessera.scaled_mm(a, b, sa, sb, out_dtype="float32", amax=am)
+    with pytest.raises(tessera.UnsupportedError, match="`out_dtype` = None with int8 inputs: .* pass out_dtype=torch.bfloat16"):
         tessera.scaled_mm(a, b, sa, sb)
-    with pytest.raises(NotImplementedError, match="`out_dtype` = float8_e4m3fn"):
+    with pytest.raises(NotImplementedError, match="`out_dtype` = float8_e4m3fn with int8 inputs"):
         tessera.scaled_mm(a, b, sa, sb, out_dtype="float8_e4m3fn")
+    with pytest.raises(NotImplementedError, match="`out_dtype` = int32: tessera.scaled_mm writes bfloat16, float16, float32, float8_e4m3fn, float8_e5m2"):
+        tessera.scaled_mm(a, b, sa, sb, out_dtype="int32")
     with pytest.raises(ValueError, match="`b`: strides \\[48, 1\\] of shape \\[64, 48\\] are row-major.*w.t\\(\\)"):
         tessera.scaled_mm(a, Fake((K_, N_), "|i1", ptr=0x7F0000100000), sa, sb, out_dtype="bfloat16")
     with pytest.raises(ValueError, match="`scale_b`: has shape \\[48\\]"):
@@ -828,6 +883,50 @@ def test_scaled_mm_validation_through_the_python_layer():
         tessera.int_mm(a, Fake((K_, N_), "|i1", ptr=0x7F0000100000))
     with pytest.raises(ValueError, match="`a`: has dtype float16; tessera.int_mm takes int8"):
         tessera.int_mm(Fake((M_, K_)), b)
+
+
+def fp8_fakes(dtype=E4, n=N_):
+    """fp8 stand-ins: the CUDA array interface has no fp8 type string, so these carry torch's
+    dtype name in `typestr`, which tessera's reader passes through as the dtype (one byte)."""
+    return Fake((M_, K_), dtype), Fake((K_, n), dtype, strides=(1, K_), ptr=0x7F0000100000)
+
+
+def test_scaled_mm_fp8_output_validation_through_the_python_layer():
+    a, b = fp8_fakes()
+    sa, sb = Fake((), "<f4", ptr=0x7F0000200000), Fake((), "<f4", ptr=0x7F0000300000)
+    bias = Fake((N_,), "<f2", ptr=0x7F0000600000)
+    with pytest.raises(tessera.UnsupportedError, match="`bias` with a float8_e4m3fn output: tessera's fp8 outputs take no bias"):
+        tessera.scaled_mm(a, b, sa, sb, bias=bias)  # out_dtype None: a's float8_e4m3fn
+    with pytest.raises(tessera.UnsupportedError, match="`bias` with a float8_e5m2 output"):
+        tessera.scaled_mm(a, b, sa, sb, bias=bias, out_dtype="float8_e5m2")
+    with pytest.raises(tessera.InvalidArgumentError, match="`amax`: has dtype float16 and shape \\[\\]"):
+        tessera.scaled_mm(a, b, sa, sb, amax=Fake((), "<f2", ptr=0x7F0000500000))
+    with pytest.raises(tessera.InvalidArgumentError, match="`amax`: has dtype float32 and shape \\[2\\]"):
+        tessera.scaled_mm(a, b, sa, sb, amax=Fake((2,), "<f4", ptr=0x7F0000500000))
+    with pytest.raises(tessera.InvalidArgumentError, match="`amax`: is read-only"):
+        tessera.scaled_mm(a, b, sa, sb, amax=Fake((1,), "<f4", ptr=0x7F0000500000, readonly=True))
+    with pytest.raises(tessera.InvalidArgumentError, match="`scale_result`: has dtype float32 and shape \\[1, 2\\]"):
+        tessera.scaled_mm(a, b, sa, sb, scale_result=Fake((1, 2), "<f4", ptr=0x7F0000400000))
+    with pytest.raises(tessera.InvalidArgumentError, match="`scale_result`: given with a bfloat16 output"):
+        tessera.scaled_mm(a, b, sa, sb, scale_result=Fake((), "<f4", ptr=0x7F0000400000), out_dtype="bfloat16")
+    a40, b40 = fp8_fakes(n=40)
+    with pytest.raises(tessera.InvalidArgumentError, match="`ldd`: 40 bytes is not a multiple of 16"):
+        tessera.scaled_mm(a40, b40, sa, sb, out_dtype="float8_e5m2")
+
+
+@pytest.mark.skipif(GPU, reason="a GPU is usable here")
+def test_scaled_mm_fp8_output_is_validated_up_to_the_device():
+    # out_dtype None (torch's default: a's fp8 dtype) and the fp8 extras pass validation; the
+    # call stops only where the device is needed
+    sa, sb = Fake((M_, 1), "<f4", ptr=0x7F0000200000), Fake((1, N_), "<f4", ptr=0x7F0000300000)
+    sr, am = Fake((), "<f4", ptr=0x7F0000400000), Fake((1,), "<f4", ptr=0x7F0000500000)
+    for dt in (E4, E5):
+        a, b = fp8_fakes(dt)
+        with pytest.raises(tessera.NoGpuError):
+            tessera.scaled_mm(a, b, sa, sb)
+        for od in (E4, E5):
+            with pytest.raises(tessera.NoGpuError):
+                tessera.scaled_mm(a, b, sa, sb, scale_result=sr, out_dtype=od, amax=am)
 
 
 @pytest.mark.skipif(GPU, reason="a GPU is usable here")

@@ -1138,12 +1138,154 @@ def test_scaled_mm_scale_forms_bias_and_degenerate_shapes():
     # torch's argument errors, as tessera's
     with pytest.raises(ValueError, match="`b`: .* are row-major.*w.t\\(\\)"):
         tessera.scaled_mm(x, w.t().contiguous(), one, one, out_dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="`scale_result`"):
+    with pytest.raises(tessera.InvalidArgumentError, match="`scale_result`: given with a bfloat16 output"):
         tessera.scaled_mm(x, w.t(), one, one, scale_result=one, out_dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="`out_dtype` = None"):
-        tessera.scaled_mm(x, w.t(), one, one)
+    with pytest.raises(tessera.InvalidArgumentError, match="`amax`: given with a float32 output"):
+        tessera.scaled_mm(x, w.t(), one, one, out_dtype=torch.float32, amax=torch.empty((), device=DEV))
+    with pytest.raises(tessera.UnsupportedError, match="fp8 outputs take no bias"):
+        tessera.scaled_mm(x, w.t(), one, one, bias=torch.zeros(48, device=DEV, dtype=torch.bfloat16))
     with pytest.raises(NotImplementedError, match="mixing per-tensor and row-wise"):
         tessera.scaled_mm(x, w.t(), one, pos_scales((1, 48), "smm mixed"), out_dtype=torch.bfloat16)
+
+
+# fp8 outputs: D = fp8(scale_result * d), d = (a @ b) * scale_a * scale_b in float32, rounded to
+# nearest even and saturated to the largest finite value. The reference rounds the float64 d
+# with torch; the kernel's d carries the fp8-mode accumulation error (~1e-4 relative), which can
+# flip a rounding: up to 1% of the elements may differ, by one fp8 step at most.
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+
+
+def fp8_ordinal(y):
+    """fp8 codes as integers ordered like their values (-0 and +0 both 0), so that adjacent
+    representable values differ by 1."""
+    c = y.view(torch.uint8).to(torch.int32)
+    mag = c & 0x7F
+    return torch.where(c >= 0x80, -mag, mag)
+
+
+def fp8_ref(d, scale_result, dt):
+    """fp8(scale_result * d) from the float64 d: saturated, then rounded by torch."""
+    r = d if scale_result is None else d * scale_result.double()
+    mx = torch.finfo(dt).max
+    return r.clamp(-mx, mx).float().to(dt)
+
+
+def fp8_close(y, ref, what, max_diff_frac=0.01):
+    """fp8 tensors equal but for at most `max_diff_frac` of the elements, each one fp8 step off."""
+    assert y.dtype == ref.dtype and y.shape == ref.shape, (what, y.dtype, ref.dtype, y.shape, ref.shape)
+    yf, rf = y.float(), ref.float()
+    assert not torch.isnan(yf).any(), f"{what}: NaN (seed {SEED})"
+    diff = fp8_ordinal(y) != fp8_ordinal(ref)
+    steps = (fp8_ordinal(y) - fp8_ordinal(ref)).abs().max().item()
+    frac = diff.float().mean().item()
+    assert steps <= 1, f"{what}: an element is {steps} fp8 steps off (seed {SEED})"
+    assert frac <= max_diff_frac, f"{what}: {frac:.3%} of the elements differ (seed {SEED})"
+    e = rel_l2(yf, rf)
+    assert e < 2e-2, f"{what}: rel_l2 {e:.3g} (seed {SEED})"
+
+
+FP8_OUT_CASES = [("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3"), ("e5m2", "e5m2")]
+
+
+@needs_hopper
+@pytest.mark.skipif(FP8["e4m3"] is None, reason="torch has no fp8 dtypes")
+@pytest.mark.parametrize("fmt, ofmt", FP8_OUT_CASES, ids=lambda s: s)
+@pytest.mark.parametrize("scaling", ["tensor", "row"])
+@pytest.mark.parametrize("result", ["none", "small", "saturating"])
+@pytest.mark.parametrize("mnk", [(129, 272, 208), (64, 16, 32), (1, 48, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_scaled_mm_fp8_output(fmt, ofmt, scaling, result, mnk):
+    m, n, k = mnk
+    dt, odt = FP8[fmt], FP8[ofmt]
+    tag = f"smm fp8 out {mnk} {fmt} {ofmt} {scaling} {result}"
+    x, w = fp8_inputs(m, n, k, dt, tag)
+    if scaling == "tensor":
+        sa, sb = pos_scales((), tag + " sa"), pos_scales((), tag + " sb")
+    else:
+        sa, sb = pos_scales((m, 1), tag + " sa"), pos_scales((1, n), tag + " sb")
+    d = scaled_ref(x, w, sa, sb, None)
+    dmax = d.abs().max()
+    if result == "none":
+        sr = None
+    elif result == "small":  # shapes [] and [1] ([1, 1] below): any one-value tensor is taken
+        sr = torch.full(() if scaling == "tensor" else (1,), 0.37, device=DEV)
+    else:  # the largest |d| lands at 4x the format's largest value: the top of the range saturates
+        sr = (4 * FP8_MAX[ofmt] / dmax).float().reshape(1, 1)
+    amax = torch.full((1,), float("nan"), device=DEV)  # poisoned: the call zeroes and raises it
+    y = tessera.scaled_mm(x, w.t(), sa, sb, scale_result=sr, out_dtype=odt, amax=amax)
+    assert y.shape == (m, n) and y.dtype == odt and y.device == x.device
+    ref = fp8_ref(d, sr, odt)
+    fp8_close(y, ref, f"scaled_mm {tag}")
+    if result == "saturating":
+        sat = ref.float().abs() == FP8_MAX[ofmt]
+        assert sat.any() and (y.float()[sat].abs() == FP8_MAX[ofmt]).float().mean() >= 0.99, f"{tag}: saturation (seed {SEED})"
+    # the amax: max |d| before scale_result; against the float64 d (the fp8-mode accumulation
+    # differs from it by ~1e-4) and tightly against tessera's own float32 output of the product
+    a_ = amax.item()
+    assert abs(a_ - dmax.item()) <= 1e-3 * dmax.item(), f"{tag}: amax {a_} vs |d| max {dmax.item()} (seed {SEED})"
+    y32 = tessera.scaled_mm(x, w.t(), sa, sb, out_dtype=torch.float32)
+    m32 = y32.abs().max().item()
+    assert abs(a_ - m32) <= 1e-4 * m32, f"{tag}: amax {a_} vs the float32 output's {m32} (seed {SEED})"
+    # without amax, and with out_dtype None (a's dtype) when the formats match
+    y2 = tessera.scaled_mm(x, w.t(), sa, sb, scale_result=sr, out_dtype=None if ofmt == fmt else odt)
+    assert y2.dtype == odt and torch.equal(y2.view(torch.uint8), y.view(torch.uint8)), f"{tag}: without amax (seed {SEED})"
+    # the same call through torch (cuBLASLt), where this torch and device take it (torch refuses
+    # e5m2 x e5m2, row-wise scales with an fp8 output, ...); not when saturating, where the
+    # library's overflow behaviour, not tessera's, would be under test
+    if hasattr(torch, "_scaled_mm") and result != "saturating":
+        tref = torch_scaled_mm(x, w.t(), sa, sb, scale_result=sr, out_dtype=odt, use_fast_accum=True)
+        if tref is not None and tref.dtype == odt and tref.shape == y.shape:
+            fp8_close(y, tref, f"scaled_mm vs torch._scaled_mm {tag}")
+
+
+@needs_hopper
+@pytest.mark.skipif(FP8["e4m3"] is None, reason="torch has no fp8 dtypes")
+def test_scaled_mm_fp8_output_nan_amax_and_degenerate_shapes():
+    dt = FP8["e4m3"]
+    x, w = fp8_inputs(96, 64, 128, dt, "smm fp8 nan")
+    one = torch.ones((), device=DEV)
+    # an fp8 NaN in a (e4m3fn's NaN is 0x7f): row 0 of d is NaN, so is the amax; the other rows
+    # are unaffected
+    xn = x.clone()
+    xn.view(torch.uint8)[0, 5] = 0x7F
+    amax = torch.zeros((), device=DEV)
+    for odt in (FP8["e4m3"], FP8["e5m2"]):
+        y = tessera.scaled_mm(xn, w.t(), one, one, out_dtype=odt, amax=amax)
+        assert torch.isnan(amax).item(), f"NaN d, amax {amax.item()} (seed {SEED})"
+        assert torch.isnan(y[0].float()).all(), f"row 0 with a NaN input (seed {SEED})"
+        fp8_close(y[1:], fp8_ref(scaled_ref(x[1:], w, one, one, None), None, odt), f"rows 1.. beside a NaN row {odt}")
+    # a NaN-free call after it: the amax is zeroed first, not max(NaN, ...)
+    tessera.scaled_mm(x, w.t(), one, one, amax=amax)
+    assert abs(amax.item() - scaled_ref(x, w, one, one, None).abs().max().item()) <= 1e-3 * amax.item()
+    # empty products and K = 0: no product, the amax is 0
+    amax.fill_(float("nan"))
+    e = tessera.scaled_mm(x[:0], w.t(), one, one, amax=amax)
+    assert e.shape == (0, 64) and e.dtype == dt and amax.item() == 0.0
+    amax.fill_(float("nan"))
+    z = tessera.scaled_mm(torch.empty(5, 0, device=DEV, dtype=dt), torch.empty(64, 0, device=DEV, dtype=dt).t(), one, one,
+                          out_dtype=FP8["e5m2"], amax=amax)
+    assert z.dtype == FP8["e5m2"] and torch.equal(z.float(), torch.zeros(5, 64, device=DEV)) and amax.item() == 0.0
+    # the output's 16-byte row pitch: N = 40 is refused for fp8 (40 bytes), fine for bfloat16
+    with pytest.raises(tessera.InvalidArgumentError, match="`ldd`: 40 bytes"):
+        tessera.scaled_mm(x, w[:40].t(), one, one, out_dtype=dt)
+    assert tessera.scaled_mm(x, w[:40].t(), one, one, out_dtype=torch.bfloat16).shape == (96, 40)
+    # amax on another stream: written on the current stream, like the output
+    s = torch.cuda.Stream(DEV)
+    amax.fill_(float("nan"))
+    torch.cuda.current_stream(DEV).synchronize()
+    with torch.cuda.stream(s):
+        tessera.scaled_mm(x, w.t(), one, one, amax=amax)
+    s.synchronize()
+    assert not torch.isnan(amax).item() and amax.item() > 0
+    # errors: amax not float32 / one element, or sharing memory with a scale
+    with pytest.raises(tessera.InvalidArgumentError, match="`amax`: has dtype float16"):
+        tessera.scaled_mm(x, w.t(), one, one, amax=torch.zeros((), device=DEV, dtype=torch.float16))
+    with pytest.raises(tessera.InvalidArgumentError, match="`amax`: has dtype float32 and shape \\[2\\]"):
+        tessera.scaled_mm(x, w.t(), one, one, amax=torch.zeros(2, device=DEV))
+    with pytest.raises(tessera.InvalidArgumentError, match="`amax`: shares memory with `scale_a`"):
+        tessera.scaled_mm(x, w.t(), one, one.clone(), amax=one)
+    with pytest.raises(tessera.UnsupportedError, match="`out_dtype` = float8_e4m3fn with int8 inputs"):
+        a8 = torch.zeros(16, 32, device=DEV, dtype=torch.int8)
+        tessera.scaled_mm(a8, a8.t(), one, one, out_dtype=dt)
 
 
 @needs_hopper

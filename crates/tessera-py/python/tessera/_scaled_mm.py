@@ -7,10 +7,20 @@ from typing import Any, Optional
 
 from . import _tessera
 from ._softmax import dtype_name
-from ._tensors import Arg, as_arg, contiguous_strides, device_of, empty, require_torch, stream_of, unsupported
+from ._tensors import (
+    Arg,
+    as_arg,
+    check_writable,
+    contiguous_strides,
+    device_of,
+    empty,
+    require_torch,
+    stream_of,
+    unsupported,
+)
 
-#: The output dtypes of ``scaled_mm``.
-SCALED_MM_OUT_DTYPES = ("bfloat16", "float16", "float32")
+#: The output dtypes of ``scaled_mm`` (the fp8 ones for fp8 inputs only).
+SCALED_MM_OUT_DTYPES = ("bfloat16", "float16", "float32", "float8_e4m3fn", "float8_e5m2")
 
 
 def scaled_mm(
@@ -22,9 +32,12 @@ def scaled_mm(
     scale_result: Any = None,
     out_dtype: Any = None,
     use_fast_accum: bool = False,
+    *,
+    amax: Any = None,
 ) -> Any:
     """``(a @ b) * scale_a * scale_b + bias`` for fp8 inputs, as ``torch._scaled_mm`` (torch >= 2.5:
-    one tensor returned), on tessera's Hopper GEMM (sm_90 only).
+    one tensor returned), on tessera's Hopper GEMM (sm_90 only); with an fp8 output,
+    ``fp8(scale_result * (a @ b) * scale_a * scale_b)``.
 
     Args:
         a: ``[M, K]`` row-major (last dimension contiguous), float8_e4m3fn or float8_e5m2 (int8
@@ -38,63 +51,89 @@ def scaled_mm(
             must be per-tensor or both row-wise; a per-tensor scale beside a row-wise one raises
             ``UnsupportedError`` (not supported yet). Each element of the float32 accumulator is
             multiplied by ``scale_a[m] * scale_b[n]`` before the bias is added.
-        bias: optional ``[N]`` vector in ``out_dtype``, added to every row.
-        scale_result: must be None: it scales an fp8 output, which tessera does not write
-            (``UnsupportedError`` otherwise).
-        out_dtype: ``torch.bfloat16``, ``torch.float16`` or ``torch.float32``. Required: torch's
-            default (None) is a's fp8 dtype, which tessera cannot write, so None raises
-            ``UnsupportedError`` rather than returning another dtype.
+        bias: optional ``[N]`` vector in ``out_dtype``, added to every row. bfloat16, float16 and
+            float32 outputs only: with an fp8 output a bias raises ``UnsupportedError`` (torch
+            accepts a bfloat16 or float16 bias there; tessera's fp8 epilogue has none).
+        scale_result: optional float32 tensor of one element (``[]``, ``[1]`` or ``[1, 1]``) on
+            the inputs' device, for fp8 outputs only: the output is
+            ``fp8(scale_result * d)``, ``d = (a @ b) * scale_a * scale_b`` in float32, rounded to
+            nearest even and saturated to the format's largest finite value (448 for e4m3fn,
+            57344 for e5m2; NaN stays NaN). None means 1. With a bfloat16, float16 or float32
+            output it raises ``InvalidArgumentError`` naming ``scale_result`` (torch ignores it
+            there silently).
+        out_dtype: ``torch.bfloat16``, ``torch.float16``, ``torch.float32``, or for fp8 inputs
+            ``torch.float8_e4m3fn`` or ``torch.float8_e5m2`` (either, whatever a's fp8 format).
+            None (torch's default) means a's dtype: an fp8 output for fp8 inputs; int8 inputs
+            need an explicit bfloat16, float16 or float32 (``UnsupportedError`` otherwise, as for
+            an fp8 ``out_dtype`` with int8 inputs).
         use_fast_accum: accepted and ignored: tessera's fp8 path always accumulates in the
             tensor cores' fp8 accumulation mode (wgmma's, what ``use_fast_accum=True`` selects in
             cuBLASLt: no periodic promotion to a wider accumulator), so long-K results may differ
             slightly more from ``use_fast_accum=False`` than torch's own.
+        amax: keyword only, a tessera extension (torch < 2.5 returned it as a second tensor):
+            optional float32 CUDA tensor of one element (``[]``, ``[1]`` or ``[1, 1]``) on the
+            inputs' device, fp8 outputs only (``InvalidArgumentError`` naming ``amax``
+            otherwise). It receives ``max |d|`` over the output, ``d`` taken before
+            ``scale_result`` and the fp8 rounding (what the next step's scale is computed from,
+            e.g. ``448 / amax``); NaN if any ``d`` is NaN, 0 for an empty output. It is zeroed and
+            written on the current CUDA stream, like the output; it must not share memory with
+            another argument.
 
     Returns:
         A new ``[M, N]`` torch tensor of ``out_dtype``, queued on the current CUDA stream of the
         inputs' device; nothing synchronises.
 
     tessera's kernel reads ``a`` and ``b`` by TMA: their leading dimensions (K bytes) must be
-    multiples of 16 bytes, and the output's row pitch too (N elements of ``out_dtype``); torch
-    asks for K and N multiples of 16 as well. Plans are cached per (device, stream, shapes,
-    dtypes, scaling).
+    multiples of 16 bytes, and the output's row pitch too (N elements of ``out_dtype``: N a
+    multiple of 16 for an fp8 output, 8 for 16-bit, 4 for float32); torch asks for K and N
+    multiples of 16 as well. Plans are cached per (device, stream, shapes, dtypes, scaling).
 
     Raises:
-        InvalidArgumentError (a ValueError): dtypes, shapes, strides, scales or bias that do not fit.
-        UnsupportedError (a NotImplementedError): mixed per-tensor/row-wise scales, ``scale_result``,
-            ``out_dtype`` None or fp8, a device other than sm_90.
+        InvalidArgumentError (a ValueError): dtypes, shapes, strides, scales, bias,
+            ``scale_result`` or ``amax`` that do not fit.
+        UnsupportedError (a NotImplementedError): mixed per-tensor/row-wise scales, a bias with an
+            fp8 output, an fp8 or None ``out_dtype`` with int8 inputs, a device other than sm_90.
         NoGpuError (a RuntimeError): no CUDA driver, device or NVRTC.
     """
-    if scale_result is not None:
-        raise unsupported(
-            "`scale_result`: tessera.scaled_mm writes bfloat16, float16 or float32, never fp8, so it takes no "
-            "result scale; pass scale_result=None"
-        )
-    if out_dtype is None:
-        raise unsupported(
-            "`out_dtype` = None: torch._scaled_mm then returns a's fp8 dtype, which tessera does not write; "
-            "pass out_dtype=torch.bfloat16, torch.float16 or torch.float32"
-        )
-    odtype = dtype_name(out_dtype)
-    if odtype not in SCALED_MM_OUT_DTYPES:
-        raise unsupported(f"`out_dtype` = {odtype}: tessera.scaled_mm writes {', '.join(SCALED_MM_OUT_DTYPES)}")
-    _ = bool(use_fast_accum)  # always fast accumulation (see the docstring)
     aa, ba = as_arg(a, "a"), as_arg(b, "b")
+    if out_dtype is None:
+        if aa.dtype == "int8":
+            raise unsupported(
+                "`out_dtype` = None with int8 inputs: torch._scaled_mm's default is a's dtype, and tessera.scaled_mm "
+                "writes no int8; pass out_dtype=torch.bfloat16, torch.float16 or torch.float32"
+            )
+        odtype = aa.dtype  # torch's default: a's fp8 dtype (any other dtype of a is refused below)
+    else:
+        odtype = dtype_name(out_dtype)
+        if odtype not in SCALED_MM_OUT_DTYPES:
+            raise unsupported(f"`out_dtype` = {odtype}: tessera.scaled_mm writes {', '.join(SCALED_MM_OUT_DTYPES)}")
+    _ = bool(use_fast_accum)  # always fast accumulation (see the docstring)
     sa, sb = _scale(as_arg(scale_a, "scale_a"), "scale_a"), _scale(as_arg(scale_b, "scale_b"), "scale_b")
     bias_a = as_arg(bias, "bias") if bias is not None else None
     if bias_a is not None and bias_a.is_torch and len(bias_a.shape) == 1 and bias_a.shape[0] > 1 and bias_a.strides[0] != 1:
         bias_a = as_arg(bias_a.obj.contiguous(), "bias")
+    sr = as_arg(scale_result, "scale_result") if scale_result is not None else None
+    am = as_arg(amax, "amax") if amax is not None else None
+    if am is not None:
+        check_writable(am, "amax")
     shape = _product_shape(aa, ba)
     odesc = (0, odtype, shape, contiguous_strides(shape))
     bdesc = bias_a.desc() if bias_a is not None else None
-    _tessera.check_scaled_mm(aa.desc(), ba.desc(), sa.desc(), sb.desc(), bdesc, odesc)
-    args = [x for x in (aa, ba, sa, sb, bias_a) if x is not None]
+    srdesc = sr.desc() if sr is not None else None
+    amdesc = am.desc() if am is not None else None
+    _tessera.check_scaled_mm(aa.desc(), ba.desc(), sa.desc(), sb.desc(), bdesc, odesc, srdesc, amdesc)
+    args = [x for x in (aa, ba, sa, sb, bias_a, sr, am) if x is not None]
     device = device_of(args)
     oa = as_arg(empty(shape, odtype, device), "out")
-    if oa.numel == 0:
-        return oa.obj
-    if aa.shape[1] == 0:  # K = 0: the product is zero, the bias remains
-        return _fill_k0(oa, bias_a)
-    _tessera.scaled_mm(device, stream_of(args, device), aa.desc(), ba.desc(), sa.desc(), sb.desc(), bdesc, oa.desc())
+    if oa.numel == 0 or aa.shape[1] == 0:
+        if am is not None:  # no product: the amax of zeros (or of nothing) is 0
+            _zero(am)
+        if oa.numel == 0:
+            return oa.obj
+        return _fill_k0(oa, bias_a)  # K = 0: the product is zero, the bias remains
+    _tessera.scaled_mm(
+        device, stream_of(args, device), aa.desc(), ba.desc(), sa.desc(), sb.desc(), bdesc, oa.desc(), srdesc, amdesc
+    )
     return oa.obj
 
 
@@ -150,6 +189,12 @@ def _scale(x: Arg, name: str) -> Arg:
     if x.is_torch and not x.obj.is_contiguous():
         return as_arg(x.obj.contiguous(), name)
     return x
+
+
+def _zero(x: Arg) -> None:
+    """Zeroes ``x`` with torch on its current stream."""
+    torch = require_torch("scaled_mm's amax of an empty product")
+    (x.obj if x.is_torch else torch.as_tensor(x.obj, device="cuda")).zero_()
 
 
 def _fill_k0(oa: Arg, bias: Optional[Arg]) -> Any:

@@ -195,11 +195,19 @@ def matmul(
     (``"sm80"``, ``"skinny"``, ``"simt"``, ``"dmma"``)."""
 
 def check_scaled_mm(
-    a: Desc, b: Desc, scale_a: Desc, scale_b: Desc, bias: Optional[Desc], out: Desc
+    a: Desc,
+    b: Desc,
+    scale_a: Desc,
+    scale_b: Desc,
+    bias: Optional[Desc],
+    out: Desc,
+    scale_result: Optional[Desc] = None,
+    amax: Optional[Desc] = None,
 ) -> str:
     """Validates ``out = (a @ b) * scale_a * scale_b + bias`` (fp8 or int8 ``a`` row-major, ``b``
     column-major; no device needed, ``out`` may have address 0), including the Hopper path's
-    16-byte TMA rules; returns the scaling, ``"tensor"`` or ``"row"``."""
+    16-byte TMA rules; for an fp8 ``out`` (fp8 inputs, no bias) also the optional one-element
+    float32 ``scale_result`` and ``amax``; returns the scaling, ``"tensor"`` or ``"row"``."""
 
 def scaled_mm(
     device: int,
@@ -210,9 +218,13 @@ def scaled_mm(
     scale_b: Desc,
     bias: Optional[Desc],
     out: Desc,
+    scale_result: Optional[Desc] = None,
+    amax: Optional[Desc] = None,
 ) -> str:
-    """Queues ``out = (a @ b) * scale_a * scale_b + bias`` on ``stream`` (sm_90 only); returns
-    the kernel path that ran (``"hopper"``)."""
+    """Queues ``out = (a @ b) * scale_a * scale_b + bias`` (fp8 ``out``:
+    ``fp8(scale_result * (a @ b) * scale_a * scale_b)``, and ``amax`` = max |value| before
+    ``scale_result`` if given) on ``stream`` (sm_90 only); returns the kernel path that ran
+    (``"hopper"``)."""
 
 def check_int_mm(a: Desc, b: Desc, out: Desc) -> None:
     """Validates ``out = a @ b`` (int8 ``a`` row-major, ``b`` column-major, int32 ``out``)
