@@ -254,7 +254,8 @@ def bench_lsmr(case, params):
 # TFLOP/s for every row; GB/s (A, B and D bytes once) for M <= 16. The quantized contracts:
 # "fp8e4m3"/"fp8e5m2" through torch._scaled_mm (params "scales": "tensor" -> scalar scales,
 # "row" -> [M, 1] and [1, N]; use_fast_accum=True, the accumulation tessera's fp8 path does),
-# "int8" -> int32 through torch._int_mm, "tf32" through torch.mm with TF32 allowed.
+# "int8" -> int32 through torch._int_mm, "tf32" through torch.mm with TF32 allowed. An fp8 "out"
+# passes params "result_scale" as torch._scaled_mm's scale_result.
 # "glu": "swiglu"|"geglu"|"geglu_tanh" (tessera's fused GLU epilogue, one GEMM over 2N
 # interleaved gate/up columns): the baseline is what a torch MLP runs, two GEMMs with separate
 # [N, K] (or [K, N]) gate and up weights, then act(g) * u (with the [N] biases through
@@ -262,7 +263,8 @@ def bench_lsmr(case, params):
 
 GEMM_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "fp64": "float64"}
 QUANT_DTYPES = {"fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2", "int8": "int8", "tf32": "float32"}
-OUT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "i32": "int32", "int32": "int32"}
+OUT_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "i32": "int32", "int32": "int32",
+              "fp8e4m3": "float8_e4m3fn", "fp8e5m2": "float8_e5m2"}
 
 
 def bench_gemm_quantized(case, params):
@@ -300,8 +302,13 @@ def bench_gemm_quantized(case, params):
             sa = torch.tensor(1.25, device="cuda")
             sb = torch.tensor(1.5, device="cuda")
         note = "torch._scaled_mm, use_fast_accum=True"
+        # an fp8 output: D = fp8(scale_result * d), as tessera's rows (which also write the amax)
+        rs = params.get("result_scale")
+        sr = torch.tensor(float(rs), device="cuda") if rs is not None else None
+        if sr is not None:
+            note += ", scale_result (no amax)"
         fn = lambda ab: torch._scaled_mm(  # noqa: E731
-            ab[0], ab[1].t(), scale_a=sa, scale_b=sb, out_dtype=out_dtype, use_fast_accum=True)
+            ab[0], ab[1].t(), scale_a=sa, scale_b=sb, scale_result=sr, out_dtype=out_dtype, use_fast_accum=True)
     try:
         ms = time_ms(fn, sets)
     finally:

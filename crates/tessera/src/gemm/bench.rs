@@ -48,6 +48,10 @@ fn rotation_sets(set_bytes: usize) -> usize {
         .min((MAX_ROTATE_TOTAL / set_bytes).max(1))
 }
 
+/// The result scale of the fp8-output rows: N(0, 1) operands give |d| up to a few hundred at
+/// K = 4096 with the scales, past e4m3's 448; scaled by 1/16 they stay well inside it.
+const FP8_RESULT_SCALE: f32 = 0.0625;
+
 /// Rows of D checked against the reference before timing.
 const CHECK_ROWS: usize = 12;
 
@@ -125,6 +129,8 @@ impl BenchCase {
                 GemmScales::RowWise => "row",
             },
             "glu": self.glu.name(),
+            // an fp8 output's result scale (run_quantized), for the baseline's scale_result
+            "result_scale": (self.out.size() == 1).then_some(FP8_RESULT_SCALE),
         })
     }
     pub fn problem(&self) -> GemmProblem {
@@ -232,6 +238,14 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
                 ..case(Precision::Fp8E4M3, m, n, k)
             });
         }
+    }
+    // fp8 out (D = fp8(scale_result d)) with the amax, as an fp8 training/inference step runs it
+    for (m, n, k) in [(4096, 4096, 4096), (4096, 14336, 4096)] {
+        out.push(BenchCase {
+            scales: GemmScales::PerTensor,
+            out: DType::F8E4M3,
+            ..case(Precision::Fp8E4M3, m, n, k)
+        });
     }
     for (m, n, k) in [(8192, 8192, 8192), (4096, 14336, 4096)] {
         out.push(case(Precision::Int8, m, n, k));
@@ -430,13 +444,27 @@ fn run_quantized(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptio
     }
     let (sa, sb) = (ctx.upload(&host_sa)?, ctx.upload(&host_sb)?);
     let mut d = ctx.alloc::<u8>(p.m * p.n * os)?;
-    let scale_ops = if case.scales == GemmScales::None {
-        GemmScaleOperands::default()
-    } else {
-        GemmScaleOperands {
-            a: Some(sa.view(&[sa_len], &[1])?),
-            b: Some(sb.view(&[sb_len], &[1])?),
-            result: None,
+    let out = case.out;
+    let (m, n) = (p.m, p.n);
+    // fp8 out: the result scale, and the amax written by every call
+    let fp8_out = case.out.size() == 1;
+    let result_scale = if fp8_out { FP8_RESULT_SCALE } else { 1.0 };
+    let sr = ctx.upload(&[result_scale])?;
+    let mut amax = ctx.alloc::<f32>(1)?;
+    let mut scale_ops = GemmScaleOperands {
+        result: fp8_out.then(|| sr.view(&[1], &[1])).transpose()?,
+        ..GemmScaleOperands::default()
+    };
+    if case.scales != GemmScales::None {
+        scale_ops.a = Some(sa.view(&[sa_len], &[1])?);
+        scale_ops.b = Some(sb.view(&[sb_len], &[1])?);
+    }
+    let run = |ops: &GemmOperands<'_>, d: &mut DeviceBuffer<u8>, amax: &mut DeviceBuffer<f32>| -> Result<()> {
+        let mut dv = d.view_mut_as(out, &[m, n], &[n, 1])?;
+        if fp8_out {
+            plan.run_scaled_amax(1.0, 0.0, ops, &scale_ops, &mut dv, &mut amax.view_mut(&[1], &[1])?)
+        } else {
+            plan.run_scaled(1.0, 0.0, ops, &scale_ops, &mut dv)
         }
     };
     let ops = |s: usize| -> Result<GemmOperands<'_>> {
@@ -448,15 +476,7 @@ fn run_quantized(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptio
             residual: None,
         })
     };
-    let out = case.out;
-    let (m, n) = (p.m, p.n);
-    plan.run_scaled(
-        1.0,
-        0.0,
-        &ops(0)?,
-        &scale_ops,
-        &mut d.view_mut_as(out, &[m, n], &[n, 1])?,
-    )?;
+    run(&ops(0)?, &mut d, &mut amax)?;
     // check a sample of rows against the f64 product of the stored values
     let got = d.to_host()?;
     let value = |bytes: &[u8], i: usize| -> f64 {
@@ -473,12 +493,15 @@ fn run_quantized(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptio
         (0..CHECK_ROWS).map(|i| i * (m - 1) / (CHECK_ROWS - 1)).collect()
     };
     let (mut err2, mut ref2, mut max_abs) = (0.0f64, 0.0f64, 0.0f64);
+    let mut amax_want = 0.0f64; // over the checked rows: a lower bound of the whole D's
     for &r in &rows {
         let a_row: Vec<f64> = (0..p.k).map(|kk| value(&host_a, r * p.k + kk)).collect();
         for c in 0..n {
             let acc: f64 = a_row.iter().zip(&b_f[c * p.k..(c + 1) * p.k]).map(|(x, y)| x * y).sum();
             let s = host_sa[if sa_len > 1 { r } else { 0 }] as f64 * host_sb[if sb_len > 1 { c } else { 0 }] as f64;
             let want = if case.scales == GemmScales::None { acc } else { s * acc };
+            amax_want = amax_want.max(want.abs());
+            let want = want * result_scale as f64;
             let g = if out == DType::I32 {
                 i32::from_le_bytes(got[4 * (r * n + c)..4 * (r * n + c) + 4].try_into().unwrap_or([0; 4])) as f64
             } else {
@@ -502,15 +525,16 @@ fn run_quantized(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptio
             "output failed verification before timing: rel_l2 {rel:.3e} > {budget:.1e} (max abs {max_abs:.3e})"
         )));
     }
-    let t = time_median(ctx, timing, |i| {
-        plan.run_scaled(
-            1.0,
-            0.0,
-            &ops(i % sets)?,
-            &scale_ops,
-            &mut d.view_mut_as(out, &[m, n], &[n, 1])?,
-        )
-    })?;
+    if fp8_out {
+        // the whole D's amax is at least the checked rows' and at most ~2x (N(0, 1) sums)
+        let got_amax = amax.to_host()?[0] as f64;
+        if !(got_amax >= amax_want * (1.0 - 1e-4) && got_amax <= 4.0 * amax_want) {
+            return Err(Error::Unsupported(format!(
+                "amax {got_amax:.4e} is not within [1, 4] x the checked rows' {amax_want:.4e}"
+            )));
+        }
+    }
+    let t = time_median(ctx, timing, |i| run(&ops(i % sets)?, &mut d, &mut amax))?;
     let bytes = (m * p.k + p.k * n) * es + m * n * os;
     Ok(outcome(case, &p, &plan, t.median_ms, bytes, (max_abs, rel)))
 }

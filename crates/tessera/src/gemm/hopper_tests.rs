@@ -115,6 +115,7 @@ fn fp8_outputs_take_a_result_scale_and_an_amax_and_no_c_bias_or_residual() {
         (
             HopperGemmArgs {
                 out_dtype: DType::BF16,
+                scale_result: 0,
                 ..fp8
             },
             "amax: applies to fp8 outputs only",
@@ -206,6 +207,11 @@ fn a_valid_call_is_supported_in_every_variant() {
                     scale_a: if eight { 0x70000 } else { 0 },
                     scale_a_rows: eight,
                     scale_b: if eight { 0x80000 } else { 0 },
+                    // fp8 outputs take no C, bias or residual
+                    c: if out_dtype.size() == 1 { 0 } else { 0x30000 },
+                    beta: if out_dtype.size() == 1 { 0.0 } else { 0.5 },
+                    bias: if out_dtype.size() == 1 { 0 } else { 0x50000 },
+                    residual: if out_dtype.size() == 1 { 0 } else { 0x60000 },
                     ..args()
                 }
             };
@@ -568,9 +574,9 @@ fn reference_activations() {
 #[test]
 fn kernel_variants_are_hopper_only_and_distinct() {
     let specs = kernel_specs(Arch::SM90);
-    // 16-bit: 2 dtypes x 2 outputs x 2 B layouts x 2 tilings; tf32: 1 x 1 x 2; fp8: 2 x 3 x 1 x 2;
+    // 16-bit: 2 dtypes x 2 outputs x 2 B layouts x 2 tilings; tf32: 1 x 1 x 2; fp8: 2 x 5 x 1 x 2;
     // int8: 4 outputs x 1 x 2; the GLU variants of the 16-bit ones.
-    assert_eq!(specs.len(), 16 + 2 + 12 + 8 + 16);
+    assert_eq!(specs.len(), 16 + 2 + 20 + 8 + 16);
     let mut names: Vec<_> = specs.iter().map(|s| s.name.clone()).collect();
     names.sort();
     names.dedup();
@@ -584,9 +590,10 @@ fn kernel_variants_are_hopper_only_and_distinct() {
     assert!(cases.iter().any(|c| c.out_dtype == DType::F32));
     for dtype in HOPPER_OPERANDS {
         for &out in hopper_outputs(dtype) {
-            if dtype.size() != 2 && out != DType::F16 {
+            if dtype.size() != 2 && out != DType::F16 && out.size() != 1 {
                 // every (operand, output) pair of the new precisions but f16 out (the same
-                // store code as bf16)
+                // store code as bf16) and fp8 out (with its result scale and amax, checked
+                // through the plan: plan_self_check)
                 assert!(
                     cases.iter().any(|c| c.dtype == dtype && c.out_dtype == out) || dtype == DType::F8E5M2,
                     "{dtype} -> {out}"

@@ -165,7 +165,29 @@ fn validation_names_the_argument() {
         "out"
     );
     let e = nk(Precision::Fp8E5M2, DType::F64).validate().unwrap_err().to_string();
-    assert!(e.contains("supported outputs: bf16, fp16, fp32"), "{e}");
+    assert!(
+        e.contains("supported outputs: bf16, fp16, fp32, fp8e4m3, fp8e5m2"),
+        "{e}"
+    );
+    // fp8 outputs: fp8 inputs only, with an activation but no C, bias or residual
+    for out in [DType::F8E4M3, DType::F8E5M2] {
+        assert!(nk(Precision::Fp8E4M3, out)
+            .scales(GemmScales::PerTensor)
+            .activation(Activation::Silu)
+            .validate()
+            .is_ok());
+        for q in [
+            nk(Precision::Fp8E5M2, out).bias(true),
+            nk(Precision::Fp8E5M2, out).with_c(true),
+            nk(Precision::Fp8E5M2, out).residual(true),
+        ] {
+            let e = q.validate().unwrap_err();
+            assert!(e.to_string().contains("no C, bias or residual"), "{e}");
+            assert_eq!(arg_of(e), "out");
+        }
+        assert_eq!(arg_of(nk(Precision::Int8, out).validate().unwrap_err()), "unsupported");
+        assert_eq!(arg_of(nk(Precision::BF16, out).validate().unwrap_err()), "unsupported");
+    }
     // empty and K = 0 problems are valid
     assert!(GemmProblem::new(Precision::F32, DType::F32, 0, 8, 8).validate().is_ok());
     assert!(GemmProblem::new(Precision::F32, DType::F32, 8, 8, 0).validate().is_ok());
@@ -302,7 +324,7 @@ fn every_variant_is_listed_once_per_arch() {
         assert_eq!(n, names.len(), "duplicate variant names for {arch}");
         // simt, sm80, skinny, split-K reductions, dmma; on sm_90 the Hopper variants too
         // (simt and sm80 plain and GLU; the GLU interleave copy for 1/2/4/8-byte elements)
-        let hopper = if arch == Arch::SM90 { 38 + 16 } else { 0 };
+        let hopper = if arch == Arch::SM90 { 46 + 16 } else { 0 };
         assert_eq!(n, 16 + 24 + 6 + 3 + 1 + 4 + hopper, "{arch}: {names:?}");
     }
 }
