@@ -1150,8 +1150,11 @@ def test_scaled_mm_scale_forms_bias_and_degenerate_shapes():
 
 # fp8 outputs: D = fp8(scale_result * d), d = (a @ b) * scale_a * scale_b in float32, rounded to
 # nearest even and saturated to the largest finite value. The reference rounds the float64 d
-# with torch; the kernel's d carries the fp8-mode accumulation error (~1e-4 relative), which can
-# flip a rounding: up to 1% of the elements may differ, by one fp8 step at most.
+# with torch; the kernel's d carries the tensor cores' fp8-mode accumulation error, a fraction
+# (~2^-13, bounded here by 2^-10) of sum_k |a_k b_k| rather than of |d|: it can flip a rounding
+# (up to 1% of the elements, one fp8 step), and near zero, where fp8 steps are fine, an element
+# may be several steps off while within that absolute bound (measured on the H100: up to 27
+# steps in the subnormal range with a large scale_result).
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 
 
@@ -1170,15 +1173,25 @@ def fp8_ref(d, scale_result, dt):
     return r.clamp(-mx, mx).float().to(dt)
 
 
-def fp8_close(y, ref, what, max_diff_frac=0.01):
-    """fp8 tensors equal but for at most `max_diff_frac` of the elements, each one fp8 step off."""
+def fp8_acc_tol(x, w, sa, sb, scale_result):
+    """The absolute error the fp8-mode accumulation may add to each output (see above):
+    2^-10 scale_result scale_a scale_b sum_k |x_k w_k|, in float64."""
+    t = (x.double().abs() @ w.double().abs().t()) * sa.double() * sb.double() * 2.0**-10
+    return t if scale_result is None else t * scale_result.double()
+
+
+def fp8_close(y, ref, what, max_diff_frac=0.01, abs_tol=None):
+    """fp8 tensors equal but for at most `max_diff_frac` of the elements, each one fp8 step off
+    or (with `abs_tol`) within its absolute accumulation tolerance."""
     assert y.dtype == ref.dtype and y.shape == ref.shape, (what, y.dtype, ref.dtype, y.shape, ref.shape)
     yf, rf = y.float(), ref.float()
     assert not torch.isnan(yf).any(), f"{what}: NaN (seed {SEED})"
-    diff = fp8_ordinal(y) != fp8_ordinal(ref)
-    steps = (fp8_ordinal(y) - fp8_ordinal(ref)).abs().max().item()
-    frac = diff.float().mean().item()
-    assert steps <= 1, f"{what}: an element is {steps} fp8 steps off (seed {SEED})"
+    steps = (fp8_ordinal(y) - fp8_ordinal(ref)).abs()
+    near = torch.zeros_like(steps, dtype=torch.bool) if abs_tol is None else (yf.double() - rf.double()).abs() <= abs_tol
+    far = (steps > 1) & ~near
+    worst = steps[far].max().item() if far.any() else 0
+    assert not far.any(), f"{what}: an element is {worst} fp8 steps off, beyond the accumulation tolerance (seed {SEED})"
+    frac = ((steps != 0) & ~near).float().mean().item()
     assert frac <= max_diff_frac, f"{what}: {frac:.3%} of the elements differ (seed {SEED})"
     e = rel_l2(yf, rf)
     assert e < 2e-2, f"{what}: rel_l2 {e:.3g} (seed {SEED})"
@@ -1214,7 +1227,8 @@ def test_scaled_mm_fp8_output(fmt, ofmt, scaling, result, mnk):
     y = tessera.scaled_mm(x, w.t(), sa, sb, scale_result=sr, out_dtype=odt, amax=amax)
     assert y.shape == (m, n) and y.dtype == odt and y.device == x.device
     ref = fp8_ref(d, sr, odt)
-    fp8_close(y, ref, f"scaled_mm {tag}")
+    tol = fp8_acc_tol(x, w, sa, sb, sr)
+    fp8_close(y, ref, f"scaled_mm {tag}", abs_tol=tol)
     if result == "saturating":
         sat = ref.float().abs() == FP8_MAX[ofmt]
         assert sat.any() and (y.float()[sat].abs() == FP8_MAX[ofmt]).float().mean() >= 0.99, f"{tag}: saturation (seed {SEED})"
@@ -1234,7 +1248,7 @@ def test_scaled_mm_fp8_output(fmt, ofmt, scaling, result, mnk):
     if hasattr(torch, "_scaled_mm") and result != "saturating":
         tref = torch_scaled_mm(x, w.t(), sa, sb, scale_result=sr, out_dtype=odt, use_fast_accum=True)
         if tref is not None and tref.dtype == odt and tref.shape == y.shape:
-            fp8_close(y, tref, f"scaled_mm vs torch._scaled_mm {tag}")
+            fp8_close(y, tref, f"scaled_mm vs torch._scaled_mm {tag}", abs_tol=2 * tol)
 
 
 @needs_hopper
@@ -1252,7 +1266,12 @@ def test_scaled_mm_fp8_output_nan_amax_and_degenerate_shapes():
         y = tessera.scaled_mm(xn, w.t(), one, one, out_dtype=odt, amax=amax)
         assert torch.isnan(amax).item(), f"NaN d, amax {amax.item()} (seed {SEED})"
         assert torch.isnan(y[0].float()).all(), f"row 0 with a NaN input (seed {SEED})"
-        fp8_close(y[1:], fp8_ref(scaled_ref(x[1:], w, one, one, None), None, odt), f"rows 1.. beside a NaN row {odt}")
+        fp8_close(
+            y[1:],
+            fp8_ref(scaled_ref(x[1:], w, one, one, None), None, odt),
+            f"rows 1.. beside a NaN row {odt}",
+            abs_tol=fp8_acc_tol(x[1:], w, one, one, None),
+        )
     # a NaN-free call after it: the amax is zeroed first, not max(NaN, ...)
     tessera.scaled_mm(x, w.t(), one, one, amax=amax)
     assert abs(amax.item() - scaled_ref(x, w, one, one, None).abs().max().item()) <= 1e-3 * amax.item()

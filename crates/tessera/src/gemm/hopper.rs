@@ -1377,7 +1377,7 @@ mod self_check {
                 GemmScales::None,
                 Activation::GeluErf,
                 false,
-                (1, 16, 1000),
+                (1, 16, 1008),
             ),
         ];
         let mut report = String::new();
