@@ -1252,17 +1252,21 @@ mod self_check {
         Ok((max_abs, rel, cs.budget()))
     }
 
-    /// The tf32, fp8 and int8 contracts through the public API ([`GemmPlan::run_scaled`] with
-    /// [`GemmProblem`]'s precision, scales and epilogue), against the same f64 reference as the
-    /// self-check: checks the plan's mapping of problem and operands onto the kernel. One report
-    /// line per case; an error when any fails.
-    pub(crate) fn plan_self_check(ctx: &Context) -> Result<String> {
-        use crate::gemm::plan::{GemmOptions, GemmPlan};
-        use crate::gemm::problem::{
-            Activation, COperand, GemmOperands, GemmProblem, GemmScaleOperands, GemmScales, Layout, Precision,
-        };
+    /// One case of [`plan_self_check`]: precision, output dtype, scales, activation, bias, (M, N, K).
+    pub(crate) type PlanCase = (
+        crate::gemm::problem::Precision,
+        DType,
+        crate::gemm::problem::GemmScales,
+        crate::gemm::problem::Activation,
+        bool,
+        (usize, usize, usize),
+    );
+
+    /// The cases of [`plan_self_check`] (a CPU test checks that each meets the Hopper path's rules).
+    pub(crate) fn plan_check_cases() -> Vec<PlanCase> {
+        use crate::gemm::problem::{Activation, GemmScales, Precision};
         const PLAIN: (usize, usize, usize) = (300, 392, 208);
-        let cases = [
+        vec![
             (
                 Precision::Tf32,
                 DType::F32,
@@ -1379,7 +1383,19 @@ mod self_check {
                 false,
                 (1, 16, 1008),
             ),
-        ];
+        ]
+    }
+
+    /// The tf32, fp8 and int8 contracts through the public API ([`GemmPlan::run_scaled`] with
+    /// [`GemmProblem`]'s precision, scales and epilogue), against the same f64 reference as the
+    /// self-check: checks the plan's mapping of problem and operands onto the kernel. One report
+    /// line per case; an error when any fails.
+    pub(crate) fn plan_self_check(ctx: &Context) -> Result<String> {
+        use crate::gemm::plan::{GemmOptions, GemmPlan};
+        use crate::gemm::problem::{
+            COperand, GemmOperands, GemmProblem, GemmScaleOperands, GemmScales, Layout, Precision,
+        };
+        let cases = plan_check_cases();
         let mut report = String::new();
         let mut failed = 0;
         for (i, &(precision, out, scales, activation, bias, (m, n, k))) in cases.iter().enumerate() {

@@ -786,3 +786,22 @@ fn glu_calls_read_2n_columns_of_b() {
     assert_ne!(plain, with_glu);
     assert!(with_glu.ends_with("_glu"), "{with_glu}");
 }
+
+/// Every case of the GPU plan check meets the Hopper path's rules (16-byte rows of A, B and D
+/// at their element sizes), so that the GPU run checks the kernels, not the case list.
+#[test]
+fn plan_check_cases_meet_the_hopper_rules() {
+    use crate::gemm::plan::hopper_rule_broken;
+    use crate::gemm::problem::{GemmProblem, Layout};
+    for (precision, out, scales, activation, bias, (m, n, k)) in plan_check_cases() {
+        let p = GemmProblem::new(precision, out, m, n, k)
+            .b_layout(Layout::ColMajor)
+            .scales(scales)
+            .activation(activation)
+            .bias(bias);
+        assert!(p.validate().is_ok(), "{p:?}");
+        if let Some(e) = hopper_rule_broken(&p, Arch::SM90) {
+            panic!("{precision:?} -> {out} {m}x{n}x{k}: {e}");
+        }
+    }
+}
