@@ -131,8 +131,8 @@ pub(crate) struct HopperGemmArgs {
     pub scale_b_cols: bool,
     /// f32 `[1]` result scale of an fp8 output (0 = 1): D = fp8(scale_result * d).
     pub scale_result: u64,
-    /// f32 `[1]` the kernel raises to `max |d|` (0 = none; fp8 outputs only; zeroed by the
-    /// caller before the launch).
+    /// f32 `[1]` the kernel raises to `max |d|` (0 = none; fp8 outputs only; zeroed by
+    /// [`HopperGemmPlan::run`] right before the launch).
     pub amax: u64,
 }
 
@@ -797,6 +797,9 @@ impl HopperGemmPlan {
             amax: args.amax,
         };
         let cfg = self.launch_config();
+        if args.amax != 0 {
+            zero_f32(ctx, args.amax)?;
+        }
         // SAFETY: `params` mirrors the kernel's GemmParams; hopper_supports checked that every
         // operand is non-null, aligned and described with leading dimensions covering its rows,
         // and the tensor maps bound every TMA access to the tensors' extents (loads zero-fill,
@@ -805,6 +808,17 @@ impl HopperGemmPlan {
         // least those extents and that nothing else writes D meanwhile.
         unsafe { self.kernel.launch(ctx, cfg, &params) }
     }
+}
+
+/// Zeroes the f32 at device address `ptr` on the context's stream (the amax, before the kernel
+/// raises it; after every check of the call, so that a refused call writes nothing).
+pub(crate) fn zero_f32(ctx: &Context, ptr: u64) -> Result<()> {
+    ctx.bind()?;
+    // SAFETY: the caller passes a checked, 4-byte aligned f32 of this context's device
+    // (hopper_supports / run_scaled_amax); the memset is ordered on the stream like the kernel.
+    crate::runtime::context::check("cuMemsetD32Async", unsafe {
+        cudarc::driver::sys::cuMemsetD32Async(ptr, 0, 1, ctx.cu_stream())
+    })
 }
 
 // ---- GPU self-check and benchmark (`tessera verify gemm`'s Hopper jobs; tests) ----------------

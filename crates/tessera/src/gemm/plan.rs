@@ -672,15 +672,11 @@ impl GemmPlan {
             check_aligned("a", ops.a.device_ptr(), self.operand_align, &why)?;
             check_aligned("b", ops.b.device_ptr(), self.operand_align, &why)?;
         }
-        if amax != 0 {
-            self.ctx.bind()?;
-            // SAFETY: `amax` is a checked f32 [1] view (4 bytes, 4-byte aligned) of this
-            // context's device; the memset is ordered on the stream before the kernel raises it.
-            crate::runtime::context::check("cuMemsetD32Async", unsafe {
-                cudarc::driver::sys::cuMemsetD32Async(amax, 0, 1, self.ctx.cu_stream())
-            })?;
-        }
         if p.is_empty() {
+            // no element: the amax of nothing is 0 (the Hopper plan zeroes it before a launch)
+            if amax != 0 {
+                hopper::zero_f32(&self.ctx, amax)?;
+            }
             return Ok(());
         }
         let (c, ldc, stride_c) = match ops.c {
