@@ -9,13 +9,17 @@
 //! as SpMM; `lsmr_host_many` on the CPU), each column its own solve with its own stop, and
 //! writes `X` as an `n x k` array file, with a summary line per column. `--x0` is then an
 //! `n x k` file.
+//!
+//! A damp list: `--damp 0,0.1,1` solves one `b` for each damp in one run (`lsmr_damps` on the
+//! GPU: every product with A shared; `lsmr_host_damps` on the CPU), each damp its own solve
+//! with its own stop, and writes `X` as an `n x d` array file (column j for damp j).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use tessera::linalg::{
-    istop_reason, lsmr_host, lsmr_host_many, lsmr_many_with, lsmr_with, mtx_vector, sparse_operator,
-    HostLinearOperator, LsmrOptions, LsmrResult, LsmrRunOptions, ManyRhs, Storage,
+    istop_reason, lsmr_damps_with, lsmr_host, lsmr_host_damps, lsmr_host_many, lsmr_many_with, lsmr_with, mtx_vector,
+    sparse_operator, HostLinearOperator, LsmrOptions, LsmrResult, LsmrRunOptions, ManyRhs, Storage,
 };
 use tessera::runtime::Context;
 use tessera::sparse::{read_mtx_csr, CsrHost};
@@ -38,9 +42,10 @@ pub struct LsmrArgs {
     /// Where to write x (Matrix Market array file, n x 1; n x k for k right-hand sides).
     #[arg(short, long)]
     pub output: PathBuf,
-    /// Damping: minimise ||A x - b||^2 + damp^2 ||x||^2.
-    #[arg(long, default_value_t = 0.0)]
-    pub damp: f64,
+    /// Damping: minimise ||A x - b||^2 + damp^2 ||x||^2. A comma-separated list (0,0.1,1)
+    /// solves b once per damp in one run and writes x as n x d, column j for damp j.
+    #[arg(long, value_delimiter = ',', num_args = 1, default_value = "0")]
+    pub damp: Vec<f64>,
     /// Relative error in A (stopping tolerance).
     #[arg(long, default_value_t = 1e-6)]
     pub atol: f64,
@@ -78,6 +83,13 @@ pub fn run(args: &LsmrArgs) -> Result<bool, String> {
     let a = read_mtx_csr::<f64, i64>(&args.a).map_err(|e| e.to_string())?;
     let (b_rows, b_cols, b_many) = mtx_vector::read_mtx_columns(&args.b).map_err(|e| e.to_string())?;
     if b_rows > 1 && b_cols > 1 {
+        if args.damp.len() > 1 {
+            return Err(format!(
+                "--damp: a list of {} damps takes one right-hand side; {} has {b_cols} columns",
+                args.damp.len(),
+                args.b.display()
+            ));
+        }
         return run_many(args, &a, b_cols, &b_many, t);
     }
     drop(b_many);
@@ -94,16 +106,10 @@ pub fn run(args: &LsmrArgs) -> Result<bool, String> {
         b.len(),
         t.elapsed().as_secs_f64()
     );
-    let opts = LsmrOptions {
-        damp: args.damp,
-        atol: args.atol,
-        btol: args.btol,
-        conlim: args.conlim,
-        maxiter: args.maxiter,
-        x0,
-        show: false,
-        scale_columns: false,
-    };
+    let opts = LsmrOptions { x0, ..options(args) };
+    if args.damp.len() > 1 {
+        return run_damps(args, &a, &b, &opts);
+    }
     let t = Instant::now();
     let gpu = if args.cpu {
         Err("--cpu was given".to_string())
@@ -139,10 +145,10 @@ pub fn run(args: &LsmrArgs) -> Result<bool, String> {
     Ok(true)
 }
 
-/// The options of the command line (without x0).
+/// The options of the command line (without x0; the first damp of a list).
 fn options(args: &LsmrArgs) -> LsmrOptions {
     LsmrOptions {
-        damp: args.damp,
+        damp: args.damp.first().copied().unwrap_or(0.0),
         atol: args.atol,
         btol: args.btol,
         conlim: args.conlim,
@@ -222,6 +228,96 @@ fn run_many(args: &LsmrArgs, a: &CsrHost<f64, i64>, k: usize, b: &[f64], t: Inst
     println!("lsmr: {k} right-hand sides in {secs:.3}s");
     println!("lsmr: wrote X ({n} x {k}) to {}", args.output.display());
     Ok(true)
+}
+
+/// A damp list: one `b` solved for every damp in one run; X is `n x d`.
+fn run_damps(args: &LsmrArgs, a: &CsrHost<f64, i64>, b: &[f64], opts: &LsmrOptions) -> Result<bool, String> {
+    let (n, d) = (a.cols, args.damp.len());
+    let t = Instant::now();
+    let gpu = if args.cpu {
+        Err("--cpu was given".to_string())
+    } else {
+        Context::new(args.device).map_err(|e| e.to_string())
+    };
+    let results = match gpu {
+        Ok(ctx) => {
+            let storage = if args.single_storage {
+                Storage::Single
+            } else {
+                Storage::Auto
+            };
+            match args.dtype {
+                Precision::F64 => solve_gpu_damps::<f64>(&ctx, a, b, &args.damp, opts, storage, args.progress_every),
+                Precision::F32 => solve_gpu_damps::<f32>(&ctx, a, b, &args.damp, opts, storage, args.progress_every),
+            }
+        }
+        Err(why) => {
+            println!("lsmr: on the CPU (f64 reference solver): no GPU used: {why}");
+            lsmr_host_damps(a, b, &args.damp, opts)
+        }
+    }
+    .map_err(|e| e.to_string())?;
+    let secs = t.elapsed().as_secs_f64();
+    let xs: Vec<f64> = results.iter().flat_map(|r| r.x.iter().copied()).collect();
+    mtx_vector::write_mtx_columns(&args.output, n, d, &xs).map_err(|e| e.to_string())?;
+    for (damp, r) in args.damp.iter().zip(&results) {
+        println!(
+            "lsmr: damp {damp:<10}: istop {} ({})  itn {}  ||r|| {:.6e}  ||A^T r|| {:.6e}  cond(A) {:.6e}  ||x|| {:.6e}",
+            r.istop,
+            istop_reason(r.istop),
+            r.itn,
+            r.normr,
+            r.normar,
+            r.conda,
+            r.normx
+        );
+    }
+    println!("lsmr: {d} damps in {secs:.3}s");
+    println!(
+        "lsmr: wrote X ({n} x {d}, column j for damp j) to {}",
+        args.output.display()
+    );
+    Ok(true)
+}
+
+fn solve_gpu_damps<T: Element>(
+    ctx: &Context,
+    a: &CsrHost<f64, i64>,
+    b: &[f64],
+    damps: &[f64],
+    opts: &LsmrOptions,
+    storage: Storage,
+    every: usize,
+) -> tessera::Result<Vec<LsmrResult>> {
+    let at = CsrHost::<T, i64> {
+        rows: a.rows,
+        cols: a.cols,
+        offsets: a.offsets.clone(),
+        indices: a.indices.clone(),
+        values: a.values.iter().map(|&v| T::from_f64(v)).collect(),
+        sorted: a.sorted,
+    };
+    let op = sparse_operator(ctx, &at, storage)?;
+    println!(
+        "lsmr: on the GPU: {} ({}), {} storage {}, {} damps together",
+        ctx.info().name,
+        ctx.arch(),
+        T::DTYPE,
+        op.storage(),
+        damps.len()
+    );
+    let db = ctx.upload(&b.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>())?;
+    let mut next = every;
+    let mut run = LsmrRunOptions {
+        progress: Some(Box::new(move |itn, normr, normar, secs| {
+            if every > 0 && itn >= next {
+                println!("lsmr: itn {itn:>8}  ||r|| {normr:.6e}  ||A^T r|| {normar:.6e}  {secs:8.3}s (first damp)");
+                next = (itn / every + 1) * every;
+            }
+        })),
+        ..LsmrRunOptions::default()
+    };
+    lsmr_damps_with(ctx, op.as_ref(), &db, damps, opts, &mut run)
 }
 
 #[allow(clippy::too_many_arguments)] // the problem, the options and the run's settings
@@ -351,7 +447,7 @@ mod tests {
             a,
             b,
             output,
-            damp: 0.0,
+            damp: vec![0.0],
             atol: 1e-6,
             btol: 1e-6,
             conlim: 1e8,
@@ -430,6 +526,59 @@ mod tests {
         };
         assert!(run(&bad).is_err());
         assert!(!dir.path().join("none.mtx").exists());
+    }
+
+    /// A damp list on the CPU path: X n x d, each column the damped least-squares solution
+    /// (A^T A + damp^2 I) x = A^T b of its damp; with several right-hand sides it is an error.
+    #[test]
+    fn cpu_damp_list_writes_one_column_per_damp() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = dir.path().join("A.mtx");
+        std::fs::write(
+            &a,
+            "%%MatrixMarket matrix coordinate real general\n4 2 6\n1 1 1\n2 1 1\n2 2 1\n3 2 2\n4 1 1\n4 2 -1\n",
+        )
+        .unwrap();
+        let b = dir.path().join("b.mtx");
+        std::fs::write(&b, "%%MatrixMarket matrix array real general\n4 1\n1\n2\n3\n0\n").unwrap();
+        let out = dir.path().join("X.mtx");
+        let damps = vec![0.0, 0.5, 2.0];
+        let args = LsmrArgs {
+            atol: 1e-12,
+            btol: 1e-12,
+            damp: damps.clone(),
+            ..cpu_args(a.clone(), b, out.clone())
+        };
+        assert!(run(&args).unwrap());
+        let (rows, cols, x) = mtx_vector::read_mtx_columns(&out).unwrap();
+        assert_eq!((rows, cols), (2, 3));
+        // A^T A = diag(3, 6), A^T b = [3, 8]: x = [3 / (3 + d^2), 8 / (6 + d^2)]
+        for (j, d) in damps.iter().enumerate() {
+            let want = [3.0 / (3.0 + d * d), 8.0 / (6.0 + d * d)];
+            for (g, w) in x[2 * j..2 * j + 2].iter().zip(want) {
+                assert!((g - w).abs() < 1e-9, "damp {d}: {x:?}");
+            }
+        }
+        // a damp list with an m x k B, and a negative damp: errors, nothing written
+        let bb = dir.path().join("B.mtx");
+        std::fs::write(
+            &bb,
+            "%%MatrixMarket matrix array real general\n4 2\n1\n2\n3\n0\n0\n0\n0\n1\n",
+        )
+        .unwrap();
+        for bad in [
+            LsmrArgs {
+                damp: damps.clone(),
+                ..cpu_args(a.clone(), bb, dir.path().join("none.mtx"))
+            },
+            LsmrArgs {
+                damp: vec![0.1, -1.0],
+                ..cpu_args(a.clone(), dir.path().join("b.mtx"), dir.path().join("none.mtx"))
+            },
+        ] {
+            assert!(run(&bad).is_err());
+            assert!(!dir.path().join("none.mtx").exists());
+        }
     }
 
     #[test]
