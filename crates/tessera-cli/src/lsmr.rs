@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use tessera::linalg::{
     istop_reason, lsmr_damps_with, lsmr_host, lsmr_host_damps, lsmr_host_many, lsmr_many_with, lsmr_with, mtx_vector,
-    sparse_operator, HostLinearOperator, LsmrOptions, LsmrResult, LsmrRunOptions, ManyRhs, Storage,
+    sparse_operator, HostLinearOperator, LinearOperator, LsmrOptions, LsmrResult, LsmrRunOptions, ManyRhs, Storage,
 };
 use tessera::runtime::Context;
 use tessera::sparse::{read_mtx_csr, CsrHost};
@@ -111,23 +111,11 @@ pub fn run(args: &LsmrArgs) -> Result<bool, String> {
         return run_damps(args, &a, &b, &opts);
     }
     let t = Instant::now();
-    let gpu = if args.cpu {
-        Err("--cpu was given".to_string())
-    } else {
-        Context::new(args.device).map_err(|e| e.to_string())
-    };
-    let res = match gpu {
-        Ok(ctx) => {
-            let storage = if args.single_storage {
-                Storage::Single
-            } else {
-                Storage::Auto
-            };
-            match args.dtype {
-                Precision::F64 => solve_gpu::<f64>(&ctx, &a, &b, &opts, storage, args.progress_every),
-                Precision::F32 => solve_gpu::<f32>(&ctx, &a, &b, &opts, storage, args.progress_every),
-            }
-        }
+    let res = match gpu_choice(args) {
+        Ok((ctx, storage)) => match args.dtype {
+            Precision::F64 => solve_gpu::<f64>(&ctx, &a, &b, &opts, storage, args.progress_every),
+            Precision::F32 => solve_gpu::<f32>(&ctx, &a, &b, &opts, storage, args.progress_every),
+        },
         Err(why) => {
             println!("lsmr: on the CPU (f64 reference solver): no GPU used: {why}");
             solve_cpu(&a, &b, &opts, args.progress_every)
@@ -143,6 +131,20 @@ pub fn run(args: &LsmrArgs) -> Result<bool, String> {
     );
     println!("lsmr: wrote x ({} values) to {}", res.x.len(), args.output.display());
     Ok(true)
+}
+
+/// The GPU context and A's storage for the solve, or why the CPU reference runs instead.
+fn gpu_choice(args: &LsmrArgs) -> Result<(Context, Storage), String> {
+    if args.cpu {
+        return Err("--cpu was given".into());
+    }
+    let ctx = Context::new(args.device).map_err(|e| e.to_string())?;
+    let storage = if args.single_storage {
+        Storage::Single
+    } else {
+        Storage::Auto
+    };
+    Ok((ctx, storage))
 }
 
 /// The options of the command line (without x0; the first damp of a list).
@@ -185,24 +187,12 @@ fn run_many(args: &LsmrArgs, a: &CsrHost<f64, i64>, k: usize, b: &[f64], t: Inst
     );
     let opts = options(args);
     let t = Instant::now();
-    let gpu = if args.cpu {
-        Err("--cpu was given".to_string())
-    } else {
-        Context::new(args.device).map_err(|e| e.to_string())
-    };
     let x0 = x0.as_deref();
-    let results = match gpu {
-        Ok(ctx) => {
-            let storage = if args.single_storage {
-                Storage::Single
-            } else {
-                Storage::Auto
-            };
-            match args.dtype {
-                Precision::F64 => solve_gpu_many::<f64>(&ctx, a, b, k, x0, &opts, storage, args.progress_every),
-                Precision::F32 => solve_gpu_many::<f32>(&ctx, a, b, k, x0, &opts, storage, args.progress_every),
-            }
-        }
+    let results = match gpu_choice(args) {
+        Ok((ctx, storage)) => match args.dtype {
+            Precision::F64 => solve_gpu_many::<f64>(&ctx, a, b, k, x0, &opts, storage, args.progress_every),
+            Precision::F32 => solve_gpu_many::<f32>(&ctx, a, b, k, x0, &opts, storage, args.progress_every),
+        },
         Err(why) => {
             println!("lsmr: on the CPU (f64 reference solver): no GPU used: {why}");
             lsmr_host_many(a, b, k, x0, &opts)
@@ -234,23 +224,11 @@ fn run_many(args: &LsmrArgs, a: &CsrHost<f64, i64>, k: usize, b: &[f64], t: Inst
 fn run_damps(args: &LsmrArgs, a: &CsrHost<f64, i64>, b: &[f64], opts: &LsmrOptions) -> Result<bool, String> {
     let (n, d) = (a.cols, args.damp.len());
     let t = Instant::now();
-    let gpu = if args.cpu {
-        Err("--cpu was given".to_string())
-    } else {
-        Context::new(args.device).map_err(|e| e.to_string())
-    };
-    let results = match gpu {
-        Ok(ctx) => {
-            let storage = if args.single_storage {
-                Storage::Single
-            } else {
-                Storage::Auto
-            };
-            match args.dtype {
-                Precision::F64 => solve_gpu_damps::<f64>(&ctx, a, b, &args.damp, opts, storage, args.progress_every),
-                Precision::F32 => solve_gpu_damps::<f32>(&ctx, a, b, &args.damp, opts, storage, args.progress_every),
-            }
-        }
+    let results = match gpu_choice(args) {
+        Ok((ctx, storage)) => match args.dtype {
+            Precision::F64 => solve_gpu_damps::<f64>(&ctx, a, b, &args.damp, opts, storage, args.progress_every),
+            Precision::F32 => solve_gpu_damps::<f32>(&ctx, a, b, &args.damp, opts, storage, args.progress_every),
+        },
         Err(why) => {
             println!("lsmr: on the CPU (f64 reference solver): no GPU used: {why}");
             lsmr_host_damps(a, b, &args.damp, opts)
@@ -280,15 +258,14 @@ fn run_damps(args: &LsmrArgs, a: &CsrHost<f64, i64>, b: &[f64], opts: &LsmrOptio
     Ok(true)
 }
 
-fn solve_gpu_damps<T: Element>(
+/// The device operator of `a` in `T` with `storage`, and the line saying where the solve runs
+/// (`what` appended: how many right-hand sides or damps).
+fn gpu_operator<T: Element>(
     ctx: &Context,
     a: &CsrHost<f64, i64>,
-    b: &[f64],
-    damps: &[f64],
-    opts: &LsmrOptions,
     storage: Storage,
-    every: usize,
-) -> tessera::Result<Vec<LsmrResult>> {
+    what: &str,
+) -> tessera::Result<Box<dyn LinearOperator<T>>> {
     let at = CsrHost::<T, i64> {
         rows: a.rows,
         cols: a.cols,
@@ -299,24 +276,44 @@ fn solve_gpu_damps<T: Element>(
     };
     let op = sparse_operator(ctx, &at, storage)?;
     println!(
-        "lsmr: on the GPU: {} ({}), {} storage {}, {} damps together",
+        "lsmr: on the GPU: {} ({}), {} storage {}{what}",
         ctx.info().name,
         ctx.arch(),
         T::DTYPE,
-        op.storage(),
-        damps.len()
+        op.storage()
     );
-    let db = ctx.upload(&b.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>())?;
+    Ok(op)
+}
+
+/// Run options with a progress line every `every` iterations (0: none): `itn`, the norms
+/// (`norms` before them: "max " over several right-hand sides), time, then `tail`.
+fn progress(every: usize, norms: &'static str, tail: &'static str) -> LsmrRunOptions<'static> {
     let mut next = every;
-    let mut run = LsmrRunOptions {
+    LsmrRunOptions {
         progress: Some(Box::new(move |itn, normr, normar, secs| {
             if every > 0 && itn >= next {
-                println!("lsmr: itn {itn:>8}  ||r|| {normr:.6e}  ||A^T r|| {normar:.6e}  {secs:8.3}s (first damp)");
+                println!(
+                    "lsmr: itn {itn:>8}  {norms}||r|| {normr:.6e}  {norms}||A^T r|| {normar:.6e}  {secs:8.3}s{tail}"
+                );
                 next = (itn / every + 1) * every;
             }
         })),
         ..LsmrRunOptions::default()
-    };
+    }
+}
+
+fn solve_gpu_damps<T: Element>(
+    ctx: &Context,
+    a: &CsrHost<f64, i64>,
+    b: &[f64],
+    damps: &[f64],
+    opts: &LsmrOptions,
+    storage: Storage,
+    every: usize,
+) -> tessera::Result<Vec<LsmrResult>> {
+    let op = gpu_operator::<T>(ctx, a, storage, &format!(", {} damps together", damps.len()))?;
+    let db = ctx.upload(&b.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>())?;
+    let mut run = progress(every, "", " (first damp)");
     lsmr_damps_with(ctx, op.as_ref(), &db, damps, opts, &mut run)
 }
 
@@ -331,32 +328,8 @@ fn solve_gpu_many<T: Element>(
     storage: Storage,
     every: usize,
 ) -> tessera::Result<Vec<LsmrResult>> {
-    let at = CsrHost::<T, i64> {
-        rows: a.rows,
-        cols: a.cols,
-        offsets: a.offsets.clone(),
-        indices: a.indices.clone(),
-        values: a.values.iter().map(|&v| T::from_f64(v)).collect(),
-        sorted: a.sorted,
-    };
-    let op = sparse_operator(ctx, &at, storage)?;
-    println!(
-        "lsmr: on the GPU: {} ({}), {} storage {}, {k} right-hand sides together",
-        ctx.info().name,
-        ctx.arch(),
-        T::DTYPE,
-        op.storage()
-    );
-    let mut next = every;
-    let mut run = LsmrRunOptions {
-        progress: Some(Box::new(move |itn, normr, normar, secs| {
-            if every > 0 && itn >= next {
-                println!("lsmr: itn {itn:>8}  max ||r|| {normr:.6e}  max ||A^T r|| {normar:.6e}  {secs:8.3}s");
-                next = (itn / every + 1) * every;
-            }
-        })),
-        ..LsmrRunOptions::default()
-    };
+    let op = gpu_operator::<T>(ctx, a, storage, &format!(", {k} right-hand sides together"))?;
+    let mut run = progress(every, "max ", "");
     lsmr_many_with(ctx, op.as_ref(), ManyRhs::Host(b), k, x0, opts, &mut run)
 }
 
@@ -368,34 +341,10 @@ fn solve_gpu<T: Element>(
     storage: Storage,
     every: usize,
 ) -> tessera::Result<LsmrResult> {
-    let at = CsrHost::<T, i64> {
-        rows: a.rows,
-        cols: a.cols,
-        offsets: a.offsets.clone(),
-        indices: a.indices.clone(),
-        values: a.values.iter().map(|&v| T::from_f64(v)).collect(),
-        sorted: a.sorted,
-    };
-    let op = sparse_operator(ctx, &at, storage)?;
-    println!(
-        "lsmr: on the GPU: {} ({}), {} storage {}",
-        ctx.info().name,
-        ctx.arch(),
-        T::DTYPE,
-        op.storage()
-    );
+    let op = gpu_operator::<T>(ctx, a, storage, "")?;
     let bt: Vec<T> = b.iter().map(|&v| T::from_f64(v)).collect();
     let db = ctx.upload(&bt)?;
-    let mut next = every;
-    let mut run = LsmrRunOptions {
-        progress: Some(Box::new(move |itn, normr, normar, secs| {
-            if every > 0 && itn >= next {
-                println!("lsmr: itn {itn:>8}  ||r|| {normr:.6e}  ||A^T r|| {normar:.6e}  {secs:8.3}s");
-                next = (itn / every + 1) * every;
-            }
-        })),
-        ..LsmrRunOptions::default()
-    };
+    let mut run = progress(every, "", "");
     lsmr_with(ctx, op.as_ref(), &db, opts, &mut run)
 }
 
@@ -461,17 +410,24 @@ mod tests {
         }
     }
 
-    /// The CPU path end to end: files in, x out, the normal equations hold.
-    #[test]
-    fn cpu_solve_writes_the_least_squares_solution() {
-        let dir = tempfile::tempdir().unwrap();
-        // a 4 x 2 inconsistent system: A = [1 0; 1 1; 0 2; 1 -1], b = [1 2 3 0]
-        let a = dir.path().join("A.mtx");
+    /// Writes the 4 x 2 inconsistent system A = [1 0; 1 1; 0 2; 1 -1] (A^T A = diag(3, 6)) into
+    /// `dir`/A.mtx and returns its path.
+    fn small_system(dir: &std::path::Path) -> PathBuf {
+        let a = dir.join("A.mtx");
         std::fs::write(
             &a,
             "%%MatrixMarket matrix coordinate real general\n4 2 6\n1 1 1\n2 1 1\n2 2 1\n3 2 2\n4 1 1\n4 2 -1\n",
         )
         .unwrap();
+        a
+    }
+
+    /// The CPU path end to end: files in, x out, the normal equations hold.
+    #[test]
+    fn cpu_solve_writes_the_least_squares_solution() {
+        let dir = tempfile::tempdir().unwrap();
+        // a 4 x 2 inconsistent system: A = [1 0; 1 1; 0 2; 1 -1], b = [1 2 3 0]
+        let a = small_system(dir.path());
         let b = dir.path().join("b.mtx");
         std::fs::write(&b, "%%MatrixMarket matrix array real general\n4 1\n1\n2\n3\n0\n").unwrap();
         let out = dir.path().join("x.mtx");
@@ -491,12 +447,7 @@ mod tests {
     #[test]
     fn cpu_solve_of_several_columns_writes_x_as_n_by_k() {
         let dir = tempfile::tempdir().unwrap();
-        let a = dir.path().join("A.mtx");
-        std::fs::write(
-            &a,
-            "%%MatrixMarket matrix coordinate real general\n4 2 6\n1 1 1\n2 1 1\n2 2 1\n3 2 2\n4 1 1\n4 2 -1\n",
-        )
-        .unwrap();
+        let a = small_system(dir.path());
         let b = dir.path().join("B.mtx");
         std::fs::write(
             &b,
@@ -533,12 +484,7 @@ mod tests {
     #[test]
     fn cpu_damp_list_writes_one_column_per_damp() {
         let dir = tempfile::tempdir().unwrap();
-        let a = dir.path().join("A.mtx");
-        std::fs::write(
-            &a,
-            "%%MatrixMarket matrix coordinate real general\n4 2 6\n1 1 1\n2 1 1\n2 2 1\n3 2 2\n4 1 1\n4 2 -1\n",
-        )
-        .unwrap();
+        let a = small_system(dir.path());
         let b = dir.path().join("b.mtx");
         std::fs::write(&b, "%%MatrixMarket matrix array real general\n4 1\n1\n2\n3\n0\n").unwrap();
         let out = dir.path().join("X.mtx");
