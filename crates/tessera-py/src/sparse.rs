@@ -540,11 +540,7 @@ impl<T: Element, I: SparseIndex> LinearOperator<T> for CsrOperator<'_, T, I> {
         beta: f64,
         y: &mut DeviceBuffer<T>,
     ) -> tessera::Result<()> {
-        ops::check_many(self.a.cols(), self.a.rows(), x, k, y)?;
-        if k == 1 {
-            return self.apply(alpha, x, beta, y);
-        }
-        self.a.spmm(alpha, x, k, DenseLayout::ColMajor, beta, y)
+        ops::csr_many(self.a, alpha, x, k, beta, y)
     }
     /// The SpMM of the cached `A^T`; without it (there is no transposed SpMM) the atomic
     /// transposed SpMV column by column.
@@ -558,11 +554,8 @@ impl<T: Element, I: SparseIndex> LinearOperator<T> for CsrOperator<'_, T, I> {
     ) -> tessera::Result<()> {
         let (m, n) = (self.a.rows(), self.a.cols());
         match &self.at {
-            Some(at) if k > 1 => {
-                ops::check_many(m, n, x, k, y)?;
-                at.spmm(alpha, x, k, DenseLayout::ColMajor, beta, y)
-            }
-            _ => columnwise(m, n, alpha, x, k, beta, y, |alpha, x, beta, y| {
+            Some(at) => ops::csr_many(at, alpha, x, k, beta, y),
+            None => columnwise(m, n, alpha, x, k, beta, y, |alpha, x, beta, y| {
                 self.apply_transposed(alpha, x, beta, y)
             }),
         }

@@ -184,7 +184,7 @@ pub(crate) fn copy_elements<T: Element>(
 
 /// `C = alpha * A B + beta * C` for `k` packed column-major columns by the deterministic SpMM
 /// (`k == 1`: the SpMV, so that one column gives bitwise the single-vector product).
-fn csr_many<T: Element, I: SparseIndex>(
+pub fn csr_many<T: Element, I: SparseIndex>(
     a: &CsrMatrix<T, I>,
     alpha: f64,
     x: &DeviceBuffer<T>,
