@@ -181,7 +181,7 @@ fn time_candidates(ctx: &Context, p: &GemmProblem) -> Result<HopperChoice> {
                 path: GemmPath::Hopper,
                 splits: Some(c.splits),
                 hopper_block_n: Some(c.block_n),
-                autotune: false,
+                ..GemmTuning::default()
             },
         };
         let plan = GemmPlan::new(ctx, &bare, &opts)?;

@@ -73,6 +73,8 @@ pub struct BenchCase {
     pub path: GemmPath,
     /// Plan with [`GemmTuning::autotune`] (the Hopper path's tiling and splits timed).
     pub autotune: bool,
+    /// [`GemmTuning::hopper_cluster`] forced (`tessera-cluster<n>` rows beside the rule's).
+    pub hopper_cluster: Option<u32>,
 }
 
 impl BenchCase {
@@ -109,10 +111,11 @@ impl BenchCase {
         s
     }
     /// `tessera` for the dispatcher's choice, `tessera-<path>` when forced,
-    /// `tessera-autotuned` with the autotune on.
+    /// `tessera-autotuned` with the autotune on, `tessera-cluster<n>` with a forced cluster size.
     pub fn implementation(&self) -> String {
         match self.path {
             _ if self.autotune => "tessera-autotuned".into(),
+            _ if self.hopper_cluster.is_some() => format!("tessera-cluster{}", self.hopper_cluster.unwrap_or(1)),
             GemmPath::Auto => "tessera".into(),
             p => format!("tessera-{}", p.name()),
         }
@@ -169,6 +172,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         glu: Glu::None,
         path: GemmPath::Auto,
         autotune: false,
+        hopper_cluster: None,
     };
     if quick {
         return vec![
@@ -195,6 +199,13 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         for (n, k) in [(4096, 4096), (14336, 4096), (4096, 14336)] {
             out.push(case(Precision::BF16, m, n, k));
         }
+    }
+    // without clusters (B tiles loaded by each CTA), for the multicast's gain
+    for (m, n, k) in [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 14336, 4096)] {
+        out.push(BenchCase {
+            hopper_cluster: Some(1),
+            ..case(Precision::BF16, m, n, k)
+        });
     }
     // decode through the general kernel, for the skinny path's gain
     for m in [1, 16] {
@@ -281,6 +292,7 @@ fn run<I: Element, O: Element>(
                 path: case.path,
                 splits: None,
                 autotune: case.autotune,
+                hopper_cluster: case.hopper_cluster,
                 ..GemmTuning::default()
             },
         },

@@ -61,9 +61,20 @@
 // tensor map and its box are the same (128-byte column chunks of N columns). No C, residual or
 // scales (hopper_supports refuses them).
 //
-// Tile order (tile_of): batch-major, then groups of p.group_m tile rows; inside a group the tile
-// row runs fastest. CTA c takes tiles c, c + grid, ...: the ~SM-count tiles in flight together
-// cover a near-square block of D, whose A rows and B columns stay in L2.
+// Clusters (p.cluster_m = 2, a run-time choice of the plan): CTAs 2c and 2c + 1 form a cluster
+// and take vertically adjacent tiles (rows m0 and m0 + 128, the same columns), which read the
+// same B tile: each loads its own A and half of B, multicast into both CTAs' ring slots, so the
+// L2 -> shared traffic per k-block drops from 16 + 32 KiB to 16 + 16 KiB per CTA (128 x 256).
+// Each CTA's empty barrier then counts the consumer warps of both CTAs (a slot is refilled only
+// when both have read it); the full barriers are unchanged (each CTA's receives all the slot's
+// bytes). The CTAs start after a cluster barrier (both barrier sets initialised) and end with
+// one (the peer's last releases land on this CTA's barriers). With an odd tile-row count the
+// last cluster row's second tile lies past M: it loads zeros, shares its B half, stores nothing.
+//
+// Tile order (tile_of): batch-major, then groups of p.group_m cluster-tile rows (tile rows
+// without clusters); inside a group the row runs fastest. Cluster c takes cluster tiles c, c +
+// clusters, ...: the ~SM-count tiles in flight together cover a near-square block of D, whose A
+// rows and B columns stay in L2.
 //
 // Shared memory (offsets from the 1024-aligned base; hopper.rs shared_bytes adds 1024 of slack):
 //   A ring   kStages x 16 KiB
@@ -77,6 +88,7 @@
 // memory, ~170 flop/B from L2 with the grouped order; twice that for 8-bit operands, half for
 // tf32, matching the tensor cores' rate ratios): compute-bound on H100/H200 for the issue's
 // shapes.
+#include "tessera/cluster.cuh"
 #include "tessera/gemm_epilogue.cuh"
 #include "tessera/mbarrier.cuh"
 #include "tessera/tma.cuh"
@@ -114,6 +126,8 @@ struct GemmParams {
   int scale_b_cols;      // 1: scale_b[col], 0: scale_b[0]
   const float* scale_result;  // [1] or null = 1 (fp8 OutT)
   float* amax;                // [1] or null (fp8 OutT): max |d| over D, zeroed by the caller
+  int cluster_m;              // CTAs per cluster (1 or 2): 2 share each B tile (see the header)
+  int cluster_rows;           // ceil(tiles_m / cluster_m): rows of cluster tiles
 };
 
 #if defined(TS_HAS_WGMMA) && defined(TS_HAS_TMA)
@@ -199,31 +213,52 @@ struct Tile {
   int m0, n0, b;
 };
 
-/// Tile t of the launch (see the header: batch, then groups of group_m tile rows, tile row
-/// fastest inside a group). The last group of a batch may have fewer rows.
-TS_DEVICE Tile tile_of(const GemmParams& p, int t) {
-  const int per_batch = p.tiles_m * p.tiles_n;
+/// This CTA's place in the launch: its rank in the cluster and the cluster's index and count
+/// (without clusters, rank 0 and the CTA's own index and count). A 1-D cluster of two is CTAs
+/// 2c and 2c + 1.
+struct Place {
+  uint32_t rank;
+  int cluster, clusters;
+};
+
+TS_DEVICE Place place_of(const GemmParams& p) {
+  Place pl;
+  pl.rank = p.cluster_m > 1 ? ts::cluster_rank() : 0u;
+  pl.cluster = blockIdx.x / p.cluster_m;
+  pl.clusters = gridDim.x / p.cluster_m;
+  return pl;
+}
+
+/// Cluster tile t of the launch, as seen by the CTA of rank `rank` (see the header: batch,
+/// then groups of group_m cluster-tile rows, row fastest inside a group; rank r takes tile row
+/// cluster_m * row + r of the cluster tile). The last group of a batch may have fewer rows.
+TS_DEVICE Tile tile_of(const GemmParams& p, int t, uint32_t rank) {
+  const int per_batch = p.cluster_rows * p.tiles_n;
   const int b = t / per_batch;
   int r = t - b * per_batch;
   const int group_tiles = p.group_m * p.tiles_n;
   const int g = r / group_tiles;
   const int first_row = g * p.group_m;
-  const int rows = min(p.tiles_m - first_row, p.group_m);
+  const int rows = min(p.cluster_rows - first_row, p.group_m);
   r -= g * group_tiles;
   Tile tl;
-  tl.m0 = (first_row + r % rows) * kBlockM;
+  tl.m0 = ((first_row + r % rows) * p.cluster_m + int(rank)) * kBlockM;
   tl.n0 = (r / rows) * kBlockN;
   tl.b = b;
   return tl;
 }
 
-TS_DEVICE int tile_count(const GemmParams& p) { return p.tiles_m * p.tiles_n * p.batch; }
+/// Cluster tiles of the launch (tiles, without clusters).
+TS_DEVICE int tile_count(const GemmParams& p) { return p.cluster_rows * p.tiles_n * p.batch; }
 
 // ---- producer ------------------------------------------------------------------------------
 
-/// Copies k-block `kb` of tile `tl` into ring slot `slot`, completing on `full`.
+/// Copies k-block `kb` of tile `tl` into ring slot `slot`, completing on `full`. In a cluster
+/// of two, each CTA loads its own A and half of the shared B tile (rank r: B rows / column
+/// blocks of half r), multicast into the same slot of both CTAs: each slot then receives all
+/// kStageBytes on each CTA's `full`, half of B from the peer.
 TS_DEVICE void load_stage(const GemmParams& p, uint8_t* smem, uint64_t* full, int slot, const Tile& tl, int kb,
-                          uint64_t policy) {
+                          uint32_t rank, uint64_t policy) {
   uint8_t* a_dst = smem + Smem::a + slot * kABytes;
   uint8_t* b_dst = smem + Smem::b + slot * kBBytes;
   const int k0 = kb * kBlockK;
@@ -231,7 +266,21 @@ TS_DEVICE void load_stage(const GemmParams& p, uint8_t* smem, uint64_t* full, in
   // the phase must not complete on the first copy's bytes alone.
   ts::mbar_arrive_expect_tx(full, kStageBytes);
   ts::tma_load_4d(a_dst, &p.a_map, full, k0, tl.m0, tl.b, 0, policy);
-  if constexpr (kBNK) {
+  if (p.cluster_m > 1) {
+    constexpr uint16_t kBoth = 0b11;
+    if constexpr (kBNK) {  // the B map's box is kBlockN / 2 rows (hopper.rs map_shapes)
+      ts::tma_load_4d_multicast(b_dst + rank * (kBBytes / 2), &p.b_map, full, k0, tl.n0 + int(rank) * (kBlockN / 2),
+                                tl.b, 0, kBoth, policy);
+    } else {
+      constexpr int kHalfBlocks = kBlockN / 128;  // 64-column blocks per half
+#pragma unroll
+      for (int i = 0; i < kHalfBlocks; ++i) {
+        const int j = int(rank) * kHalfBlocks + i;
+        ts::tma_load_4d_multicast(b_dst + j * kBColBlockBytes, &p.b_map, full, tl.n0 + 64 * j, k0, tl.b, 0, kBoth,
+                                  policy);
+      }
+    }
+  } else if constexpr (kBNK) {
     ts::tma_load_4d(b_dst, &p.b_map, full, k0, tl.n0, tl.b, 0, policy);
   } else {
 #pragma unroll
@@ -241,21 +290,22 @@ TS_DEVICE void load_stage(const GemmParams& p, uint8_t* smem, uint64_t* full, in
 }
 
 /// The producer (one thread): every k-block of every tile of this CTA, in the consumers' order.
-/// A slot is reused once all eight consumer warps released it: waiting on the empty barrier with
+/// A slot is reused once every consumer warp of the cluster released it (eight per CTA: the
+/// peer's B half lands in this CTA's slot as well, and this one's in the peer's): waiting on the empty barrier with
 /// the parity before the ring's current one passes at once on the first lap (a fresh barrier's
 /// preceding phase counts as complete) and afterwards waits for the release of the lap before.
-TS_DEVICE void producer(const GemmParams& p, uint8_t* smem, uint64_t* full, uint64_t* empty) {
+TS_DEVICE void producer(const GemmParams& p, uint8_t* smem, uint64_t* full, uint64_t* empty, const Place& pl) {
   ts::tma_prefetch_map(&p.a_map);
   ts::tma_prefetch_map(&p.b_map);
   // Every A tile row and B tile column is read by many CTAs (tiles_n and tiles_m of them).
   const uint64_t policy = ts::l2_policy<ts::L2Evict::kNormal>();
   Ring ring;
   const int tiles = tile_count(p);
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const Tile tl = tile_of(p, t);
+  for (int t = pl.cluster; t < tiles; t += pl.clusters) {
+    const Tile tl = tile_of(p, t, pl.rank);
     for (int kb = 0; kb < p.k_blocks; ++kb) {
       ts::mbar_wait(&empty[ring.slot], ring.phase ^ 1);
-      load_stage(p, smem, &full[ring.slot], ring.slot, tl, kb, policy);
+      load_stage(p, smem, &full[ring.slot], ring.slot, tl, kb, pl.rank, policy);
       ring.advance();
     }
   }
@@ -298,8 +348,11 @@ TS_DEVICE uint32_t slot_addr(uint32_t ring_base, int slot, uint32_t slot_bytes) 
 /// one shape that accumulate into the same registers are ordered by the hardware, so no fence
 /// is needed between the batches; the wgmma_fence before each batch orders the first batch
 /// after the epilogue's reads of the previous tile's accumulators.
-TS_DEVICE void mainloop(const GemmParams& p, uint32_t smem_base, uint64_t* full, uint64_t* empty, Ring& ring,
-                        int wg, bool warp_leader, Acc (&acc)[kAccRegs]) {
+/// In a cluster the slot is released on the peer's empty barrier as well (`peer_empty`, the
+/// cluster address of its empty[0]; predicated like the local arrival).
+TS_DEVICE void mainloop(const GemmParams& p, uint32_t smem_base, uint64_t* full, uint64_t* empty,
+                        uint32_t peer_empty, Ring& ring, int wg, bool warp_leader, Acc (&acc)[kAccRegs]) {
+  const bool clustered = p.cluster_m > 1;
   const uint32_t a_ring = smem_base + Smem::a + wg * kConsumerRows * 128;
   const uint32_t b_ring = smem_base + Smem::b;
   int prev_slot = 0;
@@ -311,12 +364,14 @@ TS_DEVICE void mainloop(const GemmParams& p, uint32_t smem_base, uint64_t* full,
     ts::wgmma_commit();
     ts::wgmma_wait<1>();
     ts::mbar_arrive_if(&empty[prev_slot], warp_leader && kb > 0);
+    ts::mbar_arrive_cluster_if(peer_empty + 8 * prev_slot, clustered && warp_leader && kb > 0);
     prev_slot = ring.slot;
     ring.advance();
   }
   ts::wgmma_wait<0>();
   ts::wgmma_fence_acc(acc);
   ts::mbar_arrive_if(&empty[prev_slot], warp_leader && p.k_blocks > 0);
+  ts::mbar_arrive_cluster_if(peer_empty + 8 * prev_slot, clustered && warp_leader && p.k_blocks > 0);
 }
 
 /// Two consecutive OutT values at `ptr` (columns col, col + 1 of a row of C or R, or of the
@@ -516,21 +571,23 @@ TS_DEVICE void epilogue_any(const GemmParams& p, uint8_t* smem, const Acc (&acc)
   }
 }
 
-TS_DEVICE void consumer(const GemmParams& p, uint8_t* smem, uint64_t* full, uint64_t* empty, int wg) {
+TS_DEVICE void consumer(const GemmParams& p, uint8_t* smem, uint64_t* full, uint64_t* empty, int wg,
+                        const Place& pl) {
   const bool warp_leader = threadIdx.x % 32 == 0;
   const uint32_t smem_base = ts::smem_addr(smem);
+  const uint32_t peer_empty = p.cluster_m > 1 ? ts::map_shared_rank(ts::smem_addr(empty), pl.rank ^ 1u) : 0u;
   if (wg == 0 && threadIdx.x % 128 == 0) ts::tma_prefetch_map(&p.d_map);
   Ring ring;
   uint32_t stores = 0;
   const int tiles = tile_count(p);
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const Tile tl = tile_of(p, t);
+  for (int t = pl.cluster; t < tiles; t += pl.clusters) {
+    const Tile tl = tile_of(p, t, pl.rank);
     // Zeroed although the first k-step overwrites it (scale_d = 0): the wgmma asm reads its
     // accumulators ("+f"), which must not be undefined values to the compiler.
     Acc acc[kAccRegs];
 #pragma unroll
     for (int i = 0; i < kAccRegs; ++i) acc[i] = Acc(0);
-    mainloop(p, smem_base, full, empty, ring, wg, warp_leader, acc);
+    mainloop(p, smem_base, full, empty, peer_empty, ring, wg, warp_leader, acc);
     epilogue_any(p, smem, acc, tl, wg, stores);
   }
   // The staging buffers must outlive the stores that read them.
@@ -545,22 +602,36 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) gemm_sm90(const __grid
   uint8_t* smem = smem_raw + ((1024 - (ts::smem_addr(smem_raw) & 1023)) & 1023);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + Smem::bars);
   uint64_t* empty = full + kStages;
+  const Place pl = place_of(p);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      ts::mbar_init(&full[s], 1);                 // the producer's expect_tx arrival (+ bytes)
-      ts::mbar_init(&empty[s], kConsumerWarps);  // one arrival per consumer warp
+      ts::mbar_init(&full[s], 1);  // the producer's expect_tx arrival (+ bytes)
+      // one arrival per consumer warp of the cluster
+      ts::mbar_init(&empty[s], kConsumerWarps * uint32_t(p.cluster_m));
     }
     ts::mbar_init_fence();
   }
-  __syncthreads();
+  // In a cluster the peer arrives on these barriers and multicasts into this ring: both CTAs'
+  // barriers are initialised before either touches the other's.
+  if (p.cluster_m > 1) {
+    ts::cluster_sync();
+  } else {
+    __syncthreads();
+  }
   // Broadcast from lane 0: warp-uniform to the compiler (uniform-register descriptor math).
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   if (wg == 0) {
     ts::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) producer(p, smem, full, empty);
+    if (threadIdx.x == 0) producer(p, smem, full, empty, pl);
   } else {
     ts::setmaxnreg_inc<kConsumerRegs>();
-    consumer(p, smem, full, empty, wg - 1);
+    consumer(p, smem, full, empty, wg - 1, pl);
+  }
+  // The peer's last slot releases arrive on this CTA's barriers: neither CTA exits before both
+  // are done (cluster.cuh's rule).
+  if (p.cluster_m > 1) {
+    __syncwarp();
+    ts::cluster_sync();
   }
 }
 

@@ -388,42 +388,79 @@ fn group_rows_make_square_waves() {
     assert_eq!(group_rows(1, 1, 128), 1);
 }
 
-/// gemm_sm90.cu's tile_of, mirrored: tile t of a launch.
-fn tile_of(tiles_m: usize, tiles_n: usize, group_m: usize, t: usize) -> (usize, usize, usize) {
-    let per_batch = tiles_m * tiles_n;
+/// gemm_sm90.cu's tile_of, mirrored: the tile (row, column, batch) that the CTA of rank `rank`
+/// takes in cluster tile t of a launch with `cluster` CTAs per cluster and `group_m` cluster
+/// rows per group.
+fn tile_of(
+    tiles_m: usize,
+    tiles_n: usize,
+    group_m: usize,
+    cluster: usize,
+    t: usize,
+    rank: usize,
+) -> (usize, usize, usize) {
+    let cluster_rows = tiles_m.div_ceil(cluster);
+    let per_batch = cluster_rows * tiles_n;
     let b = t / per_batch;
     let mut r = t - b * per_batch;
     let group_tiles = group_m * tiles_n;
     let g = r / group_tiles;
     let first = g * group_m;
-    let rows = (tiles_m - first).min(group_m);
+    let rows = (cluster_rows - first).min(group_m);
     r -= g * group_tiles;
-    (first + r % rows, r / rows, b)
+    ((first + r % rows) * cluster + rank, r / rows, b)
 }
 
 /// The grouped order visits every tile exactly once, for group sizes that do and do not divide
-/// the tile rows.
+/// the (cluster) tile rows; with clusters of two, the ranks of a cluster tile take vertically
+/// adjacent tiles of one column (sharing its B tile), and only an odd tile-row count's last
+/// cluster row has a second tile past M.
 #[test]
 fn tile_order_is_a_permutation() {
-    for (tm, tn, batch) in [(1, 1, 1), (3, 5, 2), (32, 16, 1), (33, 57, 1), (7, 1, 3)] {
-        for g in [1, 2, 5, 16, 40] {
-            let g = g.min(tm);
-            let mut seen = vec![false; tm * tn * batch];
-            for t in 0..tm * tn * batch {
-                let (i, j, b) = tile_of(tm, tn, g, t);
-                assert!(i < tm && j < tn && b < batch, "{tm} {tn} {g} t {t}");
-                let at = (b * tm + i) * tn + j;
-                assert!(!seen[at], "tile visited twice: {tm} {tn} {g} t {t}");
-                seen[at] = true;
+    for (tm, tn, batch) in [(1usize, 1, 1), (3, 5, 2), (32, 16, 1), (33, 57, 1), (7, 1, 3)] {
+        for cluster in [1, 2] {
+            let cluster_rows = tm.div_ceil(cluster);
+            for g in [1, 2, 5, 16, 40] {
+                let g = g.min(cluster_rows);
+                let mut seen = vec![false; tm * tn * batch];
+                let mut past_m = 0;
+                for t in 0..cluster_rows * tn * batch {
+                    let first = tile_of(tm, tn, g, cluster, t, 0);
+                    for rank in 0..cluster {
+                        let (i, j, b) = tile_of(tm, tn, g, cluster, t, rank);
+                        assert_eq!((i, j, b), (first.0 + rank, first.1, first.2), "one B tile per cluster");
+                        assert!(j < tn && b < batch, "{tm} {tn} {g} t {t}");
+                        if i >= tm {
+                            past_m += 1;
+                            continue;
+                        }
+                        let at = (b * tm + i) * tn + j;
+                        assert!(!seen[at], "tile visited twice: {tm} {tn} {g} t {t}");
+                        seen[at] = true;
+                    }
+                }
+                assert!(seen.iter().all(|&s| s), "every tile: {tm} {tn} {g} cluster {cluster}");
+                assert_eq!(past_m, (cluster_rows * cluster - tm) * tn * batch);
             }
         }
     }
 }
 
+/// Clusters of two where tile rows pair up, and where an odd count wastes at most a ninth.
+#[test]
+fn cluster_choice_pairs_tile_rows() {
+    assert_eq!(choose_cluster(1), 1);
+    assert_eq!(choose_cluster(2), 2);
+    assert_eq!(choose_cluster(3), 1);
+    assert_eq!(choose_cluster(7), 1);
+    assert_eq!(choose_cluster(9), 2);
+    assert_eq!(choose_cluster(32), 2);
+}
+
 #[test]
 fn tensor_maps_describe_the_operands() {
     let a = args();
-    let [am, bm, dm] = map_shapes(&a, TILES[0]);
+    let [am, bm, dm] = map_shapes(&a, TILES[0], 1);
     assert_eq!((am.box_cols, am.box_rows), (64, 128));
     assert_eq!(am.geometry(), ([520, 300, 2, 1], [1056, 1056 * 300, 1056 * 300 * 2]));
     assert_eq!((bm.cols, bm.rows, bm.box_cols, bm.box_rows), (520, 1000, 64, 256));
@@ -434,8 +471,14 @@ fn tensor_maps_describe_the_operands() {
         ldb: 1008,
         ..a
     };
-    let [_, bm, _] = map_shapes(&kn, TILES[1]);
+    let [_, bm, _] = map_shapes(&kn, TILES[1], 1);
     assert_eq!((bm.cols, bm.rows, bm.box_cols, bm.box_rows), (1000, 520, 64, 64));
+    // In a cluster of two each CTA loads half of a B [N, K] tile's rows; B [K, N] keeps its
+    // 64 x 64 boxes (each CTA loads half of the column blocks).
+    let [_, bm, _] = map_shapes(&a, TILES[0], 2);
+    assert_eq!((bm.box_cols, bm.box_rows), (64, 128));
+    let [_, bm, _] = map_shapes(&kn, TILES[0], 2);
+    assert_eq!((bm.box_cols, bm.box_rows), (64, 64));
     // f32 output: 32-column (128-byte) boxes; a batch of one gets a packed batch stride.
     let f32_out = HopperGemmArgs {
         out_dtype: DType::F32,
@@ -443,7 +486,7 @@ fn tensor_maps_describe_the_operands() {
         ldd: 1004,
         ..a
     };
-    let [_, _, dm] = map_shapes(&f32_out, TILES[0]);
+    let [_, _, dm] = map_shapes(&f32_out, TILES[0], 1);
     assert_eq!(dm.box_cols, 32);
     assert_eq!(dm.geometry(), ([1000, 300, 1, 1], [4016, 4016 * 300, 4016 * 300]));
     // 8-bit operands: 128-element (128-byte) k boxes described as bytes; tf32: 32 elements.
@@ -451,7 +494,7 @@ fn tensor_maps_describe_the_operands() {
         dtype: DType::F8E4M3,
         ..a
     };
-    let [am8, bm8, _] = map_shapes(&fp8, TILES[0]);
+    let [am8, bm8, _] = map_shapes(&fp8, TILES[0], 1);
     assert_eq!(
         (am8.dtype, am8.box_cols, bm8.dtype, bm8.box_cols),
         (DType::U8, 128, DType::U8, 128)
@@ -461,18 +504,18 @@ fn tensor_maps_describe_the_operands() {
         out_dtype: DType::F32,
         ..a
     };
-    let [am32, bm32, _] = map_shapes(&tf32, TILES[1]);
+    let [am32, bm32, _] = map_shapes(&tf32, TILES[1], 1);
     assert_eq!((am32.box_cols, bm32.box_cols, bm32.box_rows), (32, 32, 128));
     assert_eq!(
         (block_k(DType::F16), block_k(DType::F32), block_k(DType::I8)),
         (64, 32, 128)
     );
     // TMA's host-side rules hold for every map of a supported call.
-    for s in map_shapes(&a, TILES[0])
+    for s in map_shapes(&a, TILES[0], 1)
         .iter()
-        .chain(map_shapes(&kn, TILES[1]).iter())
-        .chain(map_shapes(&fp8, TILES[0]).iter())
-        .chain(map_shapes(&tf32, TILES[1]).iter())
+        .chain(map_shapes(&kn, TILES[1], 1).iter())
+        .chain(map_shapes(&fp8, TILES[0], 1).iter())
+        .chain(map_shapes(&tf32, TILES[1], 1).iter())
     {
         let (dims, strides) = s.geometry();
         let m = tma::TiledMap {
@@ -511,6 +554,8 @@ fn params_struct_matches_the_kernel() {
     assert_eq!(offset_of!(GemmParams, scale_b_cols), 508);
     assert_eq!(offset_of!(GemmParams, scale_result), 512);
     assert_eq!(offset_of!(GemmParams, amax), 520);
+    assert_eq!(offset_of!(GemmParams, cluster_m), 528);
+    assert_eq!(offset_of!(GemmParams, cluster_rows), 532);
 }
 
 /// The epilogue's staging writes (gemm_sm90.cu stage_pair): every output of a consumer's chunk
@@ -737,7 +782,7 @@ fn glu_calls_read_2n_columns_of_b() {
     assert_eq!(hopper_supports(&glu), Ok(()));
     assert_eq!(glu.b_n(), 2000);
     assert!(glu.shape_key().glu && glu.shape_key().b_n() == 2000);
-    let [_, bm, dm] = map_shapes(&glu, TILES[0]);
+    let [_, bm, dm] = map_shapes(&glu, TILES[0], 1);
     assert_eq!((bm.cols, bm.rows), (520, 2000));
     // D keeps N columns and the 128-byte store box
     assert_eq!((dm.cols, dm.rows, dm.box_cols, dm.box_rows), (1000, 300, 64, 64));
@@ -748,7 +793,7 @@ fn glu_calls_read_2n_columns_of_b() {
         ..glu
     };
     assert_eq!(hopper_supports(&kn), Ok(()));
-    let [_, bm, _] = map_shapes(&kn, TILES[1]);
+    let [_, bm, _] = map_shapes(&kn, TILES[1], 1);
     assert_eq!((bm.cols, bm.rows), (2000, 520));
     // [K, 2N] with a leading dimension below 2N
     let short = HopperGemmArgs { ldb: 1008, ..kn };

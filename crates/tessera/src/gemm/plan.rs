@@ -85,6 +85,10 @@ pub struct GemmTuning {
     pub splits: Option<u32>,
     /// The Hopper path's tile width (`block_n`: 256 or 128). Default `None`: by waves.
     pub hopper_block_n: Option<u32>,
+    /// CTAs per thread-block cluster on the Hopper path: 2 share each B tile through TMA
+    /// multicast, 1 runs without clusters. Default `None`: 2 where the tile rows pair up
+    /// (`hopper::choose_cluster`) and the device co-schedules pairs.
+    pub hopper_cluster: Option<u32>,
     /// On the Hopper path, time up to 4 (tiling, splits) candidates once per dispatch key at
     /// planning and keep the fastest, remembered on disk next to the kernel cache
     /// ([`autotune`](super::autotune)); forced `splits` or `hopper_block_n` are kept as given.
@@ -490,10 +494,10 @@ impl GemmPlan {
                 ));
                 workspace = Some(ctx.alloc::<f32>(splits * m * problem.n)?);
             }
-            let hp = match forced_block_n {
-                None => HopperGemmPlan::new(ctx, &key)?,
+            let tile = match forced_block_n {
+                None => hopper::choose_tile(key.m, key.b_n(), key.batch, sms),
                 Some(bn) => match hopper::TILES.iter().find(|t| t.block_n == bn) {
-                    Some(tile) => HopperGemmPlan::with_tile(ctx, &key, *tile)?,
+                    Some(tile) => *tile,
                     None => {
                         return Err(Error::invalid(
                             "hopper_block_n",
@@ -502,6 +506,7 @@ impl GemmPlan {
                     }
                 },
             };
+            let hp = HopperGemmPlan::with_tile(ctx, &key, tile, tuning.hopper_cluster)?;
             return Ok(GemmPlan {
                 ctx: ctx.clone(),
                 problem: problem.clone(),
