@@ -1245,10 +1245,15 @@ def test_scaled_mm_fp8_output(fmt, ofmt, scaling, result, mnk):
     # the same call through torch (cuBLASLt), where this torch and device take it (torch refuses
     # e5m2 x e5m2, row-wise scales with an fp8 output, ...); not when saturating, where the
     # library's overflow behaviour, not tessera's, would be under test
+    # torch 2.10 and 2.11 drop scale_result on this path (pytorch/pytorch#190449: the fp8 output
+    # is d at scale 1): compared only where torch applies the scale
     if hasattr(torch, "_scaled_mm") and result != "saturating":
         tref = torch_scaled_mm(x, w.t(), sa, sb, scale_result=sr, out_dtype=odt, use_fast_accum=True)
         if tref is not None and tref.dtype == odt and tref.shape == y.shape:
-            fp8_close(y, tref, f"scaled_mm vs torch._scaled_mm {tag}", abs_tol=2 * tol)
+            unscaled = torch_scaled_mm(x, w.t(), sa, sb, scale_result=torch.ones_like(sr), out_dtype=odt, use_fast_accum=True)
+            ignored = unscaled is not None and sr.ne(1).any() and torch.equal(tref.view(torch.uint8), unscaled.view(torch.uint8))
+            if not ignored:
+                fp8_close(y, tref, f"scaled_mm vs torch._scaled_mm {tag}", abs_tol=2 * tol)
 
 
 @needs_hopper

@@ -31,7 +31,9 @@
 //     d = act(alpha * acc_gate + bias_gate) * (alpha * acc_up + bias_up)
 // with act = silu (SwiGLU), gelu_erf or gelu_tanh (GeGLU); no C or residual term.
 // erfcf/expf (erfc/exp in double) are NVRTC's built-in device math (full precision,
-// not the __ intrinsics). fmaf(beta, c, alpha * acc): one rounding for the C term.
+// not the __ intrinsics); the sigmoid forms' division is __fdividef in f32 (gemm_over_one_plus:
+// the IEEE division's slow path for huge denominators). fmaf(beta, c, alpha * acc): one rounding
+// for the C term.
 #pragma once
 #include "tessera/common.cuh"
 
@@ -46,6 +48,13 @@ __device__ __forceinline__ float gemm_erfc(float x) { return erfcf(x); }
 __device__ __forceinline__ double gemm_erfc(double x) { return erfc(x); }
 __device__ __forceinline__ float gemm_exp(float x) { return expf(x); }
 __device__ __forceinline__ double gemm_exp(double x) { return exp(x); }
+/// x / (1 + e) for e = exp(...) >= 0 (the sigmoid forms). In float, the fast division (2 ulp):
+/// the IEEE one takes a slow path of a few hundred cycles whenever 1 + e exceeds 2^126, which
+/// exp(-2u) and exp(-x) do for every clearly negative x (most of a GEMM's negative outputs), and
+/// that path cost more than the whole main loop. __fdividef gives 0 (x 0: -0 for x < 0, the
+/// limit) for 1 + e > 2^126, where the quotient is below 2^-100 |x| anyway.
+__device__ __forceinline__ float gemm_over_one_plus(float x, float e) { return __fdividef(x, 1.0f + e); }
+__device__ __forceinline__ double gemm_over_one_plus(double x, double e) { return x / (1.0 + e); }
 __device__ __forceinline__ float gemm_fma(float a, float b, float c) { return fmaf(a, b, c); }
 __device__ __forceinline__ double gemm_fma(double a, double b, double c) { return fma(a, b, c); }
 
@@ -62,9 +71,9 @@ __device__ __forceinline__ T gemm_activate_t(T x) {
     return T(0.5) * x * gemm_erfc(x * T(-0.70710678118654752440));
   } else if constexpr (kActivation == kGemmActGeluTanh) {
     // 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2 u))
-    return x / (T(1) + gemm_exp(T(-1.5957691216057307118) * (x + T(0.044715) * x * x * x)));
+    return gemm_over_one_plus(x, gemm_exp(T(-1.5957691216057307118) * (x + T(0.044715) * x * x * x)));
   } else {
-    return x / (T(1) + gemm_exp(-x));
+    return gemm_over_one_plus(x, gemm_exp(-x));
   }
 }
 
