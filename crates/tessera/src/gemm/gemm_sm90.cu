@@ -464,6 +464,16 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
   const int out_n = kGlu ? p.n / 2 : p.n;
   const float result_scale = kFp8Out && p.scale_result != nullptr ? *p.scale_result : 1.0f;
   uint32_t amax_bits = 0;  // fp8 out: max |d| of this thread's elements, as bits
+  // 8-bit operands: the row scales of this thread's two rows, loaded once per tile (the staging
+  // stores between uses would otherwise make the compiler reload them for every block)
+  float row_scale[2] = {1.0f, 1.0f};
+  if (kScaled && p.scale_a != nullptr) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row_base + r_local + 8 * h;
+      if (row < p.m) row_scale[h] = p.scale_a[p.scale_a_rows ? row : 0];
+    }
+  }
 #pragma unroll
   for (int ch = 0; ch < kChunks; ++ch) {
     if (out_n0 + ch * kStoreCols >= out_n) break;
@@ -507,11 +517,11 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
         for (int h = 0; h < 2; ++h) {
           const int r = r_local + 8 * h;
           const int row = row_base + r;
-          float c0 = 0.0f, c1 = 0.0f, res0 = 0.0f, res1 = 0.0f, sa = 1.0f;
+          float c0 = 0.0f, c1 = 0.0f, res0 = 0.0f, res1 = 0.0f;
+          const float sa = row_scale[h];
           if (row < p.m) {
             if (c_rows != nullptr) load_pair(c_rows + (long long)row * p.ldc + col, col, p.n, c0, c1);
             if (r_rows != nullptr) load_pair(r_rows + (long long)row * p.ldr + col, col, p.n, res0, res1);
-            if (kScaled && p.scale_a != nullptr) sa = p.scale_a[p.scale_a_rows ? row : 0];
           }
           float x0 = float(acc[4 * i + 2 * h]), x1 = float(acc[4 * i + 2 * h + 1]);
           if constexpr (kScaled) {
