@@ -335,7 +335,9 @@ impl StepFactors {
         hbar.iter_mut()
             .zip(h.iter())
             .for_each(|(hb, &hi)| *hb = *hb * self.hbar_factor + hi);
-        x.iter_mut().zip(hbar.iter()).for_each(|(xi, &hb)| *xi += self.x_step * hb);
+        x.iter_mut()
+            .zip(hbar.iter())
+            .for_each(|(xi, &hb)| *xi += self.x_step * hb);
         h.iter_mut().zip(v).for_each(|(hi, &vi)| *hi = *hi * self.h_factor + vi);
     }
 }
@@ -983,7 +985,17 @@ impl Progress {
     }
 
     #[allow(clippy::too_many_arguments)] // one argument per printed column
-    pub(crate) fn line(&mut self, itn: usize, x0: f64, normr: f64, normar: f64, test1: f64, test2: f64, norma: f64, conda: f64) {
+    pub(crate) fn line(
+        &mut self,
+        itn: usize,
+        x0: f64,
+        normr: f64,
+        normar: f64,
+        test1: f64,
+        test2: f64,
+        norma: f64,
+        conda: f64,
+    ) {
         if self.lines >= Self::HEADING_EVERY {
             eprintln!();
             Self::heading();
