@@ -52,8 +52,10 @@
 //!   (`lsmr_dist.cu` has the vector kernels), NCCL for the all-reduces. The one-GPU solver
 //!   ([`lsmr`](crate::linalg::lsmr())) keeps its recurrences on the device and looks at them
 //!   every 16 iterations; interleaving NCCL calls with its fused scalar kernels would change that
-//!   solver itself, so the distributed one is this separate, plainer loop, which reads three
-//!   partial-sum arrays per iteration (three host synchronisations) besides the NCCL calls.
+//!   solver itself, so the distributed one is this separate, plainer loop: per iteration it
+//!   reads three partial-sum arrays (for `||u_i||`, `||v||`, `||x||`) and passes `||u_i||^2`
+//!   through the host to NCCL and back, four host synchronisations in all; the `n`-vector
+//!   all-reduce stays on the device, in stream order.
 //!
 //! Not supported (an error says so): column scaling ([`LsmrOptions::scale_columns`]), damp
 //! lists and many right-hand sides.
@@ -700,9 +702,10 @@ impl<'a, T: Element> DeviceRank<'a, T> {
         })
     }
 
-    /// Launches `kernel` over `p.len` elements and returns the sum of its partials (0 for an
-    /// empty vector, with no launch).
-    fn launch(&self, kernel: &Kernel, mut p: DistParams, partials: &DeviceBuffer<f64>) -> Result<f64> {
+    /// Launches `kernel` over `p.len` elements and, when `measure`, returns the sum of its
+    /// partials (a host read, which waits for the stream); 0 for an empty vector (no launch)
+    /// or without `measure` (no wait).
+    fn launch(&self, kernel: &Kernel, mut p: DistParams, partials: &DeviceBuffer<f64>, measure: bool) -> Result<f64> {
         if p.len == 0 {
             return Ok(0.0);
         }
@@ -714,11 +717,29 @@ impl<'a, T: Element> DeviceRank<'a, T> {
         // vector_grid(len) = grid doubles (partials_m for m_i, partials_n for n); DistParams
         // mirrors the kernel's struct; each element is written by one thread.
         unsafe { kernel.launch(&self.ctx, LaunchConfig::linear(grid, BLOCK_THREADS, 0), &p)? };
-        Ok(partials.to_host()?.iter().take(grid as usize).sum())
+        if !measure {
+            return Ok(0.0);
+        }
+        // the partials in order, from 0 (the host sum of the fixed-order partials)
+        Ok(partials
+            .to_host()?
+            .iter()
+            .take(grid as usize)
+            .fold(0.0, |acc, &e| acc + e))
     }
 
-    /// `y = a x + b y` over `len` elements; the sum of squares of the new `y`.
-    fn axpby(&self, x: u64, y: u64, a: f64, b: f64, len: usize, partials: &DeviceBuffer<f64>) -> Result<f64> {
+    /// `y = a x + b y` over `len` elements; with `measure`, the sum of squares of the new `y`.
+    #[allow(clippy::too_many_arguments)] // the operands, the length and where the norm goes
+    fn axpby(
+        &self,
+        x: u64,
+        y: u64,
+        a: f64,
+        b: f64,
+        len: usize,
+        partials: &DeviceBuffer<f64>,
+        measure: bool,
+    ) -> Result<f64> {
         let p = DistParams {
             x,
             y,
@@ -727,7 +748,7 @@ impl<'a, T: Element> DeviceRank<'a, T> {
             len: len as i64,
             ..DistParams::default()
         };
-        self.launch(&self.axpby, p, partials)
+        self.launch(&self.axpby, p, partials, measure)
     }
 }
 
@@ -744,6 +765,7 @@ impl<T: Element> RankVectors for DeviceRank<'_, T> {
             0.0,
             m_i,
             &self.partials_m,
+            true,
         )?;
         match x0 {
             None => {
@@ -761,6 +783,7 @@ impl<T: Element> RankVectors for DeviceRank<'_, T> {
                     1.0,
                     m_i,
                     &self.partials_m,
+                    true,
                 )?;
                 debug_assert!(x0.len() == n);
                 Ok((b2, u2))
@@ -777,12 +800,13 @@ impl<T: Element> RankVectors for DeviceRank<'_, T> {
             -alpha,
             self.m_i,
             &self.partials_m,
+            true,
         )
     }
 
     fn scale_u(&mut self, s: f64) -> Result<()> {
         let u = self.u.device_ptr();
-        self.axpby(u, u, 0.0, s, self.m_i, &self.partials_m).map(|_| ())
+        self.axpby(u, u, 0.0, s, self.m_i, &self.partials_m, false).map(|_| ())
     }
 
     fn reduce_atu(&mut self) -> Result<()> {
@@ -798,12 +822,13 @@ impl<T: Element> RankVectors for DeviceRank<'_, T> {
             b,
             self.n,
             &self.partials_n,
+            true,
         )
     }
 
     fn scale_v(&mut self, s: f64) -> Result<()> {
         let v = self.v.device_ptr();
-        self.axpby(v, v, 0.0, s, self.n, &self.partials_n).map(|_| ())
+        self.axpby(v, v, 0.0, s, self.n, &self.partials_n, false).map(|_| ())
     }
 
     fn start_h(&mut self) -> Result<()> {
@@ -814,6 +839,7 @@ impl<T: Element> RankVectors for DeviceRank<'_, T> {
             0.0,
             self.n,
             &self.partials_n,
+            false,
         )?;
         self.hbar.fill_bytes(0)
     }
@@ -830,7 +856,7 @@ impl<T: Element> RankVectors for DeviceRank<'_, T> {
             len: self.n as i64,
             ..DistParams::default()
         };
-        self.launch(&self.update_x, p, &self.partials_n)
+        self.launch(&self.update_x, p, &self.partials_n, true)
     }
 
     fn zero_x(&mut self) -> Result<()> {
