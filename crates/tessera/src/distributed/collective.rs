@@ -24,9 +24,10 @@ pub trait Collective {
 }
 
 /// How long a [`LocalCollective`] waits for the other ranks of its group before it gives up
-/// with an error (a rank that returned early, a test that went wrong), unless changed with
-/// [`LocalGroup::with_timeout`].
-pub const LOCAL_TIMEOUT: Duration = Duration::from_secs(60);
+/// with an error (a rank stuck or gone without dropping its member), unless changed with
+/// [`LocalGroup::with_timeout`]. Far above any wait of a balanced solve (the ranks' work between
+/// two collectives differs by a fraction of one local product).
+pub const LOCAL_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// An in-process group of `size` ranks (threads): [`LocalGroup::new`] returns one
 /// [`LocalCollective`] per rank, to be moved into one thread each.

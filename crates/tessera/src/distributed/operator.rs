@@ -84,7 +84,9 @@ impl<'a> HostDistributedOperator<'a> {
         self.comm
     }
 
-    /// `u_i = A_i x`: `x` has `n` elements, `u` this rank's `rows().len()`. Local.
+    /// `u_i = A_i x`: `x` has `n` elements, `u` this rank's `rows().len()`. Local. The block
+    /// must be valid (its `check()`, which [`lsmr_distributed_host`](super::lsmr_distributed_host)
+    /// makes first): the host products index `x` by the stored columns.
     pub fn apply_local(&self, x: &[f64], u: &mut [f64]) -> Result<()> {
         let (m_i, n) = self.local.shape();
         check_exact("x", x.len(), n)?;

@@ -118,6 +118,12 @@ fn communicator_rank_checks_name_the_argument() {
     ));
 }
 
+#[test]
+fn a_unique_id_round_trips_through_its_bytes() {
+    let bytes: [u8; 128] = std::array::from_fn(|i| (i * 37 + 11) as u8);
+    assert_eq!(super::UniqueId::from_bytes(bytes).as_bytes(), bytes);
+}
+
 /// Without libnccl (this CI machine), asking for a unique id is an error that says NCCL is
 /// missing, not a panic. Skipped where NCCL is installed.
 #[test]
