@@ -22,13 +22,13 @@
 //! values, and one all-reduce of a small table (below). Every rank computes every replicated
 //! quantity from the same all-reduced bits, so all ranks take the same branches and stop at
 //! the same iteration; this relies on the all-reduce giving every rank the same bits, which
-//! [`LocalGroup`](super::LocalGroup) guarantees and NCCL's ring, tree and NVLS algorithms do
+//! [`LocalGroup`] guarantees and NCCL's ring, tree and NVLS algorithms do
 //! (each reduced element is computed once, then copied).
 //!
 //! The scalar recurrences are the CPU reference's own code (`Recurrence`, shared with
 //! [`lsmr_host`](crate::linalg::lsmr_host)), so the stopping rules are identical; the results
 //! differ from a one-rank solve only by the summation order of `A^T u` and `||u||^2` (rank
-//! blocks, then over ranks). With one rank the host version is bitwise [`lsmr_host`] on the
+//! blocks, then over ranks). With one rank the host version is bitwise `lsmr_host` on the
 //! same CSR matrix.
 //!
 //! # Validation, collectively
@@ -46,7 +46,7 @@
 //! # Where it runs
 //!
 //! * [`lsmr_distributed_host`]: the host version (f64 vectors, any [`Collective`]), which the
-//!   CPU tests run on [`LocalGroup`](super::LocalGroup) threads ([`lsmr_host_in_threads`]).
+//!   CPU tests run on [`LocalGroup`] threads ([`lsmr_host_in_threads`]).
 //! * [`lsmr_distributed`]: the GPU version, vectors on the device (f32 or f64 storage,
 //!   arithmetic in f64 as the one-GPU solver), the loop and the recurrences on the host
 //!   (`lsmr_dist.cu` has the vector kernels), NCCL for the all-reduces. The one-GPU solver
