@@ -21,9 +21,11 @@
 //!   `lsmr_dist.cu`. [`lsmr_host_in_threads`] runs the host version on `G` threads.
 //!
 //! Status (NOTES.md beside this file): compile-checked and CPU-tested (the host solver over
-//! 1 to 4 in-process ranks against `lsmr_host`, partitioning, validation, a communicator
-//! without NCCL); the NCCL and GPU paths have not run on a GPU yet. The CLI's
-//! `tessera lsmr --gpus G` and the verify case `lsmr distributed size-1` use them.
+//! 1 to 4 in-process ranks against `lsmr_host`, partitioning, validation, the probe without
+//! NCCL; with PyTorch's `libnccl.so.2` linked as `libnccl.so`, NCCL's version and unique id on a
+//! machine without a GPU). Communicators, all-reduces and the GPU solver have not run on a GPU
+//! yet; the kernels compile with NVRTC for sm_80..sm_90a without spills. The CLI's
+//! `tessera lsmr --gpus G` and the verify cases `lsmr distributed size-1 ...` use them.
 
 pub mod collective;
 pub mod communicator;
