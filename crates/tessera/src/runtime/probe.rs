@@ -269,6 +269,10 @@ pub fn cublas() -> Result<&'static LibraryInfo> {
         .map_err(|e| Error::Unsupported(format!("cuBLAS unavailable: {e}")))
 }
 
+/// The oldest NCCL tessera uses (2.14.0, `ncclGetVersion`'s code): it has every function
+/// tessera calls (`ncclCommFinalize` came last).
+pub const NCCL_MIN_VERSION: i32 = 21400;
+
 /// NCCL as cudarc opens it, with its version (`ncclGetVersion`, e.g. 23007 for 2.30.7).
 #[derive(Clone, Debug)]
 pub struct NcclInfo {
@@ -320,6 +324,15 @@ pub fn nccl() -> Result<&'static NcclInfo> {
             // exists in every NCCL 2 release, so its lazy symbol lookup cannot panic.
             let version =
                 cudarc::nccl::result::get_nccl_version().map_err(|e| format!("ncclGetVersion failed: {:?}", e.0))?;
+            // cudarc looks every symbol up when it is first called and panics if it is missing:
+            // refuse NCCL older than the newest function tessera calls (ncclCommFinalize, 2.14).
+            // (Versions before 2.9 encode as major * 1000 + minor * 100 + patch: all below this.)
+            if version < NCCL_MIN_VERSION {
+                return Err(format!(
+                    "NCCL version code {version} is older than 2.14 (code {NCCL_MIN_VERSION}), the oldest \
+                     with every function tessera calls (ncclCommFinalize)"
+                ));
+            }
             return Ok(NcclInfo {
                 library: LibraryInfo {
                     path: "libnccl.so (found by cudarc)".into(),
