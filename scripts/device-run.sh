@@ -155,6 +155,24 @@ if [[ -d .bundle/baselines ]]; then
     export TESSERA_BASELINES_DIR="$PWD/.bundle/baselines"
 fi
 
+# NCCL for the distributed LSMR cases (`verify lsmr`: a communicator of size 1): cudarc opens NCCL
+# only as libnccl.so (or .so.13, ...), never as libnccl.so.2, the one library of PyTorch's
+# nvidia-nccl-cu13 wheel, so link that file as libnccl.so in a folder on LD_LIBRARY_PATH.
+# Without it those cases are skipped (their note says why), nothing fails.
+nccl_lib="$("${PYTHON:-python3}" -c 'import glob, site
+dirs = site.getsitepackages() + [site.getusersitepackages()]
+found = [p for d in dirs for p in glob.glob(d + "/nvidia/nccl/lib/libnccl.so.2")]
+print(found[0] if found else "")' 2>/dev/null || true)"
+if [[ -n "$nccl_lib" ]]; then
+    NCCL_LINK_DIR="${TMPDIR:-/tmp}/tessera-nccl-link"
+    if mkdir -p "$NCCL_LINK_DIR" && ln -sf "$nccl_lib" "$NCCL_LINK_DIR/libnccl.so"; then
+        export LD_LIBRARY_PATH="$NCCL_LINK_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        say "device-run: NCCL $nccl_lib linked as $NCCL_LINK_DIR/libnccl.so"
+    fi
+else
+    say "device-run: no nvidia/nccl/lib/libnccl.so.2 in python's site-packages: the distributed cases will be skipped"
+fi
+
 # environment facts (never fatal)
 if command -v nvidia-smi >/dev/null 2>&1; then
     run_step env "$LOG" nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit --format=csv

@@ -13,15 +13,27 @@
 //! A damp list: `--damp 0,0.1,1` solves one `b` for each damp in one run (`lsmr_damps` on the
 //! GPU: every product with A shared; `lsmr_host_damps` on the CPU), each damp its own solve
 //! with its own stop, and writes `X` as an `n x d` array file (column j for damp j).
+//!
+//! Several GPUs: `--gpus G` splits the rows of A (and b) into G blocks balanced by nonzeros
+//! (`RowPartition::by_nonzeros`), one thread per GPU (devices `--device` .. `--device + G - 1`),
+//! each with its own context and its block, the NCCL communicator made from one unique id, and
+//! runs distributed LSMR (`lsmr_distributed`: local SpMVs, one all-reduce of an n-vector per
+//! iteration); x, the same on every rank, is written from rank 0. One right-hand side and one
+//! damp; `--cpu` with `--gpus` is an error (the CPU reference runs on one thread). Not yet run
+//! on GPUs.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
+use tessera::distributed::{
+    lsmr_distributed, row_block, unique_id, Communicator, DistributedOperator, DistributedRunOptions, RowPartition,
+};
 use tessera::linalg::{
     istop_reason, lsmr_damps_with, lsmr_host, lsmr_host_damps, lsmr_host_many, lsmr_many_with, lsmr_with, mtx_vector,
-    sparse_operator, HostLinearOperator, LinearOperator, LsmrOptions, LsmrResult, LsmrRunOptions, ManyRhs, Storage,
+    sparse_operator, FnDeviceOperator, HostLinearOperator, LinearOperator, LsmrOptions, LsmrResult, LsmrRunOptions,
+    ManyRhs, Storage,
 };
-use tessera::runtime::Context;
+use tessera::runtime::{Context, DeviceBuffer};
 use tessera::sparse::{read_mtx_csr, CsrHost};
 use tessera::Element;
 
@@ -73,15 +85,26 @@ pub struct LsmrArgs {
     /// A progress line every this many iterations (0: none).
     #[arg(long, default_value_t = 100)]
     pub progress_every: usize,
-    /// GPU ordinal.
+    /// GPU ordinal (with --gpus: the first of the G devices).
     #[arg(long, default_value_t = 0)]
     pub device: usize,
+    /// Solve on G GPUs over NCCL: the rows of A split into G blocks balanced by nonzeros, one
+    /// thread per GPU (one right-hand side and one damp; not with --cpu).
+    #[arg(long)]
+    pub gpus: Option<usize>,
 }
 
 pub fn run(args: &LsmrArgs) -> Result<bool, String> {
+    check_gpus(args)?;
     let t = Instant::now();
     let a = read_mtx_csr::<f64, i64>(&args.a).map_err(|e| e.to_string())?;
     let (b_rows, b_cols, b_many) = mtx_vector::read_mtx_columns(&args.b).map_err(|e| e.to_string())?;
+    if let (Some(g), true) = (args.gpus, b_rows > 1 && b_cols > 1) {
+        return Err(format!(
+            "--gpus {g}: one right-hand side; {} has {b_cols} columns (solve them without --gpus)",
+            args.b.display()
+        ));
+    }
     if b_rows > 1 && b_cols > 1 {
         if args.damp.len() > 1 {
             return Err(format!(
@@ -111,17 +134,24 @@ pub fn run(args: &LsmrArgs) -> Result<bool, String> {
         return run_damps(args, &a, &b, &opts);
     }
     let t = Instant::now();
-    let res = match gpu_choice(args) {
-        Ok((ctx, storage)) => match args.dtype {
-            Precision::F64 => solve_gpu::<f64>(&ctx, &a, &b, &opts, storage, args.progress_every),
-            Precision::F32 => solve_gpu::<f32>(&ctx, &a, &b, &opts, storage, args.progress_every),
-        },
-        Err(why) => {
-            println!("lsmr: on the CPU (f64 reference solver): no GPU used: {why}");
-            solve_cpu(&a, &b, &opts, args.progress_every)
+    let res = if let Some(g) = args.gpus {
+        match args.dtype {
+            Precision::F64 => solve_gpus::<f64>(args, g, &a, &b, &opts),
+            Precision::F32 => solve_gpus::<f32>(args, g, &a, &b, &opts),
+        }?
+    } else {
+        match gpu_choice(args) {
+            Ok((ctx, storage)) => match args.dtype {
+                Precision::F64 => solve_gpu::<f64>(&ctx, &a, &b, &opts, storage, args.progress_every),
+                Precision::F32 => solve_gpu::<f32>(&ctx, &a, &b, &opts, storage, args.progress_every),
+            },
+            Err(why) => {
+                println!("lsmr: on the CPU (f64 reference solver): no GPU used: {why}");
+                solve_cpu(&a, &b, &opts, args.progress_every)
+            }
         }
-    }
-    .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+    };
     let secs = t.elapsed().as_secs_f64();
     mtx_vector::write_mtx_vector(&args.output, &res.x).map_err(|e| e.to_string())?;
     println!("lsmr: stopped with istop {}: {}", res.istop, istop_reason(res.istop));
@@ -348,6 +378,146 @@ fn solve_gpu<T: Element>(
     lsmr_with(ctx, op.as_ref(), &db, opts, &mut run)
 }
 
+/// The checks of `--gpus` that need no file and no device: at least one GPU, not with
+/// `--cpu`, one damp (several right-hand sides are refused once b is read).
+fn check_gpus(args: &LsmrArgs) -> Result<(), String> {
+    let Some(g) = args.gpus else {
+        return Ok(());
+    };
+    if g == 0 {
+        return Err("--gpus 0: give the number of GPUs to solve on (1 or more)".into());
+    }
+    if args.cpu {
+        return Err(format!(
+            "--cpu with --gpus {g}: the CPU reference runs on one thread; give one of the two"
+        ));
+    }
+    if args.damp.len() > 1 {
+        return Err(format!(
+            "--gpus {g} with a list of {} damps: the distributed solver takes one damp (solve the list without --gpus)",
+            args.damp.len()
+        ));
+    }
+    Ok(())
+}
+
+/// `--gpus G`: A split by rows over G GPUs (devices `args.device ..`), one thread per GPU,
+/// NCCL for the sums; the result of rank 0 (every rank has the same).
+fn solve_gpus<T: Element>(
+    args: &LsmrArgs,
+    g: usize,
+    a: &CsrHost<f64, i64>,
+    b: &[f64],
+    opts: &LsmrOptions,
+) -> Result<LsmrResult, String> {
+    let count = tessera::runtime::probe::driver()
+        .map_err(|e| format!("--gpus {g}: no GPU to run on: {e}"))?
+        .device_count as usize;
+    if args.device + g > count {
+        return Err(format!(
+            "--gpus {g} from device {}: the machine has {count} GPU(s) (devices 0..{})",
+            args.device,
+            count.saturating_sub(1)
+        ));
+    }
+    let nccl = tessera::runtime::probe::nccl().map_err(|e| format!("--gpus {g}: {e}"))?;
+    let partition = RowPartition::by_nonzeros(a, g).map_err(|e| e.to_string())?;
+    // Every context first, on this thread: a device that cannot be opened fails here, before
+    // any rank waits for the others in NCCL.
+    let contexts = (0..g)
+        .map(|r| Context::new(args.device + r))
+        .collect::<tessera::Result<Vec<Context>>>()
+        .map_err(|e| e.to_string())?;
+    let id = unique_id().map_err(|e| e.to_string())?;
+    let (v0, v1, v2) = (nccl.version / 10000, nccl.version / 100 % 100, nccl.version % 100);
+    println!(
+        "lsmr: on {g} GPUs ({} x{g}, devices {}..{}), NCCL {v0}.{v1}.{v2}, {} storage, rows split by nonzeros at {:?}",
+        contexts[0].info().name,
+        args.device,
+        args.device + g - 1,
+        T::DTYPE,
+        partition.bounds()
+    );
+    let storage = if args.single_storage {
+        Storage::Single
+    } else {
+        Storage::Auto
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    for (rank, ctx) in contexts.into_iter().enumerate() {
+        let rows = partition.rows(rank).map_err(|e| e.to_string())?;
+        let block = row_block(a, rows.clone()).map_err(|e| e.to_string())?;
+        let b_i: Vec<T> = b[rows.clone()].iter().map(|&v| T::from_f64(v)).collect();
+        let (m, every, opts, tx) = (a.rows, args.progress_every, opts.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let result = (|| -> tessera::Result<LsmrResult> {
+                let comm = Communicator::new(&ctx, rank, g, &id)?;
+                let local = block_operator::<T>(&ctx, &block, storage)?;
+                let op = DistributedOperator::new(local, rows, m, &comm)?;
+                let db = ctx.upload(&b_i)?;
+                let mut run = DistributedRunOptions {
+                    progress: (rank == 0).then(|| distributed_progress(every)),
+                };
+                let res = lsmr_distributed(&op, &db, &opts, &mut run)?;
+                drop(op);
+                // every rank ends its communicator in order (a failed rank skips this: the run
+                // ends with its error)
+                comm.finish()?;
+                Ok(res)
+            })();
+            // the receiver may be gone (another rank failed first): nothing left to report to
+            let _ = tx.send((rank, result));
+        });
+    }
+    drop(tx);
+    let mut rank0 = None;
+    for (rank, result) in rx.iter() {
+        match result {
+            // a failed rank ends the run at once: the others may be waiting for it in NCCL,
+            // and returning ends the process with them
+            Err(e) => return Err(format!("--gpus {g}: rank {rank} (device {}): {e}", args.device + rank)),
+            Ok(r) if rank == 0 => rank0 = Some(r),
+            Ok(_) => {}
+        }
+    }
+    rank0.ok_or_else(|| format!("--gpus {g}: rank 0 returned no result"))
+}
+
+/// The device operator of one rank's block (`T` values; an empty block gets an operator of 0
+/// rows that is never applied).
+fn block_operator<T: Element>(
+    ctx: &Context,
+    block: &CsrHost<f64, i64>,
+    storage: Storage,
+) -> tessera::Result<Box<dyn LinearOperator<T> + 'static>> {
+    if block.rows == 0 {
+        let none = || -> tessera::linalg::device_operator::DeviceApplyFn<'static, T> {
+            Box::new(|_: f64, _: &DeviceBuffer<T>, _: f64, _: &mut DeviceBuffer<T>| Ok(()))
+        };
+        return Ok(Box::new(FnDeviceOperator::new(0, block.cols, none(), none())));
+    }
+    let bt = CsrHost::<T, i64> {
+        rows: block.rows,
+        cols: block.cols,
+        offsets: block.offsets.clone(),
+        indices: block.indices.clone(),
+        values: block.values.iter().map(|&v| T::from_f64(v)).collect(),
+        sorted: block.sorted,
+    };
+    sparse_operator(ctx, &bt, storage)
+}
+
+/// Rank 0's progress: a line every `every` iterations (0: none), as the one-GPU path.
+fn distributed_progress(every: usize) -> tessera::linalg::lsmr_device::ProgressFn<'static> {
+    let mut next = every;
+    Box::new(move |itn, normr, normar, secs| {
+        if every > 0 && itn >= next {
+            println!("lsmr: itn {itn:>8}  ||r|| {normr:.6e}  ||A^T r|| {normar:.6e}  {secs:8.3}s");
+            next = (itn / every + 1) * every;
+        }
+    })
+}
+
 /// The CPU solve, with a progress line (iterations and time: the CPU reference reports its
 /// estimates only at the end) every `every` iterations, counted from the A^T products.
 fn solve_cpu(a: &CsrHost<f64, i64>, b: &[f64], opts: &LsmrOptions, every: usize) -> tessera::Result<LsmrResult> {
@@ -407,6 +577,7 @@ mod tests {
             cpu: true,
             progress_every: 1,
             device: 0,
+            gpus: None,
         }
     }
 
@@ -524,6 +695,67 @@ mod tests {
         ] {
             assert!(run(&bad).is_err());
             assert!(!dir.path().join("none.mtx").exists());
+        }
+    }
+
+    /// `--gpus` refuses what it does not support before any file or device is touched (0 GPUs,
+    /// `--cpu`, a damp list), several right-hand sides once b is read, and without a GPU says
+    /// so; nothing is written.
+    #[test]
+    fn gpus_argument_checks() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = small_system(dir.path());
+        let b = dir.path().join("b.mtx");
+        std::fs::write(&b, "%%MatrixMarket matrix array real general\n4 1\n1\n2\n3\n0\n").unwrap();
+        let bb = dir.path().join("B.mtx");
+        std::fs::write(
+            &bb,
+            "%%MatrixMarket matrix array real general\n4 2\n1\n2\n3\n0\n0\n0\n0\n1\n",
+        )
+        .unwrap();
+        let out = dir.path().join("x.mtx");
+        let gpu = |gpus: usize, b: &PathBuf| LsmrArgs {
+            cpu: false,
+            gpus: Some(gpus),
+            ..cpu_args(a.clone(), b.clone(), out.clone())
+        };
+        let expect = |args: LsmrArgs, words: &[&str]| {
+            let e = run(&args).unwrap_err();
+            for w in words {
+                assert!(e.contains(w), "{w:?} not in {e:?}");
+            }
+            assert!(!out.exists());
+        };
+        expect(gpu(0, &b), &["--gpus 0"]);
+        expect(
+            LsmrArgs {
+                cpu: true,
+                ..gpu(2, &b)
+            },
+            &["--cpu", "--gpus 2"],
+        );
+        expect(
+            LsmrArgs {
+                damp: vec![0.0, 1.0],
+                ..gpu(2, &b)
+            },
+            &["--gpus 2", "2 damps"],
+        );
+        // the checks above come before reading: a missing A does not mask them
+        expect(
+            LsmrArgs {
+                a: dir.path().join("none.mtx"),
+                ..gpu(0, &b)
+            },
+            &["--gpus 0"],
+        );
+        expect(gpu(2, &bb), &["--gpus 2", "2 columns"]);
+        // no GPU on this machine (CI): a clear error, not a CPU fallback; on a GPU machine,
+        // more GPUs than it has
+        if tessera::runtime::probe::driver().is_err() {
+            expect(gpu(1, &b), &["--gpus 1", "no GPU"]);
+        } else {
+            expect(gpu(4096, &b), &["--gpus 4096", "GPU(s)"]);
         }
     }
 

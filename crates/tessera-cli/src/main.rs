@@ -278,6 +278,15 @@ fn info() -> CliResult<bool> {
         Ok(l) => println!("cuBLAS:       {} (roofline GEMM)", l.path),
         Err(e) => println!("cuBLAS:       {e}"),
     }
+    match probe::nccl() {
+        Ok(n) => println!(
+            "NCCL:         {}.{}.{} (lsmr --gpus, the distributed verify cases)",
+            n.version / 10000,
+            n.version / 100 % 100,
+            n.version % 100
+        ),
+        Err(e) => println!("NCCL:         {e}"),
+    }
     Ok(true)
 }
 

@@ -8,6 +8,7 @@ pub mod attention;
 #[cfg(feature = "harness")]
 pub mod check;
 pub mod devicelib;
+pub mod distributed;
 pub mod dtype;
 pub mod error;
 pub mod gemm;

@@ -272,12 +272,24 @@ pub(crate) fn check_damps(damps: &[f64], opts: &LsmrOptions) -> Result<()> {
 }
 
 /// The per-damp half of LSMR: everything after the bidiagonalisation (the rotations, the
-/// `h`, `hbar`, `x` updates, the estimates and the stopping test), for one damping factor.
+/// `h`, `hbar`, `x` updates, the estimates and the stopping test), for one damping factor:
+/// the scalar recurrences ([`Recurrence`], shared with the distributed solver) and the
+/// vectors they update.
 struct DampSolve {
-    damp: f64,
+    rec: Recurrence,
     x: Vec<f64>,
     h: Vec<f64>,
     hbar: Vec<f64>,
+}
+
+/// The scalar state of one damp's LSMR after the bidiagonalisation: the rotations, the
+/// estimates and the stopping test, in f64, without the vectors. One iteration is
+/// [`recur`](Self::recur) (the scalars, which return the factors of the vector update), the
+/// caller's update of `hbar`, `x` and `h` with [`StepFactors`], then [`test`](Self::test) with
+/// the new `||x||`. [`lsmr_host`] and the distributed solver (`crate::distributed`) both run it.
+#[derive(Clone, Debug)]
+pub(crate) struct Recurrence {
+    pub(crate) damp: f64,
     // The rotations' state.
     zetabar: f64,
     alphabar: f64,
@@ -298,23 +310,71 @@ struct DampSolve {
     maxrbar: f64,
     minrbar: f64,
     // The results so far.
-    istop: u32,
-    itn: usize,
-    normr: f64,
-    normar: f64,
-    norma: f64,
-    conda: f64,
-    normx: f64,
+    pub(crate) istop: u32,
+    pub(crate) itn: usize,
+    pub(crate) normr: f64,
+    pub(crate) normar: f64,
+    pub(crate) norma: f64,
+    pub(crate) conda: f64,
+    pub(crate) normx: f64,
+}
+
+/// The factors of one iteration's vector update, in this order (each vector read before it
+/// is overwritten): `hbar = hbar * hbar_factor + h`, `x = x + x_step * hbar` (the new
+/// `hbar`), `h = h * h_factor + v` (the new, normalised `v = v_{k+1}`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct StepFactors {
+    pub(crate) hbar_factor: f64,
+    pub(crate) x_step: f64,
+    pub(crate) h_factor: f64,
+}
+
+impl StepFactors {
+    /// The update on host vectors, element by element in that order.
+    pub(crate) fn apply(&self, hbar: &mut [f64], x: &mut [f64], h: &mut [f64], v: &[f64]) {
+        hbar.iter_mut()
+            .zip(h.iter())
+            .for_each(|(hb, &hi)| *hb = *hb * self.hbar_factor + hi);
+        x.iter_mut()
+            .zip(hbar.iter())
+            .for_each(|(xi, &hb)| *xi += self.x_step * hb);
+        h.iter_mut().zip(v).for_each(|(hi, &vi)| *hi = *hi * self.h_factor + vi);
+    }
 }
 
 impl DampSolve {
     /// The state before the first iteration, from `x0` (or 0), `v_1`, `alpha_1`, `beta_1`.
     fn start(damp: f64, x: &[f64], v: &[f64], alpha: f64, beta: f64) -> DampSolve {
         DampSolve {
-            damp,
+            rec: Recurrence::start(damp, alpha, beta),
             x: x.to_vec(),
             h: v.to_vec(),
             hbar: vec![0.0; v.len()],
+        }
+    }
+
+    /// Iteration `itn` for this damp, given the new `alpha = alpha_{k+1}`,
+    /// `beta = beta_{k+1}`, `v = v_{k+1}` and the `||B_k||_F` estimate `norma` of the shared
+    /// bidiagonalisation; ends with SciPy's stopping test (sets `istop`). Returns the tests
+    /// (for the progress lines).
+    fn step(&mut self, itn: usize, alpha: f64, beta: f64, v: &[f64], norma: f64, rule: &StopRule) -> StopTests {
+        let f = self.rec.recur(itn, alpha, beta, norma);
+        f.apply(&mut self.hbar, &mut self.x, &mut self.h, v);
+        let normx = norm2(&self.x);
+        self.rec.test(normx, rule)
+    }
+
+    fn result(self) -> LsmrResult {
+        self.rec.result(self.x)
+    }
+}
+
+impl Recurrence {
+    /// The state before the first iteration, from `alpha_1` and `beta_1` (`||A^T r_0||`,
+    /// `||r_0||`): SciPy's initial values, which are also the early exits' estimates.
+    pub(crate) fn start(damp: f64, alpha: f64, beta: f64) -> Recurrence {
+        Recurrence {
+            damp,
             zetabar: alpha * beta,
             alphabar: alpha,
             rho: 1.0,
@@ -340,11 +400,14 @@ impl DampSolve {
         }
     }
 
-    /// Iteration `itn` for this damp, given the new `alpha = alpha_{k+1}`,
-    /// `beta = beta_{k+1}`, `v = v_{k+1}` and the `||B_k||_F` estimate `norma` of the shared
-    /// bidiagonalisation; ends with SciPy's stopping test (sets `istop`). Returns the tests
-    /// (for the progress lines).
-    fn step(&mut self, itn: usize, alpha: f64, beta: f64, v: &[f64], norma: f64, rule: &StopRule) -> StopTests {
+    /// The scalars of iteration `itn`, given the new `alpha = alpha_{k+1}`,
+    /// `beta = beta_{k+1}` and the `||B_k||_F` estimate `norma` of the shared
+    /// bidiagonalisation: the rotations, the estimates of `||r||`, `||A||` and `cond(A)`.
+    /// Returns the factors of the vector update, which the caller applies before
+    /// [`test`](Self::test). (None of the scalars depends on the vectors, so the order of
+    /// SciPy's loop, which updates the vectors between the rotations and the estimates, gives
+    /// the same values.)
+    pub(crate) fn recur(&mut self, itn: usize, alpha: f64, beta: f64, norma: f64) -> StepFactors {
         self.itn = itn;
         // Qhat_k folds damp into alphabar_k: alphahat_k = ||(alphabar_k, damp)||.
         let hat = Rotation::of(self.alphabar, self.damp);
@@ -367,19 +430,12 @@ impl DampSolve {
         let zeta = self.zeta;
         self.zetabar *= -self.sbar;
 
-        // Update hbar, x and h.
-        let hbar_factor = -(thetabar * rho / (rhoold * rhobarold));
-        self.hbar
-            .iter_mut()
-            .zip(&self.h)
-            .for_each(|(hb, &hi)| *hb = *hb * hbar_factor + hi);
-        let x_step = zeta / (rho * rhobar);
-        self.x
-            .iter_mut()
-            .zip(&self.hbar)
-            .for_each(|(xi, &hb)| *xi += x_step * hb);
-        let h_factor = -(thetanew / rho);
-        self.h.iter_mut().zip(v).for_each(|(hi, &vi)| *hi = *hi * h_factor + vi);
+        // The factors of the hbar, x and h updates.
+        let factors = StepFactors {
+            hbar_factor: -(thetabar * rho / (rhoold * rhobarold)),
+            x_step: zeta / (rho * rhobar),
+            h_factor: -(thetanew / rho),
+        };
 
         // Estimate ||r||: apply Qhat_k, then Q_k, to (betadd, 0) ...
         let betaacute = hat.c * self.betadd;
@@ -408,18 +464,23 @@ impl DampSolve {
             self.minrbar = py_min(self.minrbar, rhobarold);
         }
         self.conda = py_max(self.maxrbar, rhotemp) / py_min(self.minrbar, rhotemp);
+        factors
+    }
 
-        // The stopping tests.
+    /// The stopping tests of the iteration that [`recur`](Self::recur) began, given `||x||`
+    /// after the vector update: sets `normar`, `normx` and `istop` (0 = go on).
+    pub(crate) fn test(&mut self, normx: f64, rule: &StopRule) -> StopTests {
         self.normar = self.zetabar.abs();
-        self.normx = norm2(&self.x);
+        self.normx = normx;
         let tests = rule.tests(self.normr, self.normar, self.norma, self.conda, self.normx);
-        self.istop = stop_code(&tests, itn >= rule.maxiter, rule.atol, rule.ctol);
+        self.istop = stop_code(&tests, self.itn >= rule.maxiter, rule.atol, rule.ctol);
         tests
     }
 
-    fn result(self) -> LsmrResult {
+    /// The result with the solution `x`.
+    pub(crate) fn result(&self, x: Vec<f64>) -> LsmrResult {
         LsmrResult {
-            x: self.x,
+            x,
             istop: self.istop,
             itn: self.itn,
             normr: self.normr,
@@ -432,15 +493,26 @@ impl DampSolve {
 }
 
 /// The constants of SciPy's stopping rule for one solve.
-struct StopRule {
-    normb: f64,
-    atol: f64,
-    btol: f64,
-    ctol: f64,
-    maxiter: usize,
+pub(crate) struct StopRule {
+    pub(crate) normb: f64,
+    pub(crate) atol: f64,
+    pub(crate) btol: f64,
+    pub(crate) ctol: f64,
+    pub(crate) maxiter: usize,
 }
 
 impl StopRule {
+    /// The rule of `opts` for a right-hand side of norm `normb` and `maxiter` iterations
+    /// (`conlim == 0`: no limit, `ctol = 0`).
+    pub(crate) fn new(normb: f64, opts: &LsmrOptions, maxiter: usize) -> StopRule {
+        StopRule {
+            normb,
+            atol: opts.atol,
+            btol: opts.btol,
+            ctol: if opts.conlim > 0.0 { 1.0 / opts.conlim } else { 0.0 },
+            maxiter,
+        }
+    }
     fn tests(&self, normr: f64, normar: f64, norma: f64, conda: f64, normx: f64) -> StopTests {
         let normb = self.normb;
         let test1 = normr / normb;
@@ -576,13 +648,7 @@ fn solve_unscaled(
         .map(|&damp| DampSolve::start(damp, &x, &v, alpha, beta))
         .collect();
     let mut norma2 = alpha * alpha;
-    let rule = StopRule {
-        normb,
-        atol: opts.atol,
-        btol: opts.btol,
-        ctol: if opts.conlim > 0.0 { 1.0 / opts.conlim } else { 0.0 },
-        maxiter,
-    };
+    let rule = StopRule::new(normb, opts, maxiter);
 
     // Early exits (SciPy checks ||A^T r0|| first: with b = A x0 != 0 it returns x0).
     if alpha * beta == 0.0 {
@@ -623,31 +689,31 @@ fn solve_unscaled(
 
         // Each damp still running takes its step.
         let several = solves.len() > 1;
-        for (j, s) in solves.iter_mut().enumerate().filter(|(_, s)| s.istop == 0) {
+        for (j, s) in solves.iter_mut().enumerate().filter(|(_, s)| s.rec.istop == 0) {
             let t = s.step(itn, alpha, beta, &v, norma, &rule);
             if let Some(p) = &mut progress {
                 if several {
-                    if s.istop != 0 {
-                        p.damp_stopped(j, s.damp, itn, s.istop);
+                    if s.rec.istop != 0 {
+                        p.damp_stopped(j, s.rec.damp, itn, s.rec.istop);
                     }
                     continue;
                 }
                 let near = t.test3 <= 1.1 * rule.ctol || t.test2 <= 1.1 * rule.atol || t.test1 <= 1.1 * t.rtol;
-                if n <= 40 || itn <= 10 || itn + 10 >= maxiter || itn % 10 == 0 || near || s.istop != 0 {
+                if n <= 40 || itn <= 10 || itn + 10 >= maxiter || itn % 10 == 0 || near || s.rec.istop != 0 {
                     p.line(
                         itn,
                         s.x.first().copied().unwrap_or(0.0),
-                        s.normr,
-                        s.normar,
+                        s.rec.normr,
+                        s.rec.normar,
                         t.test1,
                         t.test2,
-                        s.norma,
-                        s.conda,
+                        s.rec.norma,
+                        s.rec.conda,
                     );
                 }
             }
         }
-        if solves.iter().all(|s| s.istop > 0) {
+        if solves.iter().all(|s| s.rec.istop > 0) {
             break;
         }
     }
@@ -664,9 +730,10 @@ fn finish(progress: &Option<Progress>, solves: Vec<DampSolve>) -> Vec<LsmrResult
         .map(|(j, s)| {
             if let Some(p) = progress {
                 if several {
-                    eprintln!("lsmr: damp[{j}] = {:.6e}", s.damp);
+                    eprintln!("lsmr: damp[{j}] = {:.6e}", s.rec.damp);
                 }
-                p.finish(s.istop, s.itn, s.normr, s.normar, s.norma, s.conda, s.normx);
+                let r = &s.rec;
+                p.finish(r.istop, r.itn, r.normr, r.normar, r.norma, r.conda, r.normx);
             }
             s.result()
         })
@@ -855,7 +922,7 @@ fn max_of(v: &[f64]) -> f64 {
 }
 
 /// `||v||_2` as `sqrt(sum v_i^2)`, summed in order (NumPy's `norm` is `sqrt(dot(v, v))`).
-fn norm2(v: &[f64]) -> f64 {
+pub(crate) fn norm2(v: &[f64]) -> f64 {
     v.iter().fold(0.0, |acc, &e| acc + e * e).sqrt()
 }
 
@@ -867,7 +934,7 @@ fn scale(v: &mut [f64], factor: f64) {
 /// The `show` output on stderr: a header with the problem and options, one line per selected
 /// iteration (itn, x[0], the residual norms, the two stopping ratios, and the estimates), a
 /// heading repeated every [`Progress::HEADING_EVERY`] lines, and a closing summary.
-struct Progress {
+pub(crate) struct Progress {
     /// Iteration lines printed since the last heading.
     lines: usize,
 }
@@ -875,7 +942,7 @@ struct Progress {
 impl Progress {
     const HEADING_EVERY: usize = 20;
 
-    fn start(m: usize, n: usize, opts: &LsmrOptions, damps: &[f64], maxiter: usize) -> Progress {
+    pub(crate) fn start(m: usize, n: usize, opts: &LsmrOptions, damps: &[f64], maxiter: usize) -> Progress {
         eprintln!("lsmr: least squares  min ||[b; 0] - [A; damp I] x||,  A is {m} x {n}");
         let damp = match damps {
             [one] => format!("{one:.6e}"),
@@ -909,7 +976,7 @@ impl Progress {
     }
 
     /// The line before the first iteration: test1 = 1 and test2 = alpha / beta.
-    fn first_line(&self, x0: f64, normr: f64, normar: f64, test2: f64) {
+    pub(crate) fn first_line(&self, x0: f64, normr: f64, normar: f64, test2: f64) {
         Self::heading();
         eprintln!(
             "{:>7} {x0:>13.5e} {normr:>11.3e} {normar:>11.3e} {:>9.1e} {test2:>9.1e}",
@@ -918,7 +985,17 @@ impl Progress {
     }
 
     #[allow(clippy::too_many_arguments)] // one argument per printed column
-    fn line(&mut self, itn: usize, x0: f64, normr: f64, normar: f64, test1: f64, test2: f64, norma: f64, conda: f64) {
+    pub(crate) fn line(
+        &mut self,
+        itn: usize,
+        x0: f64,
+        normr: f64,
+        normar: f64,
+        test1: f64,
+        test2: f64,
+        norma: f64,
+        conda: f64,
+    ) {
         if self.lines >= Self::HEADING_EVERY {
             eprintln!();
             Self::heading();
@@ -936,7 +1013,7 @@ impl Progress {
     }
 
     #[allow(clippy::too_many_arguments)] // one argument per result
-    fn finish(&self, istop: u32, itn: usize, normr: f64, normar: f64, norma: f64, conda: f64, normx: f64) {
+    pub(crate) fn finish(&self, istop: u32, itn: usize, normr: f64, normar: f64, norma: f64, conda: f64, normx: f64) {
         eprintln!("lsmr: stopped, istop {istop}: {}", istop_reason(istop));
         eprintln!(
             "lsmr: itn {itn}  ||r|| {normr:.3e}  ||A^T r|| {normar:.3e}  ||A|| {norma:.3e}  cond(A) {conda:.3e}  ||x|| {normx:.3e}"

@@ -68,6 +68,17 @@ impl Operator for Lsmr {
             (),
             verify::verify_many_errors,
         ));
+        // the multi-GPU code path on one GPU: NCCL with a communicator of size 1
+        jobs.push(VerifyJob::new(
+            "lsmr distributed size-1 all-reduce".into(),
+            (),
+            crate::distributed::verify::verify_all_reduce,
+        ));
+        jobs.extend(
+            crate::distributed::verify::cases(quick)
+                .into_iter()
+                .map(|c| VerifyJob::new(c.name(), c, crate::distributed::verify::verify_case)),
+        );
         jobs
     }
 
@@ -95,6 +106,7 @@ impl Operator for Lsmr {
     fn kernel_specs(&self, _arch: Arch) -> Vec<KernelSpec> {
         let mut specs: Vec<KernelSpec> = lsmr_device::all_variants().into_iter().map(|v| v.spec()).collect();
         specs.extend(dense_operator::all_variants().into_iter().map(|v| v.spec()));
+        specs.extend(crate::distributed::lsmr::all_variants().into_iter().map(|v| v.spec()));
         specs
     }
 

@@ -269,6 +269,115 @@ pub fn cublas() -> Result<&'static LibraryInfo> {
         .map_err(|e| Error::Unsupported(format!("cuBLAS unavailable: {e}")))
 }
 
+/// The oldest NCCL tessera uses (2.14.0, `ncclGetVersion`'s code): it has every function
+/// tessera calls (`ncclCommFinalize` came last).
+pub const NCCL_MIN_VERSION: i32 = 21400;
+
+/// NCCL as cudarc opens it, with its version (`ncclGetVersion`, e.g. 23007 for 2.30.7).
+#[derive(Clone, Debug)]
+pub struct NcclInfo {
+    /// Where tessera found the library (cudarc opens it by its own names, see [`nccl`]).
+    pub library: LibraryInfo,
+    pub version: i32,
+}
+
+/// The file names under which cudarc 0.19 opens NCCL (`cudarc::get_lib_name_candidates("nccl")`
+/// with CUDA 13): `libnccl.so` first, then `libnccl.so.13`, `.12`, ... `.9`, `.1` and a few
+/// `libnccl64*` forms; never `libnccl.so.2`, the SONAME that NCCL itself ships (the PyPI wheel
+/// `nvidia-nccl-cu13` holds only `nvidia/nccl/lib/libnccl.so.2`).
+pub const CUDARC_NCCL_NAMES: &str = "libnccl.so, libnccl.so.13 (and other forms, not libnccl.so.2)";
+
+/// Folders that may hold NCCL: `$TESSERA_NCCL`'s, `$LD_LIBRARY_PATH`, `nvidia/nccl/lib` in the
+/// site-packages of `python3` (PyTorch's NCCL wheel), `$CUDA_HOME/lib64`, `/usr/local/cuda/lib64`,
+/// `/usr/lib/x86_64-linux-gnu`.
+fn nccl_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Ok(p) = std::env::var("TESSERA_NCCL") {
+        if let Some(parent) = Path::new(&p).parent() {
+            dirs.push(parent.to_path_buf());
+        }
+    }
+    if let Ok(ld) = std::env::var("LD_LIBRARY_PATH") {
+        dirs.extend(ld.split(':').filter(|s| !s.is_empty()).map(PathBuf::from));
+    }
+    dirs.extend(python_site_dirs().iter().map(|s| s.join("nvidia/nccl/lib")));
+    if let Ok(home) = std::env::var("CUDA_HOME") {
+        dirs.push(Path::new(&home).join("lib64"));
+    }
+    dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
+    dirs.push(PathBuf::from("/usr/lib/x86_64-linux-gnu"));
+    dirs
+}
+
+/// Finds NCCL for cudarc's `nccl` bindings (once per process), without panicking: cudarc's
+/// loader panics when none of its names opens, so this asks cudarc's own presence check first.
+/// When cudarc cannot open NCCL but a `libnccl.so.2` exists (`$TESSERA_NCCL`, the folders of
+/// `$LD_LIBRARY_PATH`, PyTorch's `site-packages/nvidia/nccl/lib`, the CUDA folders), the error
+/// says where it is and how to make it visible: a link named `libnccl.so` to it in a folder on
+/// `LD_LIBRARY_PATH` (set before the process starts; the dynamic linker reads it once).
+pub fn nccl() -> Result<&'static NcclInfo> {
+    static NCCL: OnceLock<std::result::Result<NcclInfo, String>> = OnceLock::new();
+    NCCL.get_or_init(|| {
+        // SAFETY: opens and closes candidate libraries by name; no symbol is used.
+        if unsafe { cudarc::nccl::sys::is_culib_present() } {
+            // cudarc's loader finds the library now (checked above), and ncclGetVersion
+            // exists in every NCCL 2 release, so its lazy symbol lookup cannot panic.
+            let version =
+                cudarc::nccl::result::get_nccl_version().map_err(|e| format!("ncclGetVersion failed: {:?}", e.0))?;
+            // cudarc looks every symbol up when it is first called and panics if it is missing:
+            // refuse NCCL older than the newest function tessera calls (ncclCommFinalize, 2.14).
+            // (Versions before 2.9 encode as major * 1000 + minor * 100 + patch: all below this.)
+            if version < NCCL_MIN_VERSION {
+                return Err(format!(
+                    "NCCL version code {version} is older than 2.14 (code {NCCL_MIN_VERSION}), the oldest \
+                     with every function tessera calls (ncclCommFinalize)"
+                ));
+            }
+            return Ok(NcclInfo {
+                library: LibraryInfo {
+                    path: "libnccl.so (found by cudarc)".into(),
+                },
+                version,
+            });
+        }
+        let mut found = Vec::new();
+        if let Ok(p) = std::env::var("TESSERA_NCCL") {
+            if Path::new(&p).is_file() {
+                found.push(PathBuf::from(p));
+            }
+        }
+        for dir in nccl_dirs() {
+            for name in ["libnccl.so.2", "libnccl.so"] {
+                let path = dir.join(name);
+                if path.is_file() && !found.contains(&path) {
+                    found.push(path);
+                }
+            }
+        }
+        Err(match found.first() {
+            Some(path) => {
+                let dir = path.parent().map(|d| d.display().to_string()).unwrap_or_default();
+                format!(
+                    "found {} but cudarc opens NCCL only as {CUDARC_NCCL_NAMES}: make a link named \
+                     libnccl.so to it in a folder on LD_LIBRARY_PATH before starting, e.g. \
+                     `mkdir -p /tmp/nccl-link && ln -sf {} /tmp/nccl-link/libnccl.so && export \
+                     LD_LIBRARY_PATH=/tmp/nccl-link:{dir}:$LD_LIBRARY_PATH`",
+                    path.display(),
+                    path.display()
+                )
+            }
+            None => format!(
+                "no NCCL library found (cudarc tried {CUDARC_NCCL_NAMES}; tessera looked for libnccl.so.2 \
+                 in $TESSERA_NCCL, $LD_LIBRARY_PATH, site-packages/nvidia/nccl/lib of python3, \
+                 $CUDA_HOME/lib64, /usr/local/cuda/lib64, /usr/lib/x86_64-linux-gnu); install NCCL \
+                 (pip install nvidia-nccl-cu13, or the distribution's libnccl2) and link it as libnccl.so"
+            ),
+        })
+    })
+    .as_ref()
+    .map_err(|e| Error::Unsupported(format!("NCCL unavailable: {e}")))
+}
+
 /// Whether tests must fail (not skip) when NVRTC is missing: `TESSERA_REQUIRE_NVRTC=1`, set by CI.
 pub fn nvrtc_required() -> bool {
     matches!(std::env::var("TESSERA_REQUIRE_NVRTC").as_deref(), Ok("1") | Ok("true"))
