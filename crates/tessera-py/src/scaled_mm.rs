@@ -1,6 +1,7 @@
 //! `tessera.scaled_mm` and `tessera.int_mm` as Python sees them (`python/tessera/_scaled_mm.py`
 //! wraps and documents them): torch's `torch._scaled_mm` / `torch._int_mm` contracts mapped
-//! onto tessera's Hopper GEMM ([`GemmProblem`] with [`Precision::Fp8E4M3`], `Fp8E5M2` or `Int8`
+//! onto tessera's tensor-core GEMM, the Hopper path on sm_90 and the mma.sync (sm80) path on
+//! sm_80+ (fp8: sm_89+) ([`GemmProblem`] with [`Precision::Fp8E4M3`], `Fp8E5M2` or `Int8`
 //! and [`GemmScales`]).
 //!
 //! Both take `a` `[M, K]` row-major and `b` `[K, N]` column-major, the transposed view `w.t()` of
@@ -16,8 +17,8 @@
 //! `check_*` validates without a device, including the Hopper path's address-free rules
 //! (16-byte leading dimensions for TMA) as if the device were sm_90, so argument errors are the
 //! same with and without a GPU; the run functions validate again, fetch or make the plan for
-//! (device, stream, problem) and launch on the caller's stream with the GIL released. On a device
-//! other than sm_90 the plan fails with tessera's `Unsupported` error.
+//! (device, stream, problem) and launch on the caller's stream with the GIL released. Before
+//! sm_80 (fp8: sm_89) the plan fails with tessera's `Unsupported` error.
 
 use pyo3::prelude::*;
 use tessera::gemm::plan::hopper_rule_broken;
@@ -601,8 +602,8 @@ fn launch(
 }
 
 /// `out = fp8?(scale_result * ((a @ b) * scale_a * scale_b + bias))` on `stream` of `device`
-/// (fp8 or int8 in, sm_90), writing the output amax into `amax` if given (fp8 outputs); returns
-/// the kernel path that ran (`"hopper"`).
+/// (fp8 or int8 in; sm_90 Hopper path, or the sm80 path on sm_80+, fp8 sm_89+), writing the output amax into `amax` if given (fp8 outputs); returns
+/// the kernel path that ran (`"hopper"` or `"sm80"`).
 #[pyfunction]
 #[pyo3(signature = (device, stream, a, b, scale_a, scale_b, bias, out, scale_result = None, amax = None))]
 #[allow(clippy::too_many_arguments)]
@@ -635,8 +636,8 @@ pub fn scaled_mm(
     )
 }
 
-/// `out = a @ b` (int8 in, exact int32 out) on `stream` of `device` (sm_90); returns the kernel
-/// path that ran (`"hopper"`).
+/// `out = a @ b` (int8 in, exact int32 out) on `stream` of `device` (sm_80+); returns the kernel
+/// path that ran (`"hopper"` or `"sm80"`).
 #[pyfunction]
 pub fn int_mm(
     py: Python<'_>,

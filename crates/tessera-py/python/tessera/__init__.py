@@ -15,7 +15,7 @@ and return torch tensors (or write into ``out=``)::
     w = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16)  # a [N, K] weight
     y = tessera.matmul(x, w.t(), activation="gelu")         # gelu(x @ w.T), one kernel
 
-fp8 and int8 GEMM on Hopper (sm_90) follow torch's private ops: :func:`scaled_mm`
+fp8 and int8 GEMM (sm_80+; fp8 sm_89+) follow torch's private ops: :func:`scaled_mm`
 (``torch._scaled_mm``) and :func:`int_mm` (``torch._int_mm``).
 
 Sparse least squares: :mod:`tessera.sparse` (``csr_matrix``: SpMV/SpMM with torch tensors) and

@@ -63,7 +63,7 @@ def matmul(
 
     fp8 and int8 inputs are not taken here (``UnsupportedError`` saying where they go): use
     :func:`tessera.scaled_mm` (``torch._scaled_mm``) and :func:`tessera.int_mm`
-    (``torch._int_mm``), Hopper (sm_90) only.
+    (``torch._int_mm``), sm_80 and newer.
 
     Raises:
         InvalidArgumentError (a ValueError): shapes, strides, bias or ``out`` that do not fit.

@@ -1,5 +1,5 @@
 """``tessera.scaled_mm`` and ``tessera.int_mm``: fp8 and int8 GEMM with torch's
-``torch._scaled_mm`` / ``torch._int_mm`` contracts, over tessera's Hopper GEMM."""
+``torch._scaled_mm`` / ``torch._int_mm`` contracts, over tessera's tensor-core GEMM."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def scaled_mm(
     amax: Any = None,
 ) -> Any:
     """``(a @ b) * scale_a * scale_b + bias`` for fp8 inputs, as ``torch._scaled_mm`` (torch >= 2.5:
-    one tensor returned), on tessera's Hopper GEMM (sm_90 only); with an fp8 output,
+    one tensor returned), on tessera's tensor-core GEMM (Hopper path on sm_90; mma.sync path on
+    sm_80+, fp8 on sm_89+); with an fp8 output,
     ``fp8(scale_result * (a @ b) * scale_a * scale_b)``.
 
     Args:
@@ -92,7 +93,7 @@ def scaled_mm(
         InvalidArgumentError (a ValueError): dtypes, shapes, strides, scales, bias,
             ``scale_result`` or ``amax`` that do not fit.
         UnsupportedError (a NotImplementedError): mixed per-tensor/row-wise scales, a bias with an
-            fp8 output, an fp8 or None ``out_dtype`` with int8 inputs, a device other than sm_90.
+            fp8 output, an fp8 or None ``out_dtype`` with int8 inputs, a device older than sm_80 (fp8: sm_89).
         NoGpuError (a RuntimeError): no CUDA driver, device or NVRTC.
     """
     aa, ba = as_arg(a, "a"), as_arg(b, "b")
@@ -139,7 +140,7 @@ def scaled_mm(
 
 def int_mm(a: Any, b: Any) -> Any:
     """``a @ b`` for int8 inputs with an exact int32 result, as ``torch._int_mm``, on tessera's
-    Hopper GEMM (sm_90 only).
+    tensor-core GEMM (sm_80+).
 
     Args:
         a: ``[M, K]`` int8, row-major (last dimension contiguous).
@@ -157,7 +158,7 @@ def int_mm(a: Any, b: Any) -> Any:
 
     Raises:
         InvalidArgumentError (a ValueError): dtypes, shapes or strides that do not fit.
-        UnsupportedError (a NotImplementedError): a device other than sm_90.
+        UnsupportedError (a NotImplementedError): a device older than sm_80 (fp8: sm_89).
         NoGpuError (a RuntimeError): no CUDA driver, device or NVRTC.
     """
     aa, ba = as_arg(a, "a"), as_arg(b, "b")

@@ -3,6 +3,8 @@
 //
 // Defines: ts::ldmatrix_x4 / ts::ldmatrix_x4_trans (four 8x8 b16 matrices from shared memory),
 //          ts::mma_m16n8k16<Elem> (D += A * B, f16 or bf16 inputs, f32 accumulators),
+//          ts::MmaAcc<Elem>, ts::mma_k32bytes<Elem> (D += A * B over 32 bytes of k: f16 / bf16
+//          m16n8k16, tf32 m16n8k8, int8 and fp8 m16n8k32),
 //          ts::mma_m8n8k4_f64 (D += A * B in f64, DMMA),
 //          ts::pack2<Elem>(lo, hi) (two floats -> one f16x2 / bf16x2 register),
 //          ts::pack_a_fragment<Elem> (an accumulator pair packed as the A fragment of the next
@@ -74,6 +76,76 @@ TS_DEVICE void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, 
         "{%8, %9}, {%0, %1, %2, %3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+/// Four fp8 bytes (byte 0 lowest) -> two f16x2 registers, lo = bytes 0, 1 and hi = bytes 2, 3,
+/// exactly: e4m3 by cvt (sm_89+), e5m2 as the high byte of an f16.
+template <typename Elem>
+TS_DEVICE void fp8x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  if constexpr (is_same_v<Elem, fp8e4m3>) {
+    e4m3x4_to_f16x4(w, lo, hi);
+  } else {
+    lo = __byte_perm(w, 0u, 0x1404);  // (0, byte 0, 0, byte 1)
+    hi = __byte_perm(w, 0u, 0x3424);  // (0, byte 2, 0, byte 3)
+  }
+}
+
+/// The mma accumulator of an operand type: s32 for int8, f32 otherwise.
+template <typename Elem>
+using MmaAcc = conditional_t<is_same_v<Elem, int8_t>, int, float>;
+
+/// d += a * b over 32 bytes of k for one m16 x n8 tile: m16n8k16 for f16 / bf16, m16n8k8 .tf32
+/// for float (its low 13 mantissa bits are ignored), m16n8k32 for int8 (s32 accumulate, wrapping)
+/// and for fp8 e4m3 / e5m2 (sm_89+). The fragments of the four shapes cover the same bytes of
+/// K-major operands (gemm_sm80.cu), so one ldmatrix addressing feeds each.
+template <typename Elem>
+TS_DEVICE void mma_k32bytes(MmaAcc<Elem> (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (is_same_v<Elem, f16> || is_same_v<Elem, bf16>) {
+    mma_m16n8k16<Elem>(d, a, b0, b1);
+  } else if constexpr (is_same_v<Elem, float>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else if constexpr (is_same_v<Elem, int8_t>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    static_assert(is_same_v<Elem, fp8e4m3> || is_same_v<Elem, fp8e5m2>, "mma_k32bytes: f16, bf16, tf32, int8, fp8");
+#if __CUDA_ARCH__ >= 900
+    // sm_90 runs fp8 on wgmma only; ptxas emulates fp8 mma.sync (and spills). Instead: each fp8
+    // register (4 k values) becomes two f16x2 (exact), and two f16 m16n8k16 take the low and high
+    // pairs. A thread's k slot 2t of the f16 shape then holds k 4t (and 16 + 4t) in A and in B
+    // alike, so the reduction over k is the same sum in another order.
+    uint32_t alo[4], ahi[4], blo[2], bhi[2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) fp8x4_to_f16x4<Elem>(a[j], alo[j], ahi[j]);
+    fp8x4_to_f16x4<Elem>(b0, blo[0], bhi[0]);
+    fp8x4_to_f16x4<Elem>(b1, blo[1], bhi[1]);
+    mma_m16n8k16<f16>(d, alo, blo[0], blo[1]);
+    mma_m16n8k16<f16>(d, ahi, bhi[0], bhi[1]);
+#elif __CUDA_ARCH__ >= 890
+    if constexpr (is_same_v<Elem, fp8e4m3>) {
+      asm volatile(
+          "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+          "{%8, %9}, {%0, %1, %2, %3};"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+      asm volatile(
+          "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+          "{%8, %9}, {%0, %1, %2, %3};"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+#else
+    static_assert(sizeof(Elem) == 0, "fp8 mma.sync needs sm_89 or newer (the plan builds no fp8 variant below)");
+#endif
   }
 }
 

@@ -268,7 +268,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
 }
 
 pub fn bench_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    if case.precision.hopper_only() {
+    if case.precision.tensor_core_only() {
         return run_quantized(ctx, case, seed, timing);
     }
     let input = case.precision.input_dtype()?;

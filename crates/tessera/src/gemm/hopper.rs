@@ -1515,14 +1515,25 @@ mod self_check {
     /// [`GemmProblem`]'s precision, scales and epilogue), against the same f64 reference as the
     /// self-check: checks the plan's mapping of problem and operands onto the kernel. One report
     /// line per case; an error when any fails.
-    pub(crate) fn plan_self_check(ctx: &Context) -> Result<String> {
-        use crate::gemm::plan::{GemmOptions, GemmPlan};
+    ///
+    /// `path`: the dispatcher's choice ([`GemmPath::Auto`](crate::gemm::plan::GemmPath)), or a
+    /// forced path; with [`GemmPath::Sm80`](crate::gemm::plan::GemmPath) forced, the cases that
+    /// path cannot take on this device (fp8 before sm_89, fp16 -> f32 with a GLU...) are listed
+    /// as skipped.
+    pub(crate) fn plan_self_check(ctx: &Context, path: crate::gemm::plan::GemmPath) -> Result<String> {
+        use crate::gemm::plan::{choose_path, GemmOptions, GemmPath, GemmPlan, GemmTuning};
         use crate::gemm::problem::{
             COperand, GemmOperands, GemmProblem, GemmScaleOperands, GemmScales, Layout, Precision,
         };
         let cases = plan_check_cases();
         let mut report = String::new();
         let mut failed = 0;
+        let opts = GemmOptions {
+            tuning: GemmTuning {
+                path,
+                ..GemmTuning::default()
+            },
+        };
         for (i, &(precision, out, scales, activation, bias, (m, n, k))) in cases.iter().enumerate() {
             let mut rng = Lcg(0x51ed_2701u64.wrapping_mul(i as u64 + 3) | 1);
             let problem = GemmProblem::new(precision, out, m, n, k)
@@ -1531,7 +1542,17 @@ mod self_check {
                 .activation(activation)
                 .bias(bias);
             let input = problem.input()?;
-            let plan = GemmPlan::new(ctx, &problem, &GemmOptions::default())?;
+            if path != GemmPath::Auto {
+                if let Err(e) = choose_path(&problem, ctx.arch(), path) {
+                    report += &format!(
+                        "SKIP plan {} {m}x{n}x{k} -> {out} on the {} path: {e}\n",
+                        precision.name(),
+                        path.name()
+                    );
+                    continue;
+                }
+            }
+            let plan = GemmPlan::new(ctx, &problem, &opts)?;
             let a_h = Host::random(input, m * k, 1.0, &mut rng);
             let b_h = Host::random(input, n * k, 1.0, &mut rng);
             let bias_h = Host::random(if out == DType::I32 { DType::F32 } else { out }, n, 1.0, &mut rng);

@@ -52,6 +52,11 @@ impl Operator for Gemm {
             verify::HopperJob::PlanCheck,
             verify::verify_hopper,
         ));
+        jobs.push(VerifyJob::new(
+            "gemm sm80 tf32/fp8/int8 plans".into(),
+            verify::HopperJob::Sm80PlanCheck,
+            verify::verify_hopper,
+        ));
         if !quick {
             // The Hopper kernel alone against cuBLAS in one process, each tiling forced.
             jobs.push(VerifyJob::new(

@@ -1,6 +1,6 @@
 // tessera/gemm_params.cuh: the launch parameters of the non-Hopper GEMM kernels (sm_80 mma.sync,
 // SIMT, DMMA, skinny and its split-K reduction) and the epilogue store they share. Mirrored by
-// `GemmParams` in gemm/plan.rs (#[repr(C)], 200 bytes).
+// `GemmParams` in gemm/plan.rs (#[repr(C)], 240 bytes).
 //
 // Indexing: element (row, col) of batch entry z of a matrix X is X[z * stride_x + row * ldx + col]
 // with 64-bit offsets (so only M, N, K and the grid need 32-bit ints). A column-major A (B) is
@@ -33,8 +33,15 @@ struct GemmParams {
   int a_col_major, b_col_major;  // run-time layouts (SIMT, DMMA); the sm80 kernel's are constants
   int activation, has_c, has_bias, has_residual;
   int splits, k_per_split;       // skinny split-K: CTAs along K and the K range of each
+  // 8-bit operands (sm80 kernel): dequantisation scales, each null = 1
+  const float* scale_a;       // [1] or [M] (scale_a_rows)
+  const float* scale_b;       // [1] or [N] (scale_b_cols)
+  const float* scale_result;  // fp8 Out: D = fp8(scale_result * d); null = 1
+  float* amax;                // fp8 Out: max |d| over D raised by atomics (zeroed by the plan), or null
+  int scale_a_rows;           // 1: scale_a[row], 0: scale_a[0]
+  int scale_b_cols;           // 1: scale_b[col], 0: scale_b[0]
 };
-static_assert(sizeof(GemmParams) == 200, "GemmParams layout (plan.rs)");
+static_assert(sizeof(GemmParams) == 240, "GemmParams layout (plan.rs)");
 
 namespace ts {
 
@@ -95,18 +102,26 @@ TS_DEVICE void gemm_store_glu(const GemmParams& p, int z, int row, int col, Acc 
   else *out = from_float<Out>(d);
 }
 
-/// Applies the epilogue to the accumulator of D[z][row][col] and stores it as Out. The caller
-/// has checked row < m and col < n. C, bias and R are read only when their flag is set; C may be
-/// D itself (this thread reads the element before writing it).
+/// The epilogue's value for the accumulator of D[z][row][col] (before the cast to Out). The
+/// caller has checked row < m and col < n. C, bias and R (Out elements) are read only when their
+/// flag is set.
 template <typename Out, typename Acc>
-TS_DEVICE void gemm_store(const GemmParams& p, int z, int row, int col, Acc acc) {
+TS_DEVICE Acc gemm_value(const GemmParams& p, int z, int row, int col, Acc acc) {
   const Acc zero = Acc(0);
   Acc c = zero, bias = zero, res = zero;
   if (p.has_c) c = gemm_load_as<Acc>(static_cast<const Out*>(p.c)[z * p.stride_c + row * p.ldc + col]);
   if (p.has_bias) bias = gemm_load_as<Acc>(static_cast<const Out*>(p.bias)[col]);
   if (p.has_residual) res = gemm_load_as<Acc>(static_cast<const Out*>(p.residual)[z * p.stride_r + row * p.ldr + col]);
   const Acc beta = p.has_c ? Acc(p.beta) : zero;
-  const Acc d = gemm_epilogue_rt<Acc>(p.activation, acc, Acc(p.alpha), beta, c, bias, res);
+  return gemm_epilogue_rt<Acc>(p.activation, acc, Acc(p.alpha), beta, c, bias, res);
+}
+
+/// Applies the epilogue to the accumulator of D[z][row][col] and stores it as Out. The caller
+/// has checked row < m and col < n. C may be D itself (this thread reads the element before
+/// writing it).
+template <typename Out, typename Acc>
+TS_DEVICE void gemm_store(const GemmParams& p, int z, int row, int col, Acc acc) {
+  const Acc d = gemm_value<Out, Acc>(p, z, row, col, acc);
   Out* out = static_cast<Out*>(p.d) + z * p.stride_d + (long long)row * p.ldd + col;
   if constexpr (is_same_v<Acc, double>) *out = d;
   else *out = from_float<Out>(d);

@@ -9,10 +9,11 @@
 //!   else, on sm_90, [`GemmPath::Hopper`] when its rules hold ([`hopper_rule_broken`]: A
 //!   row-major, every leading dimension and batch stride a multiple of 16 bytes, K >= 1); else
 //!   [`GemmPath::Sm80`] when A is row-major and the 16-byte rule holds (A and B 16-byte aligned;
-//!   lda, ldb and their batch strides multiples of 8 elements); else the slower
+//!   lda, ldb and their batch strides multiples of 16 bytes); else the slower
 //!   [`GemmPath::Simt`] (any layout and alignment);
-//! - tf32, fp8 (e4m3, e5m2) and int8: [`GemmPath::Hopper`] only (sm_90), A row-major and B
-//!   stored [N, K]; elsewhere an error.
+//! - tf32, fp8 (e4m3, e5m2) and int8 (tensor cores only; A row-major and B stored [N, K]):
+//!   [`GemmPath::Hopper`] on sm_90 when its rules hold, else [`GemmPath::Sm80`] (sm_80+; fp8
+//!   sm_89+) under the 16-byte rule; elsewhere an error that names the broken rule.
 //! - a GLU epilogue ([`super::problem::Glu`]): as above without the skinny and DMMA paths (fp16/
 //!   bf16: Hopper, sm80, else SIMT; fp32 and fp64: SIMT); forcing skinny or dmma is an error.
 
@@ -103,7 +104,7 @@ pub struct GemmOptions {
     pub tuning: GemmTuning,
 }
 
-/// `struct GemmParams` of gemm_params.cuh (200 bytes).
+/// `struct GemmParams` of gemm_params.cuh (240 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct GemmParams {
@@ -138,45 +139,58 @@ pub(crate) struct GemmParams {
     has_residual: i32,
     splits: i32,
     k_per_split: i32,
+    scale_a: u64,
+    scale_b: u64,
+    scale_result: u64,
+    amax: u64,
+    scale_a_rows: i32,
+    scale_b_cols: i32,
 }
-const _: () = assert!(std::mem::size_of::<GemmParams>() == 200);
-// SAFETY: #[repr(C)]: 7 pointers as u64, 10 i64, 2 f64, 12 i32, in the order and of the types of
-// the kernel's struct (const void*, long long, double, int); no padding (200 = 7*8+10*8+2*8+12*4).
+const _: () = assert!(std::mem::size_of::<GemmParams>() == 240);
+// SAFETY: #[repr(C)]: 7 pointers as u64, 10 i64, 2 f64, 12 i32, 4 pointers as u64, 2 i32, in the
+// order and of the types of the kernel's struct (const void*, long long, double, int); no padding
+// (240 = 7*8 + 10*8 + 2*8 + 12*4 + 4*8 + 2*4, every u64 at a multiple of 8).
 unsafe impl KernelParams for GemmParams {}
 
 /// Why the 16-byte vector paths (sm80, skinny) cannot take this problem, or `None`.
 pub fn vector_rule_broken(p: &GemmProblem) -> Option<Error> {
-    if !matches!(p.precision, Precision::F16 | Precision::BF16) {
-        return Some(Error::Unsupported(format!(
-            "the tensor-core fp16/bf16 paths take fp16 or bf16 inputs, not {}",
-            p.precision.name()
-        )));
-    }
+    let input = match p.precision {
+        Precision::F32 | Precision::F64 => {
+            return Some(Error::Unsupported(format!(
+                "the tensor-core vector paths take fp16, bf16, tf32, fp8 or int8 inputs, not {}",
+                p.precision.name()
+            )))
+        }
+        _ => match p.input() {
+            Ok(d) => d,
+            Err(e) => return Some(e),
+        },
+    };
     if p.a_layout != Layout::RowMajor {
         return Some(Error::Unsupported(
             "the sm80 and skinny paths take a row-major A; a column-major A runs on the simt path".into(),
         ));
     }
-    let v = sm80::VEC;
-    for (arg, x) in [("lda", p.lda), ("ldb", p.ldb)] {
+    if input.size() != 2 && p.b_layout != Layout::ColMajor {
+        return Some(Error::invalid(
+            "b_layout",
+            format!("{} inputs need B stored [N, K]", p.precision.name()),
+        ));
+    }
+    let v = sm80::VEC_BYTES / input.size();
+    let mut rules = vec![("lda", p.lda), ("ldb", p.ldb)];
+    if p.batch > 1 {
+        rules.extend([
+            ("batch_stride_a", p.batch_stride_a),
+            ("batch_stride_b", p.batch_stride_b),
+        ]);
+    }
+    for (arg, x) in rules {
         if x % v != 0 {
             return Some(Error::invalid(
                 arg,
                 format!("{x} is not a multiple of {v} elements (16 bytes), which the vector paths' loads need"),
             ));
-        }
-    }
-    if p.batch > 1 {
-        for (arg, x) in [
-            ("batch_stride_a", p.batch_stride_a),
-            ("batch_stride_b", p.batch_stride_b),
-        ] {
-            if x % v != 0 {
-                return Some(Error::invalid(
-                    arg,
-                    format!("{x} is not a multiple of {v} elements (16 bytes), which the vector paths' loads need"),
-                ));
-            }
         }
     }
     None
@@ -195,6 +209,12 @@ pub fn skinny_rule_broken(p: &GemmProblem) -> Option<Error> {
         return Some(Error::Unsupported(
             "the skinny path takes B stored [N, K] (column-major)".into(),
         ));
+    }
+    if !matches!(p.precision, Precision::F16 | Precision::BF16) {
+        return Some(Error::Unsupported(format!(
+            "the skinny path takes fp16 or bf16 inputs, not {}",
+            p.precision.name()
+        )));
     }
     vector_rule_broken(p)
 }
@@ -326,9 +346,9 @@ pub fn choose_path(p: &GemmProblem, arch: Arch, forced: GemmPath) -> Result<Gemm
     let ampere = arch.major >= 8;
     let need_ampere =
         |what: &str| Error::Unsupported(format!("the {what} path needs sm_80 or newer; this device is {arch}"));
-    if p.precision.hopper_only() && !matches!(forced, GemmPath::Auto | GemmPath::Hopper) {
+    if p.precision.tensor_core_only() && !matches!(forced, GemmPath::Auto | GemmPath::Hopper | GemmPath::Sm80) {
         return Err(Error::Unsupported(format!(
-            "{} inputs run on the hopper path only, not {}",
+            "{} inputs run on the hopper and sm80 paths only, not {}",
             p.precision.name(),
             forced.name()
         )));
@@ -366,13 +386,7 @@ pub fn choose_path(p: &GemmProblem, arch: Arch, forced: GemmPath) -> Result<Gemm
                 Err(need_ampere("dmma"))
             };
         }
-        GemmPath::Sm80 => {
-            return match vector_rule_broken(p) {
-                Some(e) => Err(e),
-                None if ampere => Ok(GemmPath::Sm80),
-                None => Err(need_ampere("sm80")),
-            }
-        }
+        GemmPath::Sm80 => return sm80_rule_broken(p, arch).map_or(Ok(GemmPath::Sm80), Err),
         GemmPath::Skinny => {
             return match skinny_rule_broken(p) {
                 Some(e) => Err(e),
@@ -397,19 +411,54 @@ pub fn choose_path(p: &GemmProblem, arch: Arch, forced: GemmPath) -> Result<Gemm
         }
         Precision::F16 | Precision::BF16 => GemmPath::Simt,
         Precision::Tf32 | Precision::Fp8E4M3 | Precision::Fp8E5M2 | Precision::Int8 => {
-            match hopper_rule_broken(p, arch) {
-                None => GemmPath::Hopper,
-                Some(e) => return Err(e),
+            match (hopper_rule_broken(p, arch), sm80_rule_broken(p, arch)) {
+                (None, _) => GemmPath::Hopper,
+                (Some(_), None) => GemmPath::Sm80,
+                // on sm_90 the Hopper rule (a superset of the address rules) names the argument;
+                // elsewhere the sm80 path is the only one
+                (Some(h), Some(_)) if arch == Arch::SM90 => return Err(h),
+                (Some(_), Some(s)) => return Err(s),
             }
         }
     })
+}
+
+/// Why the sm80 path cannot take `p` on `arch`, or `None`: the 16-byte rule
+/// ([`vector_rule_broken`]), sm_80+ (fp8: sm_89+), and an output of [`sm80::outputs`].
+pub fn sm80_rule_broken(p: &GemmProblem, arch: Arch) -> Option<Error> {
+    if let Some(e) = vector_rule_broken(p) {
+        return Some(e);
+    }
+    let input = match p.input() {
+        Ok(d) => d,
+        Err(e) => return Some(e),
+    };
+    if !sm80::arch_supports(input, arch) {
+        let need = if input.size() == 1 && input != DType::I8 {
+            "sm_89"
+        } else {
+            "sm_80"
+        };
+        return Some(Error::Unsupported(format!(
+            "the sm80 path runs {} on {need} or newer; this device is {arch}",
+            p.precision.name()
+        )));
+    }
+    if !sm80::outputs(input).contains(&p.out) {
+        return Some(Error::Unsupported(format!(
+            "the sm80 path has no {} output for {} inputs",
+            p.out,
+            p.precision.name()
+        )));
+    }
+    None
 }
 
 /// Every kernel variant the dispatcher can produce for `arch` (what CI compiles).
 pub fn kernel_specs(arch: Arch) -> Vec<KernelSpec> {
     let mut v: Vec<KernelSpec> = simt::all_variants().iter().map(|s| s.spec()).collect();
     if arch.major >= 8 {
-        v.extend(sm80::all_variants().iter().map(|s| s.spec()));
+        v.extend(sm80::variants(arch).iter().map(|s| s.spec()));
         v.extend(skinny::all_variants().iter().map(|s| s.spec()));
         v.extend([DType::F16, DType::BF16, DType::F32].map(skinny::reduce_spec));
         v.push(dmma::spec());
@@ -677,6 +726,12 @@ impl GemmPlan {
             check_aligned("a", ops.a.device_ptr(), self.operand_align, &why)?;
             check_aligned("b", ops.b.device_ptr(), self.operand_align, &why)?;
         }
+        if p.out == DType::I32 && alpha != 1.0 {
+            return Err(Error::invalid(
+                "alpha",
+                format!("{alpha}: an i32 output is the plain int8 product, alpha must be 1"),
+            ));
+        }
         if p.is_empty() {
             // no element: the amax of nothing is 0 (the Hopper plan zeroes it before a launch)
             if amax != 0 {
@@ -730,12 +785,6 @@ impl GemmPlan {
                 scale_result: scales.result.map_or(0, |s| s.device_ptr()),
                 amax,
             };
-            if p.out == DType::I32 && alpha != 1.0 {
-                return Err(Error::invalid(
-                    "alpha",
-                    format!("{alpha}: an i32 output is the plain int8 product, alpha must be 1"),
-                ));
-            }
             // The Hopper plan checks every address rule and launches (one commented unsafe
             // launch inside HopperGemmPlan::run).
             let Some(workspace) = self.workspace.as_ref().filter(|_| self.splits > 1) else {
@@ -805,7 +854,17 @@ impl GemmPlan {
             has_residual: p.epilogue.residual as i32,
             splits: self.splits as i32,
             k_per_split: self.k_per_split.min(i32::MAX as usize) as i32,
+            scale_a: scales.a.map_or(0, |s| s.device_ptr()),
+            scale_b: scales.b.map_or(0, |s| s.device_ptr()),
+            scale_result: scales.result.map_or(0, |s| s.device_ptr()),
+            amax,
+            scale_a_rows: (p.scales == GemmScales::RowWise) as i32,
+            scale_b_cols: (p.scales == GemmScales::RowWise) as i32,
         };
+        if amax != 0 && self.hopper.is_none() {
+            // the kernel raises the amax from zero (the Hopper plan zeroes its own)
+            hopper::zero_f32(&self.ctx, amax)?;
+        }
         // SAFETY: check_operands matched every view to the problem (dtype, shape, leading
         // dimension, batch stride), and each view was bounds-checked against its allocation
         // when made, so every element the kernel addresses (rows < M, columns < N, k < K of each

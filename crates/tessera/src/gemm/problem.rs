@@ -263,8 +263,9 @@ impl Precision {
             Precision::Int8 => Ok(DType::I8),
         }
     }
-    /// Whether the contract runs on the Hopper tensor cores only (tf32, fp8, int8).
-    pub const fn hopper_only(self) -> bool {
+    /// Whether the contract runs on the tensor cores only (tf32, fp8, int8): the Hopper path, or
+    /// the sm80 path (fp8 on sm_89+); A row-major and B stored [N, K].
+    pub const fn tensor_core_only(self) -> bool {
         matches!(
             self,
             Precision::Tf32 | Precision::Fp8E4M3 | Precision::Fp8E5M2 | Precision::Int8
@@ -510,7 +511,8 @@ impl GemmProblem {
                  ask for fp32, fp16 or bf16 output to dequantise",
             ));
         }
-        if self.precision.hopper_only() && (self.a_layout != Layout::RowMajor || self.b_layout != Layout::ColMajor) {
+        if self.precision.tensor_core_only() && (self.a_layout != Layout::RowMajor || self.b_layout != Layout::ColMajor)
+        {
             return Err(Error::invalid(
                 "b_layout",
                 format!(

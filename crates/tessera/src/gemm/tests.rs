@@ -266,8 +266,31 @@ fn dispatch_follows_precision_shape_layout_and_alignment() {
     );
     let fp8 = GemmProblem::new(Precision::Fp8E4M3, DType::BF16, 64, 64, 64).b_layout(Layout::ColMajor);
     assert_eq!(auto90(&fp8).unwrap(), GemmPath::Hopper);
-    assert!(choose_path(&fp8, a100, GemmPath::Auto).is_err_and(|e| e.to_string().contains("sm_90")));
-    assert!(choose_path(&fp8, h100, GemmPath::Sm80).is_err_and(|e| e.to_string().contains("hopper path only")));
+    // fp8 mma.sync needs sm_89: A100 and sm_86 have no fp8 path, Ada (sm_89) the sm80 one
+    assert!(choose_path(&fp8, a100, GemmPath::Auto).is_err_and(|e| e.to_string().contains("sm_89")));
+    assert!(choose_path(&fp8, Arch::SM86, GemmPath::Sm80).is_err_and(|e| e.to_string().contains("sm_89")));
+    assert_eq!(choose_path(&fp8, Arch::SM89, GemmPath::Auto).unwrap(), GemmPath::Sm80);
+    assert_eq!(choose_path(&fp8, h100, GemmPath::Sm80).unwrap(), GemmPath::Sm80);
+    assert!(
+        choose_path(&fp8, h100, GemmPath::Simt).is_err_and(|e| e.to_string().contains("hopper and sm80 paths only"))
+    );
+    // int8 and tf32 run on the sm80 path from sm_80 on; B [K, N] is refused with the argument
+    let int8 = GemmProblem::new(Precision::Int8, DType::I32, 64, 64, 64).b_layout(Layout::ColMajor);
+    assert_eq!(choose_path(&int8, a100, GemmPath::Auto).unwrap(), GemmPath::Sm80);
+    let tf32 = GemmProblem::new(Precision::Tf32, DType::F32, 100, 36, 44).b_layout(Layout::ColMajor);
+    assert_eq!(choose_path(&tf32, a100, GemmPath::Auto).unwrap(), GemmPath::Sm80);
+    let mut tf32_lda = tf32.clone();
+    tf32_lda.lda = 46; // 184 bytes
+    assert_eq!(arg_of(choose_path(&tf32_lda, a100, GemmPath::Auto).unwrap_err()), "lda");
+    let mut tf32_kn = tf32.clone();
+    tf32_kn.b_layout = Layout::RowMajor;
+    assert_eq!(
+        arg_of(choose_path(&tf32_kn, a100, GemmPath::Sm80).unwrap_err()),
+        "b_layout"
+    );
+    // an output the sm80 path has not: int8 -> fp8
+    let int8_fp8 = GemmProblem::new(Precision::Int8, DType::F8E4M3, 64, 64, 64).b_layout(Layout::ColMajor);
+    assert!(choose_path(&int8_fp8, a100, GemmPath::Sm80).is_err());
     let odd_k = GemmProblem::new(Precision::Int8, DType::I32, 64, 64, 24).b_layout(Layout::ColMajor);
     assert_eq!(
         arg_of(auto90(&odd_k).unwrap_err()),
@@ -323,9 +346,11 @@ fn every_variant_is_listed_once_per_arch() {
         names.dedup();
         assert_eq!(n, names.len(), "duplicate variant names for {arch}");
         // simt, sm80, skinny, split-K reductions, dmma; on sm_90 the Hopper variants too
-        // (simt and sm80 plain and GLU; the GLU interleave copy for 1/2/4/8-byte elements)
+        // (simt and sm80 plain and GLU; the GLU interleave copy for 1/2/4/8-byte elements; the
+        // sm80 tf32 (1) and int8 (4) variants, and fp8 (10) from sm_89 on)
         let hopper = if arch == Arch::SM90 { 46 + 16 } else { 0 };
-        assert_eq!(n, 16 + 24 + 6 + 3 + 1 + 4 + hopper, "{arch}: {names:?}");
+        let sm80_fp8 = if (arch.major, arch.minor) >= (8, 9) { 10 } else { 0 };
+        assert_eq!(n, 16 + 24 + 5 + sm80_fp8 + 6 + 3 + 1 + 4 + hopper, "{arch}: {names:?}");
     }
 }
 

@@ -882,7 +882,8 @@ pub fn verify_bad_inputs(ctx: &Context, _case: &(), _seed: u64) -> Result<Verify
     })
 }
 
-/// The Hopper path's own jobs, on sm_90 only; the report goes in the note.
+/// The tensor-core paths' own jobs (Hopper: sm_90 only; the sm80 plan check: sm_80+); the
+/// report goes in the note.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HopperJob {
     /// The kernel against an f64 host reference: odd tails, both B layouts, every operand and
@@ -890,6 +891,8 @@ pub enum HopperJob {
     SelfCheck,
     /// tf32, fp8 and int8 problems through `GemmPlan::run_scaled`.
     PlanCheck,
+    /// The same problems with the sm80 (mma.sync) path forced: sm_80+, fp8 on sm_89+.
+    Sm80PlanCheck,
     /// The kernel side by side with cuBLAS in one process, each tiling forced.
     Bench,
 }
@@ -898,14 +901,19 @@ pub fn verify_hopper(ctx: &Context, job: &HopperJob, _seed: u64) -> Result<Verif
     let name = match job {
         HopperJob::SelfCheck => "gemm hopper self-check",
         HopperJob::PlanCheck => "gemm hopper tf32/fp8/int8 plans",
+        HopperJob::Sm80PlanCheck => "gemm sm80 tf32/fp8/int8 plans",
         HopperJob::Bench => "gemm hopper bench",
     };
-    if ctx.arch().major != 9 {
+    if *job == HopperJob::Sm80PlanCheck && ctx.arch().major < 8 {
+        return Ok(VerifyOutcome::skipped(name.into(), json!({}), "needs sm_80".into()));
+    }
+    if *job != HopperJob::Sm80PlanCheck && ctx.arch().major != 9 {
         return Ok(VerifyOutcome::skipped(name.into(), json!({}), "needs sm_90".into()));
     }
     let run = match job {
         HopperJob::SelfCheck => super::hopper::hopper_self_check(ctx),
-        HopperJob::PlanCheck => super::hopper::plan_self_check(ctx),
+        HopperJob::PlanCheck => super::hopper::plan_self_check(ctx, GemmPath::Auto),
+        HopperJob::Sm80PlanCheck => super::hopper::plan_self_check(ctx, GemmPath::Sm80),
         HopperJob::Bench => super::hopper::hopper_bench(ctx),
     };
     let (passed, note) = match run {
@@ -915,7 +923,12 @@ pub fn verify_hopper(ctx: &Context, job: &HopperJob, _seed: u64) -> Result<Verif
     Ok(VerifyOutcome {
         case: name.into(),
         params: json!({}),
-        path: "hopper".into(),
+        path: if *job == HopperJob::Sm80PlanCheck {
+            "sm80"
+        } else {
+            "hopper"
+        }
+        .into(),
         comparison: compare(&[], &[], 0.0, 0.0),
         budget: 0.0,
         passed,
