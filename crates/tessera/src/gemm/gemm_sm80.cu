@@ -238,21 +238,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) gemm_sm80(const __grid
           if (row < p.m && col + 1 < p.n)
             ts::gemm_store_glu<Out, float>(p, z, row, col / 2, acc[mi][nj][2 * h], acc[mi][nj][2 * h + 1]);
         }
-  } else if constexpr (kIntOut) {
-    // the plain s32 product (the plan requires alpha = 1 and no other epilogue term)
-#pragma unroll
-    for (int mi = 0; mi < kMmaM; ++mi)
-#pragma unroll
-      for (int nj = 0; nj < kMmaN; ++nj)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int row = row0 + mi * 16 + 8 * (e >> 1);
-          const int col = col0 + nj * 8 + (e & 1);
-          if (row < p.m && col < p.n)
-            static_cast<int*>(p.d)[z * p.stride_d + (long long)row * p.ldd + col] = acc[mi][nj][e];
-        }
   } else {
-    // 8-bit operands: the accumulator times sa[row] sb[col] (loaded once per row and column)
+    // int8 -> s32: the plain product (the plan requires alpha = 1 and no other epilogue term);
+    // 8-bit operands otherwise: the accumulator times sa[row] sb[col] (loaded once per row and
+    // column), then the epilogue
     float sa[kMmaM][2], sb[kMmaN][2];
 #pragma unroll
     for (int mi = 0; mi < kMmaM; ++mi)
@@ -281,7 +270,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) gemm_sm80(const __grid
         for (int e = 0; e < 4; ++e) {
           const int row = row0 + mi * 16 + 8 * (e >> 1);
           const int col = col0 + nj * 8 + (e & 1);
-          if (row < p.m && col < p.n) {
+          if (row >= p.m || col >= p.n) continue;
+          if constexpr (kIntOut) {
+            static_cast<int*>(p.d)[z * p.stride_d + (long long)row * p.ldd + col] = acc[mi][nj][e];
+          } else {
             float v = float(acc[mi][nj][e]);
             if constexpr (kScaled) v *= sa[mi][e >> 1] * sb[nj][e & 1];
             if constexpr (kFp8Out) {
