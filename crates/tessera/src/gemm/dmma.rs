@@ -244,10 +244,10 @@ mod tests {
             am[l / 4][l % 4] = a[l];
             bm[l % 4][l / 4] = b[l];
         }
-        for l in 0..32 {
+        for (l, dl) in d.iter_mut().enumerate() {
             let (g, t) = (l / 4, l % 4);
             for e in 0..2 {
-                d[l][off + e] += (0..4).map(|kk| am[g][kk] * bm[kk][2 * t + e]).sum::<f64>();
+                dl[off + e] += (0..4).map(|kk| am[g][kk] * bm[kk][2 * t + e]).sum::<f64>();
             }
         }
     }
@@ -268,11 +268,11 @@ mod tests {
                 bm[t + 4 * c][g] = b[l][c];
             }
         }
-        for l in 0..32 {
+        for (l, dl) in d.iter_mut().enumerate() {
             let (g, t) = (l / 4, l % 4);
             for h in 0..2 {
                 for e in 0..2 {
-                    d[l][2 * h + e] += (0..kdepth).map(|kk| am[g + 8 * h][kk] * bm[kk][2 * t + e]).sum::<f64>();
+                    dl[2 * h + e] += (0..kdepth).map(|kk| am[g + 8 * h][kk] * bm[kk][2 * t + e]).sum::<f64>();
                 }
             }
         }
@@ -363,11 +363,11 @@ mod tests {
                                 f[2 * q + 1] = sb[o + 1];
                             }
                         }
-                        for (mi, fa_mi) in fa.iter().enumerate() {
+                        for (acc_mi, fa_mi) in acc.iter_mut().zip(&fa) {
                             if kmma == 16 {
-                                mma_m16n8(&mut acc[mi][nj], fa_mi, &fb, 16);
+                                mma_m16n8(&mut acc_mi[nj], fa_mi, &fb, 16);
                             } else {
-                                mma_m16n8k8_pre_sm90(&mut acc[mi][nj], fa_mi, &fb);
+                                mma_m16n8k8_pre_sm90(&mut acc_mi[nj], fa_mi, &fb);
                             }
                         }
                     }
@@ -399,6 +399,6 @@ mod tests {
     fn shared_memory_fits_every_target() {
         // 3 x (128 + 128) x 16 doubles; sm_86/89 allow 99 KiB of opt-in shared memory per CTA
         assert_eq!(SHARED_BYTES, 96 * 1024);
-        assert!(SHARED_BYTES <= 99 * 1024);
+        const { assert!(SHARED_BYTES <= 99 * 1024) };
     }
 }
