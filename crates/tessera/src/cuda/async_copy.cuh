@@ -6,10 +6,12 @@
 // every group of this thread, cp_async_wait<N> for all but the N most recent groups
 // (cp_async_wait_pending(n) the same with n folded to a constant in an unrolled loop).
 // cp_async_16_zfill zero-fills a chunk whose source lies beyond a tensor's end (cp_async_16_zfill_at:
-// at a compile-time offset from both addresses; cp_async_16_zfill_bytes: a partial chunk). The copied data
+// at a compile-time offset from both addresses; cp_async_16_zfill_bytes: a partial chunk;
+// cp_async_8 / cp_async_8_zfill: one 8-byte element, e.g. a double). The copied data
 // is visible to other threads only after a barrier that follows the wait.
 //
-// Both addresses must be 16-byte aligned. `.cg` caches the line in L2 only (streamed data).
+// Both addresses must be 16-byte aligned (8-byte aligned for the 8-byte copies). `.cg` caches
+// the line in L2 only (streamed data).
 // `cp_async_16_hint` gives the lines it brings into L2 an eviction priority (`l2_policy`: evict
 // first for data read once, evict last for data many CTAs re-read; createpolicy, sm_80+).
 // `prefetch_l2_bulk` (sm_90+) asks for a contiguous range to be brought into L2, without a
@@ -97,6 +99,13 @@ TS_DEVICE void cp_async_16_hint(uint32_t dst, const void* src, uint64_t policy) 
 /// `.ca`: cached in L1, for small reused data such as per-page scales).
 TS_DEVICE void cp_async_8(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+}
+
+/// As cp_async_8 when `valid`; otherwise writes 8 zero bytes without reading `src` (src-size 0,
+/// as cp_async_16_zfill): one double of a tile's tail. `.ca` is the only cache operator an
+/// 8-byte cp.async takes (`.cg` requires 16 bytes).
+TS_DEVICE void cp_async_8_zfill(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0) : "memory");
 }
 
 /// Closes the current group of asynchronous copies.

@@ -6,6 +6,8 @@
 //          ts::MmaAcc<Elem>, ts::mma_k32bytes<Elem> (D += A * B over 32 bytes of k: f16 / bf16
 //          m16n8k16, tf32 m16n8k8, int8 and fp8 m16n8k32),
 //          ts::mma_m8n8k4_f64 (D += A * B in f64, DMMA),
+//          ts::mma_m16n8k8_f64 / ts::mma_m16n8k16_f64 (D += A * B in f64: one sm_90 DMMA; four
+//          or eight m8n8k4 before sm_90),
 //          ts::pack2<Elem>(lo, hi) (two floats -> one f16x2 / bf16x2 register),
 //          ts::pack_a_fragment<Elem> (an accumulator pair packed as the A fragment of the next
 //          MMA), ts::quad_row_max (a row's max over the accumulator tile and its lane quad),
@@ -155,6 +157,60 @@ TS_DEVICE void mma_m8n8k4_f64(double (&d)[2], double a, double b) {
   asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0, %1}, {%2}, {%3}, {%0, %1};"
                : "+d"(d[0]), "+d"(d[1])
                : "d"(a), "d"(b));
+}
+
+/// d += a * b for one m16n8k8 tile of f64, with g = lane / 4 and t = lane % 4 (PTX ISA,
+/// "Matrix Fragments for mma.m16n8k8" of .f64; CUTLASS's SM90_16x8x8_F64F64F64F64_TN traits):
+///   a[2c + h] = A[g + 8h][t + 4c]   (16 x 8, row major; h, c in {0, 1})
+///   b[c]      = B[t + 4c][g]        (8 x 8, "col")
+///   d[2h + e] = D[g + 8h][2t + e]   (16 x 8)
+/// sm_90+ has the shape (PTX ISA 7.8): one DMMA instruction. Before sm_90 the same registers
+/// feed four m8n8k4 DMMAs (a = A[g][t], b = B[t][g], d = D[g][2t, 2t + 1]): rows g (h = 0) and
+/// g + 8 (h = 1) times k slice c, which sums the same products (in another order).
+TS_DEVICE void mma_m16n8k8_f64(double (&d)[4], const double (&a)[4], const double (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(b[0]), "d"(b[1]));
+#else
+  double lo[2] = {d[0], d[1]};
+  double hi[2] = {d[2], d[3]};
+  mma_m8n8k4_f64(lo, a[0], b[0]);
+  mma_m8n8k4_f64(hi, a[1], b[0]);
+  mma_m8n8k4_f64(lo, a[2], b[1]);
+  mma_m8n8k4_f64(hi, a[3], b[1]);
+  d[0] = lo[0];
+  d[1] = lo[1];
+  d[2] = hi[0];
+  d[3] = hi[1];
+#endif
+}
+
+/// d += a * b for one m16n8k16 tile of f64 (PTX ISA, "Matrix Fragments for mma.m16n8k16" of
+/// .f64; CUTLASS's SM90_16x8x16_F64F64F64F64_TN traits), g = lane / 4, t = lane % 4:
+///   a[2c + h] = A[g + 8h][t + 4c]   (16 x 16, row major; h in {0, 1}, c in 0..3)
+///   b[c]      = B[t + 4c][g]        (16 x 8, "col")
+///   d[2h + e] = D[g + 8h][2t + e]   (16 x 8)
+/// One DMMA on sm_90+; before, two mma_m16n8k8_f64 (k = t + 4c for c = 0, 1, then c = 2, 3:
+/// a[0..3], b[0..1] and a[4..7], b[2..3] are exactly their fragments).
+TS_DEVICE void mma_m16n8k16_f64(double (&d)[4], const double (&a)[8], const double (&b)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f64.f64.f64.f64 {%0, %1, %2, %3}, {%4, %5, %6, %7, %8, %9, %10, %11}, "
+      "{%12, %13, %14, %15}, {%0, %1, %2, %3};"
+      : "+d"(d[0]), "+d"(d[1]), "+d"(d[2]), "+d"(d[3])
+      : "d"(a[0]), "d"(a[1]), "d"(a[2]), "d"(a[3]), "d"(a[4]), "d"(a[5]), "d"(a[6]), "d"(a[7]), "d"(b[0]),
+        "d"(b[1]), "d"(b[2]), "d"(b[3]));
+#else
+  const double a0[4] = {a[0], a[1], a[2], a[3]};
+  const double a1[4] = {a[4], a[5], a[6], a[7]};
+  const double b0[2] = {b[0], b[1]};
+  const double b1[2] = {b[2], b[3]};
+  mma_m16n8k8_f64(d, a0, b0);
+  mma_m16n8k8_f64(d, a1, b1);
+#endif
 }
 
 /// Two floats -> one register of two Elem (lo in the low half, as in memory), round to nearest.

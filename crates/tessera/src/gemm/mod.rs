@@ -17,9 +17,9 @@
 //!
 //! Precision contracts ([`Precision`]): fp16 and bf16 inputs accumulate in f32 and write fp16,
 //! bf16 or fp32 ([`GemmProblem::out`]); fp32 is exact fp32 on CUDA cores (never tf32); fp64 uses
-//! the DMMA tensor cores (`mma.sync.m8n8k4.f64`, sm_80+) or CUDA cores. C, bias and R have D's
-//! dtype. tf32, fp8 and int8 are named but not yet implemented: planning them returns
-//! [`Error::Unsupported`].
+//! the DMMA tensor cores (`mma.sync` f64: m16n8k16 on sm_90, m8n8k4 on sm_80+) or CUDA cores. C,
+//! bias and R have D's dtype. tf32, fp8 and int8 are named but not yet implemented: planning
+//! them returns [`Error::Unsupported`].
 //!
 //! Dispatch ([`plan`]): fp16/bf16 with M <= 16 and B as `[N, K]` take the skinny (decode) path,
 //! bandwidth-bound and split over K; other fp16/bf16 problems the sm_80 tensor-core kernel
