@@ -1250,8 +1250,10 @@ def test_scaled_mm_fp8_output(fmt, ofmt, scaling, result, mnk):
     if hasattr(torch, "_scaled_mm") and result != "saturating":
         tref = torch_scaled_mm(x, w.t(), sa, sb, scale_result=sr, out_dtype=odt, use_fast_accum=True)
         if tref is not None and tref.dtype == odt and tref.shape == y.shape:
-            unscaled = torch_scaled_mm(x, w.t(), sa, sb, scale_result=torch.ones_like(sr), out_dtype=odt, use_fast_accum=True)
-            ignored = unscaled is not None and sr.ne(1).any() and torch.equal(tref.view(torch.uint8), unscaled.view(torch.uint8))
+            ignored = False
+            if sr is not None:  # (no result scale: nothing torch could drop)
+                unscaled = torch_scaled_mm(x, w.t(), sa, sb, scale_result=torch.ones_like(sr), out_dtype=odt, use_fast_accum=True)
+                ignored = unscaled is not None and sr.ne(1).any() and torch.equal(tref.view(torch.uint8), unscaled.view(torch.uint8))
             if not ignored:
                 fp8_close(y, tref, f"scaled_mm vs torch._scaled_mm {tag}", abs_tol=2 * tol)
 

@@ -155,6 +155,9 @@ constexpr int kOutCols = kGlu ? kBlockN / 2 : kBlockN;  // output columns of a t
 constexpr int kChunks = kOutCols / kStoreCols;
 // 8-column accumulator blocks per chunk (a block gives 4 output columns with a GLU)
 constexpr int kBlocksPerChunk = kGlu ? kStoreCols / 4 : kStoreCols / 8;
+// blocks whose column terms the epilogue loads ahead of their stores (registers: 4 per block)
+constexpr int kPreloadBlocks = kBlocksPerChunk < 8 ? kBlocksPerChunk : 8;
+static_assert(kBlocksPerChunk % kPreloadBlocks == 0, "whole preload groups per chunk");
 constexpr uint32_t kChunkBytes = kConsumerRows * 128;
 constexpr int kStoreBuffers = 2;
 constexpr uint32_t kConsumerWarps = 4 * kConsumers;  // arrivals that release a ring slot
@@ -481,62 +484,77 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
     if (tid == 0) ts::tma_store_wait_read_pending<kStoreBuffers - 1>();
     ts::named_barrier_sync(bar, 128);
 #pragma unroll
-    for (int lb = 0; lb < kBlocksPerChunk; ++lb) {
-      const int i = ch * kBlocksPerChunk + lb;  // 8-column accumulator block
-      const int cc = 8 * lb + 2 * (lane % 4);   // column inside the chunk
-      const int col = tl.n0 + ch * kStoreCols + cc;
-      if constexpr (kIntOut) {
+    for (int g0 = 0; g0 < kBlocksPerChunk; g0 += kPreloadBlocks) {
+      // The column terms (bias pairs, column scales) of kPreloadBlocks blocks in registers before
+      // their staging stores: a global load after a staging store (a generic pointer the compiler
+      // cannot tell from the bias) is not hoisted above it, so loading them per block would expose
+      // one global-load latency per 8-column block.
+      float col_bias[kPreloadBlocks][2], col_scale[kPreloadBlocks][2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          stage_int_pair(buf, r_local + 8 * h, cc * 4, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
-      } else if constexpr (kGlu) {
-        // B columns (col, col + 1) = (gate, up) of output column col / 2, at oc in the chunk
-        const int gcol = tl.n0 + 8 * i + 2 * (lane % 4);
-        const int oc = 4 * lb + lane % 4;
-        float bias_g = 0.0f, bias_u = 0.0f;
-        if (p.bias != nullptr) load_pair(static_cast<const OutT*>(p.bias) + gcol, gcol, p.n, bias_g, bias_u);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float y = ts::gemm_glu_t<kAct, true, float>(float(acc[4 * i + 2 * h]), float(acc[4 * i + 2 * h + 1]),
-                                                             p.alpha, bias_g, bias_u);
-          stage_one<OutT>(buf, r_local + 8 * h, oc * int(sizeof(OutT)), y);
+      for (int j = 0; j < kPreloadBlocks; ++j) {
+        // B column of the block's pair: with a GLU (gate, up) of output column col / 2
+        const int col = tl.n0 + 8 * (ch * kBlocksPerChunk + g0 + j) + 2 * (lane % 4);
+        col_bias[j][0] = col_bias[j][1] = 0.0f;
+        col_scale[j][0] = col_scale[j][1] = 1.0f;
+        if constexpr (!kIntOut) {
+          if (p.bias != nullptr) load_pair(static_cast<const OutT*>(p.bias) + col, col, p.n, col_bias[j][0], col_bias[j][1]);
         }
-      } else {
-        float bias0 = 0.0f, bias1 = 0.0f;
-        if (p.bias != nullptr) load_pair(static_cast<const OutT*>(p.bias) + col, col, p.n, bias0, bias1);
-        float sb0 = 1.0f, sb1 = 1.0f;
         if (kScaled && p.scale_b != nullptr) {
           if (p.scale_b_cols) {
-            sb0 = col < p.n ? p.scale_b[col] : 0.0f;
-            sb1 = col + 1 < p.n ? p.scale_b[col + 1] : 0.0f;
+            col_scale[j][0] = col < p.n ? p.scale_b[col] : 0.0f;
+            col_scale[j][1] = col + 1 < p.n ? p.scale_b[col + 1] : 0.0f;
           } else {
-            sb0 = sb1 = p.scale_b[0];
+            col_scale[j][0] = col_scale[j][1] = p.scale_b[0];
           }
         }
+      }
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = r_local + 8 * h;
-          const int row = row_base + r;
-          float c0 = 0.0f, c1 = 0.0f, res0 = 0.0f, res1 = 0.0f;
-          const float sa = row_scale[h];
-          if (row < p.m) {
-            if (c_rows != nullptr) load_pair(c_rows + (long long)row * p.ldc + col, col, p.n, c0, c1);
-            if (r_rows != nullptr) load_pair(r_rows + (long long)row * p.ldr + col, col, p.n, res0, res1);
+      for (int j = 0; j < kPreloadBlocks; ++j) {
+        const int lb = g0 + j;
+        const int i = ch * kBlocksPerChunk + lb;  // 8-column accumulator block
+        const int cc = 8 * lb + 2 * (lane % 4);   // column inside the chunk
+        const int col = tl.n0 + ch * kStoreCols + cc;
+        if constexpr (kIntOut) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            stage_int_pair(buf, r_local + 8 * h, cc * 4, acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]);
+        } else if constexpr (kGlu) {
+          // B columns (col, col + 1) = (gate, up) of output column col / 2, at oc in the chunk
+          const int oc = 4 * lb + lane % 4;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float y = ts::gemm_glu_t<kAct, true, float>(float(acc[4 * i + 2 * h]), float(acc[4 * i + 2 * h + 1]),
+                                                               p.alpha, col_bias[j][0], col_bias[j][1]);
+            stage_one<OutT>(buf, r_local + 8 * h, oc * int(sizeof(OutT)), y);
           }
-          float x0 = float(acc[4 * i + 2 * h]), x1 = float(acc[4 * i + 2 * h + 1]);
-          if constexpr (kScaled) {
-            x0 *= sa * sb0;
-            x1 *= sa * sb1;
+        } else {
+          const float bias0 = col_bias[j][0], bias1 = col_bias[j][1];
+          const float sb0 = col_scale[j][0], sb1 = col_scale[j][1];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int r = r_local + 8 * h;
+            const int row = row_base + r;
+            float c0 = 0.0f, c1 = 0.0f, res0 = 0.0f, res1 = 0.0f;
+            const float sa = row_scale[h];
+            if (row < p.m) {
+              if (c_rows != nullptr) load_pair(c_rows + (long long)row * p.ldc + col, col, p.n, c0, c1);
+              if (r_rows != nullptr) load_pair(r_rows + (long long)row * p.ldr + col, col, p.n, res0, res1);
+            }
+            float x0 = float(acc[4 * i + 2 * h]), x1 = float(acc[4 * i + 2 * h + 1]);
+            if constexpr (kScaled) {
+              x0 *= sa * sb0;
+              x1 *= sa * sb1;
+            }
+            float y0 = ts::gemm_epilogue<kAct, true, true, true>(x0, p.alpha, beta, c0, bias0, res0);
+            float y1 = ts::gemm_epilogue<kAct, true, true, true>(x1, p.alpha, beta, c1, bias1, res1);
+            if constexpr (kFp8Out) {
+              if (row < p.m && col < p.n) amax_bits = max(amax_bits, __float_as_uint(fabsf(y0)));
+              if (row < p.m && col + 1 < p.n) amax_bits = max(amax_bits, __float_as_uint(fabsf(y1)));
+              y0 *= result_scale;
+              y1 *= result_scale;
+            }
+            stage_pair(buf, r, cc * int(sizeof(OutT)), y0, y1);
           }
-          float y0 = ts::gemm_epilogue<kAct, true, true, true>(x0, p.alpha, beta, c0, bias0, res0);
-          float y1 = ts::gemm_epilogue<kAct, true, true, true>(x1, p.alpha, beta, c1, bias1, res1);
-          if constexpr (kFp8Out) {
-            if (row < p.m && col < p.n) amax_bits = max(amax_bits, __float_as_uint(fabsf(y0)));
-            if (row < p.m && col + 1 < p.n) amax_bits = max(amax_bits, __float_as_uint(fabsf(y1)));
-            y0 *= result_scale;
-            y1 *= result_scale;
-          }
-          stage_pair(buf, r, cc * int(sizeof(OutT)), y0, y1);
         }
       }
     }
