@@ -30,11 +30,9 @@
 // column 2j + 1 the up projection of output column j, so the accumulators of a column pair give
 //     d = act(alpha * acc_gate + bias_gate) * (alpha * acc_up + bias_up)
 // with act = silu (SwiGLU), gelu_erf or gelu_tanh (GeGLU); no C or residual term.
-// erfcf (erfc in double) is NVRTC's built-in device math (full precision); exp in f32 is __expf
-// (ex2.approx of x log2 e: at most 2 + 1.16 |x| ulp, under 7e-6 relative for every |x| < 88,
-// where the sigmoid forms need it; a third of expf's instructions, which matters in a fully
-// unrolled epilogue of 128 values per thread); the sigmoid forms' division is __fdividef in f32
-// (gemm_over_one_plus: the IEEE division's slow path for huge denominators). fmaf(beta, c, alpha * acc): one rounding
+// erfcf/expf (erfc/exp in double) are NVRTC's built-in device math (full precision,
+// not the __ intrinsics); the sigmoid forms' division is __fdividef in f32 (gemm_over_one_plus:
+// the IEEE division's slow path for huge denominators). fmaf(beta, c, alpha * acc): one rounding
 // for the C term.
 #pragma once
 #include "tessera/common.cuh"
@@ -45,10 +43,10 @@ constexpr int kGemmActGeluErf = 2;
 constexpr int kGemmActGeluTanh = 3;
 constexpr int kGemmActSilu = 4;
 
-/// erfc / exp / fma of float (erfcf, __expf, fmaf) and of double.
+/// erfc / exp / fma of float (the f-suffixed builtins) and of double.
 __device__ __forceinline__ float gemm_erfc(float x) { return erfcf(x); }
 __device__ __forceinline__ double gemm_erfc(double x) { return erfc(x); }
-__device__ __forceinline__ float gemm_exp(float x) { return __expf(x); }
+__device__ __forceinline__ float gemm_exp(float x) { return expf(x); }
 __device__ __forceinline__ double gemm_exp(double x) { return exp(x); }
 /// x / (1 + e) for e = exp(...) >= 0 (the sigmoid forms). In float, the fast division (2 ulp):
 /// the IEEE one takes a slow path of a few hundred cycles whenever 1 + e exceeds 2^126, which
