@@ -69,7 +69,7 @@ use super::operator::{sum_sq, DistributedOperator, HostDistributedOperator};
 use super::partition::{row_block, RowPartition};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
-use crate::linalg::lsmr::{check_problem, Progress, Recurrence, StepFactors, StopRule};
+use crate::linalg::lsmr::{check_problem, negate_scale_add, Progress, Recurrence, StepFactors, StopRule};
 use crate::linalg::lsmr_device::ProgressFn;
 use crate::linalg::{LsmrOptions, LsmrResult};
 use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
@@ -375,10 +375,7 @@ impl RankVectors for HostRank<'_> {
 
     fn update_u(&mut self, alpha: f64) -> Result<f64> {
         self.op.apply_local(&self.v, &mut self.av)?;
-        self.u
-            .iter_mut()
-            .zip(&self.av)
-            .for_each(|(ui, &p)| *ui = *ui * -alpha + p);
+        negate_scale_add(&mut self.u, alpha, &self.av);
         Ok(sum_sq(&self.u))
     }
 
@@ -395,10 +392,7 @@ impl RankVectors for HostRank<'_> {
         if first {
             self.v.copy_from_slice(&self.atu);
         } else {
-            self.v
-                .iter_mut()
-                .zip(&self.atu)
-                .for_each(|(vi, &p)| *vi = *vi * -beta + p);
+            negate_scale_add(&mut self.v, beta, &self.atu);
         }
         Ok(sum_sq(&self.v))
     }

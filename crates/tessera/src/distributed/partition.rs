@@ -36,16 +36,7 @@ impl RowPartition {
     ///
     /// Errors: `parts == 0`; `a`'s offsets are not a valid CSR offset array of `a.rows` rows.
     pub fn by_nonzeros<T: Element, I: SparseIndex>(a: &CsrHost<T, I>, parts: usize) -> Result<RowPartition> {
-        if a.offsets.len() != a.rows + 1 {
-            return Err(Error::invalid(
-                "a",
-                format!(
-                    "has {} offsets for {} rows; CSR needs rows + 1",
-                    a.offsets.len(),
-                    a.rows
-                ),
-            ));
-        }
+        check_offsets_len(a)?;
         let offsets: Vec<usize> = a.offsets.iter().map(|o| o.to_usize()).collect();
         RowPartition::from_offsets(&offsets, parts)
     }
@@ -135,11 +126,8 @@ impl RowPartition {
     }
 }
 
-/// Rows `rows` of `a` as a matrix of their own (`rows.len() x a.cols`, the same columns):
-/// the local block `A_i` of a rank. O(rows + their nonzeros).
-///
-/// Errors: `rows` outside `0..a.rows` or reversed; `a`'s offsets not `a.rows + 1` long.
-pub fn row_block<T: Element, I: SparseIndex>(a: &CsrHost<T, I>, rows: Range<usize>) -> Result<CsrHost<T, I>> {
+/// `a.offsets` holds `a.rows + 1` entries (what both entry points index by before anything else).
+fn check_offsets_len<T: Element, I: SparseIndex>(a: &CsrHost<T, I>) -> Result<()> {
     if a.offsets.len() != a.rows + 1 {
         return Err(Error::invalid(
             "a",
@@ -150,6 +138,15 @@ pub fn row_block<T: Element, I: SparseIndex>(a: &CsrHost<T, I>, rows: Range<usiz
             ),
         ));
     }
+    Ok(())
+}
+
+/// Rows `rows` of `a` as a matrix of their own (`rows.len() x a.cols`, the same columns):
+/// the local block `A_i` of a rank. O(rows + their nonzeros).
+///
+/// Errors: `rows` outside `0..a.rows` or reversed; `a`'s offsets not `a.rows + 1` long.
+pub fn row_block<T: Element, I: SparseIndex>(a: &CsrHost<T, I>, rows: Range<usize>) -> Result<CsrHost<T, I>> {
+    check_offsets_len(a)?;
     if rows.start > rows.end || rows.end > a.rows {
         return Err(Error::invalid(
             "rows",

@@ -669,12 +669,12 @@ fn solve_unscaled(
         // Continue the bidiagonalisation: beta u = A v - alpha u, alpha v = A^T u - beta v.
         // When beta == 0, u (now 0) is not normalised and v, alpha keep their values.
         a.apply(1.0, &v, 0.0, &mut av);
-        u.iter_mut().zip(&av).for_each(|(ui, &p)| *ui = *ui * -alpha + p);
+        negate_scale_add(&mut u, alpha, &av);
         beta = norm2(&u);
         if beta > 0.0 {
             scale(&mut u, 1.0 / beta);
             a.apply_transposed(1.0, &u, 0.0, &mut atu);
-            v.iter_mut().zip(&atu).for_each(|(vi, &p)| *vi = *vi * -beta + p);
+            negate_scale_add(&mut v, beta, &atu);
             alpha = norm2(&v);
             if alpha > 0.0 {
                 scale(&mut v, 1.0 / alpha);
@@ -1026,4 +1026,10 @@ impl Progress {
 /// validate without a device (the Python package's `check_lsmr`).
 pub fn validate_problem(m: usize, n: usize, b_len: usize, opts: &LsmrOptions) -> Result<()> {
     check_problem(m, n, b_len, opts)
+}
+
+/// `y = -s y + p` elementwise: the bidiagonalisation's `u = A v - alpha u` and
+/// `v = A^T u - beta v` on the host.
+pub(crate) fn negate_scale_add(y: &mut [f64], s: f64, p: &[f64]) {
+    y.iter_mut().zip(p).for_each(|(yi, &pi)| *yi = *yi * -s + pi);
 }
