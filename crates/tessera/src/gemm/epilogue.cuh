@@ -33,7 +33,11 @@
 // erfcf/expf (erfc/exp in double) are NVRTC's built-in device math (full precision,
 // not the __ intrinsics); the sigmoid forms' division is __fdividef in f32 (gemm_over_one_plus:
 // the IEEE division's slow path for huge denominators). fmaf(beta, c, alpha * acc): one rounding
-// for the C term.
+// for the C term. kFastExp (f32 only; kernels set it for 16-bit and 8-bit outputs) takes exp
+// as ex2.approx.ftz of x log2 e (relative error below 2^-21 + 2^-23 |x|, i.e. < 1.1e-5 over the
+// range where the sigmoid is not 0 or 1): a tenth of a bf16/f16 output's rounding at most,
+// and a third of expf's instructions in an epilogue whose elements are otherwise a handful of
+// FMAs. f32 and f64 outputs keep expf / exp.
 #pragma once
 #include "tessera/common.cuh"
 
@@ -46,8 +50,23 @@ constexpr int kGemmActSilu = 4;
 /// erfc / exp / fma of float (the f-suffixed builtins) and of double.
 __device__ __forceinline__ float gemm_erfc(float x) { return erfcf(x); }
 __device__ __forceinline__ double gemm_erfc(double x) { return erfc(x); }
-__device__ __forceinline__ float gemm_exp(float x) { return expf(x); }
-__device__ __forceinline__ double gemm_exp(double x) { return exp(x); }
+template <bool kFastExp = false>
+__device__ __forceinline__ float gemm_exp(float x) {
+  if constexpr (kFastExp) {
+    // 2^(x log2 e) by ex2.approx.ftz: a result below 2^-126 flushes to 0, which 1 + e (the only
+    // use) cannot tell from the true value
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+  } else {
+    return expf(x);
+  }
+}
+template <bool kFastExp = false>
+__device__ __forceinline__ double gemm_exp(double x) {
+  static_assert(!kFastExp, "gemm_exp: no fast exp in double");
+  return exp(x);
+}
 /// x / (1 + e) for e = exp(...) >= 0 (the sigmoid forms). In float, the fast division (2 ulp):
 /// the IEEE one takes a slow path of a few hundred cycles whenever 1 + e exceeds 2^126, which
 /// exp(-2u) and exp(-x) do for every clearly negative x (most of a GEMM's negative outputs), and
@@ -59,8 +78,8 @@ __device__ __forceinline__ float gemm_fma(float a, float b, float c) { return fm
 __device__ __forceinline__ double gemm_fma(double a, double b, double c) { return fma(a, b, c); }
 
 /// The activation with code kActivation applied to x (see the table above), in T = float or
-/// double (the fp64 GEMM's epilogue runs in double).
-template <int kActivation, typename T>
+/// double (the fp64 GEMM's epilogue runs in double); kFastExp: exp by __expf (f32, see above).
+template <int kActivation, typename T, bool kFastExp = false>
 __device__ __forceinline__ T gemm_activate_t(T x) {
   static_assert(kActivation >= kGemmActNone && kActivation <= kGemmActSilu, "gemm_activate: unknown activation code");
   if constexpr (kActivation == kGemmActNone) {
@@ -71,26 +90,26 @@ __device__ __forceinline__ T gemm_activate_t(T x) {
     return T(0.5) * x * gemm_erfc(x * T(-0.70710678118654752440));
   } else if constexpr (kActivation == kGemmActGeluTanh) {
     // 0.5 (1 + tanh(u)) = 1 / (1 + exp(-2 u))
-    return gemm_over_one_plus(x, gemm_exp(T(-1.5957691216057307118) * (x + T(0.044715) * x * x * x)));
+    return gemm_over_one_plus(x, gemm_exp<kFastExp>(T(-1.5957691216057307118) * (x + T(0.044715) * x * x * x)));
   } else {
-    return gemm_over_one_plus(x, gemm_exp(-x));
+    return gemm_over_one_plus(x, gemm_exp<kFastExp>(-x));
   }
 }
 
 /// d = act(alpha * acc + beta * c + bias) + residual in T, terms absent when their flag is false.
-template <int kActivation, bool kHasBias, bool kHasC, bool kHasResidual, typename T>
+template <int kActivation, bool kHasBias, bool kHasC, bool kHasResidual, typename T, bool kFastExp = false>
 __device__ __forceinline__ T gemm_epilogue_t(T acc, T alpha, T beta, T c, T bias, T residual) {
   T x = alpha * acc;
   if constexpr (kHasC) x = gemm_fma(beta, c, x);
   if constexpr (kHasBias) x += bias;
-  T d = gemm_activate_t<kActivation>(x);
+  T d = gemm_activate_t<kActivation, T, kFastExp>(x);
   if constexpr (kHasResidual) d += residual;
   return d;
 }
 
 /// The GLU epilogue in T: act(alpha gate + bias_gate) * (alpha up + bias_up), the biases
 /// absent when kHasBias is false.
-template <int kActivation, bool kHasBias, typename T>
+template <int kActivation, bool kHasBias, typename T, bool kFastExp = false>
 __device__ __forceinline__ T gemm_glu_t(T gate, T up, T alpha, T bias_gate, T bias_up) {
   T g = alpha * gate;
   T u = alpha * up;
@@ -98,7 +117,7 @@ __device__ __forceinline__ T gemm_glu_t(T gate, T up, T alpha, T bias_gate, T bi
     g += bias_gate;
     u += bias_up;
   }
-  return gemm_activate_t<kActivation>(g) * u;
+  return gemm_activate_t<kActivation, T, kFastExp>(g) * u;
 }
 
 /// The activation with code kActivation applied to x (see the table above).
@@ -108,10 +127,11 @@ __device__ __forceinline__ float gemm_activate(float x) {
 }
 
 /// d = act(alpha * acc + beta * c + bias) + residual, terms absent when their flag is false.
-template <int kActivation, bool kHasBias, bool kHasC, bool kHasResidual>
+template <int kActivation, bool kHasBias, bool kHasC, bool kHasResidual, bool kFastExp = false>
 __device__ __forceinline__ float gemm_epilogue(float acc, float alpha, float beta, float c, float bias,
                                                float residual) {
-  return gemm_epilogue_t<kActivation, kHasBias, kHasC, kHasResidual, float>(acc, alpha, beta, c, bias, residual);
+  return gemm_epilogue_t<kActivation, kHasBias, kHasC, kHasResidual, float, kFastExp>(acc, alpha, beta, c, bias,
+                                                                                      residual);
 }
 
 // The same names inside namespace ts, for kernels that spell them ts::gemm_epilogue or ts::kActRelu.

@@ -147,6 +147,8 @@ using Acc = typename ts::WgmmaAcc<Elem>::type;       // f32, or s32 for int8
 constexpr bool kIntOut = ts::is_same_v<OutT, int>;   // int8 -> s32 out, no epilogue
 constexpr bool kScaled = sizeof(Elem) == 1;          // fp8 / int8: sa, sb scales
 constexpr bool kFp8Out = sizeof(OutT) == 1;          // fp8 out: result scale, amax
+// exp by __expf in the epilogue where the output's rounding (16-bit, fp8) dwarfs its error
+constexpr bool kFastExp = sizeof(OutT) <= 2;
 constexpr uint32_t kStageBytes = kABytes + kBBytes;  // expect_tx per slot (boxes count whole,
                                                      // zero-filled parts included)
 constexpr int kAccRegs = kBlockN / 2;
@@ -380,21 +382,25 @@ TS_DEVICE void mainloop(const GemmParams& p, uint32_t smem_base, uint64_t* full,
 /// Two consecutive OutT values at `ptr` (columns col, col + 1 of a row of C or R, or of the
 /// bias), the ones at or past column n read as 0. Pairs start at even columns of rows whose
 /// stride is a multiple of 16 bytes and whose base is aligned to a pair (hopper_supports), so the
-/// pair load is aligned.
-/// A template (on OutT) so that s32 outputs, which have no epilogue inputs, never instantiate it.
+/// pair load is aligned. load_pair_inside: the same where the caller knows col + 1 < n.
+/// Templates (on OutT) so that s32 outputs, which have no epilogue inputs, never instantiate it.
+template <typename T>
+TS_DEVICE void load_pair_inside(const T* ptr, float& x0, float& x1) {
+  if constexpr (ts::is_same_v<T, float>) {
+    const float2 v = *reinterpret_cast<const float2*>(ptr);
+    x0 = v.x;
+    x1 = v.y;
+  } else {
+    const uint32_t w = *reinterpret_cast<const uint32_t*>(ptr);
+    const ts::Array<float, 2> f = ts::is_same_v<T, ts::f16> ? ts::unpack_f16x2(w) : ts::unpack_bf16x2(w);
+    x0 = f[0];
+    x1 = f[1];
+  }
+}
 template <typename T>
 TS_DEVICE void load_pair(const T* ptr, int col, int n, float& x0, float& x1) {
   if (col + 1 < n) {
-    if constexpr (ts::is_same_v<T, float>) {
-      const float2 v = *reinterpret_cast<const float2*>(ptr);
-      x0 = v.x;
-      x1 = v.y;
-    } else {
-      const uint32_t w = *reinterpret_cast<const uint32_t*>(ptr);
-      const ts::Array<float, 2> f = ts::is_same_v<T, ts::f16> ? ts::unpack_f16x2(w) : ts::unpack_bf16x2(w);
-      x0 = f[0];
-      x1 = f[1];
-    }
+    load_pair_inside(ptr, x0, x1);
   } else {
     x0 = col < n ? ts::to_float(ptr[0]) : 0.0f;
     x1 = 0.0f;
@@ -436,19 +442,57 @@ TS_DEVICE void stage_pair(uint8_t* buf, int r, int bc, float y0, float y1) {
   }
 }
 
+/// The column terms of kPreloadBlocks consecutive 8-column accumulator blocks for this thread's
+/// pair (B columns col0 + 8 j, + 1; with a GLU the (gate, up) of output column / 2): the bias
+/// pair (0 without a bias) and the column scales of 8-bit operands (1 without). kChecked false:
+/// the caller knows every column is inside (< p.n), so each pair is one aligned load; true: the
+/// ones past p.n read as 0.
+template <bool kChecked>
+TS_DEVICE void load_column_terms(const GemmParams& p, int col0, float (&col_bias)[kPreloadBlocks][2],
+                                 float (&col_scale)[kPreloadBlocks][2]) {
+#pragma unroll
+  for (int j = 0; j < kPreloadBlocks; ++j) {
+    const int col = col0 + 8 * j;
+    col_bias[j][0] = col_bias[j][1] = 0.0f;
+    col_scale[j][0] = col_scale[j][1] = 1.0f;
+    if constexpr (!kIntOut) {
+      if (p.bias != nullptr) {
+        const OutT* ptr = static_cast<const OutT*>(p.bias) + col;
+        if constexpr (kChecked) {
+          load_pair(ptr, col, p.n, col_bias[j][0], col_bias[j][1]);
+        } else {
+          load_pair_inside(ptr, col_bias[j][0], col_bias[j][1]);
+        }
+      }
+    }
+    if (kScaled && p.scale_b != nullptr) {
+      if (p.scale_b_cols) {
+        col_scale[j][0] = !kChecked || col < p.n ? p.scale_b[col] : 0.0f;
+        col_scale[j][1] = !kChecked || col + 1 < p.n ? p.scale_b[col + 1] : 0.0f;
+      } else {
+        col_scale[j][0] = col_scale[j][1] = p.scale_b[0];
+      }
+    }
+  }
+}
+
 /// The epilogue of one tile for consumer `wg` (its 64 rows), activation kAct: D = act(alpha acc +
-/// beta C + bias) + R in 128-byte column chunks. Per chunk: the store leader (thread 0) waits
+/// beta C + bias) + R in 128-byte column chunks; kInputs false (no C and no R: the GEMM's usual
+/// case) leaves those terms and their row checks out, so that a chunk's elements form one
+/// branch-free block the compiler interleaves (with the C and R loads predicated per element
+/// pair, each element's activation ran as its own dependent chain). Per chunk: the store leader (thread 0) waits
 /// until the chunk's staging buffer is no longer read by the store before last, the warpgroup
 /// syncs, every thread writes its fragments (fence.proxy.async: visible to the TMA engine), syncs
-/// again, and the leader issues the chunk's TMA store. Inputs a call lacks are added as 0 (one
-/// epilogue instantiation per activation instead of eight per input set; beta and the null
-/// pointer go together: C is never read when it is absent). The only difference from leaving the
-/// terms out is the sign of a zero result (-0 + 0 = +0), which no comparison sees. Chunks wholly past column n and
+/// again, and the leader issues the chunk's TMA store. With kInputs, the one of C and R a call
+/// lacks is added as 0 (two epilogue forms per activation instead of eight per input set; beta
+/// and the null pointer go together: C is never read when it is absent); the only difference from
+/// leaving it out is the sign of a zero result (-0 + 0 = +0). A missing bias is added as 0 the
+/// same way (a register term, no branch). Chunks wholly past column n and
 /// consumers wholly past row m store nothing (uniform over the warpgroup). 8-bit operands
 /// multiply the accumulators by sa[row] sb[col] first (s32 converted to f32); s32 outputs store
 /// the accumulators unchanged. fp8 outputs track max |d| over the thread's in-range elements,
 /// store fp8(sr * d), and raise p.amax once per warp at the end.
-template <int kAct>
+template <int kAct, bool kInputs>
 TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAccRegs], const Tile& tl, int wg,
                         uint32_t& stores) {
   const int tid = threadIdx.x % 128;
@@ -490,23 +534,11 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
       // cannot tell from the bias) is not hoisted above it, so loading them per block would expose
       // one global-load latency per 8-column block.
       float col_bias[kPreloadBlocks][2], col_scale[kPreloadBlocks][2];
-#pragma unroll
-      for (int j = 0; j < kPreloadBlocks; ++j) {
-        // B column of the block's pair: with a GLU (gate, up) of output column col / 2
-        const int col = tl.n0 + 8 * (ch * kBlocksPerChunk + g0 + j) + 2 * (lane % 4);
-        col_bias[j][0] = col_bias[j][1] = 0.0f;
-        col_scale[j][0] = col_scale[j][1] = 1.0f;
-        if constexpr (!kIntOut) {
-          if (p.bias != nullptr) load_pair(static_cast<const OutT*>(p.bias) + col, col, p.n, col_bias[j][0], col_bias[j][1]);
-        }
-        if (kScaled && p.scale_b != nullptr) {
-          if (p.scale_b_cols) {
-            col_scale[j][0] = col < p.n ? p.scale_b[col] : 0.0f;
-            col_scale[j][1] = col + 1 < p.n ? p.scale_b[col + 1] : 0.0f;
-          } else {
-            col_scale[j][0] = col_scale[j][1] = p.scale_b[0];
-          }
-        }
+      const int first_col = tl.n0 + 8 * (ch * kBlocksPerChunk + g0);
+      if (first_col + 8 * kPreloadBlocks <= p.n) {  // uniform: every column inside, no checks
+        load_column_terms<false>(p, first_col + 2 * (lane % 4), col_bias, col_scale);
+      } else {
+        load_column_terms<true>(p, first_col + 2 * (lane % 4), col_bias, col_scale);
       }
 #pragma unroll
       for (int j = 0; j < kPreloadBlocks; ++j) {
@@ -523,7 +555,7 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
           const int oc = 4 * lb + lane % 4;
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const float y = ts::gemm_glu_t<kAct, true, float>(float(acc[4 * i + 2 * h]), float(acc[4 * i + 2 * h + 1]),
+            const float y = ts::gemm_glu_t<kAct, true, float, kFastExp>(float(acc[4 * i + 2 * h]), float(acc[4 * i + 2 * h + 1]),
                                                                p.alpha, col_bias[j][0], col_bias[j][1]);
             stage_one<OutT>(buf, r_local + 8 * h, oc * int(sizeof(OutT)), y);
           }
@@ -536,17 +568,19 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
             const int row = row_base + r;
             float c0 = 0.0f, c1 = 0.0f, res0 = 0.0f, res1 = 0.0f;
             const float sa = row_scale[h];
-            if (row < p.m) {
-              if (c_rows != nullptr) load_pair(c_rows + (long long)row * p.ldc + col, col, p.n, c0, c1);
-              if (r_rows != nullptr) load_pair(r_rows + (long long)row * p.ldr + col, col, p.n, res0, res1);
+            if constexpr (kInputs) {
+              if (row < p.m) {
+                if (c_rows != nullptr) load_pair(c_rows + (long long)row * p.ldc + col, col, p.n, c0, c1);
+                if (r_rows != nullptr) load_pair(r_rows + (long long)row * p.ldr + col, col, p.n, res0, res1);
+              }
             }
             float x0 = float(acc[4 * i + 2 * h]), x1 = float(acc[4 * i + 2 * h + 1]);
             if constexpr (kScaled) {
               x0 *= sa * sb0;
               x1 *= sa * sb1;
             }
-            float y0 = ts::gemm_epilogue<kAct, true, true, true>(x0, p.alpha, beta, c0, bias0, res0);
-            float y1 = ts::gemm_epilogue<kAct, true, true, true>(x1, p.alpha, beta, c1, bias1, res1);
+            float y0 = ts::gemm_epilogue<kAct, true, kInputs, kInputs, kFastExp>(x0, p.alpha, beta, c0, bias0, res0);
+            float y1 = ts::gemm_epilogue<kAct, true, kInputs, kInputs, kFastExp>(x1, p.alpha, beta, c1, bias1, res1);
             if constexpr (kFp8Out) {
               if (row < p.m && col < p.n) amax_bits = max(amax_bits, __float_as_uint(fabsf(y0)));
               if (row < p.m && col + 1 < p.n) amax_bits = max(amax_bits, __float_as_uint(fabsf(y1)));
@@ -576,26 +610,39 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
   }
 }
 
-/// The epilogue with the call's activation (one uniform switch per tile).
-TS_DEVICE void epilogue_any(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAccRegs], const Tile& tl, int wg,
+/// The epilogue with the call's activation and inputs (one uniform switch per tile): C or R
+/// present selects the kInputs form; s32 outputs, GLUs and fp8 outputs never have them
+/// (hopper_supports), so only the other kernels instantiate both forms.
+template <bool kInputs>
+TS_DEVICE void epilogue_act(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAccRegs], const Tile& tl, int wg,
                             uint32_t& stores) {
   if constexpr (kIntOut) {  // s32 out: no epilogue terms (hopper_supports), one instantiation
-    epilogue<ts::kActNone>(p, smem, acc, tl, wg, stores);
+    epilogue<ts::kActNone, false>(p, smem, acc, tl, wg, stores);
   } else if constexpr (kGlu) {  // the gate's activation (the plan passes silu, gelu or gelu_tanh)
     switch (p.activation) {
-      case ts::kActGeluErf: epilogue<ts::kActGeluErf>(p, smem, acc, tl, wg, stores); break;
-      case ts::kActGeluTanh: epilogue<ts::kActGeluTanh>(p, smem, acc, tl, wg, stores); break;
-      case ts::kActSilu: epilogue<ts::kActSilu>(p, smem, acc, tl, wg, stores); break;
-      default: epilogue<ts::kActNone>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActGeluErf: epilogue<ts::kActGeluErf, false>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActGeluTanh: epilogue<ts::kActGeluTanh, false>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActSilu: epilogue<ts::kActSilu, false>(p, smem, acc, tl, wg, stores); break;
+      default: epilogue<ts::kActNone, false>(p, smem, acc, tl, wg, stores); break;
     }
   } else {
     switch (p.activation) {
-      case ts::kActRelu: epilogue<ts::kActRelu>(p, smem, acc, tl, wg, stores); break;
-      case ts::kActGeluErf: epilogue<ts::kActGeluErf>(p, smem, acc, tl, wg, stores); break;
-      case ts::kActGeluTanh: epilogue<ts::kActGeluTanh>(p, smem, acc, tl, wg, stores); break;
-      case ts::kActSilu: epilogue<ts::kActSilu>(p, smem, acc, tl, wg, stores); break;
-      default: epilogue<ts::kActNone>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActRelu: epilogue<ts::kActRelu, kInputs>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActGeluErf: epilogue<ts::kActGeluErf, kInputs>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActGeluTanh: epilogue<ts::kActGeluTanh, kInputs>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActSilu: epilogue<ts::kActSilu, kInputs>(p, smem, acc, tl, wg, stores); break;
+      default: epilogue<ts::kActNone, kInputs>(p, smem, acc, tl, wg, stores); break;
     }
+  }
+}
+
+TS_DEVICE void epilogue_any(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAccRegs], const Tile& tl, int wg,
+                            uint32_t& stores) {
+  constexpr bool kMayHaveInputs = !kIntOut && !kGlu && !kFp8Out;
+  if (kMayHaveInputs && (p.c != nullptr || p.residual != nullptr)) {
+    epilogue_act<kMayHaveInputs>(p, smem, acc, tl, wg, stores);
+  } else {
+    epilogue_act<false>(p, smem, acc, tl, wg, stores);
   }
 }
 
