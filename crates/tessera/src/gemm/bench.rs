@@ -75,6 +75,8 @@ pub struct BenchCase {
     pub autotune: bool,
     /// [`GemmTuning::hopper_cluster`] forced (`tessera-cluster<n>` rows beside the rule's).
     pub hopper_cluster: Option<u32>,
+    /// [`GemmTuning::hopper_pingpong`] forced on (`tessera-pingpong` rows beside the rule's).
+    pub pingpong: bool,
 }
 
 impl BenchCase {
@@ -116,6 +118,7 @@ impl BenchCase {
         match self.path {
             _ if self.autotune => "tessera-autotuned".into(),
             _ if self.hopper_cluster.is_some() => format!("tessera-cluster{}", self.hopper_cluster.unwrap_or(1)),
+            _ if self.pingpong => "tessera-pingpong".into(),
             GemmPath::Auto => "tessera".into(),
             p => format!("tessera-{}", p.name()),
         }
@@ -173,6 +176,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         path: GemmPath::Auto,
         autotune: false,
         hopper_cluster: None,
+        pingpong: false,
     };
     if quick {
         return vec![
@@ -264,6 +268,26 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
     for s in [4096, 8192] {
         out.push(case(Precision::Tf32, s, s, s));
     }
+    // the ping-pong schedule forced, beside the rules' rows: plain, the heavy epilogues, fp8
+    let pingpong = |c: BenchCase| BenchCase { pingpong: true, ..c };
+    for (m, n, k) in [(4096, 4096, 4096), (4096, 14336, 4096), (8192, 8192, 8192)] {
+        out.push(pingpong(case(Precision::BF16, m, n, k)));
+    }
+    out.push(pingpong(BenchCase {
+        bias: true,
+        activation: Activation::GeluTanh,
+        ..case(Precision::BF16, 4096, 14336, 4096)
+    }));
+    out.push(pingpong(BenchCase {
+        glu: Glu::SwiGlu,
+        ..case(Precision::BF16, 4096, 14336, 4096)
+    }));
+    for (m, n, k) in [(4096, 4096, 4096), (4096, 14336, 4096)] {
+        out.push(pingpong(BenchCase {
+            scales: GemmScales::PerTensor,
+            ..case(Precision::Fp8E4M3, m, n, k)
+        }));
+    }
     out
 }
 
@@ -293,6 +317,7 @@ fn run<I: Element, O: Element>(
                 splits: None,
                 autotune: case.autotune,
                 hopper_cluster: case.hopper_cluster,
+                hopper_pingpong: case.pingpong.then_some(true),
                 ..GemmTuning::default()
             },
         },

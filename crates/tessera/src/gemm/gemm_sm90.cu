@@ -13,7 +13,8 @@
 // ts::fp8e5m2, int8_t), OutT (16-bit Elem: Elem or float; tf32: float; fp8: f16, bf16, float,
 // ts::fp8e4m3 or ts::fp8e5m2; int8: int, f16, bf16 or float), kBlockN (128 or 256 output columns per CTA tile), kStages
 // (ring depth), kBNK (B stored [N, K], K-major; false: [K, N], N-major, 16-bit Elem only: the
-// other wgmma types read K-major operands only), kGlu (the GLU epilogue, 16-bit operands).
+// other wgmma types read K-major operands only), kGlu (the GLU epilogue, 16-bit operands),
+// kPingPong (the ping-pong schedule below; kBlockN = 128).
 // Every k-block is one 128-byte swizzle row of each operand row: kBlockK = 128 / sizeof(Elem)
 // elements (64 for 16-bit, 32 tf32, 128 for 8-bit), four wgmma k-steps of 32 bytes; the ring's
 // byte sizes are the same for every Elem.
@@ -44,9 +45,15 @@
 //     kBlockN f32 (s32 for int8) accumulator (kBlockN / 2 registers per thread). Per k-block:
 //     wait full, four wgmma k-steps of 32 bytes, commit; the previous k-block's batch is then waited for
 //     (wgmma_wait<1>) and its slot released, so one batch is always queued behind the running one.
-//   Epilogue (per consumer, its 64 rows): fragments (x sa x sb for 8-bit Elem) -> gemm_epilogue
-//     (epilogue.cuh; skipped for int out) -> OutT into
-//     one of two 8 KiB staging buffers per consumer, in 128-byte column chunks (kStoreCols
+//   Ping-pong (kPingPong): the CTA's tiles alternate between the consumers, each computing all
+//     128 rows of its tile as two m64 x 128 accumulators (64 registers each) and passing over
+//     the other's k-blocks in the ring; a consumer starts its tile's MMAs when the other has
+//     issued its last ones (named turn barriers), so one consumer's epilogue runs while the
+//     other's MMAs do, and a slot is released by the 4 warps of its consumer. The producer's
+//     order is unchanged.
+//   Epilogue (per consumer, its 64 rows; ping-pong: its tile's two 64-row halves): fragments
+//     (x sa x sb for 8-bit Elem) -> gemm_epilogue (epilogue.cuh; skipped for int out) -> OutT
+//     into one of two 8 KiB staging buffers per consumer, in 128-byte column chunks (kStoreCols
 //     columns), each chunk stored by one TMA store while the next one is being written. The
 //     producer keeps filling the ring for the next tile meanwhile.
 //
@@ -103,6 +110,7 @@ constexpr int kBlockN = 256;
 constexpr int kStages = 4;
 constexpr bool kBNK = true;
 constexpr bool kGlu = false;
+constexpr bool kPingPong = false;
 #endif
 
 /// The kernel parameter, mirrored by `GemmParams` in gemm/hopper.rs (512 bytes).
@@ -138,7 +146,10 @@ constexpr int kThreads = 384;
 constexpr int kBlockM = 128;
 constexpr int kBlockK = 128 / int(sizeof(Elem));  // one 128-byte swizzle row of Elem
 constexpr int kConsumers = 2;
-constexpr int kConsumerRows = kBlockM / kConsumers;  // 64: one wgmma M
+constexpr int kConsumerRows = 64;  // one wgmma M: the rows of one accumulator half
+// Accumulator halves per consumer: cooperative, each consumer holds its 64 rows of the tile;
+// ping-pong, each holds all 128 rows of its own tile as two m64 halves.
+constexpr int kHalves = kPingPong ? 2 : 1;
 constexpr int kKSteps = kBlockK / ts::wgmma_k<Elem>;  // wgmma k-steps (32 bytes each) per k-block
 constexpr uint32_t kABytes = kBlockM * 128;
 constexpr uint32_t kBBytes = kBlockN * 128;
@@ -162,7 +173,8 @@ constexpr int kPreloadBlocks = kBlocksPerChunk < 8 ? kBlocksPerChunk : 8;
 static_assert(kBlocksPerChunk % kPreloadBlocks == 0, "whole preload groups per chunk");
 constexpr uint32_t kChunkBytes = kConsumerRows * 128;
 constexpr int kStoreBuffers = 2;
-constexpr uint32_t kConsumerWarps = 4 * kConsumers;  // arrivals that release a ring slot
+// arrivals that release a ring slot: every consumer warp (cooperative) or the owner's (ping-pong)
+constexpr uint32_t kConsumerWarps = kPingPong ? 4 : 4 * kConsumers;
 // setmaxnreg budgets: 128 * (producer + 2 consumers) <= the 384 * 168 registers held at launch
 // (__launch_bounds__(384, 1)); setmaxnreg.inc waits for the producer's release, so a larger sum
 // would hang the consumers.
@@ -182,12 +194,16 @@ static_assert(sizeof(Elem) == 2 ? (ts::is_same_v<OutT, Elem> || ts::is_same_v<Ou
               "output: 16-bit operands -> the operand type or f32; tf32 -> f32; fp8 -> f16, bf16, f32 or fp8; "
               "int8 -> s32, f16, bf16 or f32");
 static_assert(kBlockN == 128 || kBlockN == 256, "CTA tile: 128 x 128 or 128 x 256");
+static_assert(!kPingPong || kBlockN == 128, "ping-pong: 128 x 128 tiles (two m64n128 accumulators per consumer)");
 static_assert(kOutCols % kStoreCols == 0, "whole store chunks per tile");
 static_assert(!kGlu || (sizeof(Elem) == 2 && !kIntOut), "the GLU epilogue takes 16-bit operands");
 static_assert(sizeof(GemmParams) == 576, "GemmParams layout (hopper.rs)");
 
-/// Named barriers (0 is __syncthreads): consumer w's epilogue syncs its 128 threads on 1 + w.
+/// Named barriers (0 is __syncthreads): consumer w's epilogue syncs its 128 threads on 1 + w;
+/// ping-pong: consumer w waits for its turn at the tensor cores on 3 + w (its 128 threads sync,
+/// the other consumer's 128 arrive).
 constexpr uint32_t kStoreBarrier0 = 1;
+constexpr uint32_t kTurnBarrier0 = 3;
 
 /// Shared-memory carve-up (offsets from the 1024-aligned base); every tile 1024-aligned.
 struct Smem {
@@ -210,6 +226,12 @@ struct Ring {
       slot = 0;
       phase ^= 1;
     }
+  }
+  /// Passes n positions (ping-pong: the other consumer's tile).
+  TS_DEVICE void skip(int n) {
+    const int s = slot + n;
+    phase ^= uint32_t(s / kStages) & 1u;
+    slot = s % kStages;
   }
 };
 
@@ -322,20 +344,24 @@ TS_DEVICE void producer(const GemmParams& p, uint8_t* smem, uint64_t* full, uint
 /// 32 bytes inside the 128-byte swizzled row. B [N, K] is K-major the same way; B [K, N] is
 /// N-major (kTransB = 1): step k by 16 rows (2048 bytes), 64-column blocks kBColBlockBytes apart
 /// (the descriptor's leading byte offset). `accumulate` false overwrites acc (first k-block).
+/// Ping-pong: each k-step runs for both accumulator halves (A rows 0-63 and 64-127 of the slot,
+/// 8 KiB apart) against the same B.
 /// (A template on the accumulator type only so that the N-major branch, f16 / bf16 only, is not
 /// instantiated for the other operand types.)
 template <typename AccT>
-TS_DEVICE void issue_kblock(AccT (&acc)[kAccRegs], uint32_t a_tile, uint32_t b_tile, bool accumulate) {
-  const uint64_t da0 = ts::wgmma_desc_sw128(a_tile, 16);
+TS_DEVICE void issue_kblock(AccT (&acc)[kHalves][kAccRegs], uint32_t a_tile, uint32_t b_tile, bool accumulate) {
   const uint64_t db0 = ts::wgmma_desc_sw128(b_tile, kBNK ? 16u : kBColBlockBytes);
 #pragma unroll
   for (int kk = 0; kk < kKSteps; ++kk) {
-    const uint64_t da = ts::wgmma_desc_advance(da0, kk * 32);
     const int scale_d = (accumulate || kk > 0) ? 1 : 0;
-    if constexpr (kBNK) {
-      ts::wgmma_ss_kmajor<Elem, kBlockN>(acc, da, ts::wgmma_desc_advance(db0, kk * 32), scale_d);
-    } else {
-      ts::wgmma_ss<Elem, kBlockN, 1>(acc, da, ts::wgmma_desc_advance(db0, kk * 16 * 128), scale_d);
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+      const uint64_t da = ts::wgmma_desc_advance(ts::wgmma_desc_sw128(a_tile + h * kConsumerRows * 128, 16), kk * 32);
+      if constexpr (kBNK) {
+        ts::wgmma_ss_kmajor<Elem, kBlockN>(acc[h], da, ts::wgmma_desc_advance(db0, kk * 32), scale_d);
+      } else {
+        ts::wgmma_ss<Elem, kBlockN, 1>(acc[h], da, ts::wgmma_desc_advance(db0, kk * 16 * 128), scale_d);
+      }
     }
   }
 }
@@ -355,13 +381,18 @@ TS_DEVICE uint32_t slot_addr(uint32_t ring_base, int slot, uint32_t slot_bytes) 
 /// after the epilogue's reads of the previous tile's accumulators.
 /// In a cluster the slot is released on the peer's empty barrier as well (`peer_empty`, the
 /// cluster address of its empty[0]; predicated like the local arrival).
+/// Ping-pong: the consumer reads all 128 rows of the A slot; `pass_turn` hands the tensor cores
+/// to the other consumer once the last batch is issued (its first batch then queues behind
+/// this one's last).
 TS_DEVICE void mainloop(const GemmParams& p, uint32_t smem_base, uint64_t* full, uint64_t* empty,
-                        uint32_t peer_empty, Ring& ring, int wg, bool warp_leader, Acc (&acc)[kAccRegs]) {
+                        uint32_t peer_empty, Ring& ring, int wg, bool warp_leader, bool pass_turn,
+                        Acc (&acc)[kHalves][kAccRegs]) {
   const bool clustered = p.cluster_m > 1;
-  const uint32_t a_ring = smem_base + Smem::a + wg * kConsumerRows * 128;
+  const uint32_t a_ring = smem_base + Smem::a + (kPingPong ? 0 : wg * kConsumerRows * 128);
   const uint32_t b_ring = smem_base + Smem::b;
   int prev_slot = 0;
-  ts::wgmma_fence_acc(acc);
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) ts::wgmma_fence_acc(acc[h]);
   for (int kb = 0; kb < p.k_blocks; ++kb) {
     ts::mbar_wait(&full[ring.slot], ring.phase);
     ts::wgmma_fence();
@@ -373,8 +404,10 @@ TS_DEVICE void mainloop(const GemmParams& p, uint32_t smem_base, uint64_t* full,
     prev_slot = ring.slot;
     ring.advance();
   }
+  if (kPingPong && pass_turn) ts::named_barrier_arrive(kTurnBarrier0 + (wg ^ 1), 256);
   ts::wgmma_wait<0>();
-  ts::wgmma_fence_acc(acc);
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) ts::wgmma_fence_acc(acc[h]);
   ts::mbar_arrive_if(&empty[prev_slot], warp_leader && p.k_blocks > 0);
   ts::mbar_arrive_cluster_if(peer_empty + 8 * prev_slot, clustered && warp_leader && p.k_blocks > 0);
 }
@@ -494,11 +527,11 @@ TS_DEVICE void load_column_terms(const GemmParams& p, int col0, float (&col_bias
 /// store fp8(sr * d), and raise p.amax once per warp at the end.
 template <int kAct, bool kInputs>
 TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAccRegs], const Tile& tl, int wg,
-                        uint32_t& stores) {
+                        int half, uint32_t& stores) {
   const int tid = threadIdx.x % 128;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int row_base = tl.m0 + wg * kConsumerRows;
+  const int row_base = tl.m0 + half * kConsumerRows;
   if (row_base >= p.m) return;
   const int r_local = warp * 16 + lane / 4;  // and r_local + 8
   const uint32_t bar = kStoreBarrier0 + wg;
@@ -610,33 +643,42 @@ TS_DEVICE void epilogue(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAc
   }
 }
 
+/// The epilogue of a consumer's accumulators: its 64 rows of the tile (cooperative), or both
+/// 64-row halves of its own tile (ping-pong).
+template <int kAct, bool kInputs>
+TS_DEVICE void epilogue_tile(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kHalves][kAccRegs], const Tile& tl,
+                             int wg, uint32_t& stores) {
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) epilogue<kAct, kInputs>(p, smem, acc[h], tl, wg, kPingPong ? h : wg, stores);
+}
+
 /// The epilogue with the call's activation and inputs (one uniform switch per tile): C or R
 /// present selects the kInputs form; s32 outputs, GLUs and fp8 outputs never have them
 /// (hopper_supports), so only the other kernels instantiate both forms.
 template <bool kInputs>
-TS_DEVICE void epilogue_act(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAccRegs], const Tile& tl, int wg,
+TS_DEVICE void epilogue_act(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kHalves][kAccRegs], const Tile& tl, int wg,
                             uint32_t& stores) {
   if constexpr (kIntOut) {  // s32 out: no epilogue terms (hopper_supports), one instantiation
-    epilogue<ts::kActNone, false>(p, smem, acc, tl, wg, stores);
+    epilogue_tile<ts::kActNone, false>(p, smem, acc, tl, wg, stores);
   } else if constexpr (kGlu) {  // the gate's activation (the plan passes silu, gelu or gelu_tanh)
     switch (p.activation) {
-      case ts::kActGeluErf: epilogue<ts::kActGeluErf, false>(p, smem, acc, tl, wg, stores); break;
-      case ts::kActGeluTanh: epilogue<ts::kActGeluTanh, false>(p, smem, acc, tl, wg, stores); break;
-      case ts::kActSilu: epilogue<ts::kActSilu, false>(p, smem, acc, tl, wg, stores); break;
-      default: epilogue<ts::kActNone, false>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActGeluErf: epilogue_tile<ts::kActGeluErf, false>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActGeluTanh: epilogue_tile<ts::kActGeluTanh, false>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActSilu: epilogue_tile<ts::kActSilu, false>(p, smem, acc, tl, wg, stores); break;
+      default: epilogue_tile<ts::kActNone, false>(p, smem, acc, tl, wg, stores); break;
     }
   } else {
     switch (p.activation) {
-      case ts::kActRelu: epilogue<ts::kActRelu, kInputs>(p, smem, acc, tl, wg, stores); break;
-      case ts::kActGeluErf: epilogue<ts::kActGeluErf, kInputs>(p, smem, acc, tl, wg, stores); break;
-      case ts::kActGeluTanh: epilogue<ts::kActGeluTanh, kInputs>(p, smem, acc, tl, wg, stores); break;
-      case ts::kActSilu: epilogue<ts::kActSilu, kInputs>(p, smem, acc, tl, wg, stores); break;
-      default: epilogue<ts::kActNone, kInputs>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActRelu: epilogue_tile<ts::kActRelu, kInputs>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActGeluErf: epilogue_tile<ts::kActGeluErf, kInputs>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActGeluTanh: epilogue_tile<ts::kActGeluTanh, kInputs>(p, smem, acc, tl, wg, stores); break;
+      case ts::kActSilu: epilogue_tile<ts::kActSilu, kInputs>(p, smem, acc, tl, wg, stores); break;
+      default: epilogue_tile<ts::kActNone, kInputs>(p, smem, acc, tl, wg, stores); break;
     }
   }
 }
 
-TS_DEVICE void epilogue_any(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kAccRegs], const Tile& tl, int wg,
+TS_DEVICE void epilogue_any(const GemmParams& p, uint8_t* smem, const Acc (&acc)[kHalves][kAccRegs], const Tile& tl, int wg,
                             uint32_t& stores) {
   constexpr bool kMayHaveInputs = !kIntOut && !kGlu && !kFp8Out;
   if (kMayHaveInputs && (p.c != nullptr || p.residual != nullptr)) {
@@ -655,15 +697,29 @@ TS_DEVICE void consumer(const GemmParams& p, uint8_t* smem, uint64_t* full, uint
   Ring ring;
   uint32_t stores = 0;
   const int tiles = tile_count(p);
-  for (int t = pl.cluster; t < tiles; t += pl.clusters) {
+  // Ping-pong: the CTA's tiles alternate between the consumers (its i-th tile is consumer i % 2's),
+  // each passing over the other's k-blocks in the ring; a consumer starts a tile's MMAs once the
+  // other has issued its last ones (turn barriers), so one's epilogue overlaps the other's MMAs.
+  const int step = kPingPong ? 2 : 1;
+  const int first = kPingPong ? wg : 0;
+  if (kPingPong && wg == 1) ring.skip(p.k_blocks);
+  for (int t = pl.cluster + first * pl.clusters; t < tiles; t += step * pl.clusters) {
     const Tile tl = tile_of(p, t, pl.rank);
     // Zeroed although the first k-step overwrites it (scale_d = 0): the wgmma asm reads its
     // accumulators ("+f"), which must not be undefined values to the compiler.
-    Acc acc[kAccRegs];
+    Acc acc[kHalves][kAccRegs];
 #pragma unroll
-    for (int i = 0; i < kAccRegs; ++i) acc[i] = Acc(0);
-    mainloop(p, smem_base, full, empty, peer_empty, ring, wg, warp_leader, acc);
+    for (int h = 0; h < kHalves; ++h) {
+#pragma unroll
+      for (int i = 0; i < kAccRegs; ++i) acc[h][i] = Acc(0);
+    }
+    // ping-pong: wait for the turn unless this is the CTA's first tile; pass it on when the
+    // CTA has a next tile (the other consumer's), so arrivals and waits pair up
+    if (kPingPong && t != pl.cluster) ts::named_barrier_sync(kTurnBarrier0 + wg, 256);
+    const bool pass_turn = t + pl.clusters < tiles;
+    mainloop(p, smem_base, full, empty, peer_empty, ring, wg, warp_leader, pass_turn, acc);
     epilogue_any(p, smem, acc, tl, wg, stores);
+    if (kPingPong) ring.skip(p.k_blocks);
   }
   // The staging buffers must outlive the stores that read them.
   if (threadIdx.x % 128 == 0) ts::tma_store_wait_all();

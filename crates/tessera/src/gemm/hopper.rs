@@ -389,27 +389,41 @@ pub(crate) fn hopper_supports(args: &HopperGemmArgs) -> std::result::Result<(), 
     Ok(())
 }
 
-/// A CTA tiling: 128 x `block_n` output tiles, `stages` k-blocks of 64 in the ring.
+/// A CTA tiling: 128 x `block_n` output tiles, `stages` k-blocks in the ring; `pingpong`: each
+/// consumer warpgroup computes whole tiles of its own, in turns (gemm_sm90.cu), instead of both
+/// sharing every tile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct HopperTile {
     pub block_n: u32,
     pub stages: u32,
+    pub pingpong: bool,
 }
 
 /// The kernel's tilings: 128 x 256 (what the fastest public Hopper GEMMs run on large shapes:
-/// two m64n256 consumers, 85 flop per shared-memory byte) and 128 x 128 (half the columns, for
-/// N where 256-column tiles waste a large share of a wave). Each takes the ring depth that
-/// fills 192 KiB, leaving 32 KiB for the epilogue's staging buffers.
-pub(crate) const TILES: [HopperTile; 2] = [
+/// two m64n256 consumers, 85 flop per shared-memory byte), 128 x 128 (half the columns, for N
+/// where 256-column tiles waste a large share of a wave) and 128 x 128 ping-pong (each consumer
+/// its own tile as two m64n128 halves, so one's epilogue runs while the other's MMAs do). Each
+/// takes the ring depth that fills 192 KiB, leaving 32 KiB for the epilogue's staging buffers.
+pub(crate) const TILES: [HopperTile; 3] = [
     HopperTile {
         block_n: 256,
         stages: 4,
+        pingpong: false,
     },
     HopperTile {
         block_n: 128,
         stages: 6,
+        pingpong: false,
     },
+    PINGPONG_TILE,
 ];
+
+/// The ping-pong tiling (TILES[2]).
+pub(crate) const PINGPONG_TILE: HopperTile = HopperTile {
+    block_n: 128,
+    stages: 6,
+    pingpong: true,
+};
 
 /// Time of a 128 x 128 tile relative to half a 128 x 256 one: its k-blocks do half the MMA
 /// work for two thirds of the bytes, and the tensor cores run m64n128 below their m64n256 rate.
@@ -470,6 +484,7 @@ pub(crate) fn kernel_key(dtype: DType, out_dtype: DType, b_nk: bool, tile: Hoppe
         .int("kStages", "s", tile.stages)
         .flag("kBNK", "bnk", b_nk)
         .flag("kGlu", "glu", glu)
+        .flag("kPingPong", "pp", tile.pingpong)
 }
 
 fn spec(key: &KernelKey) -> KernelSpec {
@@ -482,8 +497,8 @@ fn spec(key: &KernelKey) -> KernelSpec {
 }
 
 /// Every variant this path can launch on `arch`: on sm_90, each operand dtype x each of its
-/// [`hopper_outputs`] x {B [N, K], and for 16-bit operands [K, N]} x [`TILES`] (46 kernels),
-/// and the GLU variants of the 16-bit operands (16 more); none elsewhere. Activations, scales
+/// [`hopper_outputs`] x {B [N, K], and for 16-bit operands [K, N]} x [`TILES`] (69 kernels),
+/// and the GLU variants of the 16-bit operands (24 more); none elsewhere. Activations, scales
 /// and the epilogue's inputs are run-time values.
 pub(crate) fn kernel_specs(arch: Arch) -> Vec<KernelSpec> {
     if arch != Arch::SM90 {
@@ -1040,6 +1055,7 @@ mod self_check {
         use DType::{BF16, F16, F32, F8E4M3, F8E5M2, I32, I8};
         let narrow = Some(TILES[1]);
         let wide = Some(TILES[0]);
+        let pingpong = Some(PINGPONG_TILE);
         vec![
             CheckCase::plain(256, 512, 256, BF16, true),
             CheckCase::plain(129, 257, 100, BF16, true),
@@ -1208,6 +1224,64 @@ mod self_check {
             CheckCase {
                 tile: narrow,
                 ..CheckCase::plain(2048, 2304, 200, F16, true)
+            },
+            // ping-pong: consumers alternate whole tiles (one tile per CTA, an odd count per CTA,
+            // several per consumer), with and without clusters, both B layouts, every epilogue
+            // form, 8-bit operands, GLU, fp8 output
+            CheckCase {
+                tile: pingpong,
+                ..CheckCase::plain(128, 128, 64, BF16, true)
+            },
+            CheckCase {
+                tile: pingpong,
+                ..CheckCase::plain(129, 257, 100, F16, false)
+            },
+            CheckCase {
+                tile: pingpong,
+                cluster: Some(1),
+                bias: true,
+                activation: 3,
+                ..CheckCase::plain(2048, 2304, 200, BF16, true)
+            },
+            CheckCase {
+                tile: pingpong,
+                cluster: Some(2),
+                beta: Some(0.7),
+                residual: true,
+                activation: 4,
+                ..CheckCase::plain(300, 1000, 520, BF16, false)
+            },
+            CheckCase {
+                tile: pingpong,
+                cluster: Some(2),
+                batch: 3,
+                beta: Some(-1.25),
+                c_is_d: true,
+                out_dtype: F32,
+                ..CheckCase::plain(127, 300, 129, F16, true)
+            },
+            CheckCase {
+                tile: pingpong,
+                scales: 2,
+                bias: true,
+                activation: 2,
+                ..CheckCase::plain(300, 1000, 520, F8E4M3, true).out(BF16)
+            },
+            CheckCase {
+                tile: pingpong,
+                cluster: Some(2),
+                ..CheckCase::plain(300, 520, 1000, I8, true).out(I32)
+            },
+            CheckCase {
+                tile: pingpong,
+                ..CheckCase::plain(129, 257, 100, F32, true)
+            },
+            CheckCase {
+                tile: pingpong,
+                glu: true,
+                activation: 4,
+                bias: true,
+                ..CheckCase::plain(1000, 1000, 300, BF16, true)
             },
         ]
     }

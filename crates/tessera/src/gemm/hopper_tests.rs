@@ -619,9 +619,9 @@ fn reference_activations() {
 #[test]
 fn kernel_variants_are_hopper_only_and_distinct() {
     let specs = kernel_specs(Arch::SM90);
-    // 16-bit: 2 dtypes x 2 outputs x 2 B layouts x 2 tilings; tf32: 1 x 1 x 2; fp8: 2 x 5 x 1 x 2;
-    // int8: 4 outputs x 1 x 2; the GLU variants of the 16-bit ones.
-    assert_eq!(specs.len(), 16 + 2 + 20 + 8 + 16);
+    // 16-bit: 2 dtypes x 2 outputs x 2 B layouts x 3 tilings; tf32: 1 x 1 x 3; fp8: 2 x 5 x 1 x 3;
+    // int8: 4 outputs x 1 x 3; the GLU variants of the 16-bit ones.
+    assert_eq!(specs.len(), 24 + 3 + 30 + 12 + 24);
     let mut names: Vec<_> = specs.iter().map(|s| s.name.clone()).collect();
     names.sort();
     names.dedup();
@@ -659,6 +659,12 @@ fn kernel_variants_are_hopper_only_and_distinct() {
     for code in 0..=MAX_ACTIVATION {
         assert!(cases.iter().any(|c| c.activation == code), "activation {code}");
     }
+    // ping-pong: both B layouts, clusters on and off, C and residual, 8-bit operands, a GLU
+    let pp: Vec<_> = cases.iter().filter(|c| c.tile == Some(PINGPONG_TILE)).collect();
+    assert!(pp.iter().any(|c| c.b_nk) && pp.iter().any(|c| !c.b_nk));
+    assert!(pp.iter().any(|c| c.cluster == Some(1)) && pp.iter().any(|c| c.cluster == Some(2)));
+    assert!(pp.iter().any(|c| c.beta.is_some() && c.residual));
+    assert!(pp.iter().any(|c| c.dtype.size() == 1) && pp.iter().any(|c| c.glu));
 }
 
 /// Every variant compiles for sm_90a with no spills, no stack and no serialised wgmma (C7520),

@@ -86,6 +86,10 @@ pub struct GemmTuning {
     pub splits: Option<u32>,
     /// The Hopper path's tile width (`block_n`: 256 or 128). Default `None`: by waves.
     pub hopper_block_n: Option<u32>,
+    /// The Hopper path's ping-pong schedule (128 x 128 tiles, each consumer warpgroup its own
+    /// tile, in turns: one's epilogue overlaps the other's MMAs): `Some(true)` forces it (with
+    /// `hopper_block_n` `None` or 128), `Some(false)` rules it out. Default `None`: the rules'.
+    pub hopper_pingpong: Option<bool>,
     /// CTAs per thread-block cluster on the Hopper path: 2 share each B tile through TMA
     /// multicast, 1 runs without clusters. Default `None`: 2 where the tile rows pair up
     /// (`hopper::choose_cluster`) and the device co-schedules pairs.
@@ -514,13 +518,17 @@ impl GemmPlan {
         if path == GemmPath::Hopper {
             let sms = ctx.info().sm_count;
             let tuning = &opts.tuning;
-            let (forced_splits, forced_block_n) =
-                if tuning.autotune && tuning.splits.is_none() && tuning.hopper_block_n.is_none() && batch == 1 {
-                    let c = super::autotune::hopper_choice(ctx, problem)?;
-                    (Some(c.splits), Some(c.block_n))
-                } else {
-                    (tuning.splits, tuning.hopper_block_n)
-                };
+            let (forced_splits, forced_block_n) = if tuning.autotune
+                && tuning.splits.is_none()
+                && tuning.hopper_block_n.is_none()
+                && tuning.hopper_pingpong.is_none()
+                && batch == 1
+            {
+                let c = super::autotune::hopper_choice(ctx, problem)?;
+                (Some(c.splits), Some(c.block_n))
+            } else {
+                (tuning.splits, tuning.hopper_block_n)
+            };
             (splits, k_per_split) = hopper_splits(problem, sms, forced_splits)?;
             // split K: `splits` partial products over equal k ranges, run as a batch (entry s
             // reads A and B from k = s * k_per_split on; the scales apply to each part), summed in
@@ -543,9 +551,22 @@ impl GemmPlan {
                 ));
                 workspace = Some(ctx.alloc::<f32>(splits * m * problem.n)?);
             }
-            let tile = match forced_block_n {
-                None => hopper::choose_tile(key.m, key.b_n(), key.batch, sms),
-                Some(bn) => match hopper::TILES.iter().find(|t| t.block_n == bn) {
+            let tile = match (forced_block_n, tuning.hopper_pingpong) {
+                (None | Some(128), Some(true)) => hopper::PINGPONG_TILE,
+                (Some(bn), Some(true)) => {
+                    return Err(Error::invalid(
+                        "hopper_block_n",
+                        format!("{bn} with hopper_pingpong: the ping-pong tiles are 128 columns wide"),
+                    ))
+                }
+                (None, _) => {
+                    let tile = hopper::choose_tile(key.m, key.b_n(), key.batch, sms);
+                    match tuning.hopper_pingpong {
+                        Some(false) if tile.pingpong => hopper::TILES[1],
+                        _ => tile,
+                    }
+                }
+                (Some(bn), _) => match hopper::TILES.iter().find(|t| t.block_n == bn && !t.pingpong) {
                     Some(tile) => *tile,
                     None => {
                         return Err(Error::invalid(

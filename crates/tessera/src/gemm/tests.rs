@@ -348,7 +348,7 @@ fn every_variant_is_listed_once_per_arch() {
         // simt, sm80, skinny, split-K reductions, dmma; on sm_90 the Hopper variants too
         // (simt and sm80 plain and GLU; the GLU interleave copy for 1/2/4/8-byte elements; the
         // sm80 tf32 (1) and int8 (4) variants, and fp8 (10) from sm_89 on)
-        let hopper = if arch == Arch::SM90 { 46 + 16 } else { 0 };
+        let hopper = if arch == Arch::SM90 { 69 + 24 } else { 0 };
         let sm80_fp8 = if (arch.major, arch.minor) >= (8, 9) { 10 } else { 0 };
         assert_eq!(n, 16 + 24 + 5 + sm80_fp8 + 6 + 3 + 1 + 4 + hopper, "{arch}: {names:?}");
     }
