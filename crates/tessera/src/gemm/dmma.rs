@@ -395,39 +395,6 @@ mod tests {
         }
     }
 
-    /// gemm_dmma.cu's tile_of (kGroupM = 8): (M tile, N tile) of the CTA at (x, y) of the grid.
-    fn tile_of(x: usize, y: usize, tiles_m: usize, tiles_n: usize) -> (usize, usize) {
-        const GROUP_M: usize = 8;
-        let lin = y * tiles_n + x;
-        let group = lin / (GROUP_M * tiles_n);
-        let first_row = group * GROUP_M;
-        let rows = (tiles_m - first_row).min(GROUP_M);
-        let r = lin - group * GROUP_M * tiles_n;
-        (first_row + r % rows, r / rows)
-    }
-
-    #[test]
-    fn grouped_tile_order_visits_every_tile_once() {
-        for (tiles_m, tiles_n) in [(1, 1), (1, 5), (7, 1), (8, 8), (9, 3), (32, 32), (17, 40), (33, 7)] {
-            let mut seen = vec![false; tiles_m * tiles_n];
-            for y in 0..tiles_m {
-                for x in 0..tiles_n {
-                    let (tm, tn) = tile_of(x, y, tiles_m, tiles_n);
-                    assert!(
-                        tm < tiles_m && tn < tiles_n,
-                        "{tiles_m} x {tiles_n}: ({x}, {y}) -> ({tm}, {tn})"
-                    );
-                    assert!(!seen[tm * tiles_n + tn], "{tiles_m} x {tiles_n}: ({tm}, {tn}) twice");
-                    seen[tm * tiles_n + tn] = true;
-                }
-            }
-        }
-        // inside a full group the row runs fastest
-        assert_eq!(tile_of(0, 0, 32, 32), (0, 0));
-        assert_eq!(tile_of(1, 0, 32, 32), (1, 0));
-        assert_eq!(tile_of(8, 0, 32, 32), (0, 1));
-    }
-
     #[test]
     fn shared_memory_fits_every_target() {
         // 3 x (128 + 128) x 16 doubles; sm_86/89 allow 99 KiB of opt-in shared memory per CTA

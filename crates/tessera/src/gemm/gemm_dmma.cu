@@ -8,11 +8,7 @@
 //
 // CTA tile kBM x kBN x kBK = 128 x 128 x 16, 8 warps as 4 (M) x 2 (N), each warp 32 x 64 of D:
 // 2 m16 x 8 n8 tiles, 64 f64 accumulators (128 registers) per thread; one CTA per SM
-// (__launch_bounds__(256, 1)). Grid (N tiles, M tiles, batch), taken in a grouped order
-// (tile_of): groups of kGroupM tile rows, the row fastest inside a group, so the ~SM-count CTAs
-// in flight cover a block of D about kGroupM tall whose A rows and B columns they share in L2
-// (in launch order, a wave spans ~4 tile rows and every B column: B came from HBM once per
-// few rows).
+// (__launch_bounds__(256, 1)). Grid (N tiles, M tiles, batch).
 //
 // Fragments (mma.cuh; PTX ISA "Matrix Fragments for mma.m16n8k8 / m16n8k16" of .f64), g =
 // lane / 4, t = lane % 4, c = 0 .. kMmaK / 4 - 1:
@@ -204,28 +200,10 @@ TS_DEVICE void dmma(double (&d)[4], const double (&a)[8], const double (&b)[4]) 
 
 }  // namespace
 
-/// Tile rows per group of the tile order.
-constexpr int kGroupM = 8;
-
-/// (M tile, N tile) of this CTA: its linear index within the batch entry walks groups of
-/// kGroupM tile rows (the last group may have fewer), the row fastest inside a group.
-TS_DEVICE void tile_of(int& tile_m, int& tile_n) {
-  const int tiles_n = gridDim.x, tiles_m = gridDim.y;
-  const int lin = blockIdx.y * tiles_n + blockIdx.x;
-  const int group = lin / (kGroupM * tiles_n);
-  const int first_row = group * kGroupM;
-  const int rows = ts::min_c(tiles_m - first_row, kGroupM);
-  const int r = lin - group * kGroupM * tiles_n;
-  tile_m = first_row + r % rows;
-  tile_n = r / rows;
-}
-
 extern "C" __global__ void __launch_bounds__(kThreads, 1) gemm_dmma(const __grid_constant__ GemmParams p) {
   const int z = blockIdx.z;
-  int tile_m, tile_n;
-  tile_of(tile_m, tile_n);
-  const int m0 = tile_m * kBM;
-  const int n0 = tile_n * kBN;
+  const int m0 = blockIdx.y * kBM;
+  const int n0 = blockIdx.x * kBN;
   const double* A = static_cast<const double*>(p.a) + z * p.stride_a;
   const double* B = static_cast<const double*>(p.b) + z * p.stride_b;
   // row-major A [M, K] and B stored [N, K] are k-contiguous
