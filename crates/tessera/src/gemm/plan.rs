@@ -559,13 +559,8 @@ impl GemmPlan {
                         format!("{bn} with hopper_pingpong: the ping-pong tiles are 128 columns wide"),
                     ))
                 }
-                (None, _) => {
-                    let tile = hopper::choose_tile(key.m, key.b_n(), key.batch, sms);
-                    match tuning.hopper_pingpong {
-                        Some(false) if tile.pingpong => hopper::TILES[1],
-                        _ => tile,
-                    }
-                }
+                // the rules pick a cooperative tiling (ping-pong is opt-in until measured)
+                (None, _) => hopper::choose_tile(key.m, key.b_n(), key.batch, sms),
                 (Some(bn), _) => match hopper::TILES.iter().find(|t| t.block_n == bn && !t.pingpong) {
                     Some(tile) => *tile,
                     None => {
