@@ -528,6 +528,15 @@ fn run<I: Element, O: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<
         .collect();
     let comparison = compare(&got, &want, 0.0, 0.0);
     let budget = O::DTYPE.rel_l2_budget().max(1e-12);
+    // A result below the output type's smallest subnormal step everywhere (a tiny problem whose
+    // GELU sits deep in its negative tail, written as fp16) rounds to zeros: its rel-L2 then
+    // measures the type's range, not the kernel, so the element bound (whose floor is that
+    // step) judges it alone.
+    let below_resolution = want
+        .iter()
+        .all(|w| !w.is_finite() || w.abs() < reference::atol(O::DTYPE));
+    let rel_l2_ok = comparison.passes(budget)
+        || (below_resolution && comparison.nan_count == 0 && comparison.special_mismatches == 0);
     let mut notes = Vec::new();
     if let Some(&e) = over.first() {
         notes.push(format!(
@@ -547,7 +556,7 @@ fn run<I: Element, O: Element>(ctx: &Context, case: &Case, seed: u64) -> Result<
         case: case.name(),
         params: case.params(),
         path: format!("{} ({})", plan.path().name(), plan.kernel_name()),
-        passed: comparison.passes(budget) && notes.is_empty(),
+        passed: rel_l2_ok && notes.is_empty(),
         comparison,
         budget,
         note: (!notes.is_empty()).then(|| notes.join("; ")),
