@@ -292,7 +292,7 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
         let mut y = self.ctx.alloc::<T>(self.rows.max(1))?;
         let timer = crate::runtime::EventTimer::new(&self.ctx)?;
         let mut best: Option<(f64, SpmvTuning, Arc<SpmvPlan>)> = None;
-        for tuning in spmv_candidates(&self.row_lengths) {
+        for tuning in spmv_candidates(&self.row_lengths, self.descriptor.col_locality) {
             let plan = Arc::new(SpmvPlan::new(self, &SpmvOptions { tuning })?);
             plan.run(self, 1.0, &x, 0.0, &mut y)?;
             plan.run(self, 1.0, &x, 0.0, &mut y)?;

@@ -3,7 +3,9 @@
 //!
 //! Dispatch. Rows of up to `long_threshold` nonzeros go to `spmv_csr_rows`, a group of `lanes`
 //! lanes per row, `lanes` the power of two nearest half the mean length of those rows (clamped
-//! to 1..=32), so each lane takes about two nonzeros per row. Rows longer than the threshold
+//! to 1..=32), so each lane takes about two nonzeros per row; twice that (one nonzero per lane)
+//! when the columns are scattered, and at most 16 on matrices of few rows
+//! ([`choose_spmv_shape`]). Rows longer than the threshold
 //! (32 x that mean, at least 1024) go to `spmv_csr_long_rows`, cut into segments of
 //! [`SEGMENT_NNZ`] nonzeros, one CTA each. Both kernels are deterministic: every row is summed
 //! in one fixed order, so repeated calls give bitwise identical y.
@@ -26,6 +28,14 @@ pub const SEGMENT_NNZ: usize = 4096;
 const MIN_LONG_THRESHOLD: usize = 1024;
 /// Rows of more than this many times the mean short-row length are long.
 const LONG_FACTOR: f64 = 32.0;
+/// Below this column locality (the descriptor's share of consecutive entries in one 128-byte
+/// line of `x`) a row's gathers are scattered: the SpMV gives each lane one nonzero per row,
+/// not two, so that a warp has twice the independent gathers in flight.
+const SCATTERED_LOCALITY: f64 = 0.25;
+/// Matrices of fewer rows than this get at most 16 lanes per row in the SpMV: two rows per
+/// warp and twice the nonzeros per lane beat one row per warp on rows of hundreds of
+/// nonzeros when the rows are few (tall least-squares transposes, 256^2 tomography).
+const FEW_ROWS: usize = 1 << 17;
 
 /// Tuning knobs for benchmarks and tests; the defaults are the dispatcher's choice.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -206,12 +216,38 @@ pub fn choose_shape(lengths: &[usize], tuning: &SpmvTuning) -> (u32, usize) {
     (lanes, threshold)
 }
 
+/// (lanes, long threshold) of the SpMV plan: [`choose_shape`], then refined by the matrix's
+/// column locality and row count (rules fitted to the autotuner's choices on the benchmark
+/// matrices, see sparse/NOTES.md): scattered columns take about one nonzero per lane instead of
+/// two, and matrices of fewer than [`FEW_ROWS`] rows at most 16 lanes. Forced lanes
+/// (`tuning.lanes`) are kept as given.
+pub fn choose_spmv_shape(lengths: &[usize], col_locality: f64, tuning: &SpmvTuning) -> (u32, usize) {
+    let (lanes, threshold) = choose_shape(lengths, tuning);
+    if tuning.lanes.is_some() {
+        return (lanes, threshold);
+    }
+    let (count, sum) = lengths
+        .iter()
+        .filter(|&&l| l <= threshold)
+        .fold((0usize, 0usize), |(n, s), &l| (n + 1, s + l));
+    // twice the lanes only while each keeps about one nonzero per row
+    let doubled = (lanes * 2).min(32);
+    let fills = count > 0 && (doubled as usize) * count <= sum;
+    let lanes = if col_locality < SCATTERED_LOCALITY && fills {
+        doubled
+    } else {
+        lanes
+    };
+    let lanes = if lengths.len() < FEW_ROWS { lanes.min(16) } else { lanes };
+    (lanes, threshold)
+}
+
 /// The SpMV choices [`CsrMatrix::autotune_spmv`](super::CsrMatrix::autotune_spmv) times for
 /// rows of `lengths`: the rules' tuning (default) first, then the row kernel with half and twice
 /// its lanes per row (where they exist), then the binned kernel; at most four, all with the
 /// rules' long-row threshold.
-pub fn spmv_candidates(lengths: &[usize]) -> Vec<SpmvTuning> {
-    let (lanes, _) = choose_shape(lengths, &SpmvTuning::default());
+pub fn spmv_candidates(lengths: &[usize], col_locality: f64) -> Vec<SpmvTuning> {
+    let (lanes, _) = choose_spmv_shape(lengths, col_locality, &SpmvTuning::default());
     let mut out = vec![SpmvTuning::default()];
     for l in [lanes / 2, lanes * 2] {
         if (1..=32).contains(&l) {
@@ -242,7 +278,7 @@ impl SpmvPlan {
         }
         let ctx = a.context().clone();
         let lengths = a.row_lengths();
-        let (lanes, long_threshold) = choose_shape(lengths, &opts.tuning);
+        let (lanes, long_threshold) = choose_spmv_shape(lengths, a.descriptor().col_locality, &opts.tuning);
         let variant = SpmvVariant {
             value: T::DTYPE,
             index: I::DTYPE,
@@ -426,16 +462,36 @@ mod tests {
     #[test]
     fn autotune_candidates_are_the_rules_their_neighbours_and_binned() {
         // mean 16 -> 8 lanes by the rules
-        let c = spmv_candidates(&[16; 100]);
+        let c = spmv_candidates(&[16; 100], 1.0);
         assert_eq!(c[0], SpmvTuning::default());
         assert_eq!(c[1].lanes, Some(4));
         assert_eq!(c[2].lanes, Some(16));
         assert!(c[3].binned);
         assert_eq!(c.len(), 4);
         // 1 lane by the rules: no half; 32 lanes: no double
-        assert_eq!(spmv_candidates(&[1; 10]).len(), 3);
-        assert_eq!(spmv_candidates(&[200; 10]).len(), 3);
-        assert!(spmv_candidates(&[]).len() >= 2);
+        assert_eq!(spmv_candidates(&[1; 10], 1.0).len(), 3);
+        assert_eq!(spmv_candidates(&vec![200; FEW_ROWS], 1.0).len(), 3);
+        assert!(spmv_candidates(&[], 1.0).len() >= 2);
+    }
+
+    #[test]
+    fn spmv_shape_follows_locality_and_row_count() {
+        let t = SpmvTuning::default();
+        // scattered columns: one nonzero per lane; local ones: two
+        assert_eq!(choose_spmv_shape(&[16; 1000], 0.0, &t), (16, 1024));
+        assert_eq!(choose_spmv_shape(&[16; 1000], 0.9, &t), (8, 1024));
+        // never more lanes than nonzeros
+        assert_eq!(choose_spmv_shape(&[1; 1000], 0.0, &t), (1, 1024));
+        assert_eq!(choose_spmv_shape(&[3; 1000], 0.0, &t), (2, 1024));
+        // rows of hundreds: 16 lanes on few rows, 32 on many
+        assert_eq!(choose_spmv_shape(&[900; 1000], 0.9, &t).0, 16);
+        assert_eq!(choose_spmv_shape(&vec![900; FEW_ROWS], 0.9, &t).0, 32);
+        // forced lanes are kept
+        let forced = SpmvTuning {
+            lanes: Some(4),
+            ..SpmvTuning::default()
+        };
+        assert_eq!(choose_spmv_shape(&[16; 1000], 0.0, &forced), (4, 1024));
     }
     use super::*;
 
