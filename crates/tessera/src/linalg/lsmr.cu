@@ -7,29 +7,35 @@
 // LsmrDamp per column), only the operator products are shared (SpMM over the k columns).
 //
 // What. One LSMR iteration (Fong and Saunders 2011; SciPy's order, see linalg/lsmr.rs) is, with
-// the products done by the operator (sparse SpMV, user code) into work vectors av and atu:
+// the products done by the operator (sparse SpMV, user code) into work vectors av and atu,
+// five launches:
 //   av = A v                                   (operator; v is not normalised in memory;
 //                                               with column scaling A D v, from dv = D v)
-//   lsmr_update_u : u = av * v_scale - alpha * (u * u_scale), partial sums of u^2
-//   lsmr_scalar(ITER_BETA): the deferred stopping tests of the previous iteration (one per
-//                   damp), then beta = ||u||, u_scale = 1 / beta
+//   lsmr_update_u : u = av * v_scale - alpha * (u * u_scale), partial sums of u^2; then, in
+//                   its last CTA (per column), the scalar step ITER_BETA: the deferred
+//                   stopping tests of the previous iteration (one per damp), then
+//                   beta = ||u||, u_scale = 1 / beta
 //   atu = A^T u                                (operator; u is not normalised in memory)
-//   lsmr_update_v : v = atu * u_scale - beta * (v * v_scale), partial sums of v^2
-//   lsmr_scalar(ITER_ALPHA): alpha = ||v||, v_scale = 1 / alpha, ||A||; then per damp the
-//                   rotations, the estimates of ||r||, ||A^T r||, cond(A), and the three
-//                   factors of its x update
+//   lsmr_update_v : v = atu * u_scale - beta * (v * v_scale), partial sums of v^2; then, in
+//                   its last CTA (per column), the scalar step ITER_ALPHA: alpha = ||v||,
+//                   v_scale = 1 / alpha, ||A||; then per damp the rotations, the estimates
+//                   of ||r||, ||A^T r||, cond(A), and the three factors of its x update
 //   lsmr_update_x : per damp j (blockIdx.y): hbar_j = h_j - (theta rho / rho rhobar) hbar_j;
 //                   x_j += step hbar_j; h_j = v * v_scale - (theta / rho) h_j; partial sums
 //                   of x_j^2 (for ||x_j||)
+// The setup (lsmr_sumsq, lsmr_update_v with `first`, lsmr_update_x with `first`) and the
+// check points keep the scalar steps as separate lsmr_scalar launches (SETUP_BETA,
+// SETUP_ALPHA, TEST): they run once per solve or once per check_every iterations.
 // u and v are kept unnormalised: their 1 / beta and 1 / alpha are applied where they are read
 // (u_scale in lsmr_update_v and the next lsmr_update_u, v_scale in lsmr_update_u, the next
 // lsmr_update_v and lsmr_update_x). That saves a pass over each, and lsmr_update_x only reads
 // v, so the k damps' CTAs read it side by side without a race.
 //
 // Stopping. The tests of iteration k need ||x_k||, known only after lsmr_update_x; they run at
-// the start of the next lsmr_scalar (ITER_BETA of iteration k + 1, or TEST at a check point),
-// before anything that the result reads (x, the estimates) changes: lsmr_update_u of k + 1
-// runs first but only touches u, which is not returned. A damp whose test holds sets its own
+// the start of the next scalar step (ITER_BETA in the tail of lsmr_update_u of iteration
+// k + 1, or lsmr_scalar's TEST at a check point), before anything that the result reads (x,
+// the estimates) changes: the vector work of lsmr_update_u of k + 1 runs first but only
+// touches u, which is not returned. A damp whose test holds sets its own
 // stop flag: its recurrences and its CTAs of lsmr_update_x return at once from then on, so its
 // x and estimates stay those of the iteration at which its rules first held. When every damp
 // has stopped (or at an early exit) the shared stop flag is set and every kernel here returns
@@ -38,8 +44,11 @@
 //
 // Determinism. Norms are two-pass: each CTA of a vector kernel writes one partial sum (in
 // double) to partials[blockIdx.x] (a fixed grid-stride assignment and a fixed block tree), and
-// lsmr_scalar adds the partials in a fixed order (a block tree for ||u|| and ||v||, one warp
-// butterfly per damp for ||x_j||): no float atomics, bitwise reproducible.
+// the scalar step (scalar_step) adds the partials in a fixed order (a block tree for ||u|| and
+// ||v||, one warp butterfly per damp for ||x_j||): no float atomics, bitwise reproducible.
+// In the iterations the step runs in whichever CTA of the row finishes last, with the same
+// kBlockThreads threads, the same code and the same order as lsmr_scalar, so which CTA that is
+// changes no bit. The only atomic is the integer count of finished CTAs (see Work mapping).
 //
 // Layout. Vectors contiguous, Val (float or double); the damps' h, hbar and x are k vectors of
 // `stride` (= n) elements each, back to back. State: struct LsmrShared, then k structs
@@ -49,19 +58,36 @@
 // c * col_stride, col_stride = m or n; h, hbar, x at c * stride), the state is k records of
 // (LsmrShared, LsmrDamp) (`state_stride` = `damp_stride` = 41 doubles apart), every partial-sum
 // array holds kMaxPartials doubles per column (column c at c * kMaxPartials). Column c is
-// blockIdx.y of the vector kernels and blockIdx.x of lsmr_scalar (one CTA per column, each with
-// one damp). The damp list is the same code with col_stride 0 (one v for all rows of CTAs of
-// lsmr_update_x), state_stride 0 (one LsmrShared) and damp_stride 28 (LsmrDamp).
+// blockIdx.y of the vector kernels (the last CTA of row c runs column c's fused scalar step)
+// and blockIdx.x of lsmr_scalar (one CTA per column, each with one damp). The damp list is the
+// same code with col_stride 0 (one v for all rows of CTAs of lsmr_update_x), state_stride 0
+// (one LsmrShared) and damp_stride 28 (LsmrDamp); its update_u and update_v have one row of
+// CTAs, whose last CTA runs the step of the one record, for all k damps.
 //
 // Work mapping. Vector kernels: kBlockThreads threads, a fixed grid of at most kMaxPartials CTAs
 // (host: min(ceil(len / kBlockThreads), kMaxPartials)), grid-stride over the elements, one
 // element per thread per step, arithmetic in double; lsmr_update_x has k rows of CTAs
 // (gridDim.y = k, one per damp), so the CTAs of one chunk of v are launched together and read
 // it once from DRAM (the other k - 1 reads hit L2). Many right-hand sides: every vector kernel
-// has gridDim.y = k (one row of CTAs per column, each on its own column), lsmr_scalar k CTAs. lsmr_scalar: one CTA of kBlockThreads
-// threads; all of them add the partials of ||u||, ||v||; warp w adds those of ||x_j|| for
-// j = w, w + 8, ... and runs damp j's stopping test; thread j runs damp j's recurrences
-// (a few hundred flops). Shared memory: 2 * kBlockThreads / 32 doubles for the block reductions.
+// has gridDim.y = k (one row of CTAs per column, each on its own column), lsmr_scalar k CTAs.
+// The scalar step (one CTA of kBlockThreads threads: a lsmr_scalar CTA, or the last CTA of a
+// row of lsmr_update_u / lsmr_update_v): all threads add the partials of ||u||, ||v||; warp w
+// adds those of ||x_j|| for j = w, w + 8, ... and runs damp j's stopping test; thread j runs
+// damp j's recurrences (a few hundred flops). Shared memory: up to 2 * kBlockThreads / 32
+// doubles for the block reductions, and the fused tails' "last CTA" flag.
+// The fused tails (VecParams::fused, last_cta_scalar_step): every CTA of row c writes its
+// partial (thread 0), fences it and adds 1 to counters[c]; the CTA that sees gridDim.x - 1 is
+// the last: it fences (every other CTA's partial is then visible to it), sets counters[c]
+// back to 0 for the next launch (update_u and update_v share the counters: launches on one
+// stream, each leaves them at 0, so a captured CUDA graph replays correctly) and runs the step
+// with all its threads. So that a count always completes, every early return of the two
+// kernels is uniform over a row: a stopped record returns in every CTA of its row before
+// anything (none counts; the step would have returned at once), and update_v with beta not
+// positive after the setup skips the vector loop in every CTA but still writes partials of 0,
+// counts and runs ITER_ALPHA (alpha keeps its value, the recurrences step, as in SciPy). The
+// step's state writes are read by later launches only: every CTA of the row read its state
+// before it counted. Cost: the tails' code sets the kernels' registers (update_u holds the
+// stopping test, update_v the recurrences), so fewer of their CTAs are resident at once.
 //
 // Roofline. LSMR is bandwidth bound. Per iteration, bytes moved (s = sizeof(Val)):
 //   the products: A v and A^T u, each nnz * (s + sizeof(Idx)) + offsets + gathers and the
@@ -73,7 +99,7 @@
 // of the SpMVs, and with k = 8 damps still under 15%.
 // Many right-hand sides (k columns): the products are one SpMM each (A read once per pass of 8
 // columns instead of once per column, plus k vectors' gathers), the vector work is k times a
-// single solve's ((3m + 10n) s per column) and the scalar kernel runs k CTAs: the target is a
+// single solve's ((3m + 10n) s per column) and the scalar steps run in k CTAs: the target is a
 // run of k columns well under k single solves when the matrix dominates the SpMV traffic.
 #include "tessera/common.cuh"
 #include "tessera/reduce.cuh"
@@ -120,6 +146,18 @@ enum ScalarMode : int {
   kTest = 4,        // the deferred tests only (at a check point and at the end)
 };
 
+struct ScalarParams {
+  LsmrShared* shared;
+  LsmrDamp* damps;
+  const double* partials_u;
+  const double* partials_v;
+  const double* partials_x;  // setup: ||b|| ([count_x]); else ||x_j|| ([k][kMaxPartials])
+  int count_u, count_v, count_x;
+  int mode;                  // lsmr_scalar's step (fused tails: their own, set to match)
+  int k;                     // damps per record (many right-hand sides: 1)
+  int state_stride;          // doubles between two columns' records (record c: column c); 0: one
+};
+
 struct VecParams {
   const Val* a;     // av (update_u), atu (update_v), the vector to measure (sumsq)
   Val* u;           // u (update_u), v (update_v, update_x)
@@ -137,19 +175,9 @@ struct VecParams {
   long long state_stride; // doubles between two columns' LsmrShared (0: one shared state)
   long long damp_stride;  // doubles between two rows' LsmrDamp (28: the damp list; 41: columns)
   int first;        // setup pass (update_v: v = atu * u_scale; update_x: h = v * v_scale, hbar = 0)
-  int pad;
-};
-
-struct ScalarParams {
-  LsmrShared* shared;
-  LsmrDamp* damps;
-  const double* partials_u;
-  const double* partials_v;
-  const double* partials_x;  // setup: ||b|| ([count_x]); else ||x_j|| ([k][kMaxPartials])
-  int count_u, count_v, count_x;
-  int mode;
-  int k;                     // damps per CTA (many right-hand sides: 1)
-  int state_stride;          // doubles between two columns' records (CTA c: column c); 0: one
+  int fused;        // update_u, update_v after the setup: the last CTA of each grid row runs scalar
+  ScalarParams scalar;  // fused: the scalar step (mode kIterBeta / kIterAlpha) of the row's record
+  int* counters;    // fused: [gridDim.y] CTAs of the row done; 0 between launches (re-armed)
 };
 
 namespace {
@@ -325,117 +353,22 @@ TS_DEVICE void start_damp(LsmrDamp* st, double alpha, double beta, bool early) {
 
 }  // namespace
 
-// partials[cta] = sum of a[i]^2 over the CTA's elements (setup: ||b||, ||b - A x0||).
-extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_sumsq(const __grid_constant__ VecParams p) {
-  __shared__ double smem[kBlockThreads / 32];
-  const Val* a = p.a + (long long)blockIdx.y * p.col_stride;
-  double s = 0.0;
-  const long long stride = (long long)gridDim.x * kBlockThreads;
-  for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
-    const double e = (double)a[i];
-    s += e * e;
-  }
-  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem);
-}
-
-// u = av * v_scale - alpha * (u * u_scale); partials of u^2.
-extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_u(const __grid_constant__ VecParams p) {
-  __shared__ double smem[kBlockThreads / 32];
-  const LsmrShared* sh = shared_of(p, blockIdx.y);
-  if (sh->stop != 0.0) return;  // uniform over the grid row: no CTA of it reaches the barrier
-  const double alpha = sh->alpha, us = sh->u_scale, vs = sh->v_scale;
-  const Val* a = p.a + (long long)blockIdx.y * p.col_stride;
-  Val* uc = p.u + (long long)blockIdx.y * p.col_stride;
-  double s = 0.0;
-  const long long stride = (long long)gridDim.x * kBlockThreads;
-  for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
-    const Val u = (Val)((double)a[i] * vs - alpha * ((double)uc[i] * us));
-    uc[i] = u;
-    s += (double)u * (double)u;
-  }
-  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem);
-}
-
-// v = atu * u_scale - beta * (v * v_scale) (setup: v = atu * u_scale, v = 0 when beta == 0);
-// partials of v^2. With column scaling (d set) the operator is A D: atu is D (A^T u) and
-// dv = D v is written for the next product A (D v). When beta is not positive (0, or NaN)
-// after the setup, v (and dv) keep their values (SciPy) and nothing is written.
-extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_v(const __grid_constant__ VecParams p) {
-  __shared__ double smem[kBlockThreads / 32];
-  const LsmrShared* sh = shared_of(p, blockIdx.y);
-  if (!p.first && (sh->stop != 0.0 || !(sh->beta > 0.0))) return;  // uniform over the row
-  const double beta = sh->beta, us = sh->u_scale, vs = sh->v_scale;
-  const long long off = (long long)blockIdx.y * p.col_stride;
-  const Val* a = p.a + off;
-  Val* vc = p.u + off;
-  Val* dv = p.dv + off;
-  double s = 0.0;
-  const long long stride = (long long)gridDim.x * kBlockThreads;
-  for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
-    const double di = p.d ? (double)p.d[i] : 1.0;
-    const double atu = di * (double)a[i];
-    double v;
-    if (p.first) v = beta > 0.0 ? atu * us : 0.0;
-    else v = atu * us - beta * ((double)vc[i] * vs);
-    const Val vv = (Val)v;
-    vc[i] = vv;
-    if (p.d) dv[i] = (Val)(di * (double)vv);
-    s += (double)vv * (double)vv;
-  }
-  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem);
-}
-
-// Damp (or column) j = blockIdx.y: hbar_j = h_j + hbar_factor * hbar_j, x_j += x_step * hbar_j,
-// h_j = v * v_scale + h_factor * h_j; partials of x_j^2. Setup (first): h_j = v * v_scale,
-// hbar_j = 0. v is only read.
-extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_x(const __grid_constant__ VecParams p) {
-  __shared__ double smem[kBlockThreads / 32];
-  const LsmrShared* sh = shared_of(p, blockIdx.y);
-  const LsmrDamp* st = damp_of(p, blockIdx.y);
-  if (!p.first && (sh->stop != 0.0 || st->stop != 0.0)) return;  // uniform over the CTA
-  const double vs = sh->v_scale;
-  const double fb = st->hbar_factor, step = st->x_step, fh = st->h_factor;
-  const Val* v = p.u + (long long)blockIdx.y * p.col_stride;
-  const long long off = (long long)blockIdx.y * p.stride;
-  Val* h = p.h + off;
-  Val* hbar = p.hbar + off;
-  Val* x = p.x + off;
-  const long long stride = (long long)gridDim.x * kBlockThreads;
-  const long long start = (long long)blockIdx.x * kBlockThreads + threadIdx.x;
-  if (p.first) {
-    for (long long i = start; i < p.len; i += stride) {
-      h[i] = (Val)((double)v[i] * vs);
-      hbar[i] = (Val)0;
-    }
-    return;
-  }
-  double s = 0.0;
-  for (long long i = start; i < p.len; i += stride) {
-    const double hi = (double)h[i];
-    const Val hb = (Val)((double)hbar[i] * fb + hi);
-    hbar[i] = hb;
-    const Val xi = (Val)((double)x[i] + step * (double)hb);
-    x[i] = xi;
-    h[i] = (Val)(hi * fh + (double)v[i] * vs);
-    s += (double)xi * (double)xi;
-  }
-  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem);
-}
-
-// The scalar work of one step (ScalarMode): one CTA per column (the damp list: one CTA).
-extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_scalar(const __grid_constant__ ScalarParams p) {
-  __shared__ double smem_a[kBlockThreads / 32];
-  __shared__ double smem_b[kBlockThreads / 32];
-  // CTA c works on column c's record (the damp list: one CTA, state_stride 0)
-  const long long rec = (long long)blockIdx.x * p.state_stride;
-  const long long part = (long long)blockIdx.x * kMaxPartials;
+// The scalar work of one step (ScalarMode `mode`: lsmr_scalar passes p.mode, the fused tails
+// a constant, so that each vector kernel holds the code of its own step only) on record c
+// (column c; the damp list: c = 0, state_stride 0), by one whole CTA: every thread calls it (it
+// has barriers and block reductions; its early returns are uniform over the CTA). smem_a,
+// smem_b: kBlockThreads / 32 doubles each, free on entry (no thread still reading them from an
+// earlier reduction).
+__device__ void scalar_step(const ScalarParams& p, int mode, int c, double* smem_a, double* smem_b) {
+  const long long rec = (long long)c * p.state_stride;
+  const long long part = (long long)c * kMaxPartials;
   LsmrShared* sh = (LsmrShared*)((double*)p.shared + rec);
   LsmrDamp* damps = (LsmrDamp*)((double*)p.damps + rec);
   const double* partials_u = p.partials_u + part;
   const double* partials_v = p.partials_v + part;
   const double* partials_x = p.partials_x + part;
   const bool lead = threadIdx.x == 0;
-  switch (p.mode) {
+  switch (mode) {
     case kSetupBeta: {
       const double normb = norm_of(partials_x, p.count_x, smem_a);
       const double beta = norm_of(partials_u, p.count_u, smem_b);
@@ -507,7 +440,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_scalar(const __
         for (int j = 0; j < p.k; ++j) all = all && damps[j].stop != 0.0;
         if (all) sh->stop = 1.0;
       }
-      if (p.mode == kTest) return;
+      if (mode == kTest) return;
       __syncthreads();
       if (sh->stop != 0.0) return;
       const double beta = norm_of(partials_u, p.count_u, smem_b);
@@ -518,4 +451,148 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_scalar(const __
       return;
     }
   }
+}
+
+// The fused tail of lsmr_update_u / lsmr_update_v (p.fused): after every CTA of grid row c has
+// written its partial sum (thread 0, write_partial), the CTA that finishes last runs the
+// scalar step `mode` of record c (p.scalar) with all its threads. Thread 0 of each CTA fences
+// its partial (release) and counts the CTA in counters[c]; the one that sees gridDim.x - 1 is
+// the last, fences again (acquire: every counted CTA's partial is visible to it, and after the
+// barrier to all its threads), re-arms the counter for the next launch and tells its CTA
+// through shared memory. Every CTA of a row calls this or none does (the kernels' early
+// returns are uniform over a row), so the count always completes and the counter is 0 between
+// launches. The step's state writes are read by later launches only: every CTA of the row
+// read its state before it counted.
+TS_DEVICE void last_cta_scalar_step(const VecParams& p, int mode, double* smem_a, double* smem_b) {
+  __shared__ int is_last;
+  const int c = blockIdx.y;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const bool last = atomicAdd(p.counters + c, 1) == (int)gridDim.x - 1;
+    if (last) {
+      __threadfence();
+      p.counters[c] = 0;
+    }
+    is_last = last;
+  }
+  __syncthreads();  // also: every thread is done with smem_a (write_partial) before the step
+  if (is_last) scalar_step(p.scalar, mode, c, smem_a, smem_b);
+}
+
+// partials[cta] = sum of a[i]^2 over the CTA's elements (setup: ||b||, ||b - A x0||).
+extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_sumsq(const __grid_constant__ VecParams p) {
+  __shared__ double smem[kBlockThreads / 32];
+  const Val* a = p.a + (long long)blockIdx.y * p.col_stride;
+  double s = 0.0;
+  const long long stride = (long long)gridDim.x * kBlockThreads;
+  for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
+    const double e = (double)a[i];
+    s += e * e;
+  }
+  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem);
+}
+
+// u = av * v_scale - alpha * (u * u_scale); partials of u^2. Fused: then kIterBeta (the
+// deferred tests, beta = ||u||) by the row's last CTA.
+extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_u(const __grid_constant__ VecParams p) {
+  __shared__ double smem_a[kBlockThreads / 32];
+  __shared__ double smem_b[kBlockThreads / 32];
+  const LsmrShared* sh = shared_of(p, blockIdx.y);
+  // uniform over the grid row: no CTA of it counts (kIterBeta would return at once as well)
+  if (sh->stop != 0.0) return;
+  const double alpha = sh->alpha, us = sh->u_scale, vs = sh->v_scale;
+  const Val* a = p.a + (long long)blockIdx.y * p.col_stride;
+  Val* uc = p.u + (long long)blockIdx.y * p.col_stride;
+  double s = 0.0;
+  const long long stride = (long long)gridDim.x * kBlockThreads;
+  for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
+    const Val u = (Val)((double)a[i] * vs - alpha * ((double)uc[i] * us));
+    uc[i] = u;
+    s += (double)u * (double)u;
+  }
+  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem_a);
+  if (p.fused) last_cta_scalar_step(p, kIterBeta, smem_a, smem_b);
+}
+
+// v = atu * u_scale - beta * (v * v_scale) (setup: v = atu * u_scale, v = 0 when beta == 0);
+// partials of v^2. With column scaling (d set) the operator is A D: atu is D (A^T u) and
+// dv = D v is written for the next product A (D v). When beta is not positive (0, or NaN)
+// after the setup, v (and dv) keep their values (SciPy): no element is written and the CTAs
+// write partials of 0 (kIterAlpha then keeps alpha and does not use ||v||). Fused: then
+// kIterAlpha (alpha, the recurrences) by the row's last CTA, whatever beta.
+extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_v(const __grid_constant__ VecParams p) {
+  __shared__ double smem_a[kBlockThreads / 32];
+  __shared__ double smem_b[kBlockThreads / 32];
+  const LsmrShared* sh = shared_of(p, blockIdx.y);
+  // uniform over the grid row: no CTA of it counts (kIterAlpha would return at once as well)
+  if (!p.first && sh->stop != 0.0) return;
+  const double beta = sh->beta, us = sh->u_scale, vs = sh->v_scale;
+  // uniform over the row too (one beta per record): skip the loop, still count
+  const bool keep = !p.first && !(beta > 0.0);
+  const long long off = (long long)blockIdx.y * p.col_stride;
+  const Val* a = p.a + off;
+  Val* vc = p.u + off;
+  Val* dv = p.dv + off;
+  double s = 0.0;
+  const long long stride = (long long)gridDim.x * kBlockThreads;
+  const long long len = keep ? 0 : p.len;
+  for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < len; i += stride) {
+    const double di = p.d ? (double)p.d[i] : 1.0;
+    const double atu = di * (double)a[i];
+    double v;
+    if (p.first) v = beta > 0.0 ? atu * us : 0.0;
+    else v = atu * us - beta * ((double)vc[i] * vs);
+    const Val vv = (Val)v;
+    vc[i] = vv;
+    if (p.d) dv[i] = (Val)(di * (double)vv);
+    s += (double)vv * (double)vv;
+  }
+  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem_a);
+  if (p.fused) last_cta_scalar_step(p, kIterAlpha, smem_a, smem_b);
+}
+
+// Damp (or column) j = blockIdx.y: hbar_j = h_j + hbar_factor * hbar_j, x_j += x_step * hbar_j,
+// h_j = v * v_scale + h_factor * h_j; partials of x_j^2. Setup (first): h_j = v * v_scale,
+// hbar_j = 0. v is only read.
+extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_x(const __grid_constant__ VecParams p) {
+  __shared__ double smem[kBlockThreads / 32];
+  const LsmrShared* sh = shared_of(p, blockIdx.y);
+  const LsmrDamp* st = damp_of(p, blockIdx.y);
+  if (!p.first && (sh->stop != 0.0 || st->stop != 0.0)) return;  // uniform over the CTA
+  const double vs = sh->v_scale;
+  const double fb = st->hbar_factor, step = st->x_step, fh = st->h_factor;
+  const Val* v = p.u + (long long)blockIdx.y * p.col_stride;
+  const long long off = (long long)blockIdx.y * p.stride;
+  Val* h = p.h + off;
+  Val* hbar = p.hbar + off;
+  Val* x = p.x + off;
+  const long long stride = (long long)gridDim.x * kBlockThreads;
+  const long long start = (long long)blockIdx.x * kBlockThreads + threadIdx.x;
+  if (p.first) {
+    for (long long i = start; i < p.len; i += stride) {
+      h[i] = (Val)((double)v[i] * vs);
+      hbar[i] = (Val)0;
+    }
+    return;
+  }
+  double s = 0.0;
+  for (long long i = start; i < p.len; i += stride) {
+    const double hi = (double)h[i];
+    const Val hb = (Val)((double)hbar[i] * fb + hi);
+    hbar[i] = hb;
+    const Val xi = (Val)((double)x[i] + step * (double)hb);
+    x[i] = xi;
+    h[i] = (Val)(hi * fh + (double)v[i] * vs);
+    s += (double)xi * (double)xi;
+  }
+  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem);
+}
+
+// The scalar work of one step (ScalarMode): one CTA per column (the damp list: one CTA). The
+// setup steps, the tests at a check point; in the iterations, kIterBeta and kIterAlpha run in
+// the tails of lsmr_update_u and lsmr_update_v instead (VecParams::fused).
+extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_scalar(const __grid_constant__ ScalarParams p) {
+  __shared__ double smem_a[kBlockThreads / 32];
+  __shared__ double smem_b[kBlockThreads / 32];
+  scalar_step(p, p.mode, blockIdx.x, smem_a, smem_b);
 }

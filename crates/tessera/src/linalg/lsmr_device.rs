@@ -14,13 +14,15 @@
 //!
 //! # Device design (lsmr.cu has the kernel-level detail)
 //!
-//! Per iteration: the two products of the operator into work vectors, three fused vector
-//! kernels (`u` update, `v` update, the `h`, `hbar`, `x` updates; `u` and `v` stay
+//! Per iteration five launches: the two products of the operator into work vectors and three
+//! fused vector kernels (`u` update, `v` update, the `h`, `hbar`, `x` updates; `u` and `v` stay
 //! unnormalised in memory, their scales applied where they are read) that each write a
-//! per-CTA partial sum of squares, and two one-CTA scalar kernels that add
-//! the partials in a fixed order (deterministic two-pass norms, no float atomics) and run the
-//! recurrences and every stopping test on f64 state structs in device memory ([`LsmrShared`], and
-//! one [`LsmrDamp`] per damp).
+//! per-CTA partial sum of squares. The last CTA to finish the `u` and the `v` update (an
+//! integer count per row of CTAs) then runs the scalar step of the iteration: it adds the
+//! partials in a fixed order (deterministic two-pass norms, no float atomics) and runs the
+//! recurrences and every stopping test on f64 state structs in device memory ([`LsmrShared`],
+//! and one [`LsmrDamp`] per damp). The setup and the check points run the same steps as a
+//! one-CTA scalar kernel (`lsmr_scalar`).
 //! When a test holds, the state's stop flag is set and every later kernel of the solver returns
 //! at once, so the result is the iterate at which the rules first held, exactly as if the host
 //! had checked after every iteration.
@@ -40,7 +42,7 @@
 //! run. The bidiagonalisation (`u`, `v`, `alpha`, `beta`, both products, `||A||`) does not
 //! depend on `damp`, so it runs once; each damp has its own f64 state ([`LsmrDamp`]: rotations,
 //! estimates, stop flag) and its own `h`, `hbar`, `x`. `lsmr_update_x` has one row of CTAs per
-//! damp (all reading the one `v`), `lsmr_scalar` runs the damps' recurrences one thread each
+//! damp (all reading the one `v`), the scalar step runs the damps' recurrences one thread each
 //! and their stopping tests one warp each. A damp that stops freezes (its kernels' work returns
 //! at once); the run ends when every damp has stopped. Each result is that of a separate
 //! [`lsmr`] with that damp, up to the summation order of `||x||` (the same kernels compute it;
@@ -53,7 +55,8 @@
 //! each column its own LSMR (its own `u`, `v`, `alpha`, `beta`, estimates and stop): the state
 //! is `k` records of ([`LsmrShared`], [`LsmrDamp`]) ([`COLUMN_LEN`] doubles each), every vector
 //! an `m x k` or `n x k` block, every vector kernel has one row of CTAs per column
-//! (`gridDim.y = k`) and `lsmr_scalar` one CTA per column. What the columns share is the
+//! (`gridDim.y = k`) and the scalar step runs per column (the last CTA of the column's row;
+//! `lsmr_scalar`: one CTA per column). What the columns share is the
 //! operator's products: one [`apply_many`](LinearOperator::apply_many) and one
 //! [`apply_transposed_many`](LinearOperator::apply_transposed_many) per iteration (SpMM for the
 //! sparse operators). A column that stopped freezes as a damp of the damp list does (its
@@ -76,7 +79,7 @@ use super::lsmr::{check_damps, check_problem, column_scale, LsmrOptions, LsmrRes
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::StreamGraph;
-use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
+use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig, WorkCounters};
 
 /// Source of the solver's kernels.
 pub const SOURCE: &str = include_str!("lsmr.cu");
@@ -262,7 +265,7 @@ enum ScalarMode {
     Test = 4,
 }
 
-/// `struct VecParams` of lsmr.cu (128 bytes).
+/// `struct VecParams` of lsmr.cu (200 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 struct VecParams {
@@ -282,16 +285,23 @@ struct VecParams {
     state_stride: i64,
     damp_stride: i64,
     first: i32,
-    pad: i32,
+    /// update_u, update_v after the setup: the last CTA of each grid row runs `scalar` for the
+    /// row's record (kIterBeta, kIterAlpha).
+    fused: i32,
+    scalar: ScalarParams,
+    /// [`WorkCounters`] of the fused tails, one per grid row.
+    counters: u64,
 }
-const _: () = assert!(std::mem::size_of::<VecParams>() == 128);
-// SAFETY: #[repr(C)]: ten pointers as u64, five i64, two i32, in the order and of the types of
-// the kernel's struct (pointers, five long long, int, int).
+const _: () = assert!(std::mem::size_of::<VecParams>() == 200);
+const _: () = assert!(std::mem::offset_of!(VecParams, scalar) == 128);
+// SAFETY: #[repr(C)]: ten pointers as u64, five i64, two i32, a ScalarParams (64 bytes, 8-byte
+// aligned, at 128 as in C), a pointer as u64, in the order and of the types of the kernel's
+// struct (pointers, five long long, int, int, ScalarParams, int*).
 unsafe impl KernelParams for VecParams {}
 
 /// `struct ScalarParams` of lsmr.cu (64 bytes).
 #[repr(C)]
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 struct ScalarParams {
     shared: u64,
     damps: u64,
@@ -475,6 +485,9 @@ struct Solver<T: Element> {
     partials_x: DeviceBuffer<f64>,
     /// [`LsmrShared`], then `k` [`LsmrDamp`].
     state: DeviceBuffer<f64>,
+    /// The fused tails' CTA counts, one per grid row of update_u and update_v (many: `k`, else
+    /// 1): zeroed here, re-armed by the kernels.
+    counters: WorkCounters,
 }
 
 impl<T: Element> Solver<T> {
@@ -525,6 +538,7 @@ impl<T: Element> Solver<T> {
             partials_v: ctx.alloc(MAX_PARTIALS * cols.max(1))?,
             partials_x: ctx.alloc(MAX_PARTIALS * k.max(1))?,
             state: ctx.alloc(state_len)?,
+            counters: WorkCounters::new(ctx, cols.max(1))?,
         })
     }
 
@@ -552,13 +566,34 @@ impl<T: Element> Solver<T> {
             state_stride: if self.many { COLUMN_LEN as i64 } else { 0 },
             damp_stride: if self.many { COLUMN_LEN as i64 } else { DAMP_LEN as i64 },
             first: first as i32,
-            pad: 0,
+            fused: 0,
+            scalar: ScalarParams::default(),
+            counters: self.counters.ptr(),
+        }
+    }
+
+    /// `p` (update_u or update_v after the setup) with the scalar step `mode` for `k` damps
+    /// folded into its tail: the last CTA of each grid row runs it for the row's record.
+    fn fused(&self, p: VecParams, mode: ScalarMode, k: usize) -> VecParams {
+        VecParams {
+            fused: 1,
+            scalar: self.scalar_params(mode, k),
+            ..p
         }
     }
 
     /// A vector kernel over `p.len` elements, with `rows` rows of CTAs (the damps of
     /// lsmr_update_x; many right-hand sides: the columns, every kernel; 1 otherwise).
     fn launch_vec(&self, kernel: &Kernel, p: &VecParams, rows: usize) -> Result<()> {
+        if p.fused != 0 && rows > self.counters.len() {
+            return Err(Error::invalid(
+                "k",
+                format!(
+                    "{rows} rows of CTAs with a fused scalar step, {} counters",
+                    self.counters.len()
+                ),
+            ));
+        }
         let mut cfg = LaunchConfig::linear(vector_grid(p.len as usize), BLOCK_THREADS, 0);
         cfg.grid.1 = rows as u32;
         // SAFETY: every pointer in p is one of this solver's buffers (or b, of m elements,
@@ -567,15 +602,32 @@ impl<T: Element> Solver<T> {
         // by update_v only, which runs with len = n; h, hbar, x hold k * n and the kernel that
         // reads them runs with len = n, stride = n and rows <= k (solve checks k); partials hold
         // MAX_PARTIALS doubles per row (partials_x per damp) >= grid; the state SHARED_LEN +
-        // k DAMP_LEN (many: k COLUMN_LEN, strides COLUMN_LEN). Each element is written by one
-        // thread; VecParams mirrors the kernel's struct.
+        // k DAMP_LEN (many: k COLUMN_LEN, strides COLUMN_LEN). Fused: p.scalar as in
+        // launch_scalar with one record per row (the damp list: rows 1, the one record), and
+        // counters hold >= rows counts (checked). Each element is written by one thread;
+        // VecParams mirrors the kernel's struct.
         unsafe { kernel.launch(&self.ctx, cfg, p) }
     }
 
     /// The scalar kernel in `mode` for `k` damps (many right-hand sides: `k` columns, one CTA
     /// each).
     fn launch_scalar(&self, mode: ScalarMode, k: usize) -> Result<()> {
-        let p = ScalarParams {
+        let p = self.scalar_params(mode, k);
+        let ctas = if self.many { k as u32 } else { 1 };
+        // SAFETY: the state holds SHARED_LEN + k DAMP_LEN doubles (many: k COLUMN_LEN, CTA c
+        // at c COLUMN_LEN; k <= self.k, checked by solve); partials_u, partials_v MAX_PARTIALS
+        // (many: per column), partials_x k MAX_PARTIALS doubles, of which the counts (each <=
+        // MAX_PARTIALS) are read per damp (column). ScalarParams mirrors the kernel's.
+        unsafe {
+            self.scalar
+                .launch(&self.ctx, LaunchConfig::linear(ctas, BLOCK_THREADS, 0), &p)
+        }
+    }
+
+    /// The parameters of the scalar step `mode` for `k` damps (many right-hand sides: `k`
+    /// columns, record c for CTA c of lsmr_scalar or grid row c of a fused tail).
+    fn scalar_params(&self, mode: ScalarMode, k: usize) -> ScalarParams {
+        ScalarParams {
             shared: self.state.device_ptr(),
             damps: self.damps_ptr(),
             partials_u: self.partials_u.device_ptr(),
@@ -588,15 +640,6 @@ impl<T: Element> Solver<T> {
             mode: mode as i32,
             k: if self.many { 1 } else { k as i32 },
             state_stride: if self.many { COLUMN_LEN as i32 } else { 0 },
-        };
-        let ctas = if self.many { k as u32 } else { 1 };
-        // SAFETY: the state holds SHARED_LEN + k DAMP_LEN doubles (many: k COLUMN_LEN, CTA c
-        // at c COLUMN_LEN; k <= self.k, checked by solve); partials_u, partials_v MAX_PARTIALS
-        // (many: per column), partials_x k MAX_PARTIALS doubles, of which the counts (each <=
-        // MAX_PARTIALS) are read per damp (column). ScalarParams mirrors the kernel's.
-        unsafe {
-            self.scalar
-                .launch(&self.ctx, LaunchConfig::linear(ctas, BLOCK_THREADS, 0), &p)
         }
     }
 
@@ -628,18 +671,19 @@ impl<T: Element> Solver<T> {
         Ok(Some(d.iter().map(|e| e.to_f64()).collect()))
     }
 
-    /// One LSMR iteration for `k` damps, queued.
+    /// One LSMR iteration for `k` damps, queued: two products and three vector kernels, the
+    /// scalar steps in the tails of update_u and update_v (their last CTA).
     fn iteration(&mut self, a: &dyn LinearOperator<T>, k: usize) -> Result<()> {
         let (m, n) = (self.m, self.n);
         let input = if self.d.is_some() { &self.dv } else { &self.v };
         a.apply(1.0, input, 0.0, &mut self.av)?;
+        // update_u, then (its last CTA) the deferred tests and beta
         let p = self.vec_params(self.av.device_ptr(), self.u.device_ptr(), &self.partials_u, m, false);
-        self.launch_vec(&self.update_u, &p, 1)?;
-        self.launch_scalar(ScalarMode::IterBeta, k)?;
+        self.launch_vec(&self.update_u, &self.fused(p, ScalarMode::IterBeta, k), 1)?;
         a.apply_transposed(1.0, &self.u, 0.0, &mut self.atu)?;
+        // update_v, then (its last CTA) alpha and the recurrences
         let p = self.vec_params(self.atu.device_ptr(), self.v.device_ptr(), &self.partials_v, n, false);
-        self.launch_vec(&self.update_v, &p, 1)?;
-        self.launch_scalar(ScalarMode::IterAlpha, k)?;
+        self.launch_vec(&self.update_v, &self.fused(p, ScalarMode::IterAlpha, k), 1)?;
         let p = self.vec_params(0, self.v.device_ptr(), &self.partials_x, n, false);
         self.launch_vec(&self.update_x, &p, k)
     }
@@ -793,19 +837,17 @@ impl<T: Element> Solver<T> {
     }
 
     /// One LSMR iteration of every column (many right-hand sides), queued: two batched
-    /// products, then the column-indexed vector kernels (gridDim.y = k) and scalar kernels
-    /// (one CTA per column).
+    /// products, then the column-indexed vector kernels (gridDim.y = k); the scalar steps run
+    /// in the tails of update_u and update_v (the last CTA of row c: column c's).
     fn iteration_many(&mut self, a: &dyn LinearOperator<T>) -> Result<()> {
         let (m, n, k) = (self.m, self.n, self.k);
         let input = if self.d.is_some() { &self.dv } else { &self.v };
         a.apply_many(1.0, input, k, 0.0, &mut self.av)?;
         let p = self.vec_params(self.av.device_ptr(), self.u.device_ptr(), &self.partials_u, m, false);
-        self.launch_vec(&self.update_u, &p, k)?;
-        self.launch_scalar(ScalarMode::IterBeta, k)?;
+        self.launch_vec(&self.update_u, &self.fused(p, ScalarMode::IterBeta, k), k)?;
         a.apply_transposed_many(1.0, &self.u, k, 0.0, &mut self.atu)?;
         let p = self.vec_params(self.atu.device_ptr(), self.v.device_ptr(), &self.partials_v, n, false);
-        self.launch_vec(&self.update_v, &p, k)?;
-        self.launch_scalar(ScalarMode::IterAlpha, k)?;
+        self.launch_vec(&self.update_v, &self.fused(p, ScalarMode::IterAlpha, k), k)?;
         let p = self.vec_params(0, self.v.device_ptr(), &self.partials_x, n, false);
         self.launch_vec(&self.update_x, &p, k)
     }
@@ -1008,7 +1050,7 @@ pub fn validate_many<T: Element>(
 /// [`apply_transposed_many`](LinearOperator::apply_transposed_many) over all `k` columns (the
 /// sparse operators: a deterministic SpMM, so the `A` matrix is read once per pass of columns
 /// instead of once per column); every vector kernel has one row of CTAs per column and the
-/// scalar kernel one CTA per column. A column whose stopping rules hold freezes there (its x
+/// scalar steps run once per column. A column whose stopping rules hold freezes there (its x
 /// and estimates are those of that iteration, exactly as a single solve); the run ends when
 /// every column has stopped or at `maxiter`. A zero column returns SciPy's `b = 0` answer
 /// (`istop` 0, `x` = 0). `x0`, when given, holds the `k` initial guesses (`n x k`,

@@ -247,7 +247,9 @@ fn launch_params_mirror_the_kernel_structs() {
         "state_stride",
         "damp_stride",
         "first",
-        "pad",
+        "fused",
+        "scalar",
+        "counters",
     ];
     assert_eq!(names(&body("VecParams")), vec_fields);
     let scalar_fields = [
