@@ -20,6 +20,9 @@ use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, Ker
 
 /// Source of the SpMV kernels.
 pub const SOURCE: &str = include_str!("spmv_csr.cu");
+/// The CSR SpMV kernels' own device header (loads of indices, values and x; the store of y),
+/// shared by `spmv_csr.cu` and `spmv_merge.cu`.
+pub const SPMV_HEADERS: &[(&str, &str)] = &[("tessera/spmv_load.cuh", include_str!("spmv_load.cuh"))];
 /// Threads per CTA of both kernels.
 pub const BLOCK_THREADS: u32 = 256;
 /// Nonzeros per CTA of the long-row kernel.
@@ -98,7 +101,7 @@ impl SpmvVariant {
             BINNED => "spmv_csr_binned",
             _ => "spmv_csr_rows",
         };
-        self.key().spec("spmv_csr.cu", SOURCE, entry, &[])
+        self.key().spec("spmv_csr.cu", SOURCE, entry, SPMV_HEADERS)
     }
 }
 

@@ -30,6 +30,7 @@
 // one x element (from L2 when x fits there); offsets and y once per row. Index and value loads
 // are streaming (evict-first: read once); x loads go through the read-only path (reused).
 #include "tessera/dtype.cuh"
+#include "tessera/spmv_load.cuh"
 
 #ifndef TS_GENERATED_PREAMBLE
 using Val = float;
@@ -67,33 +68,6 @@ struct SpmvParams {
 
 namespace {
 
-/// A streaming (read-once) load: evict-first in L1 and L2.
-template <class T>
-TS_DEVICE T load_stream(const T* p) {
-  return __ldcs(p);
-}
-TS_DEVICE ts::f16 load_stream(const ts::f16* p) {
-  ts::f16 v;
-  v.bits = __ldcs(reinterpret_cast<const unsigned short*>(p));
-  return v;
-}
-TS_DEVICE ts::bf16 load_stream(const ts::bf16* p) {
-  ts::bf16 v;
-  v.bits = __ldcs(reinterpret_cast<const unsigned short*>(p));
-  return v;
-}
-
-/// x[col] through the read-only data path (x is gathered, often more than once).
-template <class V>
-TS_DEVICE Acc load_x(const V* x, Idx col) {
-  if constexpr (ts::is_same_v<V, double> || ts::is_same_v<V, float>) return (Acc)__ldg(x + col);
-  else {
-    V v;
-    v.bits = __ldg(reinterpret_cast<const unsigned short*>(x) + col);
-    return ts::convert<Acc>(v);
-  }
-}
-
 /// The lanes of this thread's group of kWidth (a power of two <= 32, aligned in its warp): the
 /// only lanes its shuffles name, so groups that returned early are never waited for.
 template <int kWidth>
@@ -122,19 +96,15 @@ TS_DEVICE Acc lane_dot(const SpmvParams& p, long long begin, long long end, int 
     const Idx c1 = load_stream(p.indices + j + kWidth);
     const Val v0 = load_stream(p.values + j);
     const Val v1 = load_stream(p.values + j + kWidth);
-    a0 += ts::convert<Acc>(v0) * load_x(p.x, c0);
-    a1 += ts::convert<Acc>(v1) * load_x(p.x, c1);
+    a0 += ts::convert<Acc>(v0) * load_x<Acc>(p.x, c0);
+    a1 += ts::convert<Acc>(v1) * load_x<Acc>(p.x, c1);
   }
-  if (j < end) a0 += ts::convert<Acc>(load_stream(p.values + j)) * load_x(p.x, load_stream(p.indices + j));
+  if (j < end) a0 += ts::convert<Acc>(load_stream(p.values + j)) * load_x<Acc>(p.x, load_stream(p.indices + j));
   return a0 + a1;
 }
 
 /// y[row] = alpha * sum + beta * y[row] (y not read when beta == 0).
-TS_DEVICE void write_y(const SpmvParams& p, long long row, Acc sum) {
-  Acc out = ts::convert<Acc>(p.alpha) * sum;
-  if (p.beta != 0.0) out += ts::convert<Acc>(p.beta) * ts::convert<Acc>(p.y[row]);
-  p.y[row] = ts::convert<Val>(out);
-}
+TS_DEVICE void write_y(const SpmvParams& p, long long row, Acc sum) { store_y(p.y, row, sum, p.alpha, p.beta); }
 
 }  // namespace
 

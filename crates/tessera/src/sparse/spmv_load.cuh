@@ -1,0 +1,49 @@
+// tessera/spmv_load.cuh: the memory helpers of the CSR SpMV kernels (spmv_csr.cu, spmv_merge.cu).
+//
+// Defines: load_stream(p) (a read-once load of an index or value, evict-first), load_x<Acc>(x,
+//          col) (a gathered x element through the read-only path, converted to the accumulate
+//          type), store_y(y, row, sum, alpha, beta) (y[row] = alpha * sum + beta * y[row], y
+//          not read when beta == 0). Generic in the value, index and accumulate types, so it
+//          needs no kernel preamble.
+#pragma once
+#include "tessera/dtype.cuh"
+
+namespace {
+
+/// A streaming (read-once) load: evict-first in L1 and L2.
+template <class T>
+TS_DEVICE T load_stream(const T* p) {
+  return __ldcs(p);
+}
+TS_DEVICE ts::f16 load_stream(const ts::f16* p) {
+  ts::f16 v;
+  v.bits = __ldcs(reinterpret_cast<const unsigned short*>(p));
+  return v;
+}
+TS_DEVICE ts::bf16 load_stream(const ts::bf16* p) {
+  ts::bf16 v;
+  v.bits = __ldcs(reinterpret_cast<const unsigned short*>(p));
+  return v;
+}
+
+/// x[col] through the read-only data path (x is gathered, often more than once), as `A`.
+template <class A, class V, class I>
+TS_DEVICE A load_x(const V* x, I col) {
+  if constexpr (ts::is_same_v<V, double> || ts::is_same_v<V, float>) return (A)__ldg(x + col);
+  else {
+    V v;
+    v.bits = __ldg(reinterpret_cast<const unsigned short*>(x) + col);
+    return ts::convert<A>(v);
+  }
+}
+
+/// y[row] = alpha * sum + beta * y[row] in `A`, rounded once to V (y not read when beta == 0:
+/// NaN in y is overwritten, as BLAS).
+template <class A, class V>
+TS_DEVICE void store_y(V* y, long long row, A sum, double alpha, double beta) {
+  A out = ts::convert<A>(alpha) * sum;
+  if (beta != 0.0) out += ts::convert<A>(beta) * ts::convert<A>(y[row]);
+  y[row] = ts::convert<V>(out);
+}
+
+}  // namespace
