@@ -201,13 +201,36 @@ pub const TOMO_LARGE: ParallelBeam = ParallelBeam {
 
 /// Benchmark knobs (read here only, never by the library): `TESSERA_SPMV_LANES=1..32` forces
 /// the lanes per row, `TESSERA_SPMV_LONG=N` the long-row threshold, `TESSERA_SPMV_BINNED=1` the
-/// binned kernel.
+/// binned kernel, `TESSERA_SPMV_MERGE=1` the merge path (alone).
 pub fn tuning_from_env() -> SpmvTuning {
     let num = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<usize>().ok());
+    let on = |k: &str| std::env::var(k).is_ok_and(|v| v.trim() == "1");
     SpmvTuning {
         lanes: num("TESSERA_SPMV_LANES").map(|l| l as u32),
         long_threshold: num("TESSERA_SPMV_LONG"),
-        binned: std::env::var("TESSERA_SPMV_BINNED").is_ok_and(|v| v.trim() == "1"),
+        binned: on("TESSERA_SPMV_BINNED"),
+        merge_path: on("TESSERA_SPMV_MERGE"),
+    }
+}
+
+/// Which SpMV plan a benchmark row times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PlanChoice {
+    /// The rules (with the `TESSERA_SPMV_*` knobs; impl `tessera`).
+    Rules,
+    /// The plan [`CsrMatrix::autotune_spmv`] chose (impl `tessera-autotuned`).
+    Autotuned,
+    /// The merge path (impl `tessera-merge`).
+    MergePath,
+}
+
+impl PlanChoice {
+    fn implementation(self) -> &'static str {
+        match self {
+            PlanChoice::Rules => "tessera",
+            PlanChoice::Autotuned => "tessera-autotuned",
+            PlanChoice::MergePath => "tessera-merge",
+        }
     }
 }
 
@@ -218,12 +241,21 @@ pub fn bytes<T: Element, I: SparseIndex>(a: &CsrHost<T, I>) -> usize {
 }
 
 pub fn bench_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| run::<T>(ctx, case, seed, timing, false))
+    crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| run::<T>(ctx, case, seed, timing, PlanChoice::Rules))
 }
 
 /// [`bench_case`] with the plan [`CsrMatrix::autotune_spmv`] chose (impl `tessera-autotuned`).
 pub fn bench_autotuned_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
-    crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| run::<T>(ctx, case, seed, timing, true))
+    crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| {
+        run::<T>(ctx, case, seed, timing, PlanChoice::Autotuned)
+    })
+}
+
+/// [`bench_case`] on the merge path (impl `tessera-merge`; opt-in until measured).
+pub fn bench_merge_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| {
+        run::<T>(ctx, case, seed, timing, PlanChoice::MergePath)
+    })
 }
 
 fn run<T: Element>(
@@ -231,7 +263,7 @@ fn run<T: Element>(
     case: &BenchCase,
     seed: u64,
     timing: TimingOptions,
-    autotune: bool,
+    choice: PlanChoice,
 ) -> Result<BenchOutcome> {
     let mut host: CsrHost<T, i32> = match &case.source {
         MatrixSource::Generated(class) => try_generate::<T, i32>(*class, case.rows, case.cols, seed)?,
@@ -249,12 +281,22 @@ fn run<T: Element>(
         .collect();
     let dx = ctx.upload(&x)?;
     let mut dy = ctx.alloc::<T>(host.rows.max(1))?;
-    let (plan, tuning) = if autotune {
-        let tuning = a.autotune_spmv()?;
-        (a.spmv_plan()?, tuning)
-    } else {
-        let tuning = tuning_from_env();
-        (std::sync::Arc::new(SpmvPlan::new(&a, &SpmvOptions { tuning })?), tuning)
+    let (plan, tuning) = match choice {
+        PlanChoice::Autotuned => {
+            let tuning = a.autotune_spmv()?;
+            (a.spmv_plan()?, tuning)
+        }
+        PlanChoice::Rules | PlanChoice::MergePath => {
+            let tuning = if choice == PlanChoice::MergePath {
+                SpmvTuning {
+                    merge_path: true,
+                    ..SpmvTuning::default()
+                }
+            } else {
+                tuning_from_env()
+            };
+            (std::sync::Arc::new(SpmvPlan::new(&a, &SpmvOptions { tuning })?), tuning)
+        }
     };
     plan.run(&a, 1.0, &dx, 0.0, &mut dy)?;
     let got = to_f64_vec(&dy.to_host()?[..host.rows]);
@@ -277,7 +319,7 @@ fn run<T: Element>(
             p["tuning"] = json!(format!("{tuning:?}"));
             p
         },
-        implementation: if autotune { "tessera-autotuned" } else { "tessera" }.into(),
+        implementation: choice.implementation().into(),
         ms: t.median_ms,
         gbps: Some(bytes(&host) as f64 / (t.median_ms * 1e-3) / 1e9),
         tflops: None,

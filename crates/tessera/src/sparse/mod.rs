@@ -1,7 +1,8 @@
 //! Sparse matrices and the operators on them (SpMV, SpMM) for sparse least squares.
 //!
 //! On the device: [`CsrMatrix`] (uploaded once from a [`CsrHost`]) and its SpMV
-//! (`y = alpha A x + beta y`, [`SpmvPlan`], deterministic; `spmv_csr.cu`) and SpMM; the
+//! (`y = alpha A x + beta y`, [`SpmvPlan`], deterministic; `spmv_csr.cu`, opt-in merge path
+//! `spmv_merge.cu`) and SpMM; the
 //! block-sparse formats BSR ([`BsrMatrix`]) and Blocked-ELL ([`BellMatrix`]) with square blocks
 //! of 2..32, converted from CSR on the device (`csr.to_bsr(16)`, cached by `csr.bsr(16)`), whose
 //! SpMM runs on tensor cores for fp16/bf16 with 16 x 16 and 32 x 32 blocks ([`bsr`]). The host side:
@@ -30,6 +31,7 @@ mod row_ranges;
 pub mod sell;
 pub mod spmm;
 pub mod spmv;
+pub mod spmv_merge;
 pub mod spmv_transposed;
 #[cfg(feature = "harness")]
 pub mod verify;
@@ -50,6 +52,8 @@ mod host_tests;
 mod mtx_tests;
 #[cfg(test)]
 mod reference_tests;
+#[cfg(test)]
+mod spmv_merge_tests;
 
 pub use block::{BellHost, BsrHost, BLOCK_SIZES};
 pub use bsr::{block_format_advised, BellMatrix, BlockPath, BsrMatrix};

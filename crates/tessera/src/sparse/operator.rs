@@ -5,7 +5,9 @@ use std::time::Instant;
 
 use super::descriptor::SparseDescriptor;
 use super::generate::{generate, random_vector, MatrixClass};
-use super::{bench, bsr, convert, reference, sell, spmm, spmv, spmv_transposed, verify, verify_block, verify_convert};
+use super::{
+    bench, bsr, convert, reference, sell, spmm, spmv, spmv_merge, spmv_transposed, verify, verify_block, verify_convert,
+};
 use crate::error::Result;
 use crate::harness::{Baselines, BenchJob, VerifyJob};
 use crate::registry::Operator;
@@ -83,6 +85,11 @@ impl Operator for Sparse {
                 )
             })
             .collect::<Vec<_>>();
+        // the merge path (opt-in) beside the rules' on every SpMV case (no baseline of its own)
+        let merge = cases
+            .iter()
+            .map(|c| BenchJob::new(format!("{} merge", c.name()), None, c.clone(), bench::bench_merge_case))
+            .collect::<Vec<_>>();
         cases
             .into_iter()
             .map(|c| {
@@ -90,13 +97,17 @@ impl Operator for Sparse {
                 BenchJob::new(c.name(), baseline, c, bench::bench_case)
             })
             .chain(autotuned)
+            .chain(merge)
             .chain(sell)
             .chain(blocks)
             .collect()
     }
 
     fn kernel_specs(&self, _arch: Arch) -> Vec<KernelSpec> {
-        let spmv = spmv::all_variants().into_iter().map(|v| v.spec());
+        let spmv = spmv::all_variants()
+            .into_iter()
+            .map(|v| v.spec())
+            .chain(spmv_merge::all_variants().into_iter().map(|v| v.spec()));
         let transposed = spmv_transposed::all_variants().into_iter().map(|v| v.spec());
         spmv.chain(spmm::all_variants().into_iter().map(|v| v.spec()))
             .chain(transposed)

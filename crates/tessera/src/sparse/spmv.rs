@@ -9,11 +9,16 @@
 //! (32 x that mean, at least 1024) go to `spmv_csr_long_rows`, cut into segments of
 //! [`SEGMENT_NNZ`] nonzeros, one CTA each. Both kernels are deterministic: every row is summed
 //! in one fixed order, so repeated calls give bitwise identical y.
+//!
+//! Opt-in ([`SpmvTuning::merge_path`]): the merge-path kernels (`spmv_merge.cu`,
+//! [`spmv_merge`](super::spmv_merge)), nonzeros and row ends balanced across threads whatever the
+//! row lengths, for power-law matrices; deterministic as well.
 
 use std::sync::Arc;
 
 use super::device::{check_planned, check_spmv_operands, CsrMatrix};
 use super::index::SparseIndex;
+use super::spmv_merge::{MergeOperands, MergePath};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
@@ -51,6 +56,10 @@ pub struct SpmvTuning {
     /// Bin the short rows by length (2-32 lanes per row by length, one launch). Opt-in until
     /// measured; `lanes` is ignored with it.
     pub binned: bool,
+    /// The merge-path kernels instead of the row kernels: every thread takes the same number of
+    /// row ends and nonzeros (Merrill & Garland 2016), for row lengths of any spread. Opt-in
+    /// until measured; takes no `lanes`, `long_threshold` or `binned`.
+    pub merge_path: bool,
 }
 
 /// Options of an SpMV plan.
@@ -173,11 +182,14 @@ pub struct SpmvPlan {
     index: DType,
     rows: usize,
     cols: usize,
+    nnz: usize,
     lanes: u32,
     long_threshold: usize,
-    rows_kernel: Arc<Kernel>,
+    /// The row (or binned) kernel; `None` on the merge path.
+    rows_kernel: Option<Arc<Kernel>>,
     bins: Option<Bins>,
     long: Option<LongRows>,
+    merge: Option<MergePath>,
 }
 
 impl std::fmt::Debug for SpmvPlan {
@@ -188,6 +200,7 @@ impl std::fmt::Debug for SpmvPlan {
             .field("lanes", &self.lanes)
             .field("long_threshold", &self.long_threshold)
             .field("long_rows", &self.long.as_ref().map(|l| (l.count, l.segments)))
+            .field("merge_ctas", &self.merge.as_ref().map(MergePath::ctas))
             .finish()
     }
 }
@@ -264,8 +277,20 @@ pub fn spmv_candidates(lengths: &[usize], col_locality: f64) -> Vec<SpmvTuning> 
         binned: true,
         ..SpmvTuning::default()
     });
+    if AUTOTUNE_MERGE_PATH {
+        out.push(SpmvTuning {
+            merge_path: true,
+            ..SpmvTuning::default()
+        });
+    }
     out
 }
+
+/// Whether [`spmv_candidates`] offers the merge path to the autotuner. Stays false until the
+/// merge-path kernels have been verified and timed on a GPU (sparse/NOTES.md): until then the
+/// autotuner times only measured kernels, and `tessera bench sparse` times the merge path in its
+/// own `tessera-merge` rows.
+const AUTOTUNE_MERGE_PATH: bool = false;
 
 impl SpmvPlan {
     /// Plans `y = alpha A x + beta y` for `a`: chooses the kernels from its row lengths,
@@ -280,6 +305,32 @@ impl SpmvPlan {
             }
         }
         let ctx = a.context().clone();
+        if opts.tuning.merge_path {
+            let t = &opts.tuning;
+            if t.lanes.is_some() || t.long_threshold.is_some() || t.binned {
+                return Err(Error::invalid(
+                    "tuning",
+                    format!(
+                        "merge_path takes no lanes, long_threshold or binned (got {:?}, {:?}, {})",
+                        t.lanes, t.long_threshold, t.binned
+                    ),
+                ));
+            }
+            return Ok(SpmvPlan {
+                merge: Some(MergePath::new(&ctx, T::DTYPE, I::DTYPE, a.rows(), a.nnz())?),
+                ctx,
+                value: T::DTYPE,
+                index: I::DTYPE,
+                rows: a.rows(),
+                cols: a.cols(),
+                nnz: a.nnz(),
+                lanes: 0,
+                long_threshold: usize::MAX,
+                rows_kernel: None,
+                bins: None,
+                long: None,
+            });
+        }
         let lengths = a.row_lengths();
         let (lanes, long_threshold) = choose_spmv_shape(lengths, a.descriptor().col_locality, &opts.tuning);
         let variant = SpmvVariant {
@@ -287,7 +338,7 @@ impl SpmvPlan {
             index: I::DTYPE,
             lanes: if opts.tuning.binned { BINNED } else { lanes },
         };
-        let rows_kernel = ctx.kernel(&variant.spec())?;
+        let rows_kernel = Some(ctx.kernel(&variant.spec())?);
         let bins = if opts.tuning.binned {
             let mut by_bin: [Vec<i64>; 5] = Default::default();
             for (r, &len) in lengths.iter().enumerate() {
@@ -349,19 +400,21 @@ impl SpmvPlan {
             index: I::DTYPE,
             rows: a.rows(),
             cols: a.cols(),
+            nnz: a.nnz(),
             lanes,
             long_threshold,
             rows_kernel,
             bins,
             long,
+            merge: None,
         })
     }
 
-    /// Lanes per row of the row kernel.
+    /// Lanes per row of the row kernel (0 on the merge path).
     pub fn lanes(&self) -> u32 {
         self.lanes
     }
-    /// Rows of more nonzeros take the long-row kernel.
+    /// Rows of more nonzeros take the long-row kernel (`usize::MAX` on the merge path).
     pub fn long_threshold(&self) -> usize {
         self.long_threshold
     }
@@ -369,8 +422,11 @@ impl SpmvPlan {
     pub fn long_rows(&self) -> (usize, usize) {
         self.long.as_ref().map_or((0, 0), |l| (l.count, l.segments))
     }
-    /// A short name of the kernels this plan runs (`rows-l8`, `rows-l4+long`).
+    /// A short name of the kernels this plan runs (`rows-l8`, `rows-l4+long`, `merge-path`).
     pub fn path(&self) -> String {
+        if self.merge.is_some() {
+            return "merge-path".to_string();
+        }
         let mut s = if self.bins.is_some() {
             "binned".to_string()
         } else {
@@ -394,9 +450,34 @@ impl SpmvPlan {
     ) -> Result<()> {
         check_planned(a, self.value, self.index, self.rows, self.cols)?;
         check_spmv_operands(self.rows, self.cols, x.len(), y.len(), alpha, beta)?;
+        if a.nnz() != self.nnz {
+            return Err(Error::invalid(
+                "matrix",
+                format!("{} nonzeros; the plan was made for {}", a.nnz(), self.nnz),
+            ));
+        }
         if self.rows == 0 {
             return Ok(());
         }
+        if let Some(m) = &self.merge {
+            let operands = MergeOperands {
+                offsets: a.offsets.device_ptr(),
+                indices: a.indices.device_ptr(),
+                values: a.values.device_ptr(),
+                x: x.device_ptr(),
+                y: y.device_ptr(),
+                alpha,
+                beta,
+            };
+            // SAFETY: `a` matches the plan (value and index types, shape and nnz: checked above),
+            // its offsets were validated on construction (rows + 1 non-decreasing entries ending
+            // at nnz, every index in 0..cols; indices and values hold at least one element), x
+            // has >= cols elements and y >= rows.
+            return unsafe { m.launch(&self.ctx, &operands) };
+        }
+        let Some(rows_kernel) = &self.rows_kernel else {
+            return Err(Error::Unsupported("SpMV plan without a kernel".into()));
+        };
         let mut params = SpmvParams {
             offsets: a.offsets.device_ptr(),
             indices: a.indices.device_ptr(),
@@ -430,10 +511,7 @@ impl SpmvPlan {
         // rows + 1 entries, indices and values its nnz (at least 1 element allocated), every
         // index is in 0..cols (validated on construction) and x has >= cols elements, y >= rows;
         // each row is written by one lane only. SpmvParams mirrors the kernel's struct.
-        unsafe {
-            self.rows_kernel
-                .launch(&self.ctx, LaunchConfig::linear(grid, BLOCK_THREADS, 0), &params)?
-        };
+        unsafe { rows_kernel.launch(&self.ctx, LaunchConfig::linear(grid, BLOCK_THREADS, 0), &params)? };
         if let Some(l) = &self.long {
             params.long_rows = l.rows.device_ptr();
             params.segment_row = l.segment_row.device_ptr();
@@ -527,6 +605,7 @@ mod tests {
             lanes: Some(32),
             long_threshold: Some(5),
             binned: false,
+            merge_path: false,
         };
         assert_eq!(choose_shape(&l, &forced), (32, 5));
         // empty matrix

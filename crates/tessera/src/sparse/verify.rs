@@ -1,7 +1,7 @@
 //! `tessera verify sparse`: SpMV, SpMM and A^T x without a copy on the GPU against the f64 reference, on fresh random matrices
 //! of every structure class (uniform, banded, power-law rows, empty rows, one dense row, a few
 //! very long rows, tall least-squares; 1 x n, n x 1, nnz = 0), every value dtype, both index
-//! types, several (alpha, beta) pairs and forced kernel shapes. Each case also runs twice and
+//! types, several (alpha, beta) pairs and forced kernel shapes (lanes, binned, merge path). Each case also runs twice and
 //! checks the two results are bitwise equal (the kernels are deterministic), and with beta = 0
 //! starts from a NaN-filled y (which must not be read).
 
@@ -55,6 +55,9 @@ impl Case {
         if self.tuning.binned {
             s.push_str(" binned");
         }
+        if self.tuning.merge_path {
+            s.push_str(" merge-path");
+        }
         s
     }
     pub fn params(&self) -> Value {
@@ -63,7 +66,7 @@ impl Case {
             "dtype": self.value.name(), "index": self.index.name(),
             "alpha": self.alpha, "beta": self.beta,
             "lanes": self.tuning.lanes, "long_threshold": self.tuning.long_threshold,
-            "binned": self.tuning.binned,
+            "binned": self.tuning.binned, "merge_path": self.tuning.merge_path,
         })
     }
 }
@@ -147,6 +150,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 lanes: Some(lanes),
                 long_threshold: None,
                 binned: false,
+                merge_path: false,
             },
         });
     }
@@ -168,6 +172,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                     lanes: None,
                     long_threshold: None,
                     binned: true,
+                    merge_path: false,
                 },
             });
         }
@@ -185,8 +190,38 @@ pub fn cases(quick: bool) -> Vec<Case> {
             lanes: None,
             long_threshold: Some(0),
             binned: false,
+            merge_path: false,
         },
     });
+    // the merge path (opt-in) on every shape class, every value dtype, both index types and
+    // every (alpha, beta) pair; plus rows of 4000 (each spans CTAs of 1792 items, back to back:
+    // a CTA ends one row and carries the next) and a row of 60000 (one dense row, ~34 CTAs)
+    let mut merge_shapes = shapes.clone();
+    merge_shapes.push((MatrixClass::Uniform { per_row: 4000 }, 7, 5003));
+    for (i, &(class, rows, cols)) in merge_shapes.iter().enumerate() {
+        if quick && i % 3 != 0 {
+            continue;
+        }
+        for (j, value) in [DType::F32, DType::F64, DType::F16, DType::BF16]
+            .into_iter()
+            .enumerate()
+        {
+            let (alpha, beta) = ab[(i + j + 1) % ab.len()];
+            out.push(Case {
+                class,
+                rows,
+                cols,
+                value,
+                index: if (i + j) % 2 == 1 { DType::I32 } else { DType::I64 },
+                alpha,
+                beta,
+                tuning: SpmvTuning {
+                    merge_path: true,
+                    ..SpmvTuning::default()
+                },
+            });
+        }
+    }
     out
 }
 
