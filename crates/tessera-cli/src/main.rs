@@ -106,6 +106,21 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         device: usize,
     },
+    /// Merges bench reports of one operator (the parts of a run done in filtered steps) into
+    /// <OUT>/<op>.json and <OUT>/<op>.png and prints the table; no GPU needed. A later file's
+    /// row replaces an earlier one of the same case and impl; reports of different GPUs or
+    /// timing modes are refused.
+    Report {
+        /// `tessera bench --json` files of one operator, in order.
+        #[arg(required = true)]
+        reports: Vec<PathBuf>,
+        /// Folder of the merged `<op>.json` and `<op>.png`.
+        #[arg(long)]
+        out: PathBuf,
+        /// The operator (its chart style and file names; default: the first file's stem).
+        #[arg(long)]
+        op: Option<String>,
+    },
     /// End-to-end serving simulation: a 32-layer Llama-3-8B-shaped attention stack with
     /// continuous batching over the paged KV cache (prefix sharing, eviction, preemption).
     ServeSim(serve_sim::ServeSimArgs),
@@ -149,6 +164,7 @@ fn main() -> ExitCode {
         }) => compile(&ops, &arch, verbose, &filter),
         Some(Command::ServeSim(args)) => serve_sim::run(&args, &command_line),
         Some(Command::Lsmr(args)) => lsmr::run(&args),
+        Some(Command::Report { reports, out, op }) => merge_report_files(&reports, &out, op.as_deref()),
         Some(Command::Bench {
             ops,
             quick,
@@ -193,6 +209,42 @@ fn main() -> ExitCode {
 }
 
 type CliResult<T> = std::result::Result<T, String>;
+
+/// `tessera report`: merges bench JSON files of one operator, writes its JSON and chart, prints
+/// the table.
+fn merge_report_files(files: &[PathBuf], out: &std::path::Path, op: Option<&str>) -> CliResult<bool> {
+    let op = match op {
+        Some(op) => op.to_string(),
+        None => files
+            .first()
+            .and_then(|f| f.file_stem())
+            .map(|s| s.to_string_lossy().into_owned())
+            .ok_or("no report files given")?,
+    };
+    let operator = registry::find(&op).ok_or_else(|| format!("unknown operator {op:?} (name it with --op)"))?;
+    let parts = files
+        .iter()
+        .map(|f| BenchReport::read_json(f))
+        .collect::<CliResult<Vec<_>>>()?;
+    let merged = report::merge_reports(parts)?;
+    let impls = operator.baselines().map_or(&[][..], |b| b.impls);
+    println!(
+        "{op} on {}, {} timing, merged from {} reports",
+        merged.gpu,
+        merged.timing,
+        files.len()
+    );
+    report::print_table(&merged, impls);
+    let (jp, pp) = (out.join(format!("{op}.json")), out.join(format!("{op}.png")));
+    merged.write_json(&jp)?;
+    let style = match operator.chart() {
+        Chart::Bars => report::PlotStyle::Bars,
+        Chart::TflopsOverN => report::PlotStyle::TflopsVsN,
+    };
+    report::plot_op(style, &merged, &pp, &format!("{op} on {}", merged.gpu))?;
+    println!("report: wrote {} and {}", jp.display(), pp.display());
+    Ok(true)
+}
 
 fn with_device(ordinal: usize) -> CliResult<Context> {
     Context::new(ordinal).map_err(|e| format!("{e}\n(run `tessera info` to see what this machine has)"))

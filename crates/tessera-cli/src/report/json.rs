@@ -167,6 +167,52 @@ pub fn merge_rounds(rounds: Vec<Vec<BenchRow>>) -> Vec<BenchRow> {
         .collect()
 }
 
+/// Merges the reports of one operator's filtered runs on one GPU (`tessera report`) into one:
+/// rows in order, a later report's (case, impl) row replacing an earlier one; the latest date;
+/// the commit when all agree (else every distinct one, comma separated); the commands joined
+/// by "; "; the first report's roofline; the verify counts summed. Reports of different GPUs
+/// or timing modes are not comparable side by side and are refused.
+pub fn merge_reports(parts: Vec<BenchReport>) -> Result<BenchReport, String> {
+    let mut parts = parts.into_iter();
+    let mut out = parts.next().ok_or("no reports to merge")?;
+    let mut commits = vec![out.commit.clone()];
+    for p in parts {
+        if p.gpu != out.gpu {
+            return Err(format!(
+                "cannot merge reports of different GPUs ({} and {}): their numbers are not comparable",
+                out.gpu, p.gpu
+            ));
+        }
+        if p.timing != out.timing {
+            return Err(format!(
+                "cannot merge {} and {} timing: run the parts in one timing mode",
+                out.timing, p.timing
+            ));
+        }
+        if p.date > out.date {
+            out.date = p.date;
+        }
+        if !commits.contains(&p.commit) {
+            commits.push(p.commit);
+        }
+        out.command = format!("{}; {}", out.command, p.command);
+        out.verify.passed += p.verify.passed;
+        out.verify.failed += p.verify.failed;
+        for row in p.rows {
+            match out
+                .rows
+                .iter_mut()
+                .find(|r| r.case == row.case && r.r#impl == row.r#impl)
+            {
+                Some(old) => *old = row,
+                None => out.rows.push(row),
+            }
+        }
+    }
+    out.commit = commits.join(", ");
+    Ok(out)
+}
+
 impl BenchReport {
     /// An empty report stamped with the current UTC date and [`detect_commit`].
     pub fn new(gpu: impl Into<String>, command: impl Into<String>) -> Self {
@@ -197,8 +243,7 @@ impl BenchReport {
         })
     }
 
-    /// Reads a report back (the tests' round trip; a future `tessera report` command).
-    #[cfg(test)]
+    /// Reads a report back (`tessera report`, the tests' round trip).
     pub fn read_json(path: &Path) -> Result<Self, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         serde_json::from_str(&text).map_err(|e| format!("{}: not a bench report: {e}", path.display()))
@@ -356,6 +401,33 @@ pub fn detect_commit() -> String {
 mod tests {
     use super::*;
     use crate::report::fixtures::fake_report;
+
+    #[test]
+    fn merged_reports_keep_order_replace_repeats_and_refuse_other_gpus() {
+        let a = fake_report();
+        let mut b = fake_report();
+        b.date = "2999-01-01T00:00:00Z".into();
+        b.commit = "other".into();
+        b.rows[0].ms = Some(123.0);
+        let extra = BenchRow::new("extra case", serde_json::json!({}), OURS);
+        b.rows.push(extra.clone());
+        let m = merge_reports(vec![a.clone(), b.clone()]).unwrap();
+        assert_eq!(m.rows.len(), a.rows.len() + 1);
+        assert_eq!(m.rows[0].ms, Some(123.0));
+        assert_eq!(m.rows.last(), Some(&extra));
+        assert_eq!(m.date, b.date);
+        assert_eq!(m.commit, format!("{}, other", a.commit));
+        assert_eq!(m.verify.passed, a.verify.passed + b.verify.passed);
+        let mut c = fake_report();
+        c.gpu = "another GPU".into();
+        assert!(merge_reports(vec![a.clone(), c])
+            .unwrap_err()
+            .contains("different GPUs"));
+        let mut d = fake_report();
+        d.timing = TIMING_BURST.into();
+        assert!(merge_reports(vec![a, d]).is_err());
+        assert!(merge_reports(vec![]).is_err());
+    }
 
     #[test]
     fn json_round_trip_and_shape() {

@@ -17,5 +17,5 @@ mod table;
 
 pub use baselines::{baseline_script, run_python_baseline, BaselineOutcome};
 pub use chart::{plot_op, PlotStyle};
-pub use json::{describe_timing, merge_rounds, BenchReport, BenchRow, TIMING_BURST, TIMING_SUSTAINED};
+pub use json::{describe_timing, merge_reports, merge_rounds, BenchReport, BenchRow, TIMING_BURST, TIMING_SUSTAINED};
 pub use table::print_table;
