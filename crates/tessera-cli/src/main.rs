@@ -604,7 +604,13 @@ fn bench(ctx: &Context, args: &BenchArgs, command_line: &str) -> CliResult<bool>
         report.roofline.bf16_tflops = gemm;
         let known = operator.baselines();
         let impls: &[&str] = known.map_or(&[], |b| b.impls);
-        let baseline_cases: Vec<(String, serde_json::Value)> = jobs.iter().filter_map(|j| j.baseline.clone()).collect();
+        // one baseline run per case, also where several of our jobs (forced paths) share it
+        let mut baseline_cases: Vec<(String, serde_json::Value)> = Vec::new();
+        for b in jobs.iter().filter_map(|j| j.baseline.clone()) {
+            if !baseline_cases.contains(&b) {
+                baseline_cases.push(b);
+            }
+        }
         let mut round_rows = Vec::with_capacity(rounds);
         for round in 0..rounds {
             let mut rows = Vec::new();

@@ -168,7 +168,8 @@ pub fn merge_rounds(rounds: Vec<Vec<BenchRow>>) -> Vec<BenchRow> {
 }
 
 /// Merges the reports of one operator's filtered runs on one GPU (`tessera report`) into one:
-/// rows in order, a later report's (case, impl) row replacing an earlier one; the latest date;
+/// rows in order, a later report's (case, impl) row replacing an earlier one (inside one
+/// report the first of a repeated (case, impl) stands); the latest date;
 /// the commit when all agree (else every distinct one, comma separated); the commands joined
 /// by "; "; the first report's roofline; the verify counts summed. Reports of different GPUs
 /// or timing modes are not comparable side by side and are refused.
@@ -176,6 +177,8 @@ pub fn merge_reports(parts: Vec<BenchReport>) -> Result<BenchReport, String> {
     let mut parts = parts.into_iter();
     let mut out = parts.next().ok_or("no reports to merge")?;
     let mut commits = vec![out.commit.clone()];
+    let mut seen = std::collections::HashSet::new();
+    out.rows.retain(|r| seen.insert((r.case.clone(), r.r#impl.clone())));
     for p in parts {
         if p.gpu != out.gpu {
             return Err(format!(
@@ -198,7 +201,11 @@ pub fn merge_reports(parts: Vec<BenchReport>) -> Result<BenchReport, String> {
         out.command = format!("{}; {}", out.command, p.command);
         out.verify.passed += p.verify.passed;
         out.verify.failed += p.verify.failed;
+        let mut seen = std::collections::HashSet::new();
         for row in p.rows {
+            if !seen.insert((row.case.clone(), row.r#impl.clone())) {
+                continue; // a repeat inside one report: its first row stands
+            }
             match out
                 .rows
                 .iter_mut()
@@ -411,6 +418,9 @@ mod tests {
         b.rows[0].ms = Some(123.0);
         let extra = BenchRow::new("extra case", serde_json::json!({}), OURS);
         b.rows.push(extra.clone());
+        let mut repeat = b.rows[0].clone();
+        repeat.ms = Some(456.0);
+        b.rows.push(repeat);
         let m = merge_reports(vec![a.clone(), b.clone()]).unwrap();
         assert_eq!(m.rows.len(), a.rows.len() + 1);
         assert_eq!(m.rows[0].ms, Some(123.0));
