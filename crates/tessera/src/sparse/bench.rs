@@ -251,7 +251,7 @@ pub fn bench_autotuned_case(ctx: &Context, case: &BenchCase, seed: u64, timing: 
     })
 }
 
-/// [`bench_case`] on the merge path (impl `tessera-merge`; opt-in until measured).
+/// [`bench_case`] on the merge path (impl `tessera-merge`; opt-in, see `SpmvTuning::merge_path`).
 pub fn bench_merge_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
     crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| {
         run::<T>(ctx, case, seed, timing, PlanChoice::MergePath)

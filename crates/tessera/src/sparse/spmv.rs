@@ -57,8 +57,10 @@ pub struct SpmvTuning {
     /// measured; `lanes` is ignored with it.
     pub binned: bool,
     /// The merge-path kernels instead of the row kernels: every thread takes the same number of
-    /// row ends and nonzeros (Merrill & Garland 2016), for row lengths of any spread. Opt-in
-    /// until measured; takes no `lanes`, `long_threshold` or `binned`.
+    /// row ends and nonzeros (Merrill & Garland 2016), for row lengths of any spread. Opt-in and
+    /// not among the autotuner's candidates: on the H100 it tied the row kernels on power-law
+    /// rows and lost on every other bench matrix (sparse/NOTES.md). Takes no `lanes`,
+    /// `long_threshold` or `binned`.
     pub merge_path: bool,
 }
 
@@ -277,20 +279,8 @@ pub fn spmv_candidates(lengths: &[usize], col_locality: f64) -> Vec<SpmvTuning> 
         binned: true,
         ..SpmvTuning::default()
     });
-    if AUTOTUNE_MERGE_PATH {
-        out.push(SpmvTuning {
-            merge_path: true,
-            ..SpmvTuning::default()
-        });
-    }
     out
 }
-
-/// Whether [`spmv_candidates`] offers the merge path to the autotuner. Stays false until the
-/// merge-path kernels have been verified and timed on a GPU (sparse/NOTES.md): until then the
-/// autotuner times only measured kernels, and `tessera bench sparse` times the merge path in its
-/// own `tessera-merge` rows.
-const AUTOTUNE_MERGE_PATH: bool = false;
 
 impl SpmvPlan {
     /// Plans `y = alpha A x + beta y` for `a`: chooses the kernels from its row lengths,
