@@ -206,19 +206,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn merge_kernels_compile_without_spills() {
-        if !crate::runtime::probe::nvrtc_or_skip("merge_kernels_compile_without_spills") {
-            return;
-        }
-        for arch in crate::runtime::Arch::CI_TARGETS {
-            for v in all_variants() {
-                let c = crate::runtime::compile_only(&v.spec(), arch).unwrap_or_else(|e| panic!("{v:?} {arch}: {e}"));
-                assert!(c.resources.spill_free(), "{v:?} {arch}: {:?}", c.resources);
-            }
-        }
-    }
-
-    #[test]
     fn variants_are_distinct_and_tiles_are_odd() {
         let mut names: Vec<String> = all_variants().iter().map(|v| v.spec().name).collect();
         names.sort();
