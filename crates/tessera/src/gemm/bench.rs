@@ -301,6 +301,14 @@ pub fn bench_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpti
     })
 }
 
+/// Benchmark knob (read here only, never by the library): `TESSERA_GEMM_GROUP_ROWS=N` forces the
+/// Hopper path's tile-order group ([`GemmTuning::hopper_group_rows`]) in every row.
+pub fn group_rows_from_env() -> Option<u32> {
+    std::env::var("TESSERA_GEMM_GROUP_ROWS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+}
+
 fn run<I: Element, O: Element>(
     ctx: &Context,
     case: &BenchCase,
@@ -318,6 +326,7 @@ fn run<I: Element, O: Element>(
                 autotune: case.autotune,
                 hopper_cluster: case.hopper_cluster,
                 hopper_pingpong: case.pingpong.then_some(true),
+                hopper_group_rows: group_rows_from_env(),
                 ..GemmTuning::default()
             },
         },

@@ -710,18 +710,25 @@ impl HopperGemmPlan {
     #[cfg(any(test, feature = "harness"))]
     pub(crate) fn new(ctx: &Context, key: &HopperShapeKey) -> Result<HopperGemmPlan> {
         let tile = choose_tile(key.m, key.b_n(), key.batch, ctx.info().sm_count);
-        Self::with_tile(ctx, key, tile, None)
+        Self::with_tile(ctx, key, tile, None, None)
     }
 
-    /// Plans `key` with a given tiling and cluster size (tests and benchmarks force each; `None`:
-    /// [`choose_cluster`]'s). A cluster of two falls back to one where the device cannot
-    /// co-schedule any.
+    /// Plans `key` with a given tiling, cluster size and tile-order group (tests and benchmarks
+    /// force each; `None`: [`choose_cluster`]'s and [`group_rows`]'s). A cluster of two falls
+    /// back to one where the device cannot co-schedule any.
     pub(crate) fn with_tile(
         ctx: &Context,
         key: &HopperShapeKey,
         tile: HopperTile,
         cluster: Option<u32>,
+        group: Option<u32>,
     ) -> Result<HopperGemmPlan> {
+        if group == Some(0) {
+            return Err(Error::invalid(
+                "hopper_group_rows",
+                "0: a group of the tile order holds at least one (cluster) tile row",
+            ));
+        }
         if ctx.arch() != Arch::SM90 {
             return Err(Error::Unsupported(format!(
                 "the Hopper GEMM path runs on sm_90 only, this device is {}",
@@ -769,7 +776,10 @@ impl HopperGemmPlan {
             tiles_n,
             // groups of cluster rows: a cluster tile is 128 cluster_m rows, so per 128 rows
             // it is block_n / cluster_m wide
-            group_m: group_rows(cluster_rows, clusters, tile.block_n / cluster_m),
+            group_m: match group {
+                Some(g) => g.min(cluster_rows.max(1) as u32),
+                None => group_rows(cluster_rows, clusters, tile.block_n / cluster_m),
+            },
             maps: Mutex::new(MapCache {
                 entries: Vec::with_capacity(MAP_CACHE),
                 next: 0,
@@ -996,6 +1006,8 @@ mod self_check {
         pub tile: Option<HopperTile>,
         /// CTAs per cluster forced (None: the plan's rule).
         pub cluster: Option<u32>,
+        /// (Cluster) tile rows per group of the tile order forced (None: the plan's rule).
+        pub group: Option<u32>,
         pub bias: bool,
         /// beta of C (None: no C); `c_is_d` reads C from D's buffer (filled with C first).
         pub beta: Option<f32>,
@@ -1022,6 +1034,7 @@ mod self_check {
                 b_nk,
                 tile: None,
                 cluster: None,
+                group: None,
                 bias: false,
                 beta: None,
                 c_is_d: false,
@@ -1225,6 +1238,24 @@ mod self_check {
                 tile: narrow,
                 ..CheckCase::plain(2048, 2304, 200, F16, true)
             },
+            // forced tile-order groups: one row per group (column-major order), and 3 rows, which
+            // divides neither the 9 tile rows nor the 5 cluster rows (a short last group), with
+            // and without clusters
+            CheckCase {
+                group: Some(1),
+                ..CheckCase::plain(1100, 1304, 200, BF16, true)
+            },
+            CheckCase {
+                group: Some(3),
+                cluster: Some(1),
+                ..CheckCase::plain(1100, 1304, 200, BF16, true)
+            },
+            CheckCase {
+                group: Some(3),
+                cluster: Some(2),
+                tile: narrow,
+                ..CheckCase::plain(1100, 1304, 200, F16, false)
+            },
             // ping-pong: consumers alternate whole tiles (one tile per CTA, an odd count per CTA,
             // several per consumer), with and without clusters, both B layouts, every epilogue
             // form, 8-bit operands, GLU, fp8 output
@@ -1384,7 +1415,7 @@ mod self_check {
         let tile = cs
             .tile
             .unwrap_or_else(|| choose_tile(key.m, key.b_n(), key.batch, ctx.info().sm_count));
-        let plan = HopperGemmPlan::with_tile(ctx, &key, tile, cs.cluster)?;
+        let plan = HopperGemmPlan::with_tile(ctx, &key, tile, cs.cluster, cs.group)?;
         plan.run(ctx, &args)?;
         let out = d_d.download()?;
 

@@ -648,6 +648,9 @@ fn kernel_variants_are_hopper_only_and_distinct() {
         assert!(cases.iter().any(|c| c.dtype == dtype), "{dtype}");
     }
     assert!(cases.iter().any(|c| c.scales == 1) && cases.iter().any(|c| c.scales == 2));
+    // forced tile-order groups, with and without clusters
+    assert!(cases.iter().any(|c| c.group.is_some() && c.cluster == Some(1)));
+    assert!(cases.iter().any(|c| c.group.is_some() && c.cluster == Some(2)));
     // GLU: each gate activation, both layouts, f32 out, bias, both tilings
     for code in [2, 3, 4] {
         assert!(cases.iter().any(|c| c.glu && c.activation == code), "glu {code}");

@@ -94,6 +94,12 @@ pub struct GemmTuning {
     /// multicast, 1 runs without clusters. Default `None`: 2 where the tile rows pair up
     /// (`hopper::choose_cluster`) and the device co-schedules pairs.
     pub hopper_cluster: Option<u32>,
+    /// Tile rows (cluster-tile rows with clusters) per group of the Hopper path's persistent
+    /// tile order: the CTAs in flight together cover about `group` rows of tiles, so a group
+    /// trades A's L2 reuse against B's. Default `None`: about sqrt(CTAs x tile width / 128),
+    /// a near-square block of D (`hopper::group_rows`); larger values are clamped to the tile
+    /// rows there are; 0 is an error.
+    pub hopper_group_rows: Option<u32>,
     /// On the Hopper path, time up to 4 (tiling, splits) candidates once per dispatch key at
     /// planning and keep the fastest, remembered on disk next to the kernel cache
     /// ([`autotune`](super::autotune)); forced `splits` or `hopper_block_n` are kept as given.
@@ -571,7 +577,7 @@ impl GemmPlan {
                     }
                 },
             };
-            let hp = HopperGemmPlan::with_tile(ctx, &key, tile, tuning.hopper_cluster)?;
+            let hp = HopperGemmPlan::with_tile(ctx, &key, tile, tuning.hopper_cluster, tuning.hopper_group_rows)?;
             return Ok(GemmPlan {
                 ctx: ctx.clone(),
                 problem: problem.clone(),
