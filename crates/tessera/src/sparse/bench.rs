@@ -287,13 +287,12 @@ fn run<T: Element>(
             (a.spmv_plan()?, tuning)
         }
         PlanChoice::Rules | PlanChoice::MergePath => {
-            let tuning = if choice == PlanChoice::MergePath {
-                SpmvTuning {
+            let tuning = match choice {
+                PlanChoice::MergePath => SpmvTuning {
                     merge_path: true,
                     ..SpmvTuning::default()
-                }
-            } else {
-                tuning_from_env()
+                },
+                _ => tuning_from_env(),
             };
             (std::sync::Arc::new(SpmvPlan::new(&a, &SpmvOptions { tuning })?), tuning)
         }

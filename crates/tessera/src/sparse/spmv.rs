@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use super::device::{check_planned, check_spmv_operands, CsrMatrix};
 use super::index::SparseIndex;
-use super::spmv_merge::{MergeOperands, MergePath};
+use super::spmv_merge::MergePath;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
@@ -187,11 +187,19 @@ pub struct SpmvPlan {
     nnz: usize,
     lanes: u32,
     long_threshold: usize,
-    /// The row (or binned) kernel; `None` on the merge path.
-    rows_kernel: Option<Arc<Kernel>>,
-    bins: Option<Bins>,
-    long: Option<LongRows>,
-    merge: Option<MergePath>,
+    kernels: SpmvKernels,
+}
+
+/// What an SpMV plan launches.
+enum SpmvKernels {
+    /// The row kernel (or the binned one), then the long-row kernel where rows are long.
+    Rows {
+        kernel: Arc<Kernel>,
+        bins: Option<Bins>,
+        long: Option<LongRows>,
+    },
+    /// The merge-path kernels (opt-in).
+    MergePath(MergePath),
 }
 
 impl std::fmt::Debug for SpmvPlan {
@@ -201,8 +209,8 @@ impl std::fmt::Debug for SpmvPlan {
             .field("index", &self.index)
             .field("lanes", &self.lanes)
             .field("long_threshold", &self.long_threshold)
-            .field("long_rows", &self.long.as_ref().map(|l| (l.count, l.segments)))
-            .field("merge_ctas", &self.merge.as_ref().map(MergePath::ctas))
+            .field("path", &self.path())
+            .field("long_rows", &self.long_rows())
             .finish()
     }
 }
@@ -306,20 +314,8 @@ impl SpmvPlan {
                     ),
                 ));
             }
-            return Ok(SpmvPlan {
-                merge: Some(MergePath::new(&ctx, T::DTYPE, I::DTYPE, a.rows(), a.nnz())?),
-                ctx,
-                value: T::DTYPE,
-                index: I::DTYPE,
-                rows: a.rows(),
-                cols: a.cols(),
-                nnz: a.nnz(),
-                lanes: 0,
-                long_threshold: usize::MAX,
-                rows_kernel: None,
-                bins: None,
-                long: None,
-            });
+            let merge = MergePath::new(&ctx, T::DTYPE, I::DTYPE, a.rows(), a.nnz())?;
+            return Ok(SpmvPlan::of(a, ctx, 0, usize::MAX, SpmvKernels::MergePath(merge)));
         }
         let lengths = a.row_lengths();
         let (lanes, long_threshold) = choose_spmv_shape(lengths, a.descriptor().col_locality, &opts.tuning);
@@ -328,7 +324,7 @@ impl SpmvPlan {
             index: I::DTYPE,
             lanes: if opts.tuning.binned { BINNED } else { lanes },
         };
-        let rows_kernel = Some(ctx.kernel(&variant.spec())?);
+        let kernel = ctx.kernel(&variant.spec())?;
         let bins = if opts.tuning.binned {
             let mut by_bin: [Vec<i64>; 5] = Default::default();
             for (r, &len) in lengths.iter().enumerate() {
@@ -384,7 +380,19 @@ impl SpmvPlan {
                 kernel,
             })
         };
-        Ok(SpmvPlan {
+        let kernels = SpmvKernels::Rows { kernel, bins, long };
+        Ok(SpmvPlan::of(a, ctx, lanes, long_threshold, kernels))
+    }
+
+    /// The plan of `a` with its kernels chosen.
+    fn of<T: Element, I: SparseIndex>(
+        a: &CsrMatrix<T, I>,
+        ctx: Context,
+        lanes: u32,
+        long_threshold: usize,
+        kernels: SpmvKernels,
+    ) -> SpmvPlan {
+        SpmvPlan {
             ctx,
             value: T::DTYPE,
             index: I::DTYPE,
@@ -393,11 +401,8 @@ impl SpmvPlan {
             nnz: a.nnz(),
             lanes,
             long_threshold,
-            rows_kernel,
-            bins,
-            long,
-            merge: None,
-        })
+            kernels,
+        }
     }
 
     /// Lanes per row of the row kernel (0 on the merge path).
@@ -410,22 +415,27 @@ impl SpmvPlan {
     }
     /// Number of long rows and of their segments (CTAs of the long-row kernel).
     pub fn long_rows(&self) -> (usize, usize) {
-        self.long.as_ref().map_or((0, 0), |l| (l.count, l.segments))
+        match &self.kernels {
+            SpmvKernels::Rows { long: Some(l), .. } => (l.count, l.segments),
+            _ => (0, 0),
+        }
     }
     /// A short name of the kernels this plan runs (`rows-l8`, `rows-l4+long`, `merge-path`).
     pub fn path(&self) -> String {
-        if self.merge.is_some() {
-            return "merge-path".to_string();
+        match &self.kernels {
+            SpmvKernels::MergePath(_) => "merge-path".to_string(),
+            SpmvKernels::Rows { bins, long, .. } => {
+                let mut s = if bins.is_some() {
+                    "binned".to_string()
+                } else {
+                    format!("rows-l{}", self.lanes)
+                };
+                if long.is_some() {
+                    s.push_str("+long");
+                }
+                s
+            }
         }
-        let mut s = if self.bins.is_some() {
-            "binned".to_string()
-        } else {
-            format!("rows-l{}", self.lanes)
-        };
-        if self.long.is_some() {
-            s.push_str("+long");
-        }
-        s
     }
 
     /// `y = alpha * A x + beta * y`. `a` must be the matrix the plan was made for (same shape and
@@ -449,24 +459,13 @@ impl SpmvPlan {
         if self.rows == 0 {
             return Ok(());
         }
-        if let Some(m) = &self.merge {
-            let operands = MergeOperands {
-                offsets: a.offsets.device_ptr(),
-                indices: a.indices.device_ptr(),
-                values: a.values.device_ptr(),
-                x: x.device_ptr(),
-                y: y.device_ptr(),
-                alpha,
-                beta,
-            };
+        let (kernel, bins, long) = match &self.kernels {
             // SAFETY: `a` matches the plan (value and index types, shape and nnz: checked above),
             // its offsets were validated on construction (rows + 1 non-decreasing entries ending
             // at nnz, every index in 0..cols; indices and values hold at least one element), x
             // has >= cols elements and y >= rows.
-            return unsafe { m.launch(&self.ctx, &operands) };
-        }
-        let Some(rows_kernel) = &self.rows_kernel else {
-            return Err(Error::Unsupported("SpMV plan without a kernel".into()));
+            SpmvKernels::MergePath(m) => return unsafe { m.launch(&self.ctx, a, alpha, x, beta, y) },
+            SpmvKernels::Rows { kernel, bins, long } => (kernel, bins, long),
         };
         let mut params = SpmvParams {
             offsets: a.offsets.device_ptr(),
@@ -487,7 +486,7 @@ impl SpmvPlan {
             bin_first_cta: [0; 6],
             bin_first_row: [0; 6],
         };
-        let grid = match &self.bins {
+        let grid = match bins {
             Some(b) => {
                 params.bin_rows = b.rows.device_ptr();
                 params.bin_first_cta = b.first_cta;
@@ -501,8 +500,8 @@ impl SpmvPlan {
         // rows + 1 entries, indices and values its nnz (at least 1 element allocated), every
         // index is in 0..cols (validated on construction) and x has >= cols elements, y >= rows;
         // each row is written by one lane only. SpmvParams mirrors the kernel's struct.
-        unsafe { rows_kernel.launch(&self.ctx, LaunchConfig::linear(grid, BLOCK_THREADS, 0), &params)? };
-        if let Some(l) = &self.long {
+        unsafe { kernel.launch(&self.ctx, LaunchConfig::linear(grid, BLOCK_THREADS, 0), &params)? };
+        if let Some(l) = long {
             params.long_rows = l.rows.device_ptr();
             params.segment_row = l.segment_row.device_ptr();
             params.segment_first = l.segment_first.device_ptr();

@@ -11,8 +11,10 @@
 
 use std::sync::Arc;
 
+use super::device::CsrMatrix;
+use super::index::SparseIndex;
 use super::spmv::SPMV_HEADERS;
-use crate::dtype::DType;
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
 
@@ -44,23 +46,22 @@ pub struct MergeVariant {
 }
 
 impl MergeVariant {
-    pub fn key(&self) -> KernelKey {
-        let family = match self.kernel {
+    /// The kernel's entry point in `spmv_merge.cu`, also its key's family.
+    fn entry(&self) -> &'static str {
+        match self.kernel {
             MergeKernel::Tiles => "spmv_merge",
             MergeKernel::Fixup => "spmv_merge_fixup",
-        };
-        KernelKey::new(family)
+        }
+    }
+    pub fn key(&self) -> KernelKey {
+        KernelKey::new(self.entry())
             .ty("Val", self.value)
             .ty("Idx", self.index)
             .int("kItemsPerThread", "i", ITEMS_PER_THREAD)
             .int("kBlockThreads", "t", BLOCK_THREADS)
     }
     pub fn spec(&self) -> KernelSpec {
-        let entry = match self.kernel {
-            MergeKernel::Tiles => "spmv_merge",
-            MergeKernel::Fixup => "spmv_merge_fixup",
-        };
-        self.key().spec("spmv_merge.cu", SOURCE, entry, SPMV_HEADERS)
+        self.key().spec("spmv_merge.cu", SOURCE, self.entry(), SPMV_HEADERS)
     }
 }
 
@@ -105,17 +106,6 @@ const _: () = assert!(std::mem::size_of::<MergeParams>() == 104);
 // the types of the kernel's struct (pointers, long long, double).
 unsafe impl KernelParams for MergeParams {}
 
-/// The device arrays of one `y = alpha A x + beta y`, as device addresses: what the plan checked.
-pub(crate) struct MergeOperands {
-    pub offsets: u64,
-    pub indices: u64,
-    pub values: u64,
-    pub x: u64,
-    pub y: u64,
-    pub alpha: f64,
-    pub beta: f64,
-}
-
 /// The merge path of one SpMV plan: its kernels, grid and carry slots.
 pub(crate) struct MergePath {
     rows: usize,
@@ -153,41 +143,44 @@ impl MergePath {
         })
     }
 
-    /// CTAs of the tile kernel.
-    pub fn ctas(&self) -> usize {
-        self.ctas
-    }
-
-    /// Launches both kernels on the context's stream.
+    /// `y = alpha A x + beta y`: launches both kernels on the context's stream.
     ///
     /// # Safety
-    /// The operands must be those of the matrix this path was made for, checked by the caller:
-    /// `offsets` a valid CSR row pointer of `rows + 1` entries ending at `nnz` (non-decreasing,
-    /// validated on construction), `indices`/`values` at least `nnz` elements (one allocated when
-    /// empty) with every index in `0..cols`, `x` at least `cols` elements and `y` at least `rows`.
-    pub unsafe fn launch(&self, ctx: &Context, o: &MergeOperands) -> Result<()> {
+    /// `a` must be the matrix this path was made for (value and index types, rows and nnz),
+    /// checked by the caller, with its CSR validated on construction (offsets non-decreasing
+    /// from 0 to nnz, every index in `0..cols`); `x` at least `cols` elements, `y` at least `rows`.
+    pub unsafe fn launch<T: Element, I: SparseIndex>(
+        &self,
+        ctx: &Context,
+        a: &CsrMatrix<T, I>,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
         if self.ctas == 0 {
             return Ok(());
         }
         let params = MergeParams {
-            offsets: o.offsets,
-            indices: o.indices,
-            values: o.values,
-            x: o.x,
-            y: o.y,
+            offsets: a.offsets.device_ptr(),
+            indices: a.indices.device_ptr(),
+            values: a.values.device_ptr(),
+            x: x.device_ptr(),
+            y: y.device_ptr(),
             rows: self.rows as i64,
             nnz: self.nnz as i64,
             ctas: self.ctas as i64,
-            alpha: o.alpha,
-            beta: o.beta,
+            alpha,
+            beta,
             carry_row: self.carry_row.device_ptr(),
             carry_sum: self.carry_sum.device_ptr(),
             head_sum: self.head_sum.device_ptr(),
         };
-        let grid = self.ctas as u32; // checked to fit on construction
-                                     // SAFETY: the caller's contract above; every CTA reads offsets only at path points in
-                                     // 0..=rows, indices and values in 0..nnz, and writes y rows in 0..rows (each once) and
-                                     // its own carry slots (ctas of them allocated); the fixup reads those slots in 0..ctas.
+        // checked to fit on construction
+        let grid = self.ctas as u32;
+        // SAFETY: the caller's contract above; every CTA reads offsets only at path points in
+        // 0..=rows, indices and values in 0..nnz, and writes y rows in 0..rows (each once) and
+        // its own carry slots (ctas of them allocated); the fixup reads those slots in 0..ctas.
         unsafe {
             self.tiles
                 .launch(ctx, LaunchConfig::linear(grid, BLOCK_THREADS, 0), &params)?;
