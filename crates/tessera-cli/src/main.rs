@@ -213,13 +213,19 @@ type CliResult<T> = std::result::Result<T, String>;
 /// `tessera report`: merges bench JSON files of one operator, writes its JSON and chart, prints
 /// the table.
 fn merge_report_files(files: &[PathBuf], out: &std::path::Path, op: Option<&str>) -> CliResult<bool> {
+    let stem = |f: &PathBuf| f.file_stem().map(|s| s.to_string_lossy().into_owned());
     let op = match op {
         Some(op) => op.to_string(),
-        None => files
-            .first()
-            .and_then(|f| f.file_stem())
-            .map(|s| s.to_string_lossy().into_owned())
-            .ok_or("no report files given")?,
+        None => {
+            let op = files.first().and_then(stem).ok_or("no report files given")?;
+            if let Some(other) = files.iter().find(|f| stem(f).as_deref() != Some(op.as_str())) {
+                return Err(format!(
+                    "{} is not a {op}.json: merge one operator's reports (or name it with --op)",
+                    other.display()
+                ));
+            }
+            op
+        }
     };
     let operator = registry::find(&op).ok_or_else(|| format!("unknown operator {op:?} (name it with --op)"))?;
     let parts = files
