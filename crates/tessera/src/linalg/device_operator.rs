@@ -29,7 +29,7 @@
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer};
-use crate::sparse::{CsrHost, CsrMatrix, SparseIndex};
+use crate::sparse::{CsrHost, CsrMatrix, SkipIf, SparseIndex};
 
 /// A real `m x n` matrix on the device, seen only through its two products.
 ///
@@ -43,6 +43,34 @@ pub trait LinearOperator<T: Element> {
     fn apply(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()>;
     /// `y = alpha * A^T x + beta * y`: `x` has `m` elements, `y` has `n`.
     fn apply_transposed(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()>;
+    /// [`apply`](Self::apply), which may be skipped on the device: when `skip`'s flag is not
+    /// zero as the product runs, an implementation may do nothing (y is then unspecified). The
+    /// solver passes its stop flag so that the products it queued past the stop cost a launch,
+    /// not a pass over `A`. The default ignores the flag (always correct, only slower).
+    fn apply_unless(
+        &self,
+        skip: SkipIf<'_>,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        let _ = skip;
+        self.apply(alpha, x, beta, y)
+    }
+    /// [`apply_transposed`](Self::apply_transposed), which may be skipped on the device as
+    /// [`apply_unless`](Self::apply_unless). The default ignores the flag.
+    fn apply_transposed_unless(
+        &self,
+        skip: SkipIf<'_>,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        let _ = skip;
+        self.apply_transposed(alpha, x, beta, y)
+    }
     /// A short name of the storage, for reports (`csr-dual`, `csr-single`, `dense`, `fn`).
     fn storage(&self) -> &'static str;
     /// `Y = alpha * A X + beta * Y` for `k >= 1` columns: `X` is `n x k` and `Y` is `m x k`,
@@ -274,6 +302,26 @@ impl<T: Element, I: SparseIndex> LinearOperator<T> for SparseDualOperator<T, I> 
     fn apply_transposed(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
         self.at.spmv(alpha, x, beta, y)
     }
+    fn apply_unless(
+        &self,
+        skip: SkipIf<'_>,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        self.a.spmv_unless(Some(skip), alpha, x, beta, y)
+    }
+    fn apply_transposed_unless(
+        &self,
+        skip: SkipIf<'_>,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        self.at.spmv_unless(Some(skip), alpha, x, beta, y)
+    }
     /// The SpMM of `A` (column-major; one column: the SpMV).
     fn apply_many(&self, alpha: f64, x: &DeviceBuffer<T>, k: usize, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
         csr_many(&self.a, alpha, x, k, beta, y)
@@ -332,6 +380,17 @@ impl<T: Element, I: SparseIndex> LinearOperator<T> for SparseSingleOperator<T, I
     }
     fn apply_transposed(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
         self.a.spmv_transposed(alpha, x, beta, y)
+    }
+    /// The SpMV of `A`, skipped on the flag (`A^T x`, atomic, keeps the default: always runs).
+    fn apply_unless(
+        &self,
+        skip: SkipIf<'_>,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        self.a.spmv_unless(Some(skip), alpha, x, beta, y)
     }
     /// The SpMM of `A` (column-major; one column: the SpMV). `A^T X` keeps the default
     /// column loop (atomic transposed SpMV per column: there is no transposed SpMM).

@@ -66,10 +66,13 @@
 //!
 //! The host queues [`LsmrRunOptions::check_every`] iterations (default
 //! [`DEFAULT_CHECK_EVERY`]), then a test kernel, then reads the state (104 bytes plus 224 per
-//! damp; one synchronisation) to see the stop flag and report progress. Iterations queued after the stop
-//! cost only their products (up to `check_every - 1` wasted pairs of SpMVs, about 6% at the
-//! default when a solve takes 100+ iterations). The loop allocates no device memory: the
-//! vectors, the partials and the state are allocated once per solve.
+//! damp; one synchronisation) to see the stop flag and report progress. Up to `check_every - 1`
+//! iterations may be queued after the stop: their vector kernels return at once, and their
+//! products are given the stop flag ([`LinearOperator::apply_unless`]): the sparse operators'
+//! SpMV kernels return at once too, so a wasted iteration costs its launches, not two passes
+//! over `A` (operators that ignore the flag still run them, into the work vectors only). The
+//! loop allocates no device memory: the vectors, the partials and the state are allocated once
+//! per solve. Every kernel of the loop is a programmatic dependent launch (sm_90+; lsmr.cu).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -80,6 +83,7 @@ use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::StreamGraph;
 use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig, WorkCounters};
+use crate::sparse::SkipIf;
 
 /// Source of the solver's kernels.
 pub const SOURCE: &str = include_str!("lsmr.cu");
@@ -181,6 +185,10 @@ pub struct LsmrShared {
     pub v_scale: f64,
     pub norma2: f64,
 }
+
+/// The slot of [`LsmrShared::stop`] in the state buffer (the shared record comes first): the
+/// flag the operator products are skipped on once the run has stopped.
+const STOP_SLOT: usize = std::mem::offset_of!(LsmrShared, stop) / std::mem::size_of::<f64>();
 
 /// The f64 state of one damp: `struct LsmrDamp` of lsmr.cu, field for field.
 #[repr(C)]
@@ -594,7 +602,7 @@ impl<T: Element> Solver<T> {
                 ),
             ));
         }
-        let mut cfg = LaunchConfig::linear(vector_grid(p.len as usize), BLOCK_THREADS, 0);
+        let mut cfg = LaunchConfig::linear(vector_grid(p.len as usize), BLOCK_THREADS, 0).with_dependent_launch();
         cfg.grid.1 = rows as u32;
         // SAFETY: every pointer in p is one of this solver's buffers (or b, of m elements,
         // checked by validate): a, u hold >= len elements (many: >= rows * len, col_stride =
@@ -619,8 +627,11 @@ impl<T: Element> Solver<T> {
         // (many: per column), partials_x k MAX_PARTIALS doubles, of which the counts (each <=
         // MAX_PARTIALS) are read per damp (column). ScalarParams mirrors the kernel's.
         unsafe {
-            self.scalar
-                .launch(&self.ctx, LaunchConfig::linear(ctas, BLOCK_THREADS, 0), &p)
+            self.scalar.launch(
+                &self.ctx,
+                LaunchConfig::linear(ctas, BLOCK_THREADS, 0).with_dependent_launch(),
+                &p,
+            )
         }
     }
 
@@ -676,11 +687,13 @@ impl<T: Element> Solver<T> {
     fn iteration(&mut self, a: &dyn LinearOperator<T>, k: usize) -> Result<()> {
         let (m, n) = (self.m, self.n);
         let input = if self.d.is_some() { &self.dv } else { &self.v };
-        a.apply(1.0, input, 0.0, &mut self.av)?;
+        // products queued past the stop are skipped on the device (operators that can)
+        let stop = SkipIf::new(&self.state, STOP_SLOT)?;
+        a.apply_unless(stop, 1.0, input, 0.0, &mut self.av)?;
         // update_u, then (its last CTA) the deferred tests and beta
         let p = self.vec_params(self.av.device_ptr(), self.u.device_ptr(), &self.partials_u, m, false);
         self.launch_vec(&self.update_u, &self.fused(p, ScalarMode::IterBeta, k), 1)?;
-        a.apply_transposed(1.0, &self.u, 0.0, &mut self.atu)?;
+        a.apply_transposed_unless(stop, 1.0, &self.u, 0.0, &mut self.atu)?;
         // update_v, then (its last CTA) alpha and the recurrences
         let p = self.vec_params(self.atu.device_ptr(), self.v.device_ptr(), &self.partials_v, n, false);
         self.launch_vec(&self.update_v, &self.fused(p, ScalarMode::IterAlpha, k), 1)?;

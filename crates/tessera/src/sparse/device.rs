@@ -15,7 +15,7 @@ use super::descriptor::SparseDescriptor;
 use super::host::{CsrHost, DenseLayout, Duplicates};
 use super::index::SparseIndex;
 use super::spmm::SpmmPlan;
-use super::spmv::{choose_shape, spmv_candidates, SpmvOptions, SpmvPlan, SpmvTuning};
+use super::spmv::{choose_shape, spmv_candidates, SkipIf, SpmvOptions, SpmvPlan, SpmvTuning};
 use super::spmv_transposed::SpmvTransposedPlan;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -318,6 +318,19 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
     /// `y`.
     pub fn spmv(&self, alpha: f64, x: &DeviceBuffer<T>, beta: f64, y: &mut DeviceBuffer<T>) -> Result<()> {
         self.spmv_plan()?.run(self, alpha, x, beta, y)
+    }
+
+    /// [`spmv`](Self::spmv), except that nothing happens (y unchanged) when `skip` is given and
+    /// its device flag is not zero at the time the kernels run.
+    pub fn spmv_unless(
+        &self,
+        skip: Option<SkipIf<'_>>,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
+        self.spmv_plan()?.run_unless(skip, self, alpha, x, beta, y)
     }
 }
 

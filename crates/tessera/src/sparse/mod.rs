@@ -67,5 +67,5 @@ pub use mtx::{parse_mtx, read_mtx, read_mtx_csr, write_mtx, MtxField, MtxHeader,
 pub use operator::OPERATOR;
 pub use sell::{prefers_sell, SellMatrix, SellOptions};
 pub use spmm::SpmmPlan;
-pub use spmv::{SpmvOptions, SpmvPlan, SpmvTuning};
+pub use spmv::{SkipIf, SpmvOptions, SpmvPlan, SpmvTuning};
 pub use spmv_transposed::SpmvTransposedPlan;

@@ -129,7 +129,40 @@ pub fn all_variants() -> Vec<SpmvVariant> {
     v
 }
 
-/// `struct SpmvParams` of spmv_csr.cu (112 bytes).
+/// A device-side condition under which a product does nothing: the f64 at `index` of a device
+/// buffer, read by the kernels when they run (not when they are queued); not zero skips the call
+/// and leaves `y` as it was. For loops that queue products ahead of a stop decided on the device
+/// (LSMR's stop flag): a skipped product costs its launch, not a pass over the matrix.
+#[derive(Clone, Copy, Debug)]
+pub struct SkipIf<'a> {
+    flag: &'a DeviceBuffer<f64>,
+    index: usize,
+}
+
+impl<'a> SkipIf<'a> {
+    /// The flag `flag[index]`; `index` must be in the buffer.
+    pub fn new(flag: &'a DeviceBuffer<f64>, index: usize) -> Result<Self> {
+        if index >= flag.len() {
+            return Err(Error::invalid(
+                "skip flag",
+                format!("index {index} of a buffer of {} elements", flag.len()),
+            ));
+        }
+        Ok(SkipIf { flag, index })
+    }
+
+    /// The flag's device address (in the buffer: checked by `new`).
+    pub(crate) fn device_ptr(&self) -> u64 {
+        self.flag.device_ptr() + (self.index * std::mem::size_of::<f64>()) as u64
+    }
+}
+
+/// The kernels' `skip` pointer of an optional flag (0: never skip).
+pub(crate) fn skip_ptr(skip: Option<SkipIf<'_>>) -> u64 {
+    skip.map_or(0, |s| s.device_ptr())
+}
+
+/// `struct SpmvParams` of spmv_csr.cu (176 bytes).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct SpmvParams {
@@ -148,11 +181,12 @@ struct SpmvParams {
     partials: u64,
     row_done: u64,
     bin_rows: u64,
+    skip: u64,
     bin_first_cta: [i32; 6],
     bin_first_row: [i32; 6],
 }
-const _: () = assert!(std::mem::size_of::<SpmvParams>() == 168);
-// SAFETY: #[repr(C)]: 15 eight-byte fields (pointers as u64, i64, f64) then two arrays of six
+const _: () = assert!(std::mem::size_of::<SpmvParams>() == 176);
+// SAFETY: #[repr(C)]: 16 eight-byte fields (pointers as u64, i64, f64) then two arrays of six
 // i32, in the order and of the types of the kernel's struct (pointers, long long, double, int).
 unsafe impl KernelParams for SpmvParams {}
 
@@ -448,6 +482,20 @@ impl SpmvPlan {
         beta: f64,
         y: &mut DeviceBuffer<T>,
     ) -> Result<()> {
+        self.run_unless(None, a, alpha, x, beta, y)
+    }
+
+    /// [`run`](Self::run), except that nothing happens (y unchanged) when `skip` is given and
+    /// its flag is not zero as the kernels run.
+    pub fn run_unless<T: Element, I: SparseIndex>(
+        &self,
+        skip: Option<SkipIf<'_>>,
+        a: &CsrMatrix<T, I>,
+        alpha: f64,
+        x: &DeviceBuffer<T>,
+        beta: f64,
+        y: &mut DeviceBuffer<T>,
+    ) -> Result<()> {
         check_planned(a, self.value, self.index, self.rows, self.cols)?;
         check_spmv_operands(self.rows, self.cols, x.len(), y.len(), alpha, beta)?;
         if a.nnz() != self.nnz {
@@ -464,7 +512,7 @@ impl SpmvPlan {
             // its offsets were validated on construction (rows + 1 non-decreasing entries ending
             // at nnz, every index in 0..cols; indices and values hold at least one element), x
             // has >= cols elements and y >= rows.
-            SpmvKernels::MergePath(m) => return unsafe { m.launch(&self.ctx, a, alpha, x, beta, y) },
+            SpmvKernels::MergePath(m) => return unsafe { m.launch(&self.ctx, skip, a, alpha, x, beta, y) },
             SpmvKernels::Rows { kernel, bins, long } => (kernel, bins, long),
         };
         let mut params = SpmvParams {
@@ -483,6 +531,7 @@ impl SpmvPlan {
             partials: 0,
             row_done: 0,
             bin_rows: 0,
+            skip: skip_ptr(skip),
             bin_first_cta: [0; 6],
             bin_first_row: [0; 6],
         };
@@ -500,7 +549,13 @@ impl SpmvPlan {
         // rows + 1 entries, indices and values its nnz (at least 1 element allocated), every
         // index is in 0..cols (validated on construction) and x has >= cols elements, y >= rows;
         // each row is written by one lane only. SpmvParams mirrors the kernel's struct.
-        unsafe { kernel.launch(&self.ctx, LaunchConfig::linear(grid, BLOCK_THREADS, 0), &params)? };
+        unsafe {
+            kernel.launch(
+                &self.ctx,
+                LaunchConfig::linear(grid, BLOCK_THREADS, 0).with_dependent_launch(),
+                &params,
+            )?
+        };
         if let Some(l) = long {
             params.long_rows = l.rows.device_ptr();
             params.segment_row = l.segment_row.device_ptr();
@@ -513,7 +568,7 @@ impl SpmvPlan {
             unsafe {
                 l.kernel.launch(
                     &self.ctx,
-                    LaunchConfig::linear(l.segments as u32, BLOCK_THREADS, 0),
+                    LaunchConfig::linear(l.segments as u32, BLOCK_THREADS, 0).with_dependent_launch(),
                     &params,
                 )?
             };

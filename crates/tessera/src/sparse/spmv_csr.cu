@@ -25,6 +25,9 @@
 //     finish (a per-row counter, reset by that CTA for the next call: no memset per call, CUDA
 //     graph safe) adds the row's partials in segment order and writes y.
 // Shared memory: kBlockThreads / 32 Acc (long-row kernel only).
+// Launched as programmatic dependent launches (sm_90+): each kernel waits for the previous grid
+// on the stream before touching memory, so a chain of products and vector kernels (LSMR) hides
+// the launch latency of each behind the tail of the one before.
 //
 // Roofline. Memory bound: each nonzero moves sizeof(Val) + sizeof(Idx) bytes once and gathers
 // one x element (from L2 when x fits there); offsets and y once per row. Index and value loads
@@ -62,6 +65,9 @@ struct SpmvParams {
   // lanes per row; bin b owns CTAs [bin_first_cta[b], bin_first_cta[b + 1]) and the rows
   // bin_rows[bin_first_row[b] ..  bin_first_row[b + 1])
   const long long* bin_rows;
+  // when not null and *skip != 0 at the time the kernels run, the call does nothing (a product
+  // queued ahead of a stop decided on the device: LSMR's stop flag)
+  const double* skip;
   int bin_first_cta[6];
   int bin_first_row[6];
 };
@@ -103,12 +109,19 @@ TS_DEVICE Acc lane_dot(const SpmvParams& p, long long begin, long long end, int 
   return a0 + a1;
 }
 
+/// Whether the call is skipped (p.skip set and not zero): uniform over the grid, so a kernel that
+/// returns on it leaves its counters as they were.
+TS_DEVICE bool skipped(const SpmvParams& p) { return p.skip != nullptr && *p.skip != 0.0; }
+
 /// y[row] = alpha * sum + beta * y[row] (y not read when beta == 0).
 TS_DEVICE void write_y(const SpmvParams& p, long long row, Acc sum) { store_y(p.y, row, sum, p.alpha, p.beta); }
 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_rows(const __grid_constant__ SpmvParams p) {
+  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
+  ts::allow_dependent_grids();
+  if (skipped(p)) return;
   constexpr int kRowsPerCta = kBlockThreads / kLanes;
   const long long row = (long long)blockIdx.x * kRowsPerCta + threadIdx.x / kLanes;
   const int lane = threadIdx.x % kLanes;
@@ -139,6 +152,9 @@ TS_DEVICE void binned_rows(const SpmvParams& p, int b, int cta_in_bin) {
 // blockIdx.x finds its bin and runs that bin's lanes per row. Long rows are the long-row
 // kernel's, as with spmv_csr_rows.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_binned(const __grid_constant__ SpmvParams p) {
+  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
+  ts::allow_dependent_grids();
+  if (skipped(p)) return;
   const int cta = blockIdx.x;
   int b = 0;
 #pragma unroll
@@ -154,6 +170,9 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_binned(cons
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_long_rows(const __grid_constant__ SpmvParams p) {
+  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
+  ts::allow_dependent_grids();
+  if (skipped(p)) return;
   __shared__ Acc warp_sums[kBlockThreads / 32];
   const int segment = blockIdx.x;
   const int k = p.segment_row[segment];

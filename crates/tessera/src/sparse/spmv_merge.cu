@@ -105,6 +105,7 @@ struct MergeParams {
   long long* carry_row;  // [ctas] the row the tile ends inside, or -1
   Acc* carry_sum;        // [ctas] the tile's nonzeros of that row, summed
   Acc* head_sum;         // [ctas] the tile's part of the row it starts inside, when it ends there
+  const double* skip;    // when not null and *skip != 0 as the kernels run, the call does nothing
 };
 
 namespace {
@@ -150,6 +151,7 @@ TS_DEVICE Acc run_sum(const Acc* carry, const int* has_end, int last) {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kMinCtasPerSm) spmv_merge(const __grid_constant__ MergeParams p) {
+  if (p.skip != nullptr && *p.skip != 0.0) return;  // uniform: the fix-up skips as well
   __shared__ unsigned long long s_staging[kStagingBytes / 8];
   __shared__ Acc s_carry[kBlockThreads];
   __shared__ int s_has_end[kBlockThreads];
@@ -233,6 +235,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads, kMinCtasPerSm) spmv_
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_merge_fixup(const __grid_constant__ MergeParams p) {
+  if (p.skip != nullptr && *p.skip != 0.0) return;
   const long long b = (long long)blockIdx.x * kBlockThreads + threadIdx.x;
   if (b >= p.ctas) return;
   const long long r = p.carry_row[b];

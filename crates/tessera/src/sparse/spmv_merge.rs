@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::device::CsrMatrix;
 use super::index::SparseIndex;
-use super::spmv::SPMV_HEADERS;
+use super::spmv::{skip_ptr, SkipIf, SPMV_HEADERS};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
@@ -100,9 +100,10 @@ struct MergeParams {
     carry_row: u64,
     carry_sum: u64,
     head_sum: u64,
+    skip: u64,
 }
-const _: () = assert!(std::mem::size_of::<MergeParams>() == 104);
-// SAFETY: #[repr(C)]: thirteen eight-byte fields (pointers as u64, i64, f64) in the order and of
+const _: () = assert!(std::mem::size_of::<MergeParams>() == 112);
+// SAFETY: #[repr(C)]: fourteen eight-byte fields (pointers as u64, i64, f64) in the order and of
 // the types of the kernel's struct (pointers, long long, double).
 unsafe impl KernelParams for MergeParams {}
 
@@ -143,15 +144,18 @@ impl MergePath {
         })
     }
 
-    /// `y = alpha A x + beta y`: launches both kernels on the context's stream.
+    /// `y = alpha A x + beta y`: launches both kernels on the context's stream (both do nothing
+    /// when `skip`'s flag is set as they run).
     ///
     /// # Safety
     /// `a` must be the matrix this path was made for (value and index types, rows and nnz),
     /// checked by the caller, with its CSR validated on construction (offsets non-decreasing
     /// from 0 to nnz, every index in `0..cols`); `x` at least `cols` elements, `y` at least `rows`.
+    #[allow(clippy::too_many_arguments)] // the operands of SpmvPlan::run_unless, passed through
     pub unsafe fn launch<T: Element, I: SparseIndex>(
         &self,
         ctx: &Context,
+        skip: Option<SkipIf<'_>>,
         a: &CsrMatrix<T, I>,
         alpha: f64,
         x: &DeviceBuffer<T>,
@@ -175,6 +179,7 @@ impl MergePath {
             carry_row: self.carry_row.device_ptr(),
             carry_sum: self.carry_sum.device_ptr(),
             head_sum: self.head_sum.device_ptr(),
+            skip: skip_ptr(skip),
         };
         // checked to fit on construction
         let grid = self.ctas as u32;

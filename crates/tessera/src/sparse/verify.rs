@@ -13,7 +13,7 @@ use super::host::DenseLayout;
 use super::index::SparseIndex;
 use super::reference;
 use super::spmm::SpmmPlan;
-use super::spmv::{SpmvOptions, SpmvPlan, SpmvTuning};
+use super::spmv::{SkipIf, SpmvOptions, SpmvPlan, SpmvTuning};
 use super::spmv_transposed::SpmvTransposedPlan;
 use crate::check::{compare, to_f64_vec};
 use crate::dtype::{DType, Element};
@@ -277,14 +277,36 @@ fn run<T: Element, I: SparseIndex>(ctx: &Context, case: &Case, seed: u64) -> Res
     let mut dy2 = upload_nonempty(ctx, &y0)?;
     plan.run(&a, case.alpha, &dx, case.beta, &mut dy2)?;
     let second = dy2.to_host()?;
-    Ok(judge(
+    let mut outcome = judge(
         case.name(),
         case.params(),
         plan.path(),
         &first[..case.rows],
         Some(&second),
         &want,
-    ))
+    );
+    // the skip flag: set, the call leaves y as it was; cleared, it is the plain call, bitwise
+    let mut flag = ctx.alloc::<f64>(1)?;
+    flag.copy_from_host_at(0, &[1.0])?;
+    let mut dy3 = upload_nonempty(ctx, &y0)?;
+    plan.run_unless(Some(SkipIf::new(&flag, 0)?), &a, case.alpha, &dx, case.beta, &mut dy3)?;
+    let kept = dy3.to_host()?;
+    flag.copy_from_host_at(0, &[0.0])?;
+    plan.run_unless(Some(SkipIf::new(&flag, 0)?), &a, case.alpha, &dx, case.beta, &mut dy3)?;
+    let unskipped = dy3.to_host()?;
+    let bits = |v: &[T]| v.iter().map(|e| e.to_f64().to_bits()).collect::<Vec<_>>();
+    let skip_note = if bits(&kept[..case.rows]) != bits(&y0) {
+        Some("skip flag set: y was written")
+    } else if bits(&unskipped) != bits(&first) {
+        Some("skip flag clear: y differs from the plain call")
+    } else {
+        None
+    };
+    if let Some(n) = skip_note {
+        outcome.passed = false;
+        outcome.note = Some(outcome.note.map_or(n.to_string(), |o| format!("{o}; {n}")));
+    }
+    Ok(outcome)
 }
 
 /// One SpMM verification case: `C = alpha A B + beta C`, B and C packed in `layout`.
