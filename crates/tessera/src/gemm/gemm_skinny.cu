@@ -84,6 +84,8 @@ TS_DEVICE ts::U32x4 load_w(const Elem* w, int k, int k_end) {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads) gemm_skinny(const __grid_constant__ GemmParams p) {
+  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
+  ts::allow_dependent_grids();
   __shared__ alignas(16) Elem a_smem[2][kRows * kLdA];
   const int z = blockIdx.z;
   const int split = blockIdx.y;

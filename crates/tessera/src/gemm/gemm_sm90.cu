@@ -749,6 +749,10 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1) gemm_sm90(const __grid
   } else {
     __syncthreads();
   }
+  // Programmatic dependent launch: the set-up above overlaps the previous kernel's tail; no
+  // global memory access (loads of A, B, C, scales; stores of D) before the wait.
+  ts::wait_prior_grids();
+  ts::allow_dependent_grids();
   // Broadcast from lane 0: warp-uniform to the compiler (uniform-register descriptor math).
   const int wg = __shfl_sync(0xffffffffu, int(threadIdx.x / 128), 0);
   if (wg == 0) {

@@ -14,6 +14,8 @@
 constexpr int kThreads = 256;
 
 extern "C" __global__ void __launch_bounds__(kThreads) gemm_splitk_reduce(const __grid_constant__ GemmParams p) {
+  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
+  ts::allow_dependent_grids();
   const long long plane = (long long)p.m * p.n;
   const long long total = plane * p.batch;
   const long long stride = (long long)gridDim.x * kThreads;

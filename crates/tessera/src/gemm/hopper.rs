@@ -805,12 +805,13 @@ impl HopperGemmPlan {
     }
 
     /// The launch: the persistent grid (of clusters of `cluster_m`), 384 threads, the tiling's
-    /// shared memory.
+    /// shared memory; a programmatic dependent launch (the kernel waits for the previous grid
+    /// after its barrier set-up).
     pub(crate) fn launch_config(&self) -> LaunchConfig {
         if self.cluster_m > 1 {
-            LaunchConfig::clustered(self.grid, THREADS, shared_bytes(self.tile), self.cluster_m)
+            LaunchConfig::clustered(self.grid, THREADS, shared_bytes(self.tile), self.cluster_m).with_dependent_launch()
         } else {
-            LaunchConfig::linear(self.grid, THREADS, shared_bytes(self.tile))
+            LaunchConfig::linear(self.grid, THREADS, shared_bytes(self.tile)).with_dependent_launch()
         }
     }
 
