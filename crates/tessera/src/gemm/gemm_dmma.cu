@@ -201,8 +201,6 @@ TS_DEVICE void dmma(double (&d)[4], const double (&a)[8], const double (&b)[4]) 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) gemm_dmma(const __grid_constant__ GemmParams p) {
-  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
-  ts::allow_dependent_grids();
   const int z = blockIdx.z;
   const int m0 = blockIdx.y * kBM;
   const int n0 = blockIdx.x * kBN;

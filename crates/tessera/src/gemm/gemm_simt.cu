@@ -141,8 +141,6 @@ struct __align__(16) Stage {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, 2) gemm_simt(const __grid_constant__ GemmParams p) {
-  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
-  ts::allow_dependent_grids();
   __shared__ Stage stage[2];
   const int z = blockIdx.z;
   const int m0 = blockIdx.y * kBM;

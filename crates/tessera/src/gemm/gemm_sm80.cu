@@ -172,8 +172,6 @@ TS_DEVICE void load_b_frags(uint32_t (&b)[kMmaN][2], uint32_t sb, int warp_n, in
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1) gemm_sm80(const __grid_constant__ GemmParams p) {
-  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
-  ts::allow_dependent_grids();
   const int z = blockIdx.z;
   Tiles t;
   t.m0 = blockIdx.y * kBM;

@@ -897,15 +897,11 @@ impl GemmPlan {
         // the reduction after it on the same stream. GemmParams mirrors the kernel's struct.
         unsafe {
             // (the Hopper path's products ran above; only its split-K reduction remains)
-            // programmatic dependent launches: every GEMM kernel waits for the previous grid on
-            // the stream before its first global access, so its launch and set-up overlap that
-            // grid's tail
             if self.hopper.is_none() {
-                self.kernel
-                    .launch(&self.ctx, self.config.with_dependent_launch(), &params)?;
+                self.kernel.launch(&self.ctx, self.config, &params)?;
             }
             if let Some((reduce, cfg)) = &self.reduce {
-                reduce.launch(&self.ctx, cfg.with_dependent_launch(), &params)?;
+                reduce.launch(&self.ctx, *cfg, &params)?;
             }
         }
         Ok(())

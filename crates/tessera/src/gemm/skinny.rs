@@ -35,10 +35,12 @@ impl SkinnyVariant {
         self.key()
             .spec("gemm_skinny.cu", SOURCE, "gemm_skinny", super::DEVICE_HEADERS)
     }
+    /// One CTA per TILE_N columns, split and batch entry; a programmatic dependent launch (the
+    /// kernel waits for the previous grid at entry): decode GEMMs are launch-latency bound.
     pub fn launch_config(n: usize, splits: usize, batch: usize) -> LaunchConfig {
         LaunchConfig {
             grid: (n.div_ceil(TILE_N) as u32, splits as u32, batch as u32),
-            ..LaunchConfig::linear(1, THREADS, 0)
+            ..LaunchConfig::linear(1, THREADS, 0).with_dependent_launch()
         }
     }
 }
@@ -55,12 +57,13 @@ pub fn reduce_spec(out: DType) -> KernelSpec {
         super::DEVICE_HEADERS,
     )
 }
-/// The reduction's launch over `elements` outputs (grid-stride, at most 8 CTAs per SM).
+/// The reduction's launch over `elements` outputs (grid-stride, at most 8 CTAs per SM), a
+/// programmatic dependent launch after the products (it waits for them at entry).
 pub fn reduce_config(elements: usize, sm_count: u32) -> LaunchConfig {
     let ctas = elements
         .div_ceil(THREADS as usize)
         .clamp(1, 8 * sm_count.max(1) as usize);
-    LaunchConfig::linear(ctas as u32, THREADS, 0)
+    LaunchConfig::linear(ctas as u32, THREADS, 0).with_dependent_launch()
 }
 
 /// (splits, k_per_split) for N columns, depth K and `batch` entries on `sm_count` SMs: enough

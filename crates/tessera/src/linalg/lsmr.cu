@@ -89,10 +89,8 @@
 // step's state writes are read by later launches only: every CTA of the row read its state
 // before it counted. Cost: the tails' code sets the kernels' registers (update_u holds the
 // stopping test, update_v the recurrences), so fewer of their CTAs are resident at once.
-// Every kernel here (and the sparse SpMV) is a programmatic dependent launch on sm_90+: it may be
-// scheduled while the kernel before it on the stream finishes (each allows that at its start)
-// and waits for that grid before its first memory access, so the five launches of an iteration
-// do not each pay a full launch latency after the previous grid drains.
+// No kernel of the loop is a programmatic dependent launch: with the SpMV and these kernels so
+// launched, an iteration measured ~20% slower (linalg/NOTES.md).
 //
 // Roofline. LSMR is bandwidth bound. Per iteration, bytes moved (s = sizeof(Val)):
 //   the products: A v and A^T u, each nnz * (s + sizeof(Idx)) + offsets + gathers and the
@@ -486,8 +484,6 @@ TS_DEVICE void last_cta_scalar_step(const VecParams& p, int mode, double* smem_a
 
 // partials[cta] = sum of a[i]^2 over the CTA's elements (setup: ||b||, ||b - A x0||).
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_sumsq(const __grid_constant__ VecParams p) {
-  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
-  ts::allow_dependent_grids();
   __shared__ double smem[kBlockThreads / 32];
   const Val* a = p.a + (long long)blockIdx.y * p.col_stride;
   double s = 0.0;
@@ -502,8 +498,6 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_sumsq(const __g
 // u = av * v_scale - alpha * (u * u_scale); partials of u^2. Fused: then kIterBeta (the
 // deferred tests, beta = ||u||) by the row's last CTA.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_u(const __grid_constant__ VecParams p) {
-  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
-  ts::allow_dependent_grids();
   __shared__ double smem_a[kBlockThreads / 32];
   __shared__ double smem_b[kBlockThreads / 32];
   const LsmrShared* sh = shared_of(p, blockIdx.y);
@@ -530,8 +524,6 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_u(const 
 // write partials of 0 (kIterAlpha then keeps alpha and does not use ||v||). Fused: then
 // kIterAlpha (alpha, the recurrences) by the row's last CTA, whatever beta.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_v(const __grid_constant__ VecParams p) {
-  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
-  ts::allow_dependent_grids();
   __shared__ double smem_a[kBlockThreads / 32];
   __shared__ double smem_b[kBlockThreads / 32];
   const LsmrShared* sh = shared_of(p, blockIdx.y);
@@ -566,8 +558,6 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_v(const 
 // h_j = v * v_scale + h_factor * h_j; partials of x_j^2. Setup (first): h_j = v * v_scale,
 // hbar_j = 0. v is only read.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_x(const __grid_constant__ VecParams p) {
-  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
-  ts::allow_dependent_grids();
   __shared__ double smem[kBlockThreads / 32];
   const LsmrShared* sh = shared_of(p, blockIdx.y);
   const LsmrDamp* st = damp_of(p, blockIdx.y);
@@ -605,8 +595,6 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_x(const 
 // setup steps, the tests at a check point; in the iterations, kIterBeta and kIterAlpha run in
 // the tails of lsmr_update_u and lsmr_update_v instead (VecParams::fused).
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_scalar(const __grid_constant__ ScalarParams p) {
-  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
-  ts::allow_dependent_grids();
   __shared__ double smem_a[kBlockThreads / 32];
   __shared__ double smem_b[kBlockThreads / 32];
   scalar_step(p, p.mode, blockIdx.x, smem_a, smem_b);

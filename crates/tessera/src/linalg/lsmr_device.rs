@@ -72,7 +72,7 @@
 //! SpMV kernels return at once too, so a wasted iteration costs its launches, not two passes
 //! over `A` (operators that ignore the flag still run them, into the work vectors only). The
 //! loop allocates no device memory: the vectors, the partials and the state are allocated once
-//! per solve. Every kernel of the loop is a programmatic dependent launch (sm_90+; lsmr.cu).
+//! per solve.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -602,7 +602,7 @@ impl<T: Element> Solver<T> {
                 ),
             ));
         }
-        let mut cfg = LaunchConfig::linear(vector_grid(p.len as usize), BLOCK_THREADS, 0).with_dependent_launch();
+        let mut cfg = LaunchConfig::linear(vector_grid(p.len as usize), BLOCK_THREADS, 0);
         cfg.grid.1 = rows as u32;
         // SAFETY: every pointer in p is one of this solver's buffers (or b, of m elements,
         // checked by validate): a, u hold >= len elements (many: >= rows * len, col_stride =
@@ -627,11 +627,8 @@ impl<T: Element> Solver<T> {
         // (many: per column), partials_x k MAX_PARTIALS doubles, of which the counts (each <=
         // MAX_PARTIALS) are read per damp (column). ScalarParams mirrors the kernel's.
         unsafe {
-            self.scalar.launch(
-                &self.ctx,
-                LaunchConfig::linear(ctas, BLOCK_THREADS, 0).with_dependent_launch(),
-                &p,
-            )
+            self.scalar
+                .launch(&self.ctx, LaunchConfig::linear(ctas, BLOCK_THREADS, 0), &p)
         }
     }
 

@@ -549,13 +549,7 @@ impl SpmvPlan {
         // rows + 1 entries, indices and values its nnz (at least 1 element allocated), every
         // index is in 0..cols (validated on construction) and x has >= cols elements, y >= rows;
         // each row is written by one lane only. SpmvParams mirrors the kernel's struct.
-        unsafe {
-            kernel.launch(
-                &self.ctx,
-                LaunchConfig::linear(grid, BLOCK_THREADS, 0).with_dependent_launch(),
-                &params,
-            )?
-        };
+        unsafe { kernel.launch(&self.ctx, LaunchConfig::linear(grid, BLOCK_THREADS, 0), &params)? };
         if let Some(l) = long {
             params.long_rows = l.rows.device_ptr();
             params.segment_row = l.segment_row.device_ptr();
@@ -568,7 +562,7 @@ impl SpmvPlan {
             unsafe {
                 l.kernel.launch(
                     &self.ctx,
-                    LaunchConfig::linear(l.segments as u32, BLOCK_THREADS, 0).with_dependent_launch(),
+                    LaunchConfig::linear(l.segments as u32, BLOCK_THREADS, 0),
                     &params,
                 )?
             };

@@ -25,9 +25,7 @@
 //     finish (a per-row counter, reset by that CTA for the next call: no memset per call, CUDA
 //     graph safe) adds the row's partials in segment order and writes y.
 // Shared memory: kBlockThreads / 32 Acc (long-row kernel only).
-// Launched as programmatic dependent launches (sm_90+): each kernel waits for the previous grid
-// on the stream before touching memory, so a chain of products and vector kernels (LSMR) hides
-// the launch latency of each behind the tail of the one before.
+// Not a programmatic dependent launch: measured slower in LSMR's chain (sparse/NOTES.md).
 //
 // Roofline. Memory bound: each nonzero moves sizeof(Val) + sizeof(Idx) bytes once and gathers
 // one x element (from L2 when x fits there); offsets and y once per row. Index and value loads
@@ -119,8 +117,6 @@ TS_DEVICE void write_y(const SpmvParams& p, long long row, Acc sum) { store_y(p.
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_rows(const __grid_constant__ SpmvParams p) {
-  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
-  ts::allow_dependent_grids();
   if (skipped(p)) return;
   constexpr int kRowsPerCta = kBlockThreads / kLanes;
   const long long row = (long long)blockIdx.x * kRowsPerCta + threadIdx.x / kLanes;
@@ -152,8 +148,6 @@ TS_DEVICE void binned_rows(const SpmvParams& p, int b, int cta_in_bin) {
 // blockIdx.x finds its bin and runs that bin's lanes per row. Long rows are the long-row
 // kernel's, as with spmv_csr_rows.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_binned(const __grid_constant__ SpmvParams p) {
-  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
-  ts::allow_dependent_grids();
   if (skipped(p)) return;
   const int cta = blockIdx.x;
   int b = 0;
@@ -170,8 +164,6 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_binned(cons
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_long_rows(const __grid_constant__ SpmvParams p) {
-  ts::wait_prior_grids();  // programmatic dependent launch: no global access before this
-  ts::allow_dependent_grids();
   if (skipped(p)) return;
   __shared__ Acc warp_sums[kBlockThreads / 32];
   const int segment = blockIdx.x;
