@@ -107,17 +107,13 @@ TS_DEVICE Acc lane_dot(const SpmvParams& p, long long begin, long long end, int 
   return a0 + a1;
 }
 
-/// Whether the call is skipped (p.skip set and not zero): uniform over the grid, so a kernel that
-/// returns on it leaves its counters as they were.
-TS_DEVICE bool skipped(const SpmvParams& p) { return p.skip != nullptr && *p.skip != 0.0; }
-
 /// y[row] = alpha * sum + beta * y[row] (y not read when beta == 0).
 TS_DEVICE void write_y(const SpmvParams& p, long long row, Acc sum) { store_y(p.y, row, sum, p.alpha, p.beta); }
 
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_rows(const __grid_constant__ SpmvParams p) {
-  if (skipped(p)) return;
+  if (skip_requested(p.skip)) return;
   constexpr int kRowsPerCta = kBlockThreads / kLanes;
   const long long row = (long long)blockIdx.x * kRowsPerCta + threadIdx.x / kLanes;
   const int lane = threadIdx.x % kLanes;
@@ -148,7 +144,7 @@ TS_DEVICE void binned_rows(const SpmvParams& p, int b, int cta_in_bin) {
 // blockIdx.x finds its bin and runs that bin's lanes per row. Long rows are the long-row
 // kernel's, as with spmv_csr_rows.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_binned(const __grid_constant__ SpmvParams p) {
-  if (skipped(p)) return;
+  if (skip_requested(p.skip)) return;
   const int cta = blockIdx.x;
   int b = 0;
 #pragma unroll
@@ -164,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_binned(cons
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_csr_long_rows(const __grid_constant__ SpmvParams p) {
-  if (skipped(p)) return;
+  if (skip_requested(p.skip)) return;
   __shared__ Acc warp_sums[kBlockThreads / 32];
   const int segment = blockIdx.x;
   const int k = p.segment_row[segment];

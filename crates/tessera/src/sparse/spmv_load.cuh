@@ -3,8 +3,8 @@
 // Defines: load_stream(p) (a read-once load of an index or value, evict-first), load_x<Acc>(x,
 //          col) (a gathered x element through the read-only path, converted to the accumulate
 //          type), store_y(y, row, sum, alpha, beta) (y[row] = alpha * sum + beta * y[row], y
-//          not read when beta == 0). Generic in the value, index and accumulate types, so it
-//          needs no kernel preamble.
+//          not read when beta == 0), skip_requested(skip) (the product's skip flag is set).
+//          Generic in the value, index and accumulate types, so it needs no kernel preamble.
 #pragma once
 #include "tessera/dtype.cuh"
 
@@ -45,5 +45,10 @@ TS_DEVICE void store_y(V* y, long long row, A sum, double alpha, double beta) {
   if (beta != 0.0) out += ts::convert<A>(beta) * ts::convert<A>(y[row]);
   y[row] = ts::convert<V>(out);
 }
+
+/// Whether a product's skip flag (the kernels' `skip` parameter, `SkipIf` on the host) is set;
+/// null means never. Nothing writes the flag while the kernels run, so the answer is the same in
+/// every thread of the grid and a kernel that returns on it leaves its counters as they were.
+TS_DEVICE bool skip_requested(const double* skip) { return skip != nullptr && *skip != 0.0; }
 
 }  // namespace

@@ -151,7 +151,7 @@ TS_DEVICE Acc run_sum(const Acc* carry, const int* has_end, int last) {
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads, kMinCtasPerSm) spmv_merge(const __grid_constant__ MergeParams p) {
-  if (p.skip != nullptr && *p.skip != 0.0) return;  // uniform: the fix-up skips as well
+  if (skip_requested(p.skip)) return;  // the fix-up skips as well
   __shared__ unsigned long long s_staging[kStagingBytes / 8];
   __shared__ Acc s_carry[kBlockThreads];
   __shared__ int s_has_end[kBlockThreads];
@@ -235,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads, kMinCtasPerSm) spmv_
 }
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads) spmv_merge_fixup(const __grid_constant__ MergeParams p) {
-  if (p.skip != nullptr && *p.skip != 0.0) return;
+  if (skip_requested(p.skip)) return;
   const long long b = (long long)blockIdx.x * kBlockThreads + threadIdx.x;
   if (b >= p.ctas) return;
   const long long r = p.carry_row[b];
