@@ -15,7 +15,9 @@
 //! Each row: `ms` is the median wall time of a whole solve (setup, iterations, the stop-flag
 //! checks, x back to the host); `params` carry `itn`, `istop`, `ms_per_iter`, the two-SpMV
 //! floor (`floor_ms_per_iter`: one `A v` plus one `A^T u` timed alone) and their ratio, and
-//! the relative residual. GB/s count the bytes of `itn` iterations (two SpMVs' matrix, vector
+//! the relative residual; `one_iteration_ms` is a whole solve stopped by `maxiter = 1` (the fixed
+//! cost: set-up, one iteration, the checks, x back), and `loop_ms_per_iter` the rest over the
+//! other iterations (with `loop_over_floor`, its ratio to the floor). GB/s count the bytes of `itn` iterations (two SpMVs' matrix, vector
 //! and output traffic plus the solver's vector passes, lsmr.cu's roofline). Before timing, the
 //! solve is checked: its `normr` estimate must match `||b - A x||` recomputed on the host.
 //!
@@ -234,13 +236,14 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         damp: case.damp,
         ..LsmrOptions::default()
     };
-    let solve = || {
+    let solve_with = |opts: &LsmrOptions| {
         let mut run = LsmrRunOptions {
             graph: case.graph,
             ..LsmrRunOptions::default()
         };
-        lsmr_with(ctx, op.as_ref(), &db, &opts, &mut run)
+        lsmr_with(ctx, op.as_ref(), &db, opts, &mut run)
     };
+    let solve = || solve_with(&opts);
     let res = solve()?;
 
     // check: the normr estimate against ||[b; 0] - [A; damp I] x|| on the host
@@ -272,6 +275,13 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
     // the whole solve, wall time (one solve per group: it holds its own synchronisations)
     let solve_timing = whole_solve_timing(timing);
     let t = time_median(ctx, solve_timing, |_| solve().map(|_| ()))?;
+    // the fixed cost of a solve (set-up, one iteration, the checks, x back), so that the
+    // loop's own cost per iteration can be told from it
+    let one_iteration = LsmrOptions {
+        maxiter: Some(1),
+        ..opts.clone()
+    };
+    let t_one = time_median(ctx, solve_timing, |_| solve_with(&one_iteration).map(|_| ()))?;
     // the floor: one A v and one A^T u alone
     let dv = ctx.upload(
         &random_vector(case.cols, seed ^ 0x7)
@@ -296,6 +306,12 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
             p["ms_per_iter"] = json!(ms_per_iter);
             p["floor_ms_per_iter"] = json!(floor.median_ms);
             p["per_iter_over_floor"] = json!(ms_per_iter / floor.median_ms);
+            p["one_iteration_ms"] = json!(t_one.median_ms);
+            if itn > 1 {
+                let loop_ms = (t.median_ms - t_one.median_ms) / (itn - 1) as f64;
+                p["loop_ms_per_iter"] = json!(loop_ms);
+                p["loop_over_floor"] = json!(loop_ms / floor.median_ms);
+            }
             p["relres"] = json!(res.normr / normb);
             p["storage_used"] = json!(op.storage());
             p["nnz"] = json!(a.nnz());

@@ -8,21 +8,25 @@
 //
 // What. One LSMR iteration (Fong and Saunders 2011; SciPy's order, see linalg/lsmr.rs) is, with
 // the products done by the operator (sparse SpMV, user code) into work vectors av and atu,
-// five launches:
+// four launches:
 //   av = A v                                   (operator; v is not normalised in memory;
 //                                               with column scaling A D v, from dv = D v)
-//   lsmr_update_u : u = av * v_scale - alpha * (u * u_scale), partial sums of u^2; then, in
-//                   its last CTA (per column), the scalar step ITER_BETA: the deferred
-//                   stopping tests of the previous iteration (one per damp), then
+//   lsmr_update_u : u = av * v_scale - alpha * (u * u_scale), partial sums of u^2; in its
+//                   first CTAs, the x update of the previous iteration (x_update, below);
+//                   then, in its last CTA (per column), the scalar step ITER_BETA: the
+//                   deferred stopping tests of the previous iteration (one per damp), then
 //                   beta = ||u||, u_scale = 1 / beta
 //   atu = A^T u                                (operator; u is not normalised in memory)
 //   lsmr_update_v : v = atu * u_scale - beta * (v * v_scale), partial sums of v^2; then, in
 //                   its last CTA (per column), the scalar step ITER_ALPHA: alpha = ||v||,
 //                   v_scale = 1 / alpha, ||A||; then per damp the rotations, the estimates
 //                   of ||r||, ||A^T r||, cond(A), and the three factors of its x update
-//   lsmr_update_x : per damp j (blockIdx.y): hbar_j = h_j - (theta rho / rho rhobar) hbar_j;
-//                   x_j += step hbar_j; h_j = v * v_scale - (theta / rho) h_j; partial sums
-//                   of x_j^2 (for ||x_j||)
+// x_update, per damp j: hbar_j = h_j - (theta rho / rho rhobar) hbar_j; x_j += step hbar_j;
+//                   h_j = v * v_scale - (theta / rho) h_j; partial sums of x_j^2 (for ||x_j||).
+//                   Nothing of the next A v or of u depends on it, so it waits for the next
+//                   lsmr_update_u (its own launch saved), whose tail tests the iteration with
+//                   its x; the last iteration of a batch gets its own lsmr_update_x launch (the
+//                   host's flush), before the check point's tests and the x returned.
 // The setup (lsmr_sumsq, lsmr_update_v with `first`, lsmr_update_x with `first`) and the
 // check points keep the scalar steps as separate lsmr_scalar launches (SETUP_BETA,
 // SETUP_ALPHA, TEST): they run once per solve or once per check_every iterations.
@@ -69,7 +73,9 @@
 // (host: min(ceil(len / kBlockThreads), kMaxPartials)), grid-stride over the elements, one
 // element per thread per step, arithmetic in double; lsmr_update_x has k rows of CTAs
 // (gridDim.y = k, one per damp), so the CTAs of one chunk of v are launched together and read
-// it once from DRAM (the other k - 1 reads hit L2). Many right-hand sides: every vector kernel
+// it once from DRAM (the other k - 1 reads hit L2). lsmr_update_u with the deferred x update
+// puts those k grids (x_ctas CTAs each, over n) before its own grid over m in one row of CTAs
+// (many right-hand sides: one x grid, its column's, at the front of each row). Many right-hand sides: every vector kernel
 // has gridDim.y = k (one row of CTAs per column, each on its own column), lsmr_scalar k CTAs.
 // The scalar step (one CTA of kBlockThreads threads: a lsmr_scalar CTA, or the last CTA of a
 // row of lsmr_update_u / lsmr_update_v): all threads add the partials of ||u||, ||v||; warp w
@@ -181,6 +187,12 @@ struct VecParams {
   int fused;        // update_u, update_v after the setup: the last CTA of each grid row runs scalar
   ScalarParams scalar;  // fused: the scalar step (mode kIterBeta / kIterAlpha) of the row's record
   int* counters;    // fused: [gridDim.y] CTAs of the row done; 0 between launches (re-armed)
+  // update_u only: the deferred x update of the previous iteration (lsmr_update_x's work) in
+  // its first x_ctas * x_rows CTAs; x_ctas = 0: none. The x vectors are `stride` (= n) long.
+  const Val* v;        // v (column c at c * stride)
+  double* partials_x;  // [k][kMaxPartials]: of ||x_j||
+  int x_ctas;          // CTAs per damp (column): the grid lsmr_update_x would have
+  int x_rows;          // damps per grid row: k for the damp list, 1 for many right-hand sides
 };
 
 namespace {
@@ -193,10 +205,11 @@ TS_DEVICE double block_sum(double v, double* smem) {
   return ts::block_allreduce<kBlockThreads>(v, SumD{}, 0.0, smem);
 }
 
-// Writes this CTA's partial sum (thread 0) to partials[blockIdx.x].
-TS_DEVICE void write_partial(double v, double* partials, double* smem) {
+// Writes this CTA's partial sum (thread 0) to partials[index] (index: the CTA's place among
+// the CTAs of its sum).
+TS_DEVICE void write_partial(double v, double* partials, int index, double* smem) {
   v = block_sum(v, smem);
-  if (threadIdx.x == 0) partials[blockIdx.x] = v;
+  if (threadIdx.x == 0) partials[index] = v;
 }
 
 // sqrt of the sum of partials[0 .. count), in a fixed order; every thread gets the result.
@@ -492,28 +505,81 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_sumsq(const __g
     const double e = (double)a[i];
     s += e * e;
   }
-  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem);
+  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, blockIdx.x, smem);
 }
 
-// u = av * v_scale - alpha * (u * u_scale); partials of u^2. Fused: then kIterBeta (the
-// deferred tests, beta = ||u||) by the row's last CTA.
+// One damp's (column's) x update over CTA `cta` of `ctas` (lsmr_update_x's work, also run by
+// lsmr_update_u for the previous iteration): hbar = h + hbar_factor * hbar, x += x_step * hbar,
+// h = v * v_scale + h_factor * h over `len` elements, and the CTA's partial of ||x||^2 into
+// partials[cta]. Not for a stopped damp (the caller skips it).
+TS_DEVICE void x_update(const LsmrShared* sh, const LsmrDamp* st, const Val* v, Val* h, Val* hbar, Val* x,
+                        long long len, int cta, int ctas, double* partials, double* smem) {
+  const double vs = sh->v_scale;
+  const double fb = st->hbar_factor, step = st->x_step, fh = st->h_factor;
+  const long long stride = (long long)ctas * kBlockThreads;
+  double s = 0.0;
+  for (long long i = (long long)cta * kBlockThreads + threadIdx.x; i < len; i += stride) {
+    const double hi = (double)h[i];
+    const Val hb = (Val)((double)hbar[i] * fb + hi);
+    hbar[i] = hb;
+    const Val xi = (Val)((double)x[i] + step * (double)hb);
+    x[i] = xi;
+    h[i] = (Val)(hi * fh + (double)v[i] * vs);
+    s += (double)xi * (double)xi;
+  }
+  write_partial(s, partials, cta, smem);
+}
+
+// u = av * v_scale - alpha * (u * u_scale); partials of u^2. With x_ctas > 0, the first
+// x_ctas * x_rows CTAs do the previous iteration's x update instead (x_update: damp, or
+// column, blockIdx.y + blockIdx.x / x_ctas), the others the u update. Fused: then kIterBeta
+// (the deferred tests, which read the x partials just written; beta = ||u||) by the row's last
+// CTA. The u loop issues kUnrollU elements' loads before their stores (a thread's elements in
+// grid-stride order, so the partial sums' order is that of a plain loop).
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_u(const __grid_constant__ VecParams p) {
   __shared__ double smem_a[kBlockThreads / 32];
   __shared__ double smem_b[kBlockThreads / 32];
   const LsmrShared* sh = shared_of(p, blockIdx.y);
   // uniform over the grid row: no CTA of it counts (kIterBeta would return at once as well)
   if (sh->stop != 0.0) return;
-  const double alpha = sh->alpha, us = sh->u_scale, vs = sh->v_scale;
-  const Val* a = p.a + (long long)blockIdx.y * p.col_stride;
-  Val* uc = p.u + (long long)blockIdx.y * p.col_stride;
-  double s = 0.0;
-  const long long stride = (long long)gridDim.x * kBlockThreads;
-  for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
-    const Val u = (Val)((double)a[i] * vs - alpha * ((double)uc[i] * us));
-    uc[i] = u;
-    s += (double)u * (double)u;
+  const int x_total = p.x_ctas * p.x_rows;
+  if ((int)blockIdx.x < x_total) {
+    const int r = (int)blockIdx.y + (int)blockIdx.x / p.x_ctas;
+    const LsmrDamp* st = damp_of(p, r);
+    // a stopped damp skips its work but its CTAs still count (the row's count must complete)
+    if (st->stop == 0.0) {
+      const long long off = (long long)r * p.stride;
+      x_update(sh, st, p.v + (long long)blockIdx.y * p.stride, p.h + off, p.hbar + off, p.x + off, p.stride,
+               (int)blockIdx.x % p.x_ctas, p.x_ctas, p.partials_x + (long long)r * kMaxPartials, smem_a);
+    }
+  } else {
+    constexpr int kUnrollU = 4;
+    const int cta = (int)blockIdx.x - x_total, ctas = (int)gridDim.x - x_total;
+    const double alpha = sh->alpha, us = sh->u_scale, vs = sh->v_scale;
+    const Val* a = p.a + (long long)blockIdx.y * p.col_stride;
+    Val* uc = p.u + (long long)blockIdx.y * p.col_stride;
+    double s = 0.0;
+    const long long stride = (long long)ctas * kBlockThreads;
+    for (long long i0 = (long long)cta * kBlockThreads + threadIdx.x; i0 < p.len; i0 += kUnrollU * stride) {
+      double av[kUnrollU], uv[kUnrollU];
+#pragma unroll
+      for (int q = 0; q < kUnrollU; ++q) {
+        const long long i = i0 + q * stride;
+        av[q] = i < p.len ? (double)a[i] : 0.0;
+        uv[q] = i < p.len ? (double)uc[i] : 0.0;
+      }
+#pragma unroll
+      for (int q = 0; q < kUnrollU; ++q) {
+        const long long i = i0 + q * stride;
+        if (i < p.len) {
+          const Val u = (Val)(av[q] * vs - alpha * (uv[q] * us));
+          uc[i] = u;
+          s += (double)u * (double)u;
+        }
+      }
+    }
+    write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, cta, smem_a);
   }
-  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem_a);
   if (p.fused) last_cta_scalar_step(p, kIterBeta, smem_a, smem_b);
 }
 
@@ -550,45 +616,31 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_v(const 
     if (p.d) dv[i] = (Val)(di * (double)vv);
     s += (double)vv * (double)vv;
   }
-  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem_a);
+  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, blockIdx.x, smem_a);
   if (p.fused) last_cta_scalar_step(p, kIterAlpha, smem_a, smem_b);
 }
 
-// Damp (or column) j = blockIdx.y: hbar_j = h_j + hbar_factor * hbar_j, x_j += x_step * hbar_j,
-// h_j = v * v_scale + h_factor * h_j; partials of x_j^2. Setup (first): h_j = v * v_scale,
-// hbar_j = 0. v is only read.
+// Damp (or column) j = blockIdx.y: x_update (hbar_j, x_j, h_j; partials of x_j^2). Setup
+// (first): h_j = v * v_scale, hbar_j = 0. v is only read. In the iterations lsmr_update_u does
+// this work for the previous iteration; this kernel runs at the setup and at check points.
 extern "C" __global__ void __launch_bounds__(kBlockThreads) lsmr_update_x(const __grid_constant__ VecParams p) {
   __shared__ double smem[kBlockThreads / 32];
   const LsmrShared* sh = shared_of(p, blockIdx.y);
   const LsmrDamp* st = damp_of(p, blockIdx.y);
   if (!p.first && (sh->stop != 0.0 || st->stop != 0.0)) return;  // uniform over the CTA
-  const double vs = sh->v_scale;
-  const double fb = st->hbar_factor, step = st->x_step, fh = st->h_factor;
   const Val* v = p.u + (long long)blockIdx.y * p.col_stride;
   const long long off = (long long)blockIdx.y * p.stride;
-  Val* h = p.h + off;
-  Val* hbar = p.hbar + off;
-  Val* x = p.x + off;
-  const long long stride = (long long)gridDim.x * kBlockThreads;
-  const long long start = (long long)blockIdx.x * kBlockThreads + threadIdx.x;
   if (p.first) {
-    for (long long i = start; i < p.len; i += stride) {
-      h[i] = (Val)((double)v[i] * vs);
-      hbar[i] = (Val)0;
+    const double vs = sh->v_scale;
+    const long long stride = (long long)gridDim.x * kBlockThreads;
+    for (long long i = (long long)blockIdx.x * kBlockThreads + threadIdx.x; i < p.len; i += stride) {
+      p.h[off + i] = (Val)((double)v[i] * vs);
+      p.hbar[off + i] = (Val)0;
     }
     return;
   }
-  double s = 0.0;
-  for (long long i = start; i < p.len; i += stride) {
-    const double hi = (double)h[i];
-    const Val hb = (Val)((double)hbar[i] * fb + hi);
-    hbar[i] = hb;
-    const Val xi = (Val)((double)x[i] + step * (double)hb);
-    x[i] = xi;
-    h[i] = (Val)(hi * fh + (double)v[i] * vs);
-    s += (double)xi * (double)xi;
-  }
-  write_partial(s, p.partials + (long long)blockIdx.y * kMaxPartials, smem);
+  x_update(sh, st, v, p.h + off, p.hbar + off, p.x + off, p.len, blockIdx.x, gridDim.x,
+           p.partials + (long long)blockIdx.y * kMaxPartials, smem);
 }
 
 // The scalar work of one step (ScalarMode): one CTA per column (the damp list: one CTA). The

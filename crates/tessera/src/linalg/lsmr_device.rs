@@ -14,10 +14,13 @@
 //!
 //! # Device design (lsmr.cu has the kernel-level detail)
 //!
-//! Per iteration five launches: the two products of the operator into work vectors and three
-//! fused vector kernels (`u` update, `v` update, the `h`, `hbar`, `x` updates; `u` and `v` stay
-//! unnormalised in memory, their scales applied where they are read) that each write a
-//! per-CTA partial sum of squares. The last CTA to finish the `u` and the `v` update (an
+//! Per iteration four launches: the two products of the operator into work vectors and two
+//! fused vector kernels (the `u` update, and the `v` update; `u` and `v` stay unnormalised in
+//! memory, their scales applied where they are read) that each write a per-CTA partial sum of
+//! squares. The `h`, `hbar`, `x` updates of an iteration wait for the next iteration's `u`
+//! update kernel, whose first CTAs do them (nothing of the next product or of `u` reads
+//! them): one launch fewer per iteration; the last iteration before a check point gets its own
+//! `lsmr_update_x` launch. The last CTA to finish the `u` and the `v` update (an
 //! integer count per row of CTAs) then runs the scalar step of the iteration: it adds the
 //! partials in a fixed order (deterministic two-pass norms, no float atomics) and runs the
 //! recurrences and every stopping test on f64 state structs in device memory ([`LsmrShared`],
@@ -299,12 +302,22 @@ struct VecParams {
     scalar: ScalarParams,
     /// [`WorkCounters`] of the fused tails, one per grid row.
     counters: u64,
+    /// update_u: v, for the previous iteration's x update in its first `x_ctas * x_rows` CTAs.
+    v: u64,
+    /// update_u: the partials of `||x_j||` that x update writes.
+    partials_x: u64,
+    /// update_u: CTAs per damp (column) of the deferred x update; 0: none.
+    x_ctas: i32,
+    /// update_u: damps per grid row (the damp list: k; many right-hand sides: 1).
+    x_rows: i32,
 }
-const _: () = assert!(std::mem::size_of::<VecParams>() == 200);
+const _: () = assert!(std::mem::size_of::<VecParams>() == 224);
 const _: () = assert!(std::mem::offset_of!(VecParams, scalar) == 128);
+const _: () = assert!(std::mem::offset_of!(VecParams, x_ctas) == 216);
 // SAFETY: #[repr(C)]: ten pointers as u64, five i64, two i32, a ScalarParams (64 bytes, 8-byte
-// aligned, at 128 as in C), a pointer as u64, in the order and of the types of the kernel's
-// struct (pointers, five long long, int, int, ScalarParams, int*).
+// aligned, at 128 as in C), three pointers as u64, two i32, in the order and of the types of the
+// kernel's struct (pointers, five long long, int, int, ScalarParams, int*, const Val*,
+// double*, int, int).
 unsafe impl KernelParams for VecParams {}
 
 /// `struct ScalarParams` of lsmr.cu (64 bytes).
@@ -328,9 +341,31 @@ const _: () = assert!(std::mem::size_of::<ScalarParams>() == 64);
 unsafe impl KernelParams for ScalarParams {}
 
 /// CTAs of a vector kernel over `len` elements: one per BLOCK_THREADS elements, at most
-/// [`MAX_PARTIALS`] (then grid-stride), at least 1.
-pub fn vector_grid(len: usize) -> u32 {
-    len.div_ceil(BLOCK_THREADS as usize).clamp(1, MAX_PARTIALS) as u32
+/// `max_ctas` (itself at most [`MAX_PARTIALS`]; then grid-stride), at least 1.
+pub fn vector_grid(len: usize, max_ctas: usize) -> u32 {
+    len.div_ceil(BLOCK_THREADS as usize)
+        .clamp(1, max_ctas.clamp(1, MAX_PARTIALS)) as u32
+}
+
+/// Vector-kernel CTAs per multiprocessor: one short wave. Each CTA's work is a chain of
+/// latencies (state, loads, block sum, the count), so one wave of CTAs with several elements
+/// per thread beats several waves of one element each (linalg/NOTES.md).
+pub const VECTOR_CTAS_PER_SM: usize = 2;
+
+/// The most CTAs of a vector kernel on a device of `sm_count` multiprocessors:
+/// [`VECTOR_CTAS_PER_SM`] per multiprocessor, or `TESSERA_LSMR_MAX_CTAS` (for measurements;
+/// the grid sets the order of the partial sums, so the last bits of a solve); at most
+/// [`MAX_PARTIALS`].
+pub fn max_vector_ctas(sm_count: u32) -> usize {
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| {
+        std::env::var("TESSERA_LSMR_MAX_CTAS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    });
+    forced
+        .unwrap_or(VECTOR_CTAS_PER_SM * sm_count as usize)
+        .clamp(1, MAX_PARTIALS)
 }
 
 /// What the progress callback gets at each check: `(itn, normr, normar, elapsed seconds)`.
@@ -470,6 +505,8 @@ struct Solver<T: Element> {
     /// Many right-hand sides: `u`, `av` are `m x k`, `v`, `atu`, `dv` are `n x k` (column-major,
     /// packed), the state is `k` records of [`COLUMN_LEN`], every partial-sum array `k` deep.
     many: bool,
+    /// The most CTAs of a vector kernel ([`max_vector_ctas`] of the device).
+    max_ctas: usize,
     sumsq: Arc<Kernel>,
     update_u: Arc<Kernel>,
     update_v: Arc<Kernel>,
@@ -528,6 +565,7 @@ impl<T: Element> Solver<T> {
             n,
             k,
             many,
+            max_ctas: max_vector_ctas(ctx.info().sm_count),
             sumsq: kernel(LsmrKernel::SumSq)?,
             update_u: kernel(LsmrKernel::UpdateU)?,
             update_v: kernel(LsmrKernel::UpdateV)?,
@@ -548,6 +586,11 @@ impl<T: Element> Solver<T> {
             state: ctx.alloc(state_len)?,
             counters: WorkCounters::new(ctx, cols.max(1))?,
         })
+    }
+
+    /// CTAs of a vector kernel over `len` elements on this device.
+    fn grid(&self, len: usize) -> u32 {
+        vector_grid(len, self.max_ctas)
     }
 
     fn damps_ptr(&self) -> u64 {
@@ -577,6 +620,22 @@ impl<T: Element> Solver<T> {
             fused: 0,
             scalar: ScalarParams::default(),
             counters: self.counters.ptr(),
+            v: 0,
+            partials_x: 0,
+            x_ctas: 0,
+            x_rows: 0,
+        }
+    }
+
+    /// `p` (update_u) with the previous iteration's x update of `rows` damps (columns) per
+    /// grid row in its first CTAs (lsmr_update_x's grid over n for each).
+    fn with_x_update(&self, p: VecParams, rows: usize) -> VecParams {
+        VecParams {
+            v: self.v.device_ptr(),
+            partials_x: self.partials_x.device_ptr(),
+            x_ctas: self.grid(self.n) as i32,
+            x_rows: rows as i32,
+            ..p
         }
     }
 
@@ -602,13 +661,18 @@ impl<T: Element> Solver<T> {
                 ),
             ));
         }
-        let mut cfg = LaunchConfig::linear(vector_grid(p.len as usize), BLOCK_THREADS, 0);
+        // update_u with the deferred x update: its CTAs first, then the u update's
+        let ctas = self.grid(p.len as usize) + (p.x_ctas * p.x_rows) as u32;
+        let mut cfg = LaunchConfig::linear(ctas, BLOCK_THREADS, 0);
         cfg.grid.1 = rows as u32;
         // SAFETY: every pointer in p is one of this solver's buffers (or b, of m elements,
         // checked by validate): a, u hold >= len elements (many: >= rows * len, col_stride =
         // len); d (when not null) holds n and dv n (many: rows * n) and are read and written
         // by update_v only, which runs with len = n; h, hbar, x hold k * n and the kernel that
-        // reads them runs with len = n, stride = n and rows <= k (solve checks k); partials hold
+        // reads them runs with len = n, stride = n and rows <= k (solve checks k); update_u's
+        // deferred x update (x_ctas > 0) reads v (n, many: k n) and updates the damps (columns)
+        // blockIdx.y + 0 .. x_rows of n = stride elements each (the damp list: rows 1, x_rows
+        // = k; many: x_rows 1, rows = k), its partials_x k MAX_PARTIALS doubles; partials hold
         // MAX_PARTIALS doubles per row (partials_x per damp) >= grid; the state SHARED_LEN +
         // k DAMP_LEN (many: k COLUMN_LEN, strides COLUMN_LEN). Fused: p.scalar as in
         // launch_scalar with one record per row (the damp list: rows 1, the one record), and
@@ -641,10 +705,10 @@ impl<T: Element> Solver<T> {
             partials_u: self.partials_u.device_ptr(),
             partials_v: self.partials_v.device_ptr(),
             partials_x: self.partials_x.device_ptr(),
-            count_u: vector_grid(self.m) as i32,
-            count_v: vector_grid(self.n) as i32,
+            count_u: self.grid(self.m) as i32,
+            count_v: self.grid(self.n) as i32,
             // setup: the partials of ||b|| (m elements) sit in partials_x
-            count_x: vector_grid(if mode == ScalarMode::SetupBeta { self.m } else { self.n }) as i32,
+            count_x: self.grid(if mode == ScalarMode::SetupBeta { self.m } else { self.n }) as i32,
             mode: mode as i32,
             k: if self.many { 1 } else { k as i32 },
             state_stride: if self.many { COLUMN_LEN as i32 } else { 0 },
@@ -681,21 +745,39 @@ impl<T: Element> Solver<T> {
 
     /// One LSMR iteration for `k` damps, queued: two products and three vector kernels, the
     /// scalar steps in the tails of update_u and update_v (their last CTA).
-    fn iteration(&mut self, a: &dyn LinearOperator<T>, k: usize) -> Result<()> {
+    /// One iteration, queued. Its x update is left to the next iteration's lsmr_update_u
+    /// (`x_pending` there), or to [`Solver::flush_x`] at the end of a batch: one launch fewer
+    /// per iteration; the tests of an iteration still see its x.
+    fn iteration(&mut self, a: &dyn LinearOperator<T>, k: usize, x_pending: bool) -> Result<()> {
         let (m, n) = (self.m, self.n);
         let input = if self.d.is_some() { &self.dv } else { &self.v };
         // products queued past the stop are skipped on the device (operators that can)
         let stop = SkipIf::new(&self.state, STOP_SLOT)?;
         a.apply_unless(stop, 1.0, input, 0.0, &mut self.av)?;
-        // update_u, then (its last CTA) the deferred tests and beta
+        // update_u (and the previous iteration's x update), then (its last CTA) the deferred
+        // tests and beta
         let p = self.vec_params(self.av.device_ptr(), self.u.device_ptr(), &self.partials_u, m, false);
+        let p = if x_pending { self.with_x_update(p, k) } else { p };
         self.launch_vec(&self.update_u, &self.fused(p, ScalarMode::IterBeta, k), 1)?;
         a.apply_transposed_unless(stop, 1.0, &self.u, 0.0, &mut self.atu)?;
         // update_v, then (its last CTA) alpha and the recurrences
         let p = self.vec_params(self.atu.device_ptr(), self.v.device_ptr(), &self.partials_v, n, false);
-        self.launch_vec(&self.update_v, &self.fused(p, ScalarMode::IterAlpha, k), 1)?;
-        let p = self.vec_params(0, self.v.device_ptr(), &self.partials_x, n, false);
-        self.launch_vec(&self.update_x, &p, k)
+        self.launch_vec(&self.update_v, &self.fused(p, ScalarMode::IterAlpha, k), 1)
+    }
+
+    /// The x update of the last queued iteration (`rows` rows of CTAs: the damps, or the
+    /// columns), so that a check point's tests and the returned x see it.
+    fn flush_x(&self, rows: usize) -> Result<()> {
+        let p = self.vec_params(0, self.v.device_ptr(), &self.partials_x, self.n, false);
+        self.launch_vec(&self.update_x, &p, rows)
+    }
+
+    /// A batch of `count` iterations (the first one's x update was flushed), then the flush.
+    fn batch(&mut self, a: &dyn LinearOperator<T>, k: usize, count: usize) -> Result<()> {
+        for i in 0..count {
+            self.iteration(a, k, i > 0)?;
+        }
+        self.flush_x(k)
     }
 
     /// Solves for `damps` (validated; at most `self.k` of them).
@@ -793,14 +875,11 @@ impl<T: Element> Solver<T> {
                 let replay = launched > 0 && batch == run.check_every;
                 if replay && graph.is_none() {
                     let ctx = self.ctx.clone();
-                    graph = Some(
-                        ctx.capture_graph(|| (0..batch).try_for_each(|_| self.iteration(a, k)))
-                            .ok(),
-                    );
+                    graph = Some(ctx.capture_graph(|| self.batch(a, k, batch)).ok());
                 }
                 match &graph {
                     Some(Some(g)) if replay => g.launch()?,
-                    _ => (0..batch).try_for_each(|_| self.iteration(a, k))?,
+                    _ => self.batch(a, k, batch)?,
                 }
                 launched += batch;
                 self.launch_scalar(ScalarMode::Test, k)?;
@@ -848,18 +927,19 @@ impl<T: Element> Solver<T> {
 
     /// One LSMR iteration of every column (many right-hand sides), queued: two batched
     /// products, then the column-indexed vector kernels (gridDim.y = k); the scalar steps run
-    /// in the tails of update_u and update_v (the last CTA of row c: column c's).
-    fn iteration_many(&mut self, a: &dyn LinearOperator<T>) -> Result<()> {
+    /// in the tails of update_u and update_v (the last CTA of row c: column c's). The x update
+    /// is deferred as in [`Solver::iteration`] (`x_pending`: this update_u does the previous
+    /// iteration's, one damp per row).
+    fn iteration_many(&mut self, a: &dyn LinearOperator<T>, x_pending: bool) -> Result<()> {
         let (m, n, k) = (self.m, self.n, self.k);
         let input = if self.d.is_some() { &self.dv } else { &self.v };
         a.apply_many(1.0, input, k, 0.0, &mut self.av)?;
         let p = self.vec_params(self.av.device_ptr(), self.u.device_ptr(), &self.partials_u, m, false);
+        let p = if x_pending { self.with_x_update(p, 1) } else { p };
         self.launch_vec(&self.update_u, &self.fused(p, ScalarMode::IterBeta, k), k)?;
         a.apply_transposed_many(1.0, &self.u, k, 0.0, &mut self.atu)?;
         let p = self.vec_params(self.atu.device_ptr(), self.v.device_ptr(), &self.partials_v, n, false);
-        self.launch_vec(&self.update_v, &self.fused(p, ScalarMode::IterAlpha, k), k)?;
-        let p = self.vec_params(0, self.v.device_ptr(), &self.partials_x, n, false);
-        self.launch_vec(&self.update_x, &p, k)
+        self.launch_vec(&self.update_v, &self.fused(p, ScalarMode::IterAlpha, k), k)
     }
 
     /// Solves for the `self.k` columns of `b` (validated by [`validate_many`]), from `x0`
@@ -951,9 +1031,10 @@ impl<T: Element> Solver<T> {
         if !all_stopped(&cols) {
             while launched < maxiter {
                 let batch = run.check_every.min(maxiter - launched);
-                for _ in 0..batch {
-                    self.iteration_many(a)?;
+                for i in 0..batch {
+                    self.iteration_many(a, i > 0)?;
                 }
+                self.flush_x(k)?;
                 launched += batch;
                 self.launch_scalar(ScalarMode::Test, k)?;
                 cols = self.read_columns(k)?;

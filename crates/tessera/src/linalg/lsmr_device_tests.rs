@@ -4,7 +4,9 @@
 
 use super::device_operator::{check_finite_values, choose_dual, transpose_bytes, Storage};
 use super::lsmr::{check_problem as check_lengths, LsmrOptions};
-use super::lsmr_device::{all_variants, vector_grid, LsmrDamp, LsmrShared, DAMP_LEN, MAX_PARTIALS, SHARED_LEN, SOURCE};
+use super::lsmr_device::{
+    all_variants, max_vector_ctas, vector_grid, LsmrDamp, LsmrShared, DAMP_LEN, MAX_PARTIALS, SHARED_LEN, SOURCE,
+};
 use crate::error::Error;
 use crate::sparse::CsrHost;
 
@@ -70,11 +72,16 @@ fn variants_are_few_and_named_apart() {
 
 #[test]
 fn vector_grids_are_bounded_by_the_partials() {
-    assert_eq!(vector_grid(0), 1);
-    assert_eq!(vector_grid(1), 1);
-    assert_eq!(vector_grid(256), 1);
-    assert_eq!(vector_grid(257), 2);
-    assert_eq!(vector_grid(100_000_000), MAX_PARTIALS as u32);
+    assert_eq!(vector_grid(0, 264), 1);
+    assert_eq!(vector_grid(1, 264), 1);
+    assert_eq!(vector_grid(256, 264), 1);
+    assert_eq!(vector_grid(257, 264), 2);
+    assert_eq!(vector_grid(100_000_000, 264), 264);
+    assert_eq!(vector_grid(100_000_000, 0), 1);
+    assert_eq!(vector_grid(100_000_000, 1 << 20), MAX_PARTIALS as u32);
+    // two CTAs per multiprocessor, within the partials
+    assert_eq!(max_vector_ctas(132), 264);
+    assert_eq!(max_vector_ctas(1000), MAX_PARTIALS);
 }
 
 fn invalid(r: crate::Result<()>) -> (&'static str, String) {
@@ -250,6 +257,10 @@ fn launch_params_mirror_the_kernel_structs() {
         "fused",
         "scalar",
         "counters",
+        "v",
+        "partials_x",
+        "x_ctas",
+        "x_rows",
     ];
     assert_eq!(names(&body("VecParams")), vec_fields);
     let scalar_fields = [
