@@ -4,7 +4,8 @@
 //! Dispatch. Rows of up to `long_threshold` nonzeros go to `spmv_csr_rows`, a group of `lanes`
 //! lanes per row, `lanes` the power of two nearest half the mean length of those rows (clamped
 //! to 1..=32), so each lane takes about two nonzeros per row; twice that (one nonzero per lane)
-//! when the columns are scattered, and at most 16 on matrices of few rows
+//! when the columns are scattered, half (short rows) when they are nearly consecutive, and at
+//! most 16 on matrices of few rows
 //! ([`choose_spmv_shape`]). Rows longer than the threshold
 //! (32 x that mean, at least 1024) go to `spmv_csr_long_rows`, cut into segments of
 //! [`SEGMENT_NNZ`] nonzeros, one CTA each. Both kernels are deterministic: every row is summed
@@ -40,6 +41,14 @@ const LONG_FACTOR: f64 = 32.0;
 /// line of `x`) a row's gathers are scattered: the SpMV gives each lane one nonzero per row,
 /// not two, so that a warp has twice the independent gathers in flight.
 const SCATTERED_LOCALITY: f64 = 0.25;
+/// At or above this column locality (banded and stencil matrices: a row's columns are nearly
+/// consecutive, so its lanes read the same few lines of `x`) short rows take half the lanes,
+/// about four nonzeros per lane: twice the rows per warp and the same lines read (fitted to the
+/// autotuner's choice on the banded bench matrix, locality 0.97: 2 lanes 15% faster than 4;
+/// the tall least-squares matrices, 0.88, keep theirs).
+const CONTIGUOUS_LOCALITY: f64 = 0.95;
+/// The most lanes per row [`CONTIGUOUS_LOCALITY`] halves (short rows only).
+const CONTIGUOUS_MAX_LANES: u32 = 8;
 /// Matrices of fewer rows than this get at most 16 lanes per row in the SpMV: two rows per
 /// warp and twice the nonzeros per lane beat one row per warp on rows of hundreds of
 /// nonzeros when the rows are few (tall least-squares transposes, 256^2 tomography).
@@ -279,7 +288,8 @@ pub fn choose_shape(lengths: &[usize], tuning: &SpmvTuning) -> (u32, usize) {
 /// (lanes, long threshold) of the SpMV plan: [`choose_shape`], then refined by the matrix's
 /// column locality and row count (rules fitted to the autotuner's choices on the benchmark
 /// matrices, see sparse/NOTES.md): scattered columns take about one nonzero per lane instead of
-/// two, and matrices of fewer than [`FEW_ROWS`] rows at most 16 lanes. Forced lanes
+/// two, nearly consecutive ones (short rows) about four, and matrices of fewer than
+/// [`FEW_ROWS`] rows at most 16 lanes. Forced lanes
 /// (`tuning.lanes`) are kept as given.
 pub fn choose_spmv_shape(lengths: &[usize], col_locality: f64, tuning: &SpmvTuning) -> (u32, usize) {
     let (lanes, threshold) = choose_shape(lengths, tuning);
@@ -295,6 +305,8 @@ pub fn choose_spmv_shape(lengths: &[usize], col_locality: f64, tuning: &SpmvTuni
     let fills = count > 0 && (doubled as usize) * count <= sum;
     let lanes = if col_locality < SCATTERED_LOCALITY && fills {
         doubled
+    } else if col_locality >= CONTIGUOUS_LOCALITY && lanes <= CONTIGUOUS_MAX_LANES {
+        (lanes / 2).max(1)
     } else {
         lanes
     };
@@ -580,8 +592,8 @@ mod tests {
 
     #[test]
     fn autotune_candidates_are_the_rules_their_neighbours_and_binned() {
-        // mean 16 -> 8 lanes by the rules
-        let c = spmv_candidates(&[16; 100], 1.0);
+        // mean 16 -> 8 lanes by the rules (neither scattered nor nearly consecutive columns)
+        let c = spmv_candidates(&[16; 100], 0.5);
         assert_eq!(c[0], SpmvTuning::default());
         assert_eq!(c[1].lanes, Some(4));
         assert_eq!(c[2].lanes, Some(16));
@@ -599,6 +611,11 @@ mod tests {
         // scattered columns: one nonzero per lane; local ones: two
         assert_eq!(choose_spmv_shape(&[16; 1000], 0.0, &t), (16, 1024));
         assert_eq!(choose_spmv_shape(&[16; 1000], 0.9, &t), (8, 1024));
+        // nearly consecutive columns (banded): about four nonzeros per lane on short rows only
+        assert_eq!(choose_spmv_shape(&[9; 1000], 0.88, &t), (4, 1024));
+        assert_eq!(choose_spmv_shape(&[9; 1000], 0.97, &t), (2, 1024));
+        assert_eq!(choose_spmv_shape(&[1; 1000], 0.97, &t), (1, 1024));
+        assert_eq!(choose_spmv_shape(&vec![900; FEW_ROWS], 0.97, &t).0, 32);
         // never more lanes than nonzeros
         assert_eq!(choose_spmv_shape(&[1; 1000], 0.0, &t), (1, 1024));
         assert_eq!(choose_spmv_shape(&[3; 1000], 0.0, &t), (2, 1024));
