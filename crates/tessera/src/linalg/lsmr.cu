@@ -258,9 +258,8 @@ TS_DEVICE Rotation sym_ortho(double a, double b) {
   return {c, s, a / c};
 }
 
-// SciPy's stopping tests of damp st's iteration just finished (st->itn), given ||x||; true when
-// one holds (st->stop is then set).
-TS_DEVICE bool stopping_test(const LsmrShared* sh, LsmrDamp* st, double normx) {
+// SciPy's stopping tests of damp st's iteration just finished (st->itn), given ||x||.
+TS_DEVICE void stopping_test(const LsmrShared* sh, LsmrDamp* st, double normx) {
   st->normx = normx;
   const double normb = sh->normb, norma = st->norma, normr = st->normr;
   const double test1 = normr / normb;
@@ -280,7 +279,6 @@ TS_DEVICE bool stopping_test(const LsmrShared* sh, LsmrDamp* st, double normx) {
   st->istop = istop;
   st->tested_itn = st->itn;
   if (istop > 0) st->stop = 1.0;
-  return istop > 0;
 }
 
 // One step of damp st's recurrences, given the shared alpha = alpha_{k+1}, beta = beta_{k+1},
@@ -417,12 +415,10 @@ __device__ void scalar_step(const ScalarParams& p, int mode, int c, double* smem
     case kIterAlpha: {
       if (sh->stop != 0.0) return;  // uniform: read before any thread writes
       // every thread reads the shared state before the barriers in norm_of, then computes the
-      // same new values; thread 0 stores them. Thread j also reads whether its damp runs
-      // before them (nothing writes it in this step), off the chain that follows the norm.
+      // same new values; thread 0 stores them
       const double beta = sh->beta, old_alpha = sh->alpha, old_vs = sh->v_scale;
       const double itn = sh->itn + 1.0;
       double norma2 = sh->norma2;
-      const bool first_runs = (int)threadIdx.x < p.k && damps[threadIdx.x].stop == 0.0;
       const double nv = norm_of(partials_v, p.count_v, smem_a);
       // when beta == 0, v and alpha keep their values (and v its scale)
       const double alpha = beta > 0.0 ? nv : old_alpha;
@@ -437,8 +433,7 @@ __device__ void scalar_step(const ScalarParams& p, int mode, int c, double* smem
         sh->itn = itn;
         sh->norma2 = norma2;
       }
-      if (first_runs) recurrences(damps + threadIdx.x, alpha, beta, itn, norma);
-      for (int j = threadIdx.x + kBlockThreads; j < p.k; j += kBlockThreads) {
+      for (int j = threadIdx.x; j < p.k; j += kBlockThreads) {
         LsmrDamp* st = damps + j;
         if (st->stop == 0.0) recurrences(st, alpha, beta, itn, norma);
       }
@@ -446,32 +441,24 @@ __device__ void scalar_step(const ScalarParams& p, int mode, int c, double* smem
     }
     default: {  // kIterBeta, kTest
       if (sh->stop != 0.0) return;  // uniform: read before any thread writes
-      // the deferred test of each damp: warp w tests damps w, w + 8, ... and notes in smem_a[w]
-      // whether all of them have stopped, from what it read and decided (no re-read of the
-      // states the tests wrote, and the shared stop flag is not read back: the chain from the
-      // tests to beta is one barrier, not two global round trips). Not also loading the partials
-      // of ||u|| ahead of the tests: that value, live across the tests' f64 division calls, made
-      // ptxas spill it.
+      // the deferred test of each damp: warp w tests damps w, w + 8, ...
       const int warp = threadIdx.x / 32, warps = kBlockThreads / 32;
-      bool warp_all = true;
       for (int j = warp; j < p.k; j += warps) {
         LsmrDamp* st = damps + j;
-        bool stopped = st->stop != 0.0;  // warp-uniform
-        const bool test = !stopped && st->itn >= 1.0 && st->tested_itn < st->itn;
-        if (test) {
-          const double normx = warp_norm_of(partials_x + (long long)j * kMaxPartials, p.count_x);
-          int now = 0;
-          if (ts::lane_id() == 0) now = stopping_test(sh, st, normx) ? 1 : 0;
-          stopped = __shfl_sync(0xffffffffu, now, 0) != 0;
-        }
-        warp_all = warp_all && stopped;
+        const bool test = st->stop == 0.0 && st->itn >= 1.0 && st->tested_itn < st->itn;  // warp-uniform
+        if (!test) continue;
+        const double normx = warp_norm_of(partials_x + (long long)j * kMaxPartials, p.count_x);
+        if (ts::lane_id() == 0) stopping_test(sh, st, normx);
       }
-      if (ts::lane_id() == 0) smem_a[warp] = warp_all ? 1.0 : 0.0;
-      __syncthreads();  // every damp's test is written before the count (and the flags read)
-      bool all = true;
-      for (int w = 0; w < warps; ++w) all = all && smem_a[w] != 0.0;
-      if (all && lead) sh->stop = 1.0;
-      if (mode == kTest || all) return;  // uniform
+      __syncthreads();  // every damp's test is written (and visible) before the count
+      if (lead) {
+        bool all = true;
+        for (int j = 0; j < p.k; ++j) all = all && damps[j].stop != 0.0;
+        if (all) sh->stop = 1.0;
+      }
+      if (mode == kTest) return;
+      __syncthreads();
+      if (sh->stop != 0.0) return;
       const double beta = norm_of(partials_u, p.count_u, smem_b);
       if (lead) {
         sh->beta = beta;
