@@ -15,10 +15,11 @@
 //! Each row: `ms` is the median wall time of a whole solve (setup, iterations, the stop-flag
 //! checks, x back to the host); `params` carry `itn`, `istop`, `ms_per_iter`, the two-SpMV
 //! floor (`floor_ms_per_iter`: one `A v` plus one `A^T u` timed alone) and their ratio, and
-//! the relative residual; `one_iteration_ms` is a whole solve stopped by `maxiter = 1` (the fixed
-//! cost: set-up, one iteration, the checks, x back), and `loop_ms_per_iter` the rest over the
-//! other iterations (with `loop_over_floor`, its ratio to the floor). GB/s count the bytes of `itn` iterations (two SpMVs' matrix, vector
-//! and output traffic plus the solver's vector passes, lsmr.cu's roofline). Before timing, the
+//! the relative residual; `one_iteration_ms` is a whole solve stopped by `maxiter = 1` (the
+//! fixed cost: set-up, one iteration, the checks, x back), and `loop_ms_per_iter` the rest over
+//! the other iterations (with `loop_over_floor`, its ratio to the floor). GB/s count the bytes
+//! of `itn` iterations (two SpMVs' matrix, vector and output traffic plus the solver's vector
+//! passes, lsmr.cu's roofline). Before timing, the
 //! solve is checked: its `normr` estimate must match `||b - A x||` recomputed on the host.
 //!
 //! The damp list ([`damp_cases`]): 8 damps (0 and 1e-2 .. 1e2 times a typical column norm)

@@ -743,11 +743,11 @@ impl<T: Element> Solver<T> {
         Ok(Some(d.iter().map(|e| e.to_f64()).collect()))
     }
 
-    /// One LSMR iteration for `k` damps, queued: two products and three vector kernels, the
-    /// scalar steps in the tails of update_u and update_v (their last CTA).
-    /// One iteration, queued. Its x update is left to the next iteration's lsmr_update_u
-    /// (`x_pending` there), or to [`Solver::flush_x`] at the end of a batch: one launch fewer
-    /// per iteration; the tests of an iteration still see its x.
+    /// One LSMR iteration for `k` damps, queued: two products and two vector kernels, the
+    /// scalar steps in the tails of update_u and update_v (their last CTA). Its x update is left
+    /// to the next iteration's lsmr_update_u (`x_pending` there), or to [`Solver::flush_x`] at
+    /// the end of a batch: one launch fewer per iteration; the tests of an iteration still see
+    /// its x.
     fn iteration(&mut self, a: &dyn LinearOperator<T>, k: usize, x_pending: bool) -> Result<()> {
         let (m, n) = (self.m, self.n);
         let input = if self.d.is_some() { &self.dv } else { &self.v };
@@ -772,10 +772,15 @@ impl<T: Element> Solver<T> {
         self.launch_vec(&self.update_x, &p, rows)
     }
 
-    /// A batch of `count` iterations (the first one's x update was flushed), then the flush.
+    /// A batch of `count` iterations of `k` damps (many right-hand sides: of the `k` columns),
+    /// the first one's x update flushed before, then the flush of the last one's.
     fn batch(&mut self, a: &dyn LinearOperator<T>, k: usize, count: usize) -> Result<()> {
         for i in 0..count {
-            self.iteration(a, k, i > 0)?;
+            if self.many {
+                self.iteration_many(a, i > 0)?;
+            } else {
+                self.iteration(a, k, i > 0)?;
+            }
         }
         self.flush_x(k)
     }
@@ -1031,10 +1036,7 @@ impl<T: Element> Solver<T> {
         if !all_stopped(&cols) {
             while launched < maxiter {
                 let batch = run.check_every.min(maxiter - launched);
-                for i in 0..batch {
-                    self.iteration_many(a, i > 0)?;
-                }
-                self.flush_x(k)?;
+                self.batch(a, k, batch)?;
                 launched += batch;
                 self.launch_scalar(ScalarMode::Test, k)?;
                 cols = self.read_columns(k)?;

@@ -7,7 +7,7 @@
 //! tessera's kernels with its own work without synchronising.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::sys;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -112,7 +112,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         let _ = self.cuda.bind_to_thread();
         let _ = self.stream.synchronize();
-        self.kernels.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        // unload every module while the context is bound (both maps hold them)
+        lock(&self.kernels_by_spec).clear();
+        lock(&self.kernels).clear();
         // SAFETY: every buffer from this pool holds an Arc<Inner>, so none is alive now.
         unsafe {
             sys::cuMemPoolDestroy(self.pool);
@@ -291,45 +293,20 @@ impl Context {
     pub fn kernel(&self, spec: &KernelSpec) -> Result<Arc<Kernel>> {
         self.bind()?;
         let identity = SpecIdentity::of(spec);
-        if let Some(k) = self
-            .inner
-            .kernels_by_spec
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&identity)
-        {
+        if let Some(k) = lock(&self.inner.kernels_by_spec).get(&identity) {
             return Ok(k.clone());
         }
         let key = JitCache::key(spec, self.arch(), &[])?;
-        let cached = self
-            .inner
-            .kernels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .cloned();
+        let cached = lock(&self.inner.kernels).get(&key).cloned();
         let kernel = match cached {
             Some(k) => k,
-            None => self.load_kernel(spec, key)?,
+            None => {
+                let k = Arc::new(Kernel::load(spec, self.inner.jit.get(spec, self.arch())?)?);
+                lock(&self.inner.kernels).insert(key, k.clone());
+                k
+            }
         };
-        self.inner
-            .kernels_by_spec
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(identity, kernel.clone());
-        Ok(kernel)
-    }
-
-    /// Compiles (or fetches from the JIT cache) and loads the kernel of `spec`, whose cache key
-    /// is `key`, and remembers it under `key`.
-    fn load_kernel(&self, spec: &KernelSpec, key: [u8; 32]) -> Result<Arc<Kernel>> {
-        let compiled = self.inner.jit.get(spec, self.arch())?;
-        let kernel = Arc::new(Kernel::load(spec, compiled)?);
-        self.inner
-            .kernels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, kernel.clone());
+        lock(&self.inner.kernels_by_spec).insert(identity, kernel.clone());
         Ok(kernel)
     }
 
@@ -501,6 +478,12 @@ mod tests {
         drop(b);
         other.synchronize().unwrap();
     }
+}
+
+/// Locks `m`, also after a panic in another holder (the maps it guards stay consistent: each
+/// update is one insert or clear).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What identifies a kernel spec's content without reading it: the generated strings by value,
