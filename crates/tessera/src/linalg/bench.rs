@@ -19,8 +19,8 @@
 //! fixed cost: set-up, one iteration, the checks, x back), and `loop_ms_per_iter` the rest over
 //! the other iterations (with `loop_over_floor`, its ratio to the floor). GB/s count the bytes
 //! of `itn` iterations (two SpMVs' matrix, vector and output traffic plus the solver's vector
-//! passes, lsmr.cu's roofline). Before timing, the
-//! solve is checked: its `normr` estimate must match `||b - A x||` recomputed on the host.
+//! passes, lsmr.cu's roofline). Before timing, the solve is checked: its `normr` estimate must
+//! match `||b - A x||` recomputed on the host.
 //!
 //! The damp list ([`damp_cases`]): 8 damps (0 and 1e-2 .. 1e2 times a typical column norm)
 //! on the 8kv-shaped system in fp32, timed as one [`lsmr_damps`] run and as 8 separate

@@ -394,6 +394,12 @@ fn create_pool(ordinal: usize) -> Result<sys::CUmemoryPool> {
     Ok(pool)
 }
 
+/// Locks `m`, also after a panic in another holder (the maps it guards stay consistent: each
+/// update is one insert or clear).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -478,12 +484,6 @@ mod tests {
         drop(b);
         other.synchronize().unwrap();
     }
-}
-
-/// Locks `m`, also after a panic in another holder (the maps it guards stay consistent: each
-/// update is one insert or clear).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What identifies a kernel spec's content without reading it: the generated strings by value,
