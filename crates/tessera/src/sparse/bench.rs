@@ -199,9 +199,11 @@ pub const TOMO_LARGE: ParallelBeam = ParallelBeam {
     det_width: 1.0,
 };
 
-/// Benchmark knobs (read here only, never by the library): `TESSERA_SPMV_LANES=1..32` forces
+/// Benchmark knobs (read here only, never by the library; the one exception is
+/// `TESSERA_SPMV_PANEL_CTAS`, the column-panel kernel's CTAs, read by `spmv_panels`): `TESSERA_SPMV_LANES=1..32` forces
 /// the lanes per row, `TESSERA_SPMV_LONG=N` the long-row threshold, `TESSERA_SPMV_BINNED=1` the
-/// binned kernel, `TESSERA_SPMV_MERGE=1` the merge path (alone).
+/// binned kernel, `TESSERA_SPMV_MERGE=1` the merge path (alone), `TESSERA_SPMV_PANELS=W` column
+/// panels of W columns (0: never; alone).
 pub fn tuning_from_env() -> SpmvTuning {
     let num = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<usize>().ok());
     let on = |k: &str| std::env::var(k).is_ok_and(|v| v.trim() == "1");
@@ -210,6 +212,7 @@ pub fn tuning_from_env() -> SpmvTuning {
         long_threshold: num("TESSERA_SPMV_LONG"),
         binned: on("TESSERA_SPMV_BINNED"),
         merge_path: on("TESSERA_SPMV_MERGE"),
+        panel_width: num("TESSERA_SPMV_PANELS"),
     }
 }
 
@@ -222,6 +225,8 @@ enum PlanChoice {
     Autotuned,
     /// The merge path (impl `tessera-merge`).
     MergePath,
+    /// Column panels of the default width (impl `tessera-panels`).
+    Panels,
 }
 
 impl PlanChoice {
@@ -230,6 +235,7 @@ impl PlanChoice {
             PlanChoice::Rules => "tessera",
             PlanChoice::Autotuned => "tessera-autotuned",
             PlanChoice::MergePath => "tessera-merge",
+            PlanChoice::Panels => "tessera-panels",
         }
     }
 }
@@ -255,6 +261,26 @@ pub fn bench_autotuned_case(ctx: &Context, case: &BenchCase, seed: u64, timing: 
 pub fn bench_merge_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
     crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| {
         run::<T>(ctx, case, seed, timing, PlanChoice::MergePath)
+    })
+}
+
+/// Whether a case gets a `tessera-panels` row: its matrix (as multiplied: transposed or not)
+/// is one panel of the default width, or at least four times as wide as tall. Square and tall
+/// matrices of many columns would need far more panel rows than they have nonzeros.
+pub fn panels_apply(case: &BenchCase) -> bool {
+    let (rows, cols) = if case.transposed {
+        (case.cols, case.rows)
+    } else {
+        (case.rows, case.cols)
+    };
+    cols <= super::spmv_panels::default_panel_width(case.value) || cols >= 4 * rows
+}
+
+/// [`bench_case`] on column panels of the default width (impl `tessera-panels`; the rules take
+/// them on wide matrices only, see `spmv_panels::panels_pay`).
+pub fn bench_panels_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| {
+        run::<T>(ctx, case, seed, timing, PlanChoice::Panels)
     })
 }
 
@@ -286,10 +312,14 @@ fn run<T: Element>(
             let tuning = a.autotune_spmv()?;
             (a.spmv_plan()?, tuning)
         }
-        PlanChoice::Rules | PlanChoice::MergePath => {
+        PlanChoice::Rules | PlanChoice::MergePath | PlanChoice::Panels => {
             let tuning = match choice {
                 PlanChoice::MergePath => SpmvTuning {
                     merge_path: true,
+                    ..SpmvTuning::default()
+                },
+                PlanChoice::Panels => SpmvTuning {
+                    panel_width: Some(super::spmv_panels::default_panel_width(T::DTYPE)),
                     ..SpmvTuning::default()
                 },
                 _ => tuning_from_env(),
@@ -316,13 +346,17 @@ fn run<T: Element>(
             p["descriptor"] = json!(a.descriptor().to_string());
             p["path"] = json!(plan.path());
             p["tuning"] = json!(format!("{tuning:?}"));
+            if let Some(r) = plan.conversion() {
+                p["build_ms"] = json!(r.elapsed.as_secs_f64() * 1e3);
+                p["build_mib"] = json!(r.bytes as f64 / (1 << 20) as f64);
+            }
             p
         },
         implementation: choice.implementation().into(),
         ms: t.median_ms,
         gbps: Some(bytes(&host) as f64 / (t.median_ms * 1e-3) / 1e9),
         tflops: None,
-        extra_mib: Some(0.0),
+        extra_mib: Some(plan.extra_bytes() as f64 / (1 << 20) as f64),
         max_abs_err: Some(cmp.max_abs_err),
         rel_l2: Some(cmp.rel_l2),
     })

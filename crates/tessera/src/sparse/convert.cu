@@ -34,6 +34,9 @@
 //                       sort keeps input order among equal columns) summed in f64 in input
 //                       order and rounded once (a run of one copied unchanged) into its place
 //                       in its block's b x b row-major values (zeroed first)  (TS_CONV_VALUES)
+//   conv_panel_keys     each nonzero's column panel (the sort key) and panel row (counted into
+//                       the panels' offsets), for the column panels of spmv_panels.cu.
+//   conv_panel_columns  each entry's column within its panel, 16 bits, in panel order.
 //   conv_bell_fill      BSR block s (of block row keys_in[s]) copied to Blocked-ELL slot
 //                       br * width + (s - offsets[br]), values and block column; one thread
 //                       per value                                      (TS_CONV_VALUES only)
@@ -80,6 +83,8 @@ using Val = float;
 #define TS_CONV_BSR_BLOCKS 1
 #define TS_CONV_BSR_FILL 1
 #define TS_CONV_BELL_FILL 1
+#define TS_CONV_PANEL_KEYS 1
+#define TS_CONV_PANEL_COLUMNS 1
 constexpr int kBlockThreads = 256;
 constexpr int kItems = 8;
 constexpr int kScanItems = 4;
@@ -111,7 +116,7 @@ struct ConvParams {
   int shift;                     // radix: digit = (key >> shift) & 255
   int tiles;                     // radix: tiles of kTile keys
   long long block;               // BSR / Blocked-ELL: the block side b
-  long long width;               // Blocked-ELL: block slots per block row
+  long long width;               // Blocked-ELL: block slots per block row; panels: columns per panel
 };
 static_assert(sizeof(ConvParams) == 152, "ConvParams and its Rust mirror (convert.rs) differ");
 
@@ -409,6 +414,34 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads) conv_bsr_blocks(cons
     if (p.flags[i + 1] == slot) continue;  // not a head
     p.keys_out[slot] = p.keys_in[i];
     p.perm_out[slot] = (Idx)((long long)p.indices[p.perm_in[i]] / p.block);
+  }
+}
+#endif
+
+
+// Column panels (sparse/spmv_panels.cu): nonzero k of row keys_in[k] (from expand_rows) is in
+// panel indices[k] / width: keys_out[k] = that panel (the sort key: a stable sort of A's
+// row-major entries by panel gives panel, row, A's order), perm_out[k] = panel * rows + row
+// (its panel row: counted and scanned into the panels' offsets).
+#ifdef TS_CONV_PANEL_KEYS
+extern "C" __global__ void __launch_bounds__(kBlockThreads) conv_panel_keys(const __grid_constant__ ConvParams p) {
+  for (long long i = grid_first(); i < p.n; i += grid_stride()) {
+    const long long panel = (long long)p.indices[i] / p.width;
+    p.keys_out[i] = (Idx)panel;
+    p.perm_out[i] = (Idx)(panel * p.rows + (long long)p.keys_in[i]);
+  }
+}
+#endif
+
+// The column within its panel of entry i in panel order, as 16 bits into values_out:
+// indices[perm_in[i]] - keys_in[i] * width (perm_in null: the identity; keys_in null: panel 0).
+#ifdef TS_CONV_PANEL_COLUMNS
+extern "C" __global__ void __launch_bounds__(kBlockThreads) conv_panel_columns(const __grid_constant__ ConvParams p) {
+  unsigned short* out = (unsigned short*)p.values_out;
+  for (long long i = grid_first(); i < p.n; i += grid_stride()) {
+    const long long col = (long long)p.indices[perm_at(p, i)];
+    const long long panel = p.keys_in ? (long long)p.keys_in[i] : 0;
+    out[i] = (unsigned short)(col - panel * p.width);
   }
 }
 #endif

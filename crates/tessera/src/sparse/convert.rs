@@ -31,6 +31,7 @@ use super::descriptor::SparseDescriptor;
 use super::device::{upload_nonempty, CsrMatrix, VALUE_DTYPES};
 use super::host::{check_sizes, check_triplet_indices, check_triplet_lengths, duplicate_error, CooHost, Duplicates};
 use super::index::SparseIndex;
+use super::spmv_panels::{PanelArrays, MAX_PANELS, MAX_PANEL_WIDTH};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
@@ -93,6 +94,8 @@ pub enum Entry {
     BlockRows,
     BsrHeads,
     BsrBlocks,
+    PanelKeys,
+    PanelColumns,
     /// Value kernels (need the value type).
     GatherValues,
     SumRuns,
@@ -101,7 +104,7 @@ pub enum Entry {
 }
 
 impl Entry {
-    const INDEX: [Entry; 12] = [
+    const INDEX: [Entry; 14] = [
         Entry::ExpandRows,
         Entry::RadixHist,
         Entry::Scan,
@@ -114,6 +117,8 @@ impl Entry {
         Entry::BlockRows,
         Entry::BsrHeads,
         Entry::BsrBlocks,
+        Entry::PanelKeys,
+        Entry::PanelColumns,
     ];
     const VALUES: [Entry; 4] = [Entry::GatherValues, Entry::SumRuns, Entry::BsrFill, Entry::BellFill];
 
@@ -131,6 +136,8 @@ impl Entry {
             Entry::BlockRows => "conv_block_rows",
             Entry::BsrHeads => "conv_bsr_heads",
             Entry::BsrBlocks => "conv_bsr_blocks",
+            Entry::PanelKeys => "conv_panel_keys",
+            Entry::PanelColumns => "conv_panel_columns",
             Entry::GatherValues => "conv_gather_values",
             Entry::SumRuns => "conv_sum_runs",
             Entry::BsrFill => "conv_bsr_fill",
@@ -152,6 +159,8 @@ impl Entry {
             Entry::BlockRows => "TS_CONV_BLOCK_ROWS",
             Entry::BsrHeads => "TS_CONV_BSR_HEADS",
             Entry::BsrBlocks => "TS_CONV_BSR_BLOCKS",
+            Entry::PanelKeys => "TS_CONV_PANEL_KEYS",
+            Entry::PanelColumns => "TS_CONV_PANEL_COLUMNS",
             Entry::GatherValues => "TS_CONV_GATHER_VALUES",
             Entry::SumRuns => "TS_CONV_SUM_RUNS",
             Entry::BsrFill => "TS_CONV_BSR_FILL",
@@ -392,6 +401,27 @@ impl<T: Element, I: SparseIndex> Converter<T, I> {
         Ok(cur)
     }
 
+    /// The row of each nonzero of `a` (CSR offsets -> COO rows).
+    fn rows_of(&self, a: &CsrMatrix<T, I>) -> Result<DeviceBuffer<I>> {
+        let row_of = self.alloc(a.nnz())?;
+        let p = ConvParams {
+            offsets: a.offsets.device_ptr(),
+            keys_out: row_of.device_ptr(),
+            rows: a.rows() as i64,
+            ..Default::default()
+        };
+        // SAFETY: offsets holds rows + 1 entries ending at nnz (validated on construction);
+        // row_of holds nnz (at least one element).
+        unsafe {
+            self.launch(
+                Entry::ExpandRows,
+                grid_u32(a.rows().div_ceil((BLOCK_THREADS / 32) as usize), "rows")?,
+                &p,
+            )?
+        };
+        Ok(row_of)
+    }
+
     /// CSR offsets (`dim + 1`) from `n` row keys (each below `dim`): histogram, then scan.
     fn offsets_of(&self, keys: &DeviceBuffer<I>, n: usize, dim: usize) -> Result<DeviceBuffer<I>> {
         let mut offsets = self.ctx.alloc::<I>(dim + 1)?;
@@ -488,21 +518,7 @@ pub(crate) fn transpose<T: Element, I: SparseIndex>(a: &CsrMatrix<T, I>) -> Resu
     let (indices, values, scratch) = if nnz == 0 {
         (conv.alloc(1)?, a.context().alloc::<T>(1)?, 0)
     } else {
-        let row_of = conv.alloc(nnz)?;
-        let p = ConvParams {
-            offsets: a.offsets.device_ptr(),
-            keys_out: row_of.device_ptr(),
-            rows: rows as i64,
-            ..Default::default()
-        };
-        // SAFETY: offsets holds rows + 1 entries ending at nnz; row_of holds nnz.
-        unsafe {
-            conv.launch(
-                Entry::ExpandRows,
-                grid_u32(rows.div_ceil((BLOCK_THREADS / 32) as usize), "rows")?,
-                &p,
-            )?
-        };
+        let row_of = conv.rows_of(a)?;
         // stable by column: within a column, A's row order
         let (_, perm) = conv.radix_sort(&a.indices, None, nnz, cols)?;
         let indices = conv.gather(&row_of, &perm, nnz)?;
@@ -521,6 +537,119 @@ pub(crate) fn transpose<T: Element, I: SparseIndex>(a: &CsrMatrix<T, I>) -> Resu
         (indices, values, (5 * nnz + DIGITS * nnz.div_ceil(TILE)) * idx)
     };
     conv.finish("csr -> csr of A^T", start, scratch, rows, offsets, indices, values)
+}
+
+/// The column panels of `a` for the panel SpMV (`spmv_panels.cu`): its columns cut into
+/// panels of `width` columns (`1..=65536`), each panel's entries row by row in A's order with
+/// their columns within the panel as 16 bits. One panel (`cols <= width`, or no nonzeros) keeps
+/// A's own offsets and values and only adds the 16-bit columns. Deterministic: a stable sort of
+/// A's row-major entries by panel, offsets from integer counts and a scan.
+pub(crate) fn panels<T: Element, I: SparseIndex>(a: &CsrMatrix<T, I>, width: usize) -> Result<PanelArrays<T, I>> {
+    if !(1..=MAX_PANEL_WIDTH).contains(&width) {
+        return Err(Error::invalid(
+            "panel width",
+            format!("{width} columns; supported: 1..={MAX_PANEL_WIDTH} (16-bit columns)"),
+        ));
+    }
+    let conv = Converter::<T, I>::new(a.context())?;
+    let ctx = a.context();
+    ctx.synchronize()?;
+    let start = Instant::now();
+    let (rows, cols, nnz) = (a.rows(), a.cols(), a.nnz());
+    let panels = if nnz == 0 { 1 } else { cols.div_ceil(width).max(1) };
+    if panels > MAX_PANELS {
+        return Err(Error::Unsupported(format!(
+            "{cols} columns in panels of {width}: {panels} panels, at most {MAX_PANELS} (a grid's y extent)"
+        )));
+    }
+    let panel_rows = panels.checked_mul(rows).filter(|&n| n < I::MAX_USIZE).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "{panels} panels of {rows} rows: more panel rows than {} offsets hold",
+            I::DTYPE
+        ))
+    })?;
+    let columns = ctx.alloc::<u8>(2 * nnz.max(1))?;
+    let idx = std::mem::size_of::<I>();
+    let (offsets, values, scratch) = if panels == 1 {
+        if nnz > 0 {
+            let p = ConvParams {
+                indices: a.indices.device_ptr(),
+                values_out: columns.device_ptr(),
+                width: width as i64,
+                n: nnz as i64,
+                ..Default::default()
+            };
+            // SAFETY: indices holds nnz entries, each in 0..cols <= width (one panel), so each
+            // fits 16 bits; columns holds 2 nnz bytes.
+            unsafe { conv.launch(Entry::PanelColumns, grid_for(nnz), &p)? };
+        }
+        (None, None, 0)
+    } else {
+        let row_of = conv.rows_of(a)?;
+        let panel_of = conv.alloc(nnz)?;
+        let panel_row = conv.alloc(nnz)?;
+        let p = ConvParams {
+            indices: a.indices.device_ptr(),
+            keys_in: row_of.device_ptr(),
+            keys_out: panel_of.device_ptr(),
+            perm_out: panel_row.device_ptr(),
+            width: width as i64,
+            rows: rows as i64,
+            n: nnz as i64,
+            ..Default::default()
+        };
+        // SAFETY: indices and row_of hold nnz entries (columns in 0..cols, rows in 0..rows), so
+        // every panel is below `panels` and every panel row below panels * rows, which fits I
+        // (checked); panel_of and panel_row hold nnz.
+        unsafe { conv.launch(Entry::PanelKeys, grid_for(nnz), &p)? };
+        drop(row_of);
+        let offsets = conv.offsets_of(&panel_row, nnz, panel_rows)?;
+        drop(panel_row);
+        let (sorted, perm) = conv.radix_sort(&panel_of, None, nnz, panels)?;
+        drop(panel_of);
+        let values = ctx.alloc::<T>(nnz)?;
+        let p = ConvParams {
+            indices: a.indices.device_ptr(),
+            perm_in: perm.device_ptr(),
+            keys_in: sorted.device_ptr(),
+            values_in: a.values.device_ptr(),
+            values_out: values.device_ptr(),
+            width: width as i64,
+            n: nnz as i64,
+            ..Default::default()
+        };
+        // SAFETY: perm is a permutation of 0..nnz; values_in and values_out hold nnz.
+        unsafe { conv.launch(Entry::GatherValues, grid_for(nnz), &p)? };
+        let p = ConvParams {
+            values_out: columns.device_ptr(),
+            ..p
+        };
+        // SAFETY: as above; sorted[i] is the panel of entry perm[i], so its column minus
+        // sorted[i] * width is in 0..width (fits 16 bits); columns holds 2 nnz bytes.
+        unsafe { conv.launch(Entry::PanelColumns, grid_for(nnz), &p)? };
+        (
+            Some(offsets),
+            Some(values),
+            (5 * nnz + DIGITS * nnz.div_ceil(TILE)) * idx,
+        )
+    };
+    ctx.synchronize()?;
+    let bytes = columns.bytes()
+        + offsets.as_ref().map_or(0, |o: &DeviceBuffer<I>| o.bytes())
+        + values.as_ref().map_or(0, |v: &DeviceBuffer<T>| v.bytes());
+    Ok(PanelArrays {
+        width,
+        panels,
+        offsets,
+        values,
+        columns,
+        report: ConversionReport {
+            what: "csr -> column panels",
+            elapsed: start.elapsed(),
+            bytes,
+            scratch_bytes: scratch,
+        },
+    })
 }
 
 /// A sparse matrix as (row, column, value) triplets in device memory, in any order, duplicates
@@ -929,7 +1058,7 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), v.len());
-        assert_eq!(v.len(), 2 * (12 + 4 * 4));
+        assert_eq!(v.len(), 2 * (14 + 4 * 4));
     }
 
     /// The radix pass of convert.cu, step for step on the host (digit-major tile histograms,

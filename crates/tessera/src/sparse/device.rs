@@ -35,6 +35,10 @@ pub struct CsrMatrix<T: Element, I: SparseIndex> {
     descriptor: SparseDescriptor,
     /// Bumped by every in-place change of the values; what the caches below were made from.
     version: u64,
+    /// Unique in the process, renewed by every in-place change of the values: plans that copy
+    /// the entries (column panels) check they run on the matrix, and the values, they were made
+    /// from.
+    identity: u64,
     /// How this matrix was made on the device, if it was converted there.
     conversion: Option<ConversionReport>,
     spmv_plan: Mutex<Option<Arc<SpmvPlan>>>,
@@ -119,6 +123,7 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
             values,
             descriptor,
             version: 0,
+            identity: next_identity(),
             conversion,
             spmv_plan: Mutex::new(None),
             spmm_plans: Mutex::new(HashMap::new()),
@@ -213,6 +218,11 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
         self.version
     }
 
+    /// Unique in the process for this matrix and its current values (see `identity`).
+    pub(crate) fn identity(&self) -> u64 {
+        self.identity
+    }
+
     /// Replaces the values in place (same pattern: `values` has one entry per stored nonzero, in
     /// stored order), bumps [`version`](Self::version) and drops every cached plan and
     /// conversion (the next use makes them again from the new values).
@@ -231,6 +241,7 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
             self.values.copy_from_host(values)?;
         }
         self.version += 1;
+        self.identity = next_identity();
         *self.spmv_plan.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
         self.spmm_plans.get_mut().unwrap_or_else(|e| e.into_inner()).clear();
         *self.transposed_plan.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
@@ -275,7 +286,7 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
         Ok(plan)
     }
 
-    /// Times up to four SpMV kernel choices on this matrix ([`spmv_candidates`]: the rules'
+    /// Times up to five SpMV kernel choices on this matrix ([`spmv_candidates`]: the rules'
     /// lanes per row, half and twice as many, and the binned kernel), with CUDA events on a
     /// random `x` (two warm-up calls, then the best of five), and makes the fastest the cached
     /// plan that [`spmv`](Self::spmv) runs from now on. Returns the chosen tuning. Costs a
@@ -292,7 +303,7 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
         let mut y = self.ctx.alloc::<T>(self.rows.max(1))?;
         let timer = crate::runtime::EventTimer::new(&self.ctx)?;
         let mut best: Option<(f64, SpmvTuning, Arc<SpmvPlan>)> = None;
-        for tuning in spmv_candidates(&self.row_lengths, self.descriptor.col_locality) {
+        for tuning in spmv_candidates(&self.row_lengths, self.descriptor.col_locality, self.cols, T::DTYPE) {
             let plan = Arc::new(SpmvPlan::new(self, &SpmvOptions { tuning })?);
             plan.run(self, 1.0, &x, 0.0, &mut y)?;
             plan.run(self, 1.0, &x, 0.0, &mut y)?;
@@ -388,6 +399,12 @@ fn all_rows_short() -> SpmvTuning {
 }
 
 /// Checks that `a` is the matrix a plan was made for (value and index types, shape).
+/// A process-unique matrix identity (see `CsrMatrix::identity`).
+fn next_identity() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 pub(crate) fn check_planned<T: Element, I: SparseIndex>(
     a: &CsrMatrix<T, I>,
     value: DType,

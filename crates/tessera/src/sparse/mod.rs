@@ -32,6 +32,7 @@ pub mod sell;
 pub mod spmm;
 pub mod spmv;
 pub mod spmv_merge;
+pub mod spmv_panels;
 pub mod spmv_transposed;
 #[cfg(feature = "harness")]
 pub mod verify;

@@ -6,7 +6,8 @@ use std::time::Instant;
 use super::descriptor::SparseDescriptor;
 use super::generate::{generate, random_vector, MatrixClass};
 use super::{
-    bench, bsr, convert, reference, sell, spmm, spmv, spmv_merge, spmv_transposed, verify, verify_block, verify_convert,
+    bench, bsr, convert, reference, sell, spmm, spmv, spmv_merge, spmv_panels, spmv_transposed, verify, verify_block,
+    verify_convert,
 };
 use crate::error::Result;
 use crate::harness::{Baselines, BenchJob, VerifyJob};
@@ -90,6 +91,19 @@ impl Operator for Sparse {
             .iter()
             .map(|c| BenchJob::new(format!("{} merge", c.name()), None, c.clone(), bench::bench_merge_case))
             .collect::<Vec<_>>();
+        // the column panels (default width) beside the rules' on every SpMV case where they fit
+        let panels = cases
+            .iter()
+            .filter(|c| bench::panels_apply(c))
+            .map(|c| {
+                BenchJob::new(
+                    format!("{} panels", c.name()),
+                    None,
+                    c.clone(),
+                    bench::bench_panels_case,
+                )
+            })
+            .collect::<Vec<_>>();
         cases
             .into_iter()
             .map(|c| {
@@ -98,6 +112,7 @@ impl Operator for Sparse {
             })
             .chain(autotuned)
             .chain(merge)
+            .chain(panels)
             .chain(sell)
             .chain(blocks)
             .collect()
@@ -107,7 +122,8 @@ impl Operator for Sparse {
         let spmv = spmv::all_variants()
             .into_iter()
             .map(|v| v.spec())
-            .chain(spmv_merge::all_variants().into_iter().map(|v| v.spec()));
+            .chain(spmv_merge::all_variants().into_iter().map(|v| v.spec()))
+            .chain(spmv_panels::all_variants().into_iter().map(|v| v.spec()));
         let transposed = spmv_transposed::all_variants().into_iter().map(|v| v.spec());
         spmv.chain(spmm::all_variants().into_iter().map(|v| v.spec()))
             .chain(transposed)

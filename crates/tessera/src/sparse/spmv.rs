@@ -11,6 +11,11 @@
 //! [`SEGMENT_NNZ`] nonzeros, one CTA each. Both kernels are deterministic: every row is summed
 //! in one fixed order, so repeated calls give bitwise identical y.
 //!
+//! Wide matrices (more than one panel of x and at least four nonzeros per panel row on average,
+//! [`panels_pay`]: the transposes of tall least-squares and tomography matrices) take the
+//! column-panel kernels instead ([`spmv_panels`](super::spmv_panels)): x staged a panel at a
+//! time in shared memory, 16-bit columns, the panels' partial rows summed in panel order.
+//!
 //! Opt-in ([`SpmvTuning::merge_path`]): the merge-path kernels (`spmv_merge.cu`,
 //! [`spmv_merge`](super::spmv_merge)), nonzeros and row ends balanced across threads whatever the
 //! row lengths, for power-law matrices; deterministic as well.
@@ -20,6 +25,7 @@ use std::sync::Arc;
 use super::device::{check_planned, check_spmv_operands, CsrMatrix};
 use super::index::SparseIndex;
 use super::spmv_merge::MergePath;
+use super::spmv_panels::{default_panel_width, panels_pay, PanelPath};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::runtime::{Context, DeviceBuffer, Kernel, KernelKey, KernelParams, KernelSpec, LaunchConfig};
@@ -71,6 +77,11 @@ pub struct SpmvTuning {
     /// rows and lost on every other bench matrix (sparse/NOTES.md). Takes no `lanes`,
     /// `long_threshold` or `binned`.
     pub merge_path: bool,
+    /// The column-panel kernels ([`spmv_panels`](super::spmv_panels)): `Some(w)` panels of `w`
+    /// columns (`1..=65536`; x's panel must fit a CTA's shared memory), `Some(0)` never,
+    /// `None` where the rules take them ([`panels_pay`]: wide matrices, with no other knob
+    /// set). Takes no `lanes`, `long_threshold`, `binned` or `merge_path`.
+    pub panel_width: Option<usize>,
 }
 
 /// Options of an SpMV plan.
@@ -243,6 +254,8 @@ enum SpmvKernels {
     },
     /// The merge-path kernels (opt-in).
     MergePath(MergePath),
+    /// The column-panel kernels.
+    Panels(PanelPath),
 }
 
 impl std::fmt::Debug for SpmvPlan {
@@ -317,10 +330,19 @@ pub fn choose_spmv_shape(lengths: &[usize], col_locality: f64, tuning: &SpmvTuni
 /// The SpMV choices [`CsrMatrix::autotune_spmv`](super::CsrMatrix::autotune_spmv) times for
 /// rows of `lengths`: the rules' tuning (default) first, then the row kernel with half and twice
 /// its lanes per row (where they exist), then the binned kernel; at most four, all with the
-/// rules' long-row threshold.
-pub fn spmv_candidates(lengths: &[usize], col_locality: f64) -> Vec<SpmvTuning> {
+/// rules' long-row threshold. Where the rules take column panels ([`panels_pay`], for a matrix
+/// of `cols` columns and `value` entries), the row kernel with the rules' lanes comes second
+/// (five in all).
+pub fn spmv_candidates(lengths: &[usize], col_locality: f64, cols: usize, value: DType) -> Vec<SpmvTuning> {
     let (lanes, _) = choose_spmv_shape(lengths, col_locality, &SpmvTuning::default());
     let mut out = vec![SpmvTuning::default()];
+    let nnz: usize = lengths.iter().sum();
+    if panels_pay(lengths.len(), cols, nnz, value) {
+        out.push(SpmvTuning {
+            panel_width: Some(0),
+            ..SpmvTuning::default()
+        });
+    }
     for l in [lanes / 2, lanes * 2] {
         if (1..=32).contains(&l) {
             out.push(SpmvTuning {
@@ -349,8 +371,45 @@ impl SpmvPlan {
             }
         }
         let ctx = a.context().clone();
+        let t = &opts.tuning;
+        let row_knobs = t.lanes.is_some() || t.long_threshold.is_some() || t.binned || t.merge_path;
+        let panel_width = match t.panel_width {
+            Some(0) => None,
+            Some(w) => Some(w),
+            None if !row_knobs && panels_pay(a.rows(), a.cols(), a.nnz(), T::DTYPE) => {
+                Some(default_panel_width(T::DTYPE))
+            }
+            None => None,
+        };
+        let rules_panels = t.panel_width.is_none();
+        if let Some(width) = panel_width {
+            if row_knobs {
+                return Err(Error::invalid(
+                    "tuning",
+                    format!(
+                        "panel_width takes no lanes, long_threshold, binned or merge_path (got {:?}, {:?}, {}, {})",
+                        t.lanes, t.long_threshold, t.binned, t.merge_path
+                    ),
+                ));
+            }
+            match PanelPath::new(a, width) {
+                Ok(path) => {
+                    return Ok(SpmvPlan::of(
+                        a,
+                        ctx,
+                        path.lanes(),
+                        usize::MAX,
+                        SpmvKernels::Panels(path),
+                    ));
+                }
+                // the rules' choice falls back to the row kernels (the layout's copy of the
+                // entries and its partials did not fit, or too many panel rows for the index
+                // type); a forced width reports why it cannot run
+                Err(_) if rules_panels => {}
+                Err(e) => return Err(e),
+            }
+        }
         if opts.tuning.merge_path {
-            let t = &opts.tuning;
             if t.lanes.is_some() || t.long_threshold.is_some() || t.binned {
                 return Err(Error::invalid(
                     "tuning",
@@ -451,7 +510,36 @@ impl SpmvPlan {
         }
     }
 
-    /// Lanes per row of the row kernel (0 on the merge path).
+    /// The column-panel layout on the host (the panel path only; for verification): see
+    /// [`PanelPath::download`].
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn panel_layout<T: Element, I: SparseIndex>(
+        &self,
+    ) -> Result<Option<(usize, Option<Vec<I>>, Vec<u16>, Option<Vec<T>>)>> {
+        match &self.kernels {
+            SpmvKernels::Panels(p) => p.download::<T, I>().map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Device bytes the plan keeps beside the matrix on the column-panel path (the layout and
+    /// the partial rows); 0 on the others.
+    pub fn extra_bytes(&self) -> usize {
+        match &self.kernels {
+            SpmvKernels::Panels(p) => p.extra_bytes(),
+            _ => 0,
+        }
+    }
+
+    /// What converting the matrix to column panels cost (the panel path only).
+    pub fn conversion(&self) -> Option<&super::convert::ConversionReport> {
+        match &self.kernels {
+            SpmvKernels::Panels(p) => Some(p.report()),
+            _ => None,
+        }
+    }
+
+    /// Lanes per row of the row kernel (0 on the merge path; per panel row on the panel path).
     pub fn lanes(&self) -> u32 {
         self.lanes
     }
@@ -470,6 +558,7 @@ impl SpmvPlan {
     pub fn path(&self) -> String {
         match &self.kernels {
             SpmvKernels::MergePath(_) => "merge-path".to_string(),
+            SpmvKernels::Panels(p) => p.name(),
             SpmvKernels::Rows { bins, long, .. } => {
                 let mut s = if bins.is_some() {
                     "binned".to_string()
@@ -485,7 +574,8 @@ impl SpmvPlan {
     }
 
     /// `y = alpha * A x + beta * y`. `a` must be the matrix the plan was made for (same shape and
-    /// row lengths); `x` has `cols` elements and `y` `rows`.
+    /// row lengths; on the column-panel path the very matrix and values, see
+    /// [`path`](Self::path)); `x` has `cols` elements and `y` `rows`.
     pub fn run<T: Element, I: SparseIndex>(
         &self,
         a: &CsrMatrix<T, I>,
@@ -525,6 +615,8 @@ impl SpmvPlan {
             // at nnz, every index in 0..cols; indices and values hold at least one element), x
             // has >= cols elements and y >= rows.
             SpmvKernels::MergePath(m) => return unsafe { m.launch(&self.ctx, skip, a, alpha, x, beta, y) },
+            // SAFETY: as above; the panel layout was made from `a` when the plan was.
+            SpmvKernels::Panels(p) => return unsafe { p.launch(&self.ctx, skip, a, alpha, x, beta, y) },
             SpmvKernels::Rows { kernel, bins, long } => (kernel, bins, long),
         };
         let mut params = SpmvParams {
@@ -593,16 +685,21 @@ mod tests {
     #[test]
     fn autotune_candidates_are_the_rules_their_neighbours_and_binned() {
         // mean 16 -> 8 lanes by the rules (neither scattered nor nearly consecutive columns)
-        let c = spmv_candidates(&[16; 100], 0.5);
+        let c = spmv_candidates(&[16; 100], 0.5, 100, DType::F32);
         assert_eq!(c[0], SpmvTuning::default());
         assert_eq!(c[1].lanes, Some(4));
         assert_eq!(c[2].lanes, Some(16));
         assert!(c[3].binned);
         assert_eq!(c.len(), 4);
         // 1 lane by the rules: no half; 32 lanes: no double
-        assert_eq!(spmv_candidates(&[1; 10], 1.0).len(), 3);
-        assert_eq!(spmv_candidates(&vec![200; FEW_ROWS], 1.0).len(), 3);
-        assert!(spmv_candidates(&[], 1.0).len() >= 2);
+        assert_eq!(spmv_candidates(&[1; 10], 1.0, 10, DType::F32).len(), 3);
+        assert_eq!(spmv_candidates(&vec![200; FEW_ROWS], 1.0, 1000, DType::F32).len(), 3);
+        assert!(spmv_candidates(&[], 1.0, 0, DType::F32).len() >= 2);
+        // a wide matrix (the rules take panels): the row kernel at the rules' lanes second
+        let wide = spmv_candidates(&[900; 6000], 0.1, 300_000, DType::F32);
+        assert_eq!(wide[0], SpmvTuning::default());
+        assert_eq!(wide[1].panel_width, Some(0));
+        assert_eq!(wide.len(), 5);
     }
 
     #[test]
@@ -661,6 +758,7 @@ mod tests {
             long_threshold: Some(5),
             binned: false,
             merge_path: false,
+            panel_width: None,
         };
         assert_eq!(choose_shape(&l, &forced), (32, 5));
         // empty matrix

@@ -72,23 +72,6 @@ struct SpmvParams {
 
 namespace {
 
-/// The lanes of this thread's group of kWidth (a power of two <= 32, aligned in its warp): the
-/// only lanes its shuffles name, so groups that returned early are never waited for.
-template <int kWidth>
-TS_DEVICE unsigned int group_mask() {
-  if constexpr (kWidth >= 32) return 0xffffffffu;
-  else return ((1u << kWidth) - 1u) << ((threadIdx.x % 32) & ~(kWidth - 1));
-}
-
-/// Sum over the kWidth lanes of a group (every lane gets it), butterfly order.
-template <int kWidth>
-TS_DEVICE Acc group_sum(Acc v) {
-  const unsigned int mask = group_mask<kWidth>();
-#pragma unroll
-  for (int m = kWidth / 2; m > 0; m /= 2) v += __shfl_xor_sync(mask, v, m);
-  return v;
-}
-
 /// The dot product of row entries [begin, end) with x, lane `lane` of a group of `kWidth`,
 /// two nonzeros per step for loads in flight (two accumulators, added at the end: a fixed order).
 template <int kWidth>

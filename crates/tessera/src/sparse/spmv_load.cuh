@@ -1,14 +1,34 @@
-// tessera/spmv_load.cuh: the memory helpers of the CSR SpMV kernels (spmv_csr.cu, spmv_merge.cu).
+// tessera/spmv_load.cuh: the lane-group and memory helpers of the CSR SpMV kernels
+// (spmv_csr.cu, spmv_merge.cu, spmv_panels.cu).
 //
-// Defines: load_stream(p) (a read-once load of an index or value, evict-first), load_x<Acc>(x,
-//          col) (a gathered x element through the read-only path, converted to the accumulate
-//          type), store_y(y, row, sum, alpha, beta) (y[row] = alpha * sum + beta * y[row], y
-//          not read when beta == 0), skip_requested(skip) (the product's skip flag is set).
-//          Generic in the value, index and accumulate types, so it needs no kernel preamble.
+// Defines: group_mask<kWidth>() and group_sum<kWidth>(v) (a group of kWidth lanes per row: its
+//          shuffle mask, its butterfly sum), load_stream(p) (a read-once load of an index or
+//          value, evict-first), load_x<Acc>(x, col) (a gathered x element through the read-only
+//          path, converted to the accumulate type), store_y(y, row, sum, alpha, beta) (y[row] =
+//          alpha * sum + beta * y[row], y not read when beta == 0), skip_requested(skip) (the
+//          product's skip flag is set). Generic in the value, index and accumulate types, so it
+//          needs no kernel preamble.
 #pragma once
 #include "tessera/dtype.cuh"
 
 namespace {
+
+/// The lanes of this thread's group of kWidth (a power of two <= 32, aligned in its warp): the
+/// only lanes its shuffles name, so groups that returned early are never waited for.
+template <int kWidth>
+TS_DEVICE unsigned int group_mask() {
+  if constexpr (kWidth >= 32) return 0xffffffffu;
+  else return ((1u << kWidth) - 1u) << ((threadIdx.x % 32) & ~(kWidth - 1));
+}
+
+/// Sum over the kWidth lanes of a group (every lane gets it), butterfly order: a fixed order.
+template <int kWidth, class A>
+TS_DEVICE A group_sum(A v) {
+  const unsigned int mask = group_mask<kWidth>();
+#pragma unroll
+  for (int m = kWidth / 2; m > 0; m /= 2) v += __shfl_xor_sync(mask, v, m);
+  return v;
+}
 
 /// A streaming (read-once) load: evict-first in L1 and L2.
 template <class T>

@@ -1,7 +1,7 @@
 //! `tessera verify sparse`: SpMV, SpMM and A^T x without a copy on the GPU against the f64 reference, on fresh random matrices
 //! of every structure class (uniform, banded, power-law rows, empty rows, one dense row, a few
 //! very long rows, tall least-squares; 1 x n, n x 1, nnz = 0), every value dtype, both index
-//! types, several (alpha, beta) pairs and forced kernel shapes (lanes, binned, merge path). Each case also runs twice and
+//! types, several (alpha, beta) pairs and forced kernel shapes (lanes, binned, merge path, column panels). Each case also runs twice and
 //! checks the two results are bitwise equal (the kernels are deterministic), and with beta = 0
 //! starts from a NaN-filled y (which must not be read).
 
@@ -14,6 +14,7 @@ use super::index::SparseIndex;
 use super::reference;
 use super::spmm::SpmmPlan;
 use super::spmv::{SkipIf, SpmvOptions, SpmvPlan, SpmvTuning};
+use super::spmv_panels::panels_host;
 use super::spmv_transposed::SpmvTransposedPlan;
 use crate::check::{compare, to_f64_vec};
 use crate::dtype::{DType, Element};
@@ -58,6 +59,9 @@ impl Case {
         if self.tuning.merge_path {
             s.push_str(" merge-path");
         }
+        if let Some(w) = self.tuning.panel_width {
+            s.push_str(&format!(" panels {w}"));
+        }
         s
     }
     pub fn params(&self) -> Value {
@@ -67,6 +71,7 @@ impl Case {
             "alpha": self.alpha, "beta": self.beta,
             "lanes": self.tuning.lanes, "long_threshold": self.tuning.long_threshold,
             "binned": self.tuning.binned, "merge_path": self.tuning.merge_path,
+            "panel_width": self.tuning.panel_width,
         })
     }
 }
@@ -151,6 +156,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 long_threshold: None,
                 binned: false,
                 merge_path: false,
+                panel_width: None,
             },
         });
     }
@@ -173,6 +179,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                     long_threshold: None,
                     binned: true,
                     merge_path: false,
+                    panel_width: None,
                 },
             });
         }
@@ -191,8 +198,58 @@ pub fn cases(quick: bool) -> Vec<Case> {
             long_threshold: Some(0),
             binned: false,
             merge_path: false,
+            panel_width: None,
         },
     });
+    // column panels (forced widths): 37 columns (hundreds of panels, most panel rows empty,
+    // unaligned staging of x), 1000, 8192 (one panel where the matrix is narrower); every value
+    // dtype, both index types, every (alpha, beta) pair; and 65536-column panels of halves (the
+    // widest: two panels of 70001 columns, columns up to 65535, 128 KiB of shared memory, rows
+    // of 50000 split across the panels). The rules' own choice of panels is covered by the
+    // default cases above (one dense row of 60001 columns: five fp32 panels, three f16/bf16).
+    let panel_shapes = [
+        shapes[0], shapes[4], shapes[6], shapes[3], shapes[7], shapes[9], shapes[10],
+    ];
+    for (i, &(class, rows, cols)) in panel_shapes.iter().enumerate() {
+        if quick && i % 2 != 0 {
+            continue;
+        }
+        for (j, width) in [37usize, 1000, 8192].into_iter().enumerate() {
+            let value = [DType::F32, DType::F64, DType::F16, DType::BF16][(i + j) % 4];
+            let (alpha, beta) = ab[(i + 2 * j) % ab.len()];
+            out.push(Case {
+                class,
+                rows,
+                cols,
+                value,
+                index: if (i / 2 + j) % 2 == 0 { DType::I32 } else { DType::I64 },
+                alpha,
+                beta,
+                tuning: SpmvTuning {
+                    panel_width: Some(width),
+                    ..SpmvTuning::default()
+                },
+            });
+        }
+    }
+    if !quick {
+        let (class, rows, cols) = shapes[5];
+        for value in [DType::F16, DType::BF16] {
+            out.push(Case {
+                class,
+                rows,
+                cols,
+                value,
+                index: DType::I32,
+                alpha: 1.0,
+                beta: 0.0,
+                tuning: SpmvTuning {
+                    panel_width: Some(65536),
+                    ..SpmvTuning::default()
+                },
+            });
+        }
+    }
     // the merge path (opt-in) on every shape class, every value dtype, both index types and
     // every (alpha, beta) pair; plus rows of 4000 (each spans CTAs of 1792 items, back to back:
     // a CTA ends one row and carries the next) and a row of 60000 (one dense row, ~34 CTAs)
@@ -306,7 +363,41 @@ fn run<T: Element, I: SparseIndex>(ctx: &Context, case: &Case, seed: u64) -> Res
         outcome.passed = false;
         outcome.note = Some(outcome.note.map_or(n.to_string(), |o| format!("{o}; {n}")));
     }
+    // column panels: the device layout equals the host's, array for array, bit for bit
+    if let Some(note) = panel_layout_note(&plan, &host, case.tuning.panel_width)? {
+        outcome.passed = false;
+        outcome.note = Some(outcome.note.map_or(note.clone(), |o| format!("{o}; {note}")));
+    }
     Ok(outcome)
+}
+
+/// What differs between the plan's column-panel layout (if it has one) and
+/// [`panels_host`] of the same matrix; `None` when they agree or the plan has no panels.
+fn panel_layout_note<T: Element, I: SparseIndex>(
+    plan: &SpmvPlan,
+    host: &super::host::CsrHost<T, I>,
+    forced_width: Option<usize>,
+) -> Result<Option<String>> {
+    let Some((panels, offsets, columns, values)) = plan.panel_layout::<T, I>()? else {
+        return Ok(None);
+    };
+    let width = forced_width
+        .filter(|&w| w > 0)
+        .unwrap_or_else(|| super::spmv_panels::default_panel_width(T::DTYPE));
+    let (want_panels, want_offsets, want_columns, want_values) = panels_host(host, width);
+    let bits = |v: &[T]| v.iter().map(|e| e.to_f64().to_bits()).collect::<Vec<_>>();
+    let note = if panels != want_panels {
+        Some(format!("panel layout: {panels} panels, the host's {want_panels}"))
+    } else if offsets.is_some_and(|o| o.iter().map(|v| v.to_usize()).collect::<Vec<_>>() != want_offsets) {
+        Some("panel layout: offsets differ from the host's".to_string())
+    } else if columns != want_columns {
+        Some("panel layout: columns differ from the host's".to_string())
+    } else if values.is_some_and(|v| bits(&v) != bits(&want_values)) {
+        Some("panel layout: values differ from the host's".to_string())
+    } else {
+        None
+    };
+    Ok(note)
 }
 
 /// One SpMM verification case: `C = alpha A B + beta C`, B and C packed in `layout`.
