@@ -42,6 +42,14 @@ const MIN_PANEL_ROWS: usize = 1 << 14;
 /// CTAs of the panel kernel per SM, at most: each stages its panel of x, so more CTAs read x
 /// more often; four give one wave of 1024 threads per SM.
 const CTAS_PER_SM: usize = 4;
+/// Waves of panel CTAs: two waves (each CTA half the rows of one) beat one wave and four on the
+/// H100 (the wide transposes, side by side: `sparse/NOTES.md`); the second wave's CTAs start as
+/// the first's finish, so no SM idles on a panel's long tail.
+const WAVES: usize = 2;
+/// Panels the rules ask for at least: with x spread over this many panels the row kernels'
+/// gathers miss L1 on nearly every nonzero. Fewer panels (x a few MiB or less) the row kernels
+/// served from L1/L2 faster on every matrix measured.
+const MIN_PANELS: usize = 64;
 
 /// Columns per panel of the default layout for values of `value`: [`PANEL_SMEM_BYTES`] of x.
 pub fn default_panel_width(value: DType) -> usize {
@@ -49,8 +57,8 @@ pub fn default_panel_width(value: DType) -> usize {
 }
 
 /// Whether the rules run a `rows x cols` matrix of `nnz` nonzeros and `value` entries as column
-/// panels of the default width: more than one panel (x larger than a CTA's share of shared
-/// memory; with fewer columns x stays in L1 and the row kernel gathers from there), at least
+/// panels of the default width: at least [`MIN_PANELS`] panels (x far larger than a CTA's share
+/// of shared memory; with fewer columns the row kernels gather x from L1 and L2), at least
 /// [`MIN_NNZ_PER_PANEL_ROW`] nonzeros per panel row on average (rows that reach across many
 /// panels: the transposes of tall least-squares matrices, tomography), and at least
 /// [`MIN_PANEL_ROWS`] panel rows. Square matrices of scattered columns have far fewer nonzeros
@@ -58,7 +66,7 @@ pub fn default_panel_width(value: DType) -> usize {
 pub fn panels_pay(rows: usize, cols: usize, nnz: usize, value: DType) -> bool {
     let panels = cols.div_ceil(default_panel_width(value));
     let panel_rows = panels.saturating_mul(rows);
-    panels > 1 && panel_rows >= MIN_PANEL_ROWS && nnz >= MIN_NNZ_PER_PANEL_ROW.saturating_mul(panel_rows)
+    panels >= MIN_PANELS && panel_rows >= MIN_PANEL_ROWS && nnz >= MIN_NNZ_PER_PANEL_ROW.saturating_mul(panel_rows)
 }
 
 /// A panel kernel variant: its specialisation constants.
@@ -222,14 +230,14 @@ impl PanelPath {
         let arrays = super::convert::panels(a, width)?;
         let (rows, nnz, panels) = (a.rows(), a.nnz(), arrays.panels);
         let lanes = panel_lanes(rows, nnz, panels);
-        // one wave: CTAS_PER_SM per SM (fewer when their shared memory does not fit), split
+        // WAVES waves of CTAS_PER_SM per SM (fewer when their shared memory does not fit), split
         // over the panels in chunks of rows
         let per_sm = (info.max_shared_per_sm as usize / (shared + 1024).max(1)).clamp(1, CTAS_PER_SM);
         let target = std::env::var("TESSERA_SPMV_PANEL_CTAS")
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             .filter(|&n| n > 0)
-            .unwrap_or(info.sm_count as usize * per_sm);
+            .unwrap_or(info.sm_count as usize * per_sm * WAVES);
         let step = (BLOCK_THREADS / lanes) as usize;
         let chunks = target.div_ceil(panels).clamp(1, rows.div_ceil(step).max(1));
         let rows_per_cta = rows.div_ceil(chunks).max(1);
@@ -384,9 +392,13 @@ mod tests {
 
     #[test]
     fn panels_pay_on_wide_matrices_only() {
-        // the 8kv least-squares matrix's transpose: 25 fp32 panels of 12288, ~36 per panel row
-        assert!(panels_pay(6177, 306_136, 5_510_448, DType::F32));
+        // the 11kv least-squares matrix's transpose: 77 fp32 panels of 12288
         assert!(panels_pay(23_394, 936_063, 19_657_323, DType::F32));
+        // the 8kv one's: 25 panels, x (1.2 MB) served from L2 by the row kernels
+        assert!(!panels_pay(6177, 306_136, 5_510_448, DType::F32));
+        // tomography 256 (6 panels) and the 11kv matrix itself (2 panels)
+        assert!(!panels_pay(65_340, 65_536, 3_000_000, DType::F32));
+        assert!(!panels_pay(936_063, 23_394, 19_657_323, DType::F32));
         // the matrix itself: one panel (x stays in L1)
         assert!(!panels_pay(306_136, 6177, 5_510_448, DType::F32));
         // square scattered matrices: far below 4 per panel row
