@@ -58,14 +58,15 @@ pub(crate) fn tolerance(name: &str) -> Tol {
             conda: 10.0,
         },
         // At the machine-precision stop the smallest |rbar| that conda divides by is itself
-        // rounding noise: SciPy's spread is 3.4, and the GPU's estimate was 20x the CPU
-        // reference's and 10x SciPy's on an H100 (with x within 3e-11), so the ratio allowed is
-        // 100; cond(A) ~ 1e9, which every one of these estimates underestimates.
+        // rounding noise: SciPy's spread is 3.4, and on an H100 the GPU's estimate moved from
+        // 20x the CPU reference's to just over 100x when the SpMV's summation order changed
+        // (x within 1e-11 both times), so the ratio allowed is 1000; cond(A) ~ 1e9, which
+        // every one of these estimates underestimates.
         "ill_conditioned_machine" => Tol {
             x: 1e-8,
             est: 1e-1,
             floor: 1e-8,
-            conda: 100.0,
+            conda: 1000.0,
         },
         // Vandermonde with cond ~ 1e7 stopped after 4 iterations: spread 2.3e-7 on x. (We
         // match SciPy bit for bit here today; the tolerance is for the class.)

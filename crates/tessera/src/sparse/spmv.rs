@@ -696,7 +696,7 @@ mod tests {
         assert_eq!(spmv_candidates(&vec![200; FEW_ROWS], 1.0, 1000, DType::F32).len(), 3);
         assert!(spmv_candidates(&[], 1.0, 0, DType::F32).len() >= 2);
         // a wide matrix (the rules take panels): the row kernel at the rules' lanes second
-        let wide = spmv_candidates(&[900; 6000], 0.1, 300_000, DType::F32);
+        let wide = spmv_candidates(&[900; 6000], 0.1, 800_000, DType::F32);
         assert_eq!(wide[0], SpmvTuning::default());
         assert_eq!(wide[1].panel_width, Some(0));
         assert_eq!(wide.len(), 5);
