@@ -11,8 +11,8 @@
 //! [`SEGMENT_NNZ`] nonzeros, one CTA each. Both kernels are deterministic: every row is summed
 //! in one fixed order, so repeated calls give bitwise identical y.
 //!
-//! Wide matrices (more than one panel of x and at least four nonzeros per panel row on average,
-//! [`panels_pay`]: the transposes of tall least-squares and tomography matrices) take the
+//! Wide matrices (at least 64 panels of x and four nonzeros per panel row on average,
+//! [`panels_pay`]: the transposes of the widest tall least-squares matrices) take the
 //! column-panel kernels instead ([`spmv_panels`](super::spmv_panels)): x staged a panel at a
 //! time in shared memory, 16-bit columns, the panels' partial rows summed in panel order.
 //!

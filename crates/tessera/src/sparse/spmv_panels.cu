@@ -33,8 +33,9 @@
 // (the row kernel moves nnz * (sizeof(Val) + sizeof(Idx)) and gathers one 32-byte L2 sector of x
 // per nonzero when x is larger than L1 and its columns are scattered), plus panels * rows *
 // sizeof(Idx) of offsets, panels * rows * 2 sizeof(Acc) of partials, and x read once per chunk
-// from L2. It pays when the panels' rows hold several entries each: wide matrices (A^T of a tall
-// least-squares matrix) and matrices of few columns (one panel).
+// from L2. It pays when x is spread over many panels whose rows hold several entries each (A^T of
+// a wide tall least-squares matrix); with a few panels x stays in L1/L2 and the row kernels win
+// (spmv_panels.rs, panels_pay).
 #include "tessera/dtype.cuh"
 #include "tessera/spmv_load.cuh"
 
