@@ -203,7 +203,8 @@ pub const TOMO_LARGE: ParallelBeam = ParallelBeam {
 /// `TESSERA_SPMV_PANEL_CTAS`, the column-panel kernel's CTAs, read by `spmv_panels`): `TESSERA_SPMV_LANES=1..32` forces
 /// the lanes per row, `TESSERA_SPMV_LONG=N` the long-row threshold, `TESSERA_SPMV_BINNED=1` the
 /// binned kernel, `TESSERA_SPMV_MERGE=1` the merge path (alone), `TESSERA_SPMV_PANELS=W` column
-/// panels of W columns (0: never; alone).
+/// panels of W columns (0: never; alone), `TESSERA_SPMV_COMPACT=1|0` 16-bit columns in the row
+/// kernels always (an error on matrices of more than 65536 columns) or never.
 pub fn tuning_from_env() -> SpmvTuning {
     let num = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<usize>().ok());
     let on = |k: &str| std::env::var(k).is_ok_and(|v| v.trim() == "1");
@@ -213,6 +214,7 @@ pub fn tuning_from_env() -> SpmvTuning {
         binned: on("TESSERA_SPMV_BINNED"),
         merge_path: on("TESSERA_SPMV_MERGE"),
         panel_width: num("TESSERA_SPMV_PANELS"),
+        compact_columns: num("TESSERA_SPMV_COMPACT").map(|v| v != 0),
     }
 }
 

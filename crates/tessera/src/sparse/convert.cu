@@ -36,7 +36,9 @@
 //                       in its block's b x b row-major values (zeroed first)  (TS_CONV_VALUES)
 //   conv_panel_keys     each nonzero's column panel (the sort key) and panel row (counted into
 //                       the panels' offsets), for the column panels of spmv_panels.cu.
-//   conv_panel_columns  each entry's column within its panel, 16 bits, in panel order.
+//   conv_panel_columns  each entry's column within its panel, 16 bits, in panel order; with
+//                       no permutation and no panel keys, the matrix's columns narrowed to 16
+//                       bits (the compact columns of spmv_csr.cu, cols <= 65536).
 //   conv_bell_fill      BSR block s (of block row keys_in[s]) copied to Blocked-ELL slot
 //                       br * width + (s - offsets[br]), values and block column; one thread
 //                       per value                                      (TS_CONV_VALUES only)

@@ -2,7 +2,9 @@
 //! ([`ConversionReport`]): the CSR of the transpose ([`CsrMatrix::transpose`], cached by
 //! [`CsrMatrix::transposed`]), COO -> CSR ([`CooMatrix`], [`CsrMatrix::from_coo`]), CSR -> BSR
 //! ([`CsrMatrix::to_bsr`], cached by [`CsrMatrix::bsr`]) and BSR -> Blocked-ELL
-//! ([`BsrMatrix::to_blocked_ell`](super::BsrMatrix::to_blocked_ell)).
+//! ([`BsrMatrix::to_blocked_ell`](super::BsrMatrix::to_blocked_ell)); for the SpMV, the column
+//! panels of `spmv_panels` and the 16-bit columns of `spmv_compact` (cached by
+//! [`CsrMatrix::compact_columns`]).
 //!
 //! CSR -> BSR sorts the entries stably by column, then by block row (so by block row, column,
 //! input position), marks where a new block starts, scans the marks into block slots, and
@@ -31,6 +33,7 @@ use super::descriptor::SparseDescriptor;
 use super::device::{upload_nonempty, CsrMatrix, VALUE_DTYPES};
 use super::host::{check_sizes, check_triplet_indices, check_triplet_lengths, duplicate_error, CooHost, Duplicates};
 use super::index::SparseIndex;
+use super::spmv_compact::{check_compact_cols, CompactColumns};
 use super::spmv_panels::{PanelArrays, MAX_PANELS, MAX_PANEL_WIDTH};
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -422,6 +425,27 @@ impl<T: Element, I: SparseIndex> Converter<T, I> {
         Ok(row_of)
     }
 
+    /// `columns[k]` = column `k` of `a` as 16 bits (little-endian), for every nonzero; the
+    /// caller checked that `a` has at most 65536 columns and that `columns` holds `2 nnz` bytes.
+    fn narrow_columns(&self, a: &CsrMatrix<T, I>, columns: &DeviceBuffer<u8>) -> Result<()> {
+        let nnz = a.nnz();
+        assert!(columns.len() >= 2 * nnz, "narrow_columns: 2 bytes per nonzero");
+        if nnz == 0 {
+            return Ok(());
+        }
+        // the panel-column kernel with one panel (no permutation, no panel keys): indices[k] - 0
+        let p = ConvParams {
+            indices: a.indices.device_ptr(),
+            values_out: columns.device_ptr(),
+            width: MAX_PANEL_WIDTH as i64,
+            n: nnz as i64,
+            ..Default::default()
+        };
+        // SAFETY: indices holds nnz entries, each in 0..cols <= 65536 (validated on construction;
+        // the caller's check), so each fits 16 bits; columns holds 2 nnz bytes (asserted).
+        unsafe { self.launch(Entry::PanelColumns, grid_for(nnz), &p) }
+    }
+
     /// CSR offsets (`dim + 1`) from `n` row keys (each below `dim`): histogram, then scan.
     fn offsets_of(&self, keys: &DeviceBuffer<I>, n: usize, dim: usize) -> Result<DeviceBuffer<I>> {
         let mut offsets = self.ctx.alloc::<I>(dim + 1)?;
@@ -571,18 +595,8 @@ pub(crate) fn panels<T: Element, I: SparseIndex>(a: &CsrMatrix<T, I>, width: usi
     let columns = ctx.alloc::<u8>(2 * nnz.max(1))?;
     let idx = std::mem::size_of::<I>();
     let (offsets, values, scratch) = if panels == 1 {
-        if nnz > 0 {
-            let p = ConvParams {
-                indices: a.indices.device_ptr(),
-                values_out: columns.device_ptr(),
-                width: width as i64,
-                n: nnz as i64,
-                ..Default::default()
-            };
-            // SAFETY: indices holds nnz entries, each in 0..cols <= width (one panel), so each
-            // fits 16 bits; columns holds 2 nnz bytes.
-            unsafe { conv.launch(Entry::PanelColumns, grid_for(nnz), &p)? };
-        }
+        // one panel: every column is in 0..cols <= width <= 65536 (or there are none)
+        conv.narrow_columns(a, &columns)?;
         (None, None, 0)
     } else {
         let row_of = conv.rows_of(a)?;
@@ -650,6 +664,28 @@ pub(crate) fn panels<T: Element, I: SparseIndex>(a: &CsrMatrix<T, I>, width: usi
             scratch_bytes: scratch,
         },
     })
+}
+
+/// The column indices of `a` narrowed to 16 bits for the SpMV row kernels (see
+/// [`spmv_compact`](super::spmv_compact)); `a` must have at most 65536 columns (else an
+/// `InvalidArgument` error). Reported as `"csr -> 16-bit columns"`: 2 bytes per nonzero kept,
+/// no scratch.
+pub(crate) fn compact_columns<T: Element, I: SparseIndex>(a: &CsrMatrix<T, I>) -> Result<CompactColumns> {
+    check_compact_cols(a.cols())?;
+    let conv = Converter::<T, I>::new(a.context())?;
+    let ctx = a.context();
+    ctx.synchronize()?;
+    let start = Instant::now();
+    let columns = ctx.alloc::<u8>(2 * a.nnz().max(1))?;
+    conv.narrow_columns(a, &columns)?;
+    ctx.synchronize()?;
+    let report = ConversionReport {
+        what: "csr -> 16-bit columns",
+        elapsed: start.elapsed(),
+        bytes: columns.bytes(),
+        scratch_bytes: 0,
+    };
+    Ok(CompactColumns::new(columns, a.nnz(), a.pattern(), report))
 }
 
 /// A sparse matrix as (row, column, value) triplets in device memory, in any order, duplicates

@@ -16,6 +16,7 @@ use super::host::{CsrHost, DenseLayout, Duplicates};
 use super::index::SparseIndex;
 use super::spmm::SpmmPlan;
 use super::spmv::{choose_shape, spmv_candidates, SkipIf, SpmvOptions, SpmvPlan, SpmvTuning};
+use super::spmv_compact::CompactColumns;
 use super::spmv_transposed::SpmvTransposedPlan;
 use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
@@ -39,6 +40,10 @@ pub struct CsrMatrix<T: Element, I: SparseIndex> {
     /// the entries (column panels) check they run on the matrix, and the values, they were made
     /// from.
     identity: u64,
+    /// Unique in the process for this matrix's sparsity pattern (offsets and indices), which
+    /// nothing changes after construction: `update_values` keeps it. What the 16-bit columns
+    /// were made from.
+    pattern: u64,
     /// How this matrix was made on the device, if it was converted there.
     conversion: Option<ConversionReport>,
     spmv_plan: Mutex<Option<Arc<SpmvPlan>>>,
@@ -50,6 +55,9 @@ pub struct CsrMatrix<T: Element, I: SparseIndex> {
     bsr: Mutex<HashMap<usize, Arc<BsrMatrix<T, I>>>>,
     /// Blocked-ELL forms by block size, made on first use by [`blocked_ell`](Self::blocked_ell).
     bell: Mutex<HashMap<usize, Arc<BellMatrix<T, I>>>>,
+    /// The column indices narrowed to 16 bits, made on first use by
+    /// [`compact_columns`](Self::compact_columns) (pattern only: kept by `update_values`).
+    compact_columns: Mutex<Option<Arc<CompactColumns>>>,
 }
 
 impl<T: Element, I: SparseIndex> std::fmt::Debug for CsrMatrix<T, I> {
@@ -124,6 +132,7 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
             descriptor,
             version: 0,
             identity: next_identity(),
+            pattern: next_identity(),
             conversion,
             spmv_plan: Mutex::new(None),
             spmm_plans: Mutex::new(HashMap::new()),
@@ -131,6 +140,7 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
             transposed: Mutex::new(None),
             bsr: Mutex::new(HashMap::new()),
             bell: Mutex::new(HashMap::new()),
+            compact_columns: Mutex::new(None),
         }
     }
 
@@ -207,6 +217,23 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
         Ok(m)
     }
 
+    /// The column indices narrowed to 16 bits (see [`spmv_compact`](super::spmv_compact)): what
+    /// the SpMV row kernels read where the rules or
+    /// [`SpmvTuning::compact_columns`](super::SpmvTuning::compact_columns) take them. Made on the
+    /// device on first use and cached on the matrix (2 bytes per nonzero; the cost is in its
+    /// [`report`](CompactColumns::report)); they depend on the pattern only, so
+    /// [`update_values`](Self::update_values) keeps them. A matrix of more than 65536 columns
+    /// is an `InvalidArgument` error.
+    pub fn compact_columns(&self) -> Result<Arc<CompactColumns>> {
+        let mut slot = self.compact_columns.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = slot.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(convert::compact_columns(self)?);
+        *slot = Some(c.clone());
+        Ok(c)
+    }
+
     /// What converting to this matrix on the device cost (`None` for an upload from the host).
     pub fn conversion(&self) -> Option<&ConversionReport> {
         self.conversion.as_ref()
@@ -223,9 +250,16 @@ impl<T: Element, I: SparseIndex> CsrMatrix<T, I> {
         self.identity
     }
 
+    /// Unique in the process for this matrix's sparsity pattern (see `pattern`).
+    pub(crate) fn pattern(&self) -> u64 {
+        self.pattern
+    }
+
     /// Replaces the values in place (same pattern: `values` has one entry per stored nonzero, in
     /// stored order), bumps [`version`](Self::version) and drops every cached plan and
-    /// conversion (the next use makes them again from the new values).
+    /// conversion that holds values (the next use makes them again from the new values). The
+    /// 16-bit columns ([`compact_columns`](Self::compact_columns)) hold no values and the
+    /// offsets and indices never change, so they are kept.
     pub fn update_values(&mut self, values: &[T]) -> Result<()> {
         if values.len() != self.nnz() {
             return Err(Error::invalid(

@@ -16,6 +16,13 @@
 //! column-panel kernels instead ([`spmv_panels`](super::spmv_panels)): x staged a panel at a
 //! time in shared memory, 16-bit columns, the panels' partial rows summed in panel order.
 //!
+//! Matrices of at most 65536 columns and at least
+//! [`COMPACT_MIN_NNZ`](super::spmv_compact::COMPACT_MIN_NNZ) nonzeros ([`compact_columns_pay`]:
+//! the tall least-squares matrices, 256^2 tomography and its transpose) give the row kernels
+//! their columns narrowed to 16 bits ([`spmv_compact`](super::spmv_compact),
+//! [`SpmvTuning::compact_columns`]): 2 bytes per nonzero less to stream, from a copy made once
+//! and cached on the matrix.
+//!
 //! Opt-in ([`SpmvTuning::merge_path`]): the merge-path kernels (`spmv_merge.cu`,
 //! [`spmv_merge`](super::spmv_merge)), nonzeros and row ends balanced across threads whatever the
 //! row lengths, for power-law matrices; deterministic as well.
@@ -24,6 +31,7 @@ use std::sync::Arc;
 
 use super::device::{check_planned, check_spmv_operands, CsrMatrix};
 use super::index::SparseIndex;
+use super::spmv_compact::{compact_columns_choice, compact_columns_pay, CompactColumns};
 use super::spmv_merge::MergePath;
 use super::spmv_panels::{default_panel_width, panels_pay, PanelPath};
 use crate::dtype::{DType, Element};
@@ -82,6 +90,13 @@ pub struct SpmvTuning {
     /// `None` where the rules take them ([`panels_pay`]: wide matrices, with no other knob
     /// set). Takes no `lanes`, `long_threshold`, `binned` or `merge_path`.
     pub panel_width: Option<usize>,
+    /// 16-bit column indices in the row kernels (row, binned and long-row;
+    /// [`spmv_compact`](super::spmv_compact)): `Some(true)` always (an `InvalidArgument` error
+    /// on a matrix of more than 65536 columns, or with `merge_path` or a forced `panel_width`),
+    /// `Some(false)` never, `None` where the rules take them ([`compact_columns_pay`]: at most
+    /// 65536 columns and at least [`COMPACT_MIN_NNZ`](super::spmv_compact::COMPACT_MIN_NNZ)
+    /// nonzeros, on the row kernels only). Combines with `lanes`, `long_threshold` and `binned`.
+    pub compact_columns: Option<bool>,
 }
 
 /// Options of an SpMV plan.
@@ -97,6 +112,8 @@ pub struct SpmvVariant {
     pub index: DType,
     /// Lanes per row (row kernel); 0 for the long-row kernel, [`BINNED`] for the binned one.
     pub lanes: u32,
+    /// Columns read as 16 bits (`TS_SPMV_COMPACT_COLUMNS`) instead of as `index`.
+    pub compact: bool,
 }
 
 /// [`SpmvVariant::lanes`] of the binned kernel.
@@ -125,6 +142,7 @@ impl SpmvVariant {
             .int("kLanes", "l", self.lanes.clamp(1, 32))
             .int("kBlockThreads", "t", BLOCK_THREADS)
             .int("kSegmentNnz", "s", SEGMENT_NNZ as i64)
+            .define("TS_SPMV_COMPACT_COLUMNS", "c16", self.compact)
     }
     pub fn spec(&self) -> KernelSpec {
         let entry = match self.lanes {
@@ -142,7 +160,14 @@ pub fn all_variants() -> Vec<SpmvVariant> {
     for value in super::device::VALUE_DTYPES {
         for index in [DType::I32, DType::I64] {
             for lanes in [0, 1, 2, 4, 8, 16, 32, BINNED] {
-                v.push(SpmvVariant { value, index, lanes });
+                for compact in [false, true] {
+                    v.push(SpmvVariant {
+                        value,
+                        index,
+                        lanes,
+                        compact,
+                    });
+                }
             }
         }
     }
@@ -246,11 +271,13 @@ pub struct SpmvPlan {
 
 /// What an SpMV plan launches.
 enum SpmvKernels {
-    /// The row kernel (or the binned one), then the long-row kernel where rows are long.
+    /// The row kernel (or the binned one), then the long-row kernel where rows are long; with
+    /// `compact`, both read the matrix's 16-bit columns instead of its indices.
     Rows {
         kernel: Arc<Kernel>,
         bins: Option<Bins>,
         long: Option<LongRows>,
+        compact: Option<Arc<CompactColumns>>,
     },
     /// The merge-path kernels (opt-in).
     MergePath(MergePath),
@@ -332,7 +359,8 @@ pub fn choose_spmv_shape(lengths: &[usize], col_locality: f64, tuning: &SpmvTuni
 /// its lanes per row (where they exist), then the binned kernel; at most four, all with the
 /// rules' long-row threshold. Where the rules take column panels ([`panels_pay`], for a matrix
 /// of `cols` columns and `value` entries), the row kernel with the rules' lanes comes second
-/// (five in all).
+/// (five in all); where they take 16-bit columns ([`compact_columns_pay`]), the rules' choice
+/// with the matrix's own indices comes second.
 pub fn spmv_candidates(lengths: &[usize], col_locality: f64, cols: usize, value: DType) -> Vec<SpmvTuning> {
     let (lanes, _) = choose_spmv_shape(lengths, col_locality, &SpmvTuning::default());
     let mut out = vec![SpmvTuning::default()];
@@ -340,6 +368,12 @@ pub fn spmv_candidates(lengths: &[usize], col_locality: f64, cols: usize, value:
     if panels_pay(lengths.len(), cols, nnz, value) {
         out.push(SpmvTuning {
             panel_width: Some(0),
+            ..SpmvTuning::default()
+        });
+    }
+    if compact_columns_pay(cols, nnz) {
+        out.push(SpmvTuning {
+            compact_columns: Some(false),
             ..SpmvTuning::default()
         });
     }
@@ -372,7 +406,14 @@ impl SpmvPlan {
         }
         let ctx = a.context().clone();
         let t = &opts.tuning;
-        let row_knobs = t.lanes.is_some() || t.long_threshold.is_some() || t.binned || t.merge_path;
+        // whether the row kernels (if they run) read 16-bit columns; a forced choice that cannot
+        // hold is an error here, before anything is built
+        let compact = compact_columns_choice(t, a.cols(), a.nnz())?;
+        let row_knobs = t.lanes.is_some()
+            || t.long_threshold.is_some()
+            || t.binned
+            || t.merge_path
+            || t.compact_columns == Some(true);
         let panel_width = match t.panel_width {
             Some(0) => None,
             Some(w) => Some(w),
@@ -424,10 +465,22 @@ impl SpmvPlan {
         }
         let lengths = a.row_lengths();
         let (lanes, long_threshold) = choose_spmv_shape(lengths, a.descriptor().col_locality, &opts.tuning);
+        let compact = if compact {
+            match a.compact_columns() {
+                Ok(c) => Some(c),
+                // the rules' choice falls back to the matrix's own indices (the copy did not
+                // fit); a forced one reports why it cannot run
+                Err(_) if t.compact_columns.is_none() => None,
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
         let variant = SpmvVariant {
             value: T::DTYPE,
             index: I::DTYPE,
             lanes: if opts.tuning.binned { BINNED } else { lanes },
+            compact: compact.is_some(),
         };
         let kernel = ctx.kernel(&variant.spec())?;
         let bins = if opts.tuning.binned {
@@ -485,7 +538,12 @@ impl SpmvPlan {
                 kernel,
             })
         };
-        let kernels = SpmvKernels::Rows { kernel, bins, long };
+        let kernels = SpmvKernels::Rows {
+            kernel,
+            bins,
+            long,
+            compact,
+        };
         Ok(SpmvPlan::of(a, ctx, lanes, long_threshold, kernels))
     }
 
@@ -522,21 +580,30 @@ impl SpmvPlan {
         }
     }
 
-    /// Device bytes the plan keeps beside the matrix on the column-panel path (the layout and
-    /// the partial rows); 0 on the others.
+    /// Device bytes the plan keeps beside the matrix: on the column-panel path the layout and
+    /// the partial rows; with 16-bit columns those columns (cached on the matrix, shared by its
+    /// plans); 0 on the others.
     pub fn extra_bytes(&self) -> usize {
         match &self.kernels {
             SpmvKernels::Panels(p) => p.extra_bytes(),
+            SpmvKernels::Rows { compact: Some(c), .. } => c.bytes(),
             _ => 0,
         }
     }
 
-    /// What converting the matrix to column panels cost (the panel path only).
+    /// What converting the matrix for this plan cost: to column panels (the panel path), or to
+    /// 16-bit columns (made once per matrix: a later plan reports the first conversion).
     pub fn conversion(&self) -> Option<&super::convert::ConversionReport> {
         match &self.kernels {
             SpmvKernels::Panels(p) => Some(p.report()),
+            SpmvKernels::Rows { compact: Some(c), .. } => Some(c.report()),
             _ => None,
         }
+    }
+
+    /// Whether the row kernels read 16-bit columns ([`SpmvTuning::compact_columns`]).
+    pub fn compact_columns(&self) -> bool {
+        matches!(self.kernels, SpmvKernels::Rows { compact: Some(_), .. })
     }
 
     /// Lanes per row of the row kernel (0 on the merge path; per panel row on the panel path).
@@ -554,17 +621,23 @@ impl SpmvPlan {
             _ => (0, 0),
         }
     }
-    /// A short name of the kernels this plan runs (`rows-l8`, `rows-l4+long`, `merge-path`).
+    /// A short name of the kernels this plan runs (`rows-l8`, `rows-l4+long`, `merge-path`;
+    /// `-c16` after the row kernels' name when they read 16-bit columns: `rows-l8-c16+long`).
     pub fn path(&self) -> String {
         match &self.kernels {
             SpmvKernels::MergePath(_) => "merge-path".to_string(),
             SpmvKernels::Panels(p) => p.name(),
-            SpmvKernels::Rows { bins, long, .. } => {
+            SpmvKernels::Rows {
+                bins, long, compact, ..
+            } => {
                 let mut s = if bins.is_some() {
                     "binned".to_string()
                 } else {
                     format!("rows-l{}", self.lanes)
                 };
+                if compact.is_some() {
+                    s.push_str("-c16");
+                }
                 if long.is_some() {
                     s.push_str("+long");
                 }
@@ -609,7 +682,7 @@ impl SpmvPlan {
         if self.rows == 0 {
             return Ok(());
         }
-        let (kernel, bins, long) = match &self.kernels {
+        let (kernel, bins, long, compact) = match &self.kernels {
             // SAFETY: `a` matches the plan (value and index types, shape and nnz: checked above),
             // its offsets were validated on construction (rows + 1 non-decreasing entries ending
             // at nnz, every index in 0..cols; indices and values hold at least one element), x
@@ -617,11 +690,26 @@ impl SpmvPlan {
             SpmvKernels::MergePath(m) => return unsafe { m.launch(&self.ctx, skip, a, alpha, x, beta, y) },
             // SAFETY: as above; the panel layout was made from `a` when the plan was.
             SpmvKernels::Panels(p) => return unsafe { p.launch(&self.ctx, skip, a, alpha, x, beta, y) },
-            SpmvKernels::Rows { kernel, bins, long } => (kernel, bins, long),
+            SpmvKernels::Rows {
+                kernel,
+                bins,
+                long,
+                compact,
+            } => (kernel, bins, long, compact),
         };
+        if let Some(c) = compact {
+            if c.pattern() != a.pattern() {
+                return Err(Error::invalid(
+                    "matrix",
+                    "not the matrix this plan's 16-bit columns were made from (the plan reads a copy of \
+                     its column indices); make a new plan"
+                        .to_string(),
+                ));
+            }
+        }
         let mut params = SpmvParams {
             offsets: a.offsets.device_ptr(),
-            indices: a.indices.device_ptr(),
+            indices: compact.as_ref().map_or(a.indices.device_ptr(), |c| c.device_ptr()),
             values: a.values.device_ptr(),
             x: x.device_ptr(),
             y: y.device_ptr(),
@@ -652,7 +740,9 @@ impl SpmvPlan {
         // SAFETY: the buffers belong to `a`, which matches the plan (checked above): offsets has
         // rows + 1 entries, indices and values its nnz (at least 1 element allocated), every
         // index is in 0..cols (validated on construction) and x has >= cols elements, y >= rows;
-        // each row is written by one lane only. SpmvParams mirrors the kernel's struct.
+        // each row is written by one lane only. With 16-bit columns, indices is the copy made
+        // from `a`'s pattern (checked above): nnz columns of 2 bytes, the same values, and the
+        // kernel was compiled to read 2 bytes a column. SpmvParams mirrors the kernel's struct.
         unsafe { kernel.launch(&self.ctx, LaunchConfig::linear(grid, BLOCK_THREADS, 0), &params)? };
         if let Some(l) = long {
             params.long_rows = l.rows.device_ptr();
@@ -693,13 +783,42 @@ mod tests {
         assert_eq!(c.len(), 4);
         // 1 lane by the rules: no half; 32 lanes: no double
         assert_eq!(spmv_candidates(&[1; 10], 1.0, 10, DType::F32).len(), 3);
-        assert_eq!(spmv_candidates(&vec![200; FEW_ROWS], 1.0, 1000, DType::F32).len(), 3);
+        assert_eq!(spmv_candidates(&vec![200; FEW_ROWS], 1.0, 100_000, DType::F32).len(), 3);
+        // a narrow large matrix (the rules take 16-bit columns): the matrix's own indices second
+        let narrow = spmv_candidates(&vec![200; FEW_ROWS], 1.0, 1000, DType::F32);
+        assert_eq!(narrow[0], SpmvTuning::default());
+        assert_eq!(narrow[1].compact_columns, Some(false));
+        assert_eq!(narrow.len(), 4);
         assert!(spmv_candidates(&[], 1.0, 0, DType::F32).len() >= 2);
         // a wide matrix (the rules take panels): the row kernel at the rules' lanes second
         let wide = spmv_candidates(&[900; 6000], 0.1, 800_000, DType::F32);
         assert_eq!(wide[0], SpmvTuning::default());
         assert_eq!(wide[1].panel_width, Some(0));
         assert_eq!(wide.len(), 5);
+    }
+
+    #[test]
+    fn compact_variants_are_new_and_the_others_unchanged() {
+        let v = all_variants();
+        let mut names: Vec<String> = v.iter().map(|v| v.spec().name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), 4 * 2 * 8 * 2);
+        let plain = SpmvVariant {
+            value: DType::F32,
+            index: DType::I32,
+            lanes: 8,
+            compact: false,
+        };
+        // the existing variants keep their names (and cache keys): no switch in the preamble
+        assert_eq!(plain.spec().name, "spmv_csr_rows_fp32_i32_l8_t256_s4096");
+        assert!(!plain.spec().preamble.contains("TS_SPMV_COMPACT_COLUMNS"));
+        let compact = SpmvVariant { compact: true, ..plain };
+        assert_eq!(compact.spec().name, "spmv_csr_rows_fp32_i32_l8_t256_s4096_c16");
+        assert!(compact.spec().preamble.contains("#define TS_SPMV_COMPACT_COLUMNS 1"));
+        let long = SpmvVariant { lanes: 0, ..compact };
+        assert_eq!(long.spec().entry, "spmv_csr_long_rows");
+        assert!(long.spec().name.ends_with("_c16"));
     }
 
     #[test]
@@ -759,6 +878,7 @@ mod tests {
             binned: false,
             merge_path: false,
             panel_width: None,
+            compact_columns: None,
         };
         assert_eq!(choose_shape(&l, &forced), (32, 5));
         // empty matrix

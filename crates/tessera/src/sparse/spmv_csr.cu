@@ -9,6 +9,11 @@
 //
 // Layout. offsets[rows + 1], indices[nnz] (Idx: int or long long; columns in 0..cols, any
 // order within a row), values[nnz] Val; x[cols], y[rows] contiguous.
+//   Compact columns (TS_SPMV_COMPACT_COLUMNS, the plan's SpmvTuning::compact_columns, cols <=
+//   65536 only): indices points to the matrix's columns narrowed to 16 bits (Col = unsigned
+//   short: a copy made once on the device and cached on the CsrMatrix, sparse/spmv_compact.rs);
+//   offsets stay Idx. Every kernel below reads its columns through Col, so the row, binned and
+//   long-row kernels all have the option; without the switch Col = Idx (unchanged).
 //
 // Work mapping. Two kernels, chosen by the plan (sparse/spmv.rs) from the row lengths:
 //   spmv_csr_rows: a group of kLanes lanes (1..32, a power of two) per row, kBlockThreads / kLanes
@@ -27,9 +32,13 @@
 // Shared memory: kBlockThreads / 32 Acc (long-row kernel only).
 // Not a programmatic dependent launch: measured slower in LSMR's chain (sparse/NOTES.md).
 //
-// Roofline. Memory bound: each nonzero moves sizeof(Val) + sizeof(Idx) bytes once and gathers
+// Roofline. Memory bound: each nonzero moves sizeof(Val) + sizeof(Col) bytes once and gathers
 // one x element (from L2 when x fits there); offsets and y once per row. Index and value loads
 // are streaming (evict-first: read once); x loads go through the read-only path (reused).
+// Bytes per nonzero with int columns / 16-bit columns: fp32 8 / 6 (-25%), fp64 12 / 10 (-17%),
+// fp16 and bf16 6 / 4 (-33%); with long long columns fp32 12 / 6. On matrices whose x stays in
+// L1/L2 (narrow ones: the tall least-squares matrices, 256^2 tomography) the streams are most
+// of the DRAM traffic, so the saving is close to those ratios there (not yet measured).
 #include "tessera/dtype.cuh"
 #include "tessera/spmv_load.cuh"
 
@@ -41,11 +50,17 @@ constexpr int kBlockThreads = 256;
 constexpr int kSegmentNnz = 4096;
 #endif
 
+#ifdef TS_SPMV_COMPACT_COLUMNS
+using Col = unsigned short;  // columns narrowed to 16 bits (cols <= 65536)
+#else
+using Col = Idx;
+#endif
+
 using Acc = ts::conditional_t<ts::is_same_v<Val, double>, double, float>;
 
 struct SpmvParams {
   const Idx* offsets;
-  const Idx* indices;
+  const Col* indices;  // [nnz] columns: Idx, or 16 bits with TS_SPMV_COMPACT_COLUMNS
   const Val* values;
   const Val* x;
   Val* y;
@@ -79,8 +94,8 @@ TS_DEVICE Acc lane_dot(const SpmvParams& p, long long begin, long long end, int 
   Acc a0 = 0, a1 = 0;
   long long j = begin + lane;
   for (; j + kWidth < end; j += 2 * kWidth) {
-    const Idx c0 = load_stream(p.indices + j);
-    const Idx c1 = load_stream(p.indices + j + kWidth);
+    const Col c0 = load_stream(p.indices + j);
+    const Col c1 = load_stream(p.indices + j + kWidth);
     const Val v0 = load_stream(p.values + j);
     const Val v1 = load_stream(p.values + j + kWidth);
     a0 += ts::convert<Acc>(v0) * load_x<Acc>(p.x, c0);

@@ -2,12 +2,12 @@
 // (spmv_csr.cu, spmv_merge.cu, spmv_panels.cu).
 //
 // Defines: group_mask<kWidth>() and group_sum<kWidth>(v) (a group of kWidth lanes per row: its
-//          shuffle mask, its butterfly sum), load_stream(p) (a read-once load of an index or
-//          value, evict-first), load_x<Acc>(x, col) (a gathered x element through the read-only
-//          path, converted to the accumulate type), store_y(y, row, sum, alpha, beta) (y[row] =
-//          alpha * sum + beta * y[row], y not read when beta == 0), skip_requested(skip) (the
-//          product's skip flag is set). Generic in the value, index and accumulate types, so it
-//          needs no kernel preamble.
+//          shuffle mask, its butterfly sum), load_stream(p) (a read-once load of an index of 64,
+//          32 or 16 bits or of a value, evict-first), load_x<Acc>(x, col) (a gathered x element
+//          through the read-only path, converted to the accumulate type), store_y(y, row, sum,
+//          alpha, beta) (y[row] = alpha * sum + beta * y[row], y not read when beta == 0),
+//          skip_requested(skip) (the product's skip flag is set). Generic in the value, index
+//          and accumulate types, so it needs no kernel preamble.
 #pragma once
 #include "tessera/dtype.cuh"
 

@@ -157,6 +157,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                 binned: false,
                 merge_path: false,
                 panel_width: None,
+                compact_columns: None,
             },
         });
     }
@@ -180,6 +181,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
                     binned: true,
                     merge_path: false,
                     panel_width: None,
+                    compact_columns: None,
                 },
             });
         }
@@ -199,6 +201,7 @@ pub fn cases(quick: bool) -> Vec<Case> {
             binned: false,
             merge_path: false,
             panel_width: None,
+            compact_columns: None,
         },
     });
     // column panels (forced widths): 37 columns (hundreds of panels, most panel rows empty,
