@@ -229,6 +229,10 @@ enum PlanChoice {
     MergePath,
     /// Column panels of the default width (impl `tessera-panels`).
     Panels,
+    /// The rules with 16-bit columns forced on (impl `tessera-compact`).
+    Compact,
+    /// The rules with 16-bit columns forced off (impl `tessera-nocompact`).
+    NoCompact,
 }
 
 impl PlanChoice {
@@ -238,6 +242,8 @@ impl PlanChoice {
             PlanChoice::Autotuned => "tessera-autotuned",
             PlanChoice::MergePath => "tessera-merge",
             PlanChoice::Panels => "tessera-panels",
+            PlanChoice::Compact => "tessera-compact",
+            PlanChoice::NoCompact => "tessera-nocompact",
         }
     }
 }
@@ -286,6 +292,30 @@ pub fn bench_panels_case(ctx: &Context, case: &BenchCase, seed: u64, timing: Tim
     })
 }
 
+/// Whether a case gets `tessera-compact` and `tessera-nocompact` rows: its matrix (as
+/// multiplied: transposed or not) has at most 65536 columns, so its column indices fit 16 bits
+/// (the tall least-squares matrices, 256^2 tomography and its transpose).
+pub fn compact_applies(case: &BenchCase) -> bool {
+    let cols = if case.transposed { case.rows } else { case.cols };
+    cols <= super::spmv_compact::MAX_COMPACT_COLS
+}
+
+/// [`bench_case`] with 16-bit columns forced on (`on`, impl `tessera-compact`) or off (impl
+/// `tessera-nocompact`), the rest by the rules: the two sides of `compact_columns_pay`.
+pub fn bench_compact_case(
+    ctx: &Context,
+    (case, on): &(BenchCase, bool),
+    seed: u64,
+    timing: TimingOptions,
+) -> Result<BenchOutcome> {
+    let choice = if *on {
+        PlanChoice::Compact
+    } else {
+        PlanChoice::NoCompact
+    };
+    crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| run::<T>(ctx, case, seed, timing, choice))
+}
+
 fn run<T: Element>(
     ctx: &Context,
     case: &BenchCase,
@@ -314,7 +344,11 @@ fn run<T: Element>(
             let tuning = a.autotune_spmv()?;
             (a.spmv_plan()?, tuning)
         }
-        PlanChoice::Rules | PlanChoice::MergePath | PlanChoice::Panels => {
+        PlanChoice::Rules
+        | PlanChoice::MergePath
+        | PlanChoice::Panels
+        | PlanChoice::Compact
+        | PlanChoice::NoCompact => {
             let tuning = match choice {
                 PlanChoice::MergePath => SpmvTuning {
                     merge_path: true,
@@ -322,6 +356,10 @@ fn run<T: Element>(
                 },
                 PlanChoice::Panels => SpmvTuning {
                     panel_width: Some(super::spmv_panels::default_panel_width(T::DTYPE)),
+                    ..SpmvTuning::default()
+                },
+                PlanChoice::Compact | PlanChoice::NoCompact => SpmvTuning {
+                    compact_columns: Some(choice == PlanChoice::Compact),
                     ..SpmvTuning::default()
                 },
                 _ => tuning_from_env(),
@@ -348,6 +386,9 @@ fn run<T: Element>(
             p["descriptor"] = json!(a.descriptor().to_string());
             p["path"] = json!(plan.path());
             p["tuning"] = json!(format!("{tuning:?}"));
+            // GB/s counts sizeof(index) per nonzero on every row (the useful bytes of the CSR
+            // matrix); the row kernels read 2 per nonzero where this is true
+            p["compact_columns"] = json!(plan.compact_columns());
             if let Some(r) = plan.conversion() {
                 p["build_ms"] = json!(r.elapsed.as_secs_f64() * 1e3);
                 p["build_mib"] = json!(r.bytes as f64 / (1 << 20) as f64);

@@ -104,12 +104,29 @@ impl Operator for Sparse {
                 )
             })
             .collect::<Vec<_>>();
+        // 16-bit columns forced on and off beside the rules' on every SpMV case of at most 65536
+        // columns (the rules take them on the large ones: the two rows bracket that choice)
+        let compact = cases
+            .iter()
+            .filter(|c| bench::compact_applies(c))
+            .flat_map(|c| {
+                [(true, "compact"), (false, "nocompact")].map(|(on, what)| {
+                    BenchJob::new(
+                        format!("{} {what}", c.name()),
+                        None,
+                        (c.clone(), on),
+                        bench::bench_compact_case,
+                    )
+                })
+            })
+            .collect::<Vec<_>>();
         cases
             .into_iter()
             .map(|c| {
                 let baseline = Some((c.name(), c.params()));
                 BenchJob::new(c.name(), baseline, c, bench::bench_case)
             })
+            .chain(compact)
             .chain(autotuned)
             .chain(merge)
             .chain(panels)

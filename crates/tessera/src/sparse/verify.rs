@@ -1,7 +1,8 @@
 //! `tessera verify sparse`: SpMV, SpMM and A^T x without a copy on the GPU against the f64 reference, on fresh random matrices
 //! of every structure class (uniform, banded, power-law rows, empty rows, one dense row, a few
 //! very long rows, tall least-squares; 1 x n, n x 1, nnz = 0), every value dtype, both index
-//! types, several (alpha, beta) pairs and forced kernel shapes (lanes, binned, merge path, column panels). Each case also runs twice and
+//! types, several (alpha, beta) pairs and forced kernel shapes (lanes, binned, merge path, column panels,
+//! 16-bit columns: `--filter compact`). Each case also runs twice and
 //! checks the two results are bitwise equal (the kernels are deterministic), and with beta = 0
 //! starts from a NaN-filled y (which must not be read).
 
@@ -14,6 +15,7 @@ use super::index::SparseIndex;
 use super::reference;
 use super::spmm::SpmmPlan;
 use super::spmv::{SkipIf, SpmvOptions, SpmvPlan, SpmvTuning};
+use super::spmv_compact::{compact_columns_host, MAX_COMPACT_COLS};
 use super::spmv_panels::panels_host;
 use super::spmv_transposed::SpmvTransposedPlan;
 use crate::check::{compare, to_f64_vec};
@@ -62,6 +64,11 @@ impl Case {
         if let Some(w) = self.tuning.panel_width {
             s.push_str(&format!(" panels {w}"));
         }
+        match self.tuning.compact_columns {
+            Some(true) => s.push_str(" compact"),
+            Some(false) => s.push_str(" full-idx"),
+            None => {}
+        }
         s
     }
     pub fn params(&self) -> Value {
@@ -71,7 +78,7 @@ impl Case {
             "alpha": self.alpha, "beta": self.beta,
             "lanes": self.tuning.lanes, "long_threshold": self.tuning.long_threshold,
             "binned": self.tuning.binned, "merge_path": self.tuning.merge_path,
-            "panel_width": self.tuning.panel_width,
+            "panel_width": self.tuning.panel_width, "compact_columns": self.tuning.compact_columns,
         })
     }
 }
@@ -119,23 +126,10 @@ pub fn cases(quick: bool) -> Vec<Case> {
         if quick && i % 3 != 0 {
             continue;
         }
-        for (j, value) in [DType::F32, DType::F64, DType::F16, DType::BF16]
-            .into_iter()
-            .enumerate()
-        {
+        out.extend(per_dtype((class, rows, cols), SpmvTuning::default(), |j| {
             let index = if (i + j) % 2 == 0 { DType::I32 } else { DType::I64 };
-            let (alpha, beta) = ab[(i + j) % ab.len()];
-            out.push(Case {
-                class,
-                rows,
-                cols,
-                value,
-                index,
-                alpha,
-                beta,
-                tuning: SpmvTuning::default(),
-            });
-        }
+            (index, ab[(i + j) % ab.len()])
+        }));
     }
     // forced shapes on two matrices: every lane count, and every row through the long kernel
     let (class, rows, cols) = shapes[2];
@@ -262,27 +256,113 @@ pub fn cases(quick: bool) -> Vec<Case> {
         if quick && i % 3 != 0 {
             continue;
         }
-        for (j, value) in [DType::F32, DType::F64, DType::F16, DType::BF16]
-            .into_iter()
-            .enumerate()
-        {
-            let (alpha, beta) = ab[(i + j + 1) % ab.len()];
-            out.push(Case {
+        let merge = SpmvTuning {
+            merge_path: true,
+            ..SpmvTuning::default()
+        };
+        out.extend(per_dtype((class, rows, cols), merge, |j| {
+            let index = if (i + j) % 2 == 1 { DType::I32 } else { DType::I64 };
+            (index, ab[(i + j + 1) % ab.len()])
+        }));
+    }
+    compact_cases(quick, &shapes, &mut out);
+    out
+}
+
+/// One case of `shape` and `tuning` per value dtype (the `j`-th of fp32, fp64, fp16, bf16), with
+/// the index type and (alpha, beta) pair `pick(j)`.
+fn per_dtype(
+    (class, rows, cols): (MatrixClass, usize, usize),
+    tuning: SpmvTuning,
+    pick: impl Fn(usize) -> (DType, (f64, f64)),
+) -> impl Iterator<Item = Case> {
+    [DType::F32, DType::F64, DType::F16, DType::BF16]
+        .into_iter()
+        .enumerate()
+        .map(move |(j, value)| {
+            let (index, (alpha, beta)) = pick(j);
+            Case {
                 class,
                 rows,
                 cols,
                 value,
-                index: if (i + j) % 2 == 1 { DType::I32 } else { DType::I64 },
+                index,
                 alpha,
                 beta,
-                tuning: SpmvTuning {
-                    merge_path: true,
-                    ..SpmvTuning::default()
-                },
+                tuning,
+            }
+        })
+}
+
+/// 16-bit columns forced on (named `... compact`): every shape of at most 65536 columns among
+/// `shapes` (odd sizes, empty rows, one dense row: the long-row kernel, 1 x n, n x 1, nnz = 0, an
+/// empty matrix), every value dtype, both index types and every (alpha, beta) pair; 65536
+/// columns with column 65535 in the dense row (the boundary, long-row kernel); the binned
+/// kernel, 32 lanes and every row long with them; and 65537 columns, which must be refused.
+fn compact_cases(quick: bool, shapes: &[(MatrixClass, usize, usize)], out: &mut Vec<Case>) {
+    let ab = [(1.0, 0.0), (-0.5, 2.0), (1.5, -1.0)];
+    let forced = |tuning: SpmvTuning| SpmvTuning {
+        compact_columns: Some(true),
+        ..tuning
+    };
+    let dense = MatrixClass::OneDenseRow { per_row: 5 };
+    let mut compact_shapes: Vec<_> = shapes.iter().copied().filter(|s| s.2 <= MAX_COMPACT_COLS).collect();
+    compact_shapes.push((dense, 2003, MAX_COMPACT_COLS));
+    let last = compact_shapes.len() - 1;
+    for (i, &(class, rows, cols)) in compact_shapes.iter().enumerate() {
+        if quick && i % 3 != 0 && i != last {
+            continue;
+        }
+        out.extend(per_dtype((class, rows, cols), forced(SpmvTuning::default()), |j| {
+            let index = if (i + j) % 2 == 0 { DType::I64 } else { DType::I32 };
+            (index, ab[(i + 2 * j) % ab.len()])
+        }));
+    }
+    // other row-kernel shapes with it: power-law rows binned (some long), 32 lanes, every row
+    // through the long-row kernel
+    let power_law = shapes[2];
+    let knobs = [
+        SpmvTuning {
+            binned: true,
+            ..SpmvTuning::default()
+        },
+        SpmvTuning {
+            lanes: Some(32),
+            ..SpmvTuning::default()
+        },
+        SpmvTuning {
+            long_threshold: Some(0),
+            ..SpmvTuning::default()
+        },
+    ];
+    for (k, tuning) in knobs.into_iter().enumerate() {
+        if quick && k != 2 {
+            continue;
+        }
+        for (j, value) in [DType::F32, DType::BF16].into_iter().enumerate() {
+            out.push(Case {
+                class: power_law.0,
+                rows: power_law.1,
+                cols: power_law.2,
+                value,
+                index: if (k + j) % 2 == 0 { DType::I32 } else { DType::I64 },
+                alpha: 1.0,
+                beta: if j == 0 { 0.0 } else { -0.75 },
+                tuning: forced(tuning),
             });
         }
     }
-    out
+    // one column too many for 16 bits: refused
+    out.push(Case {
+        class: dense,
+        rows: 2003,
+        cols: MAX_COMPACT_COLS + 1,
+        value: DType::F32,
+        index: DType::I32,
+        alpha: 1.0,
+        beta: 0.0,
+        tuning: forced(SpmvTuning::default()),
+    });
 }
 
 /// `$run::<T, I>(args)` with `T` the value type of `$value` (any sparse value dtype) and `I`
@@ -306,6 +386,9 @@ pub fn verify_case(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcom
 
 fn run<T: Element, I: SparseIndex>(ctx: &Context, case: &Case, seed: u64) -> Result<VerifyOutcome> {
     let host = try_generate::<T, I>(case.class, case.rows, case.cols, seed)?;
+    if case.tuning.compact_columns == Some(true) && case.cols > MAX_COMPACT_COLS {
+        return compact_refused(ctx, case, &host);
+    }
     let x: Vec<T> = random_vector(case.cols, seed ^ 0x5eed)
         .into_iter()
         .map(T::from_f64)
@@ -327,7 +410,7 @@ fn run<T: Element, I: SparseIndex>(ctx: &Context, case: &Case, seed: u64) -> Res
     };
     reference::spmv(&host, case.alpha, &xf, case.beta, &mut want);
 
-    let a = CsrMatrix::from_host(ctx, &host)?;
+    let mut a = CsrMatrix::from_host(ctx, &host)?;
     let plan = SpmvPlan::new(&a, &SpmvOptions { tuning: case.tuning })?;
     let dx = upload_nonempty(ctx, &x)?;
     let mut dy = upload_nonempty(ctx, &y0)?;
@@ -371,7 +454,98 @@ fn run<T: Element, I: SparseIndex>(ctx: &Context, case: &Case, seed: u64) -> Res
         outcome.passed = false;
         outcome.note = Some(outcome.note.map_or(note.clone(), |o| format!("{o}; {note}")));
     }
+    // 16-bit columns: used when forced, equal to the host's narrowing, kept by update_values
+    if case.tuning.compact_columns == Some(true) {
+        let problems = compact_problems(&mut a, &plan, case, &host, &dx, &y0, &first[..case.rows])?;
+        outcome = super::verify_convert::with_problems(outcome, problems);
+    }
     Ok(outcome)
+}
+
+/// What is wrong with a plan's 16-bit columns (forced on): the plan must read them, its
+/// product `first` must be bitwise the one of the same plan on the matrix's own indices (the
+/// same columns summed in the same order), the copy cached on `a` must equal
+/// [`compact_columns_host`] bit for bit, and after `update_values` (new values, same pattern:
+/// each doubled) the copy must be the same one (not remade) and a new plan's product must match
+/// the f64 reference of the new values.
+#[allow(clippy::too_many_arguments)] // the case's operands and its first result, passed through
+fn compact_problems<T: Element, I: SparseIndex>(
+    a: &mut CsrMatrix<T, I>,
+    plan: &SpmvPlan,
+    case: &Case,
+    host: &super::host::CsrHost<T, I>,
+    dx: &crate::runtime::DeviceBuffer<T>,
+    y0: &[T],
+    first: &[T],
+) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    if !plan.compact_columns() {
+        problems.push(format!("16-bit columns forced, the plan runs {}", plan.path()));
+    }
+    let full = SpmvTuning {
+        compact_columns: Some(false),
+        ..case.tuning
+    };
+    let full = SpmvPlan::new(a, &SpmvOptions { tuning: full })?;
+    let mut dy = upload_nonempty(a.context(), y0)?;
+    full.run(a, case.alpha, dx, case.beta, &mut dy)?;
+    let bits = |v: &[T]| v.iter().map(|e| e.to_f64().to_bits()).collect::<Vec<_>>();
+    if bits(&dy.to_host()?[..case.rows]) != bits(first) {
+        problems.push(format!("differs from {} on the matrix's own indices", full.path()));
+    }
+    let before = a.compact_columns()?;
+    if before.to_host()? != compact_columns_host(&host.indices, host.cols)? {
+        problems.push("16-bit columns differ from the host's narrowing".into());
+    }
+    let mut doubled = host.clone();
+    for v in doubled.values.iter_mut() {
+        *v = T::from_f64(2.0 * v.to_f64());
+    }
+    a.update_values(&doubled.values)?;
+    if !std::sync::Arc::ptr_eq(&before, &a.compact_columns()?) {
+        problems.push("update_values remade the 16-bit columns (the pattern did not change)".into());
+    }
+    let plan = SpmvPlan::new(a, &SpmvOptions { tuning: case.tuning })?;
+    let mut dy = upload_nonempty(a.context(), y0)?;
+    plan.run(a, case.alpha, dx, case.beta, &mut dy)?;
+    let mut want: Vec<f64> = if case.beta == 0.0 {
+        vec![f64::NAN; case.rows]
+    } else {
+        to_f64_vec(y0)
+    };
+    let xf = to_f64_vec(&dx.to_host()?[..case.cols]);
+    reference::spmv(&doubled, case.alpha, &xf, case.beta, &mut want);
+    let cmp = compare(&to_f64_vec(&dy.to_host()?[..case.rows]), &want, 0.0, 0.0);
+    if !cmp.passes(T::DTYPE.rel_l2_budget().max(1e-12)) {
+        problems.push(format!("after update_values: {cmp}"));
+    }
+    Ok(problems)
+}
+
+/// A matrix of more than 65536 columns with 16-bit columns forced: the plan must be refused
+/// with an `InvalidArgument` error on `tuning.compact_columns`.
+fn compact_refused<T: Element, I: SparseIndex>(
+    ctx: &Context,
+    case: &Case,
+    host: &super::host::CsrHost<T, I>,
+) -> Result<VerifyOutcome> {
+    let a = CsrMatrix::from_host(ctx, host)?;
+    let problems = match SpmvPlan::new(&a, &SpmvOptions { tuning: case.tuning }) {
+        Err(crate::error::Error::InvalidArgument {
+            arg: "tuning.compact_columns",
+            ..
+        }) => Vec::new(),
+        Err(e) => vec![format!("refused with another error: {e}")],
+        Ok(p) => vec![format!("accepted ({})", p.path())],
+    };
+    let problems = match a.compact_columns() {
+        Ok(_) => [problems, vec!["compact_columns() accepted the matrix".into()]].concat(),
+        Err(_) => problems,
+    };
+    Ok(super::verify_convert::with_problems(
+        judge::<f32>(case.name(), case.params(), "refused".into(), &[], None, &[]),
+        problems,
+    ))
 }
 
 /// What differs between the plan's column-panel layout (if it has one) and
@@ -696,5 +870,50 @@ pub(crate) fn judge<T: Element>(
         budget,
         note,
         skipped: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compact_cases_cover_every_dtype_index_and_the_boundary() {
+        for quick in [false, true] {
+            let all = cases(quick);
+            let compact: Vec<&Case> = all.iter().filter(|c| c.name().contains("compact")).collect();
+            // `--filter compact` selects exactly the cases with 16-bit columns forced on
+            assert!(compact.iter().all(|c| c.tuning.compact_columns == Some(true)));
+            assert!(all
+                .iter()
+                .all(|c| c.tuning.compact_columns != Some(true) || c.name().contains("compact")));
+            for value in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+                for index in [DType::I32, DType::I64] {
+                    assert!(
+                        compact.iter().any(|c| c.value == value && c.index == index),
+                        "{value} {index} quick {quick}"
+                    );
+                }
+            }
+            let cols = |n: usize| compact.iter().any(|c| c.cols == n);
+            assert!(cols(MAX_COMPACT_COLS) && cols(MAX_COMPACT_COLS + 1));
+            let mut names: Vec<String> = compact.iter().map(|c| c.name()).collect();
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), compact.len());
+        }
+        let all = cases(false);
+        let compact = || all.iter().filter(|c| c.tuning.compact_columns == Some(true));
+        // empty rows, nnz = 0, an empty matrix, the long-row kernel (dense rows, every row long),
+        // the binned kernel, every (alpha, beta) pair
+        assert!(compact().any(|c| matches!(c.class, MatrixClass::EmptyRows { .. })));
+        assert!(compact().any(|c| c.class == MatrixClass::Uniform { per_row: 0 }));
+        assert!(compact().any(|c| c.rows == 0));
+        assert!(compact().any(|c| matches!(c.class, MatrixClass::OneDenseRow { .. }) && c.cols == 60001));
+        assert!(compact().any(|c| c.tuning.long_threshold == Some(0)));
+        assert!(compact().any(|c| c.tuning.binned));
+        for ab in [(1.0, 0.0), (-0.5, 2.0), (1.5, -1.0)] {
+            assert!(compact().any(|c| (c.alpha, c.beta) == ab));
+        }
     }
 }
