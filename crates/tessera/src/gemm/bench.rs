@@ -309,6 +309,14 @@ pub fn group_rows_from_env() -> Option<u32> {
         .and_then(|v| v.trim().parse::<u32>().ok())
 }
 
+/// Benchmark knob (read here only): `TESSERA_GEMM_DMMA_STAGES=3|4` forces the fp64 DMMA path's
+/// pipeline depth ([`GemmTuning::dmma_stages`]) in every row.
+pub fn dmma_stages_from_env() -> Option<u32> {
+    std::env::var("TESSERA_GEMM_DMMA_STAGES")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+}
+
 fn run<I: Element, O: Element>(
     ctx: &Context,
     case: &BenchCase,
@@ -327,6 +335,7 @@ fn run<I: Element, O: Element>(
                 hopper_cluster: case.hopper_cluster,
                 hopper_pingpong: case.pingpong.then_some(true),
                 hopper_group_rows: group_rows_from_env(),
+                dmma_stages: dmma_stages_from_env(),
                 ..GemmTuning::default()
             },
         },

@@ -1,6 +1,7 @@
 //! The fp64 tensor-core kernel (`gemm_dmma.cu`, sm_80+): 128 x 128 x 16 CTA tiles, 8 warps,
-//! a 3-stage cp.async pipeline, mma.sync m16n8k8 f64 on sm_90 (four m8n8k4 before), any layout
-//! and alignment, epilogue in f64.
+//! a 3-stage cp.async pipeline (4 stages on request where 128 KiB of shared memory fits),
+//! mma.sync m16n8k16 f64 on sm_90 (m16n8k8 as four m8n8k4 before), any layout and alignment,
+//! epilogue in f64.
 
 use crate::runtime::{KernelKey, KernelSpec, LaunchConfig};
 
@@ -10,24 +11,41 @@ pub const SOURCE: &str = include_str!("gemm_dmma.cu");
 pub const TILE_M: usize = 128;
 pub const TILE_N: usize = 128;
 pub const TILE_K: usize = 16;
+/// Pipeline depth by default, and the deeper one that sm_80 and sm_90 can hold (their opt-in
+/// shared memory per CTA is 163 / 227 KiB; sm_86/89 have 99 KiB, three stages).
 pub const STAGES: usize = 3;
+pub const DEEP_STAGES: usize = 4;
 pub const THREADS: u32 = 256;
-/// Dynamic shared memory: STAGES x (A tile + B tile) of doubles (96 KiB; the launch opts in
-/// above 48 KiB, and it fits the 99 KiB of sm_86/89).
-pub const SHARED_BYTES: u32 = (STAGES * (TILE_M + TILE_N) * TILE_K * 8) as u32;
 
-/// The one variant (f64 in and out).
-pub fn key() -> KernelKey {
-    KernelKey::new("gemm_dmma")
+/// Dynamic shared memory of `stages` stages of (A tile + B tile) doubles (32 KiB each; the
+/// launch opts in above 48 KiB).
+pub const fn shared_bytes(stages: usize) -> u32 {
+    (stages * (TILE_M + TILE_N) * TILE_K * 8) as u32
 }
-pub fn spec() -> KernelSpec {
-    key().spec("gemm_dmma.cu", SOURCE, "gemm_dmma", super::DEVICE_HEADERS)
+/// Dynamic shared memory of the default depth (96 KiB, which fits the 99 KiB of sm_86/89).
+pub const SHARED_BYTES: u32 = shared_bytes(STAGES);
+
+/// The pipeline depths `arch` can run: 3 everywhere, 4 where a CTA may opt in to 128 KiB.
+pub fn stage_choices(arch: crate::runtime::Arch) -> &'static [usize] {
+    if arch.major >= 8 && arch.minor == 0 {
+        &[STAGES, DEEP_STAGES]
+    } else {
+        &[STAGES]
+    }
+}
+
+/// The variant of `stages` stages (f64 in and out).
+pub fn key(stages: usize) -> KernelKey {
+    KernelKey::new("gemm_dmma").int("kStages", "s", stages as i64)
+}
+pub fn spec(stages: usize) -> KernelSpec {
+    key(stages).spec("gemm_dmma.cu", SOURCE, "gemm_dmma", super::DEVICE_HEADERS)
 }
 /// The launch for an M x N problem of `batch` entries: grid (N tiles, M tiles, batch).
-pub fn launch_config(m: usize, n: usize, batch: usize) -> LaunchConfig {
+pub fn launch_config(m: usize, n: usize, batch: usize, stages: usize) -> LaunchConfig {
     LaunchConfig {
         grid: (n.div_ceil(TILE_N) as u32, m.div_ceil(TILE_M) as u32, batch as u32),
-        ..LaunchConfig::linear(1, THREADS, SHARED_BYTES)
+        ..LaunchConfig::linear(1, THREADS, shared_bytes(stages))
     }
 }
 
@@ -400,5 +418,12 @@ mod tests {
         // 3 x (128 + 128) x 16 doubles; sm_86/89 allow 99 KiB of opt-in shared memory per CTA
         assert_eq!(SHARED_BYTES, 96 * 1024);
         const { assert!(SHARED_BYTES <= 99 * 1024) };
+        // the deep pipeline only where 128 KiB may be opted in to (sm_80: 163 KiB, sm_90: 227)
+        assert_eq!(shared_bytes(DEEP_STAGES), 128 * 1024);
+        let arch = |major, minor| crate::runtime::Arch { major, minor };
+        assert_eq!(stage_choices(arch(9, 0)), &[3, 4]);
+        assert_eq!(stage_choices(arch(8, 0)), &[3, 4]);
+        assert_eq!(stage_choices(arch(8, 6)), &[3]);
+        assert_eq!(stage_choices(arch(8, 9)), &[3]);
     }
 }

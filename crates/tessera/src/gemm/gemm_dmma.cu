@@ -22,10 +22,10 @@
 // loads the two pairs 4t, 4t + 1 and 4t + 2, 4t + 3). Over the lanes' t and the steps this
 // covers every k of the tile exactly once, and A and B agree on each k (both use the lane's t).
 //
-// Shared memory: kStages = 3 stages of an A tile [128 m][16 k] and a B tile [128 n][16 k], k
-// contiguous for both (row-major A, B stored [N, K]: copied as is; column-major A, B [K, N]:
-// transposed by the copy), 16 KiB each: 96 KiB (dynamic, opt-in above 48 KiB; fits sm_86/89's
-// 99 KiB). A row is 8 chunks of 16 bytes (2 doubles), exactly the 32 banks; chunk c of row r is
+// Shared memory: kStages (preamble: 3, or 4 on request on sm_80/90) stages of an A tile
+// [128 m][16 k] and a B tile [128 n][16 k], k contiguous for both (row-major A, B stored [N, K]:
+// copied as is; column-major A, B [K, N]: transposed by the copy), 16 KiB each: 96 KiB at three
+// stages (dynamic, opt-in above 48 KiB; fits sm_86/89's 99 KiB), 128 KiB at four. A row is 8 chunks of 16 bytes (2 doubles), exactly the 32 banks; chunk c of row r is
 // stored at chunk c ^ (r % 8). That XOR keeps every access at the minimum number of wavefronts:
 //   - fragment loads (16 bytes a lane: 8 lanes per wavefront): lanes 0-7 of a quarter warp read
 //     rows r, r + 1 (r even) at logical chunks 2t + j, t = 0..3: one parity class of chunks for
@@ -69,7 +69,6 @@ namespace {
 constexpr int kBM = 128;
 constexpr int kBN = 128;
 constexpr int kBK = 16;
-constexpr int kStages = 3;
 constexpr int kThreads = 256;
 constexpr int kWarpsM = 4;
 constexpr int kWarpsN = 2;

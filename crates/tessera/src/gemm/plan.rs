@@ -100,6 +100,9 @@ pub struct GemmTuning {
     /// a near-square block of D (`hopper::group_rows`); larger values are clamped to the tile
     /// rows there are; 0 is an error.
     pub hopper_group_rows: Option<u32>,
+    /// Pipeline stages of the fp64 DMMA path: 3 or 4 (4 needs 128 KiB of shared memory per
+    /// CTA: sm_80 and sm_90; elsewhere an error). Default `None`: 3.
+    pub dmma_stages: Option<u32>,
     /// On the Hopper path, time up to 4 (tiling, splits) candidates once per dispatch key at
     /// planning and keep the fastest, remembered on disk next to the kernel cache
     /// ([`autotune`](super::autotune)); forced `splits` or `hopper_block_n` are kept as given.
@@ -464,6 +467,23 @@ pub fn sm80_rule_broken(p: &GemmProblem, arch: Arch) -> Option<Error> {
     None
 }
 
+/// The DMMA pipeline depth: the default, or a forced one `arch` can hold.
+pub(super) fn dmma_stages(forced: Option<u32>, arch: Arch) -> Result<usize> {
+    let Some(s) = forced else { return Ok(dmma::STAGES) };
+    let choices = dmma::stage_choices(arch);
+    if choices.contains(&(s as usize)) {
+        Ok(s as usize)
+    } else {
+        Err(Error::invalid(
+            "dmma_stages",
+            format!(
+                "{s} DMMA pipeline stages on sm_{}{}: this device takes {choices:?}",
+                arch.major, arch.minor
+            ),
+        ))
+    }
+}
+
 /// Every kernel variant the dispatcher can produce for `arch` (what CI compiles).
 pub fn kernel_specs(arch: Arch) -> Vec<KernelSpec> {
     let mut v: Vec<KernelSpec> = simt::all_variants().iter().map(|s| s.spec()).collect();
@@ -471,7 +491,7 @@ pub fn kernel_specs(arch: Arch) -> Vec<KernelSpec> {
         v.extend(sm80::variants(arch).iter().map(|s| s.spec()));
         v.extend(skinny::all_variants().iter().map(|s| s.spec()));
         v.extend([DType::F16, DType::BF16, DType::F32].map(skinny::reduce_spec));
-        v.push(dmma::spec());
+        v.extend(dmma::stage_choices(arch).iter().map(|&s| dmma::spec(s)));
     }
     v.extend(super::glu::all_specs());
     v.extend(hopper::kernel_specs(arch));
@@ -610,7 +630,10 @@ impl GemmPlan {
                 };
                 (v.spec(), v.launch_config(m, n, batch), 1)
             }
-            GemmPath::Dmma => (dmma::spec(), dmma::launch_config(m, n, batch), 1),
+            GemmPath::Dmma => {
+                let stages = dmma_stages(opts.tuning.dmma_stages, ctx.arch())?;
+                (dmma::spec(stages), dmma::launch_config(m, n, batch, stages), 1)
+            }
             GemmPath::Skinny => {
                 let sms = ctx.info().sm_count;
                 (splits, k_per_split) = skinny::choose_splits(n, problem.k, batch, sms, opts.tuning.splits);

@@ -4,7 +4,7 @@
 //! epilogue's validation, dispatch, reference and weight layout.
 
 use super::glu::interleave_host;
-use super::plan::{choose_path, kernel_specs, GemmPath};
+use super::plan::{choose_path, dmma_stages, kernel_specs, GemmPath};
 use super::problem::{erf64, Activation, GemmProblem, GemmScales, Glu, Layout, Precision};
 use super::reference::{self, matmul, matmul_naive};
 use super::skinny::{choose_splits, CHUNK_K};
@@ -345,12 +345,18 @@ fn every_variant_is_listed_once_per_arch() {
         names.sort();
         names.dedup();
         assert_eq!(n, names.len(), "duplicate variant names for {arch}");
-        // simt, sm80, skinny, split-K reductions, dmma; on sm_90 the Hopper variants too
+        // simt, sm80, skinny, split-K reductions, dmma (3 stages, and 4 on sm_80/90); on sm_90
+        // the Hopper variants too
         // (simt and sm80 plain and GLU; the GLU interleave copy for 1/2/4/8-byte elements; the
         // sm80 tf32 (1) and int8 (4) variants, and fp8 (10) from sm_89 on)
         let hopper = if arch == Arch::SM90 { 69 + 24 } else { 0 };
         let sm80_fp8 = if (arch.major, arch.minor) >= (8, 9) { 10 } else { 0 };
-        assert_eq!(n, 16 + 24 + 5 + sm80_fp8 + 6 + 3 + 1 + 4 + hopper, "{arch}: {names:?}");
+        let dmma = super::dmma::stage_choices(arch).len();
+        assert_eq!(
+            n,
+            16 + 24 + 5 + sm80_fp8 + 6 + 3 + dmma + 4 + hopper,
+            "{arch}: {names:?}"
+        );
     }
 }
 
@@ -558,4 +564,22 @@ fn every_verify_case_plans_on_sm80_and_sm90() {
         .filter(|c| choose_path(&c.problem(), Arch::SM90, c.path).ok() == Some(GemmPath::Hopper))
         .count();
     assert!(hopper_glu >= 6, "{hopper_glu}");
+}
+
+#[test]
+fn dmma_stages_default_to_three_and_reject_what_the_device_cannot_hold() {
+    let sm86 = Arch { major: 8, minor: 6 };
+    assert_eq!(dmma_stages(None, Arch::SM90).unwrap(), 3);
+    assert_eq!(dmma_stages(None, sm86).unwrap(), 3);
+    assert_eq!(dmma_stages(Some(4), Arch::SM90).unwrap(), 4);
+    assert_eq!(dmma_stages(Some(3), sm86).unwrap(), 3);
+    for (stages, arch) in [(4, sm86), (2, Arch::SM90), (5, Arch::SM90)] {
+        match dmma_stages(Some(stages), arch) {
+            Err(Error::InvalidArgument { arg, rule }) => {
+                assert_eq!(arg, "dmma_stages");
+                assert!(rule.contains("takes"), "{rule}");
+            }
+            other => panic!("{stages} stages on {arch:?}: {other:?}"),
+        }
+    }
 }
