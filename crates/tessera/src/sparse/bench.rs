@@ -231,8 +231,6 @@ enum PlanChoice {
     Panels,
     /// The rules with 16-bit columns forced on (impl `tessera-compact`).
     Compact,
-    /// The rules with 16-bit columns forced off (impl `tessera-nocompact`).
-    NoCompact,
 }
 
 impl PlanChoice {
@@ -243,7 +241,6 @@ impl PlanChoice {
             PlanChoice::MergePath => "tessera-merge",
             PlanChoice::Panels => "tessera-panels",
             PlanChoice::Compact => "tessera-compact",
-            PlanChoice::NoCompact => "tessera-nocompact",
         }
     }
 }
@@ -292,28 +289,17 @@ pub fn bench_panels_case(ctx: &Context, case: &BenchCase, seed: u64, timing: Tim
     })
 }
 
-/// Whether a case gets `tessera-compact` and `tessera-nocompact` rows: its matrix (as
-/// multiplied: transposed or not) has at most 65536 columns, so its column indices fit 16 bits
-/// (the tall least-squares matrices, 256^2 tomography and its transpose).
+/// Whether a case gets a `tessera-compact` row: its matrix (as multiplied: transposed or not)
+/// has at most 65536 columns, so its column indices fit 16 bits (the tall least-squares
+/// matrices, 256^2 tomography and its transpose).
 pub fn compact_applies(case: &BenchCase) -> bool {
     let cols = if case.transposed { case.rows } else { case.cols };
     cols <= super::spmv_compact::MAX_COMPACT_COLS
 }
 
-/// [`bench_case`] with 16-bit columns forced on (`on`, impl `tessera-compact`) or off (impl
-/// `tessera-nocompact`), the rest by the rules: the two sides of `compact_columns_pay`.
-pub fn bench_compact_case(
-    ctx: &Context,
-    (case, on): &(BenchCase, bool),
-    seed: u64,
-    timing: TimingOptions,
-) -> Result<BenchOutcome> {
-    let choice = if *on {
-        PlanChoice::Compact
-    } else {
-        PlanChoice::NoCompact
-    };
-    crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| run::<T>(ctx, case, seed, timing, choice))
+/// [`bench_case`] with 16-bit columns forced on (impl `tessera-compact`), the rest by the rules.
+pub fn bench_compact_case(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOptions) -> Result<BenchOutcome> {
+    crate::dispatch_float!("sparse bench"; case.value, [F32, F64], |T| run::<T>(ctx, case, seed, timing, PlanChoice::Compact))
 }
 
 fn run<T: Element>(
@@ -344,11 +330,7 @@ fn run<T: Element>(
             let tuning = a.autotune_spmv()?;
             (a.spmv_plan()?, tuning)
         }
-        PlanChoice::Rules
-        | PlanChoice::MergePath
-        | PlanChoice::Panels
-        | PlanChoice::Compact
-        | PlanChoice::NoCompact => {
+        PlanChoice::Rules | PlanChoice::MergePath | PlanChoice::Panels | PlanChoice::Compact => {
             let tuning = match choice {
                 PlanChoice::MergePath => SpmvTuning {
                     merge_path: true,
@@ -358,8 +340,8 @@ fn run<T: Element>(
                     panel_width: Some(super::spmv_panels::default_panel_width(T::DTYPE)),
                     ..SpmvTuning::default()
                 },
-                PlanChoice::Compact | PlanChoice::NoCompact => SpmvTuning {
-                    compact_columns: Some(choice == PlanChoice::Compact),
+                PlanChoice::Compact => SpmvTuning {
+                    compact_columns: Some(true),
                     ..SpmvTuning::default()
                 },
                 _ => tuning_from_env(),

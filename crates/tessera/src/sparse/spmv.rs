@@ -16,12 +16,12 @@
 //! column-panel kernels instead ([`spmv_panels`](super::spmv_panels)): x staged a panel at a
 //! time in shared memory, 16-bit columns, the panels' partial rows summed in panel order.
 //!
-//! Matrices of at most 65536 columns and at least
-//! [`COMPACT_MIN_NNZ`](super::spmv_compact::COMPACT_MIN_NNZ) nonzeros ([`compact_columns_pay`]:
-//! the tall least-squares matrices, 256^2 tomography and its transpose) give the row kernels
-//! their columns narrowed to 16 bits ([`spmv_compact`](super::spmv_compact),
-//! [`SpmvTuning::compact_columns`]): 2 bytes per nonzero less to stream, from a copy made once
-//! and cached on the matrix.
+//! Opt-in until measured ([`SpmvTuning::compact_columns`]; the autotuner tries it where
+//! [`compact_columns_pay`] holds: at most 65536 columns and at least
+//! [`COMPACT_MIN_NNZ`](super::spmv_compact::COMPACT_MIN_NNZ) nonzeros, e.g. the tall
+//! least-squares matrices, 256^2 tomography and its transpose): the row kernels read the
+//! columns narrowed to 16 bits ([`spmv_compact`](super::spmv_compact)), 2 bytes per nonzero
+//! less to stream, from a copy made once and cached on the matrix.
 //!
 //! Opt-in ([`SpmvTuning::merge_path`]): the merge-path kernels (`spmv_merge.cu`,
 //! [`spmv_merge`](super::spmv_merge)), nonzeros and row ends balanced across threads whatever the
@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use super::device::{check_planned, check_spmv_operands, CsrMatrix};
 use super::index::SparseIndex;
-use super::spmv_compact::{compact_columns_choice, compact_columns_pay, CompactColumns};
+use super::spmv_compact::{compact_columns_choice, compact_columns_pay, CompactColumns, COMPACT_BY_DEFAULT};
 use super::spmv_merge::MergePath;
 use super::spmv_panels::{default_panel_width, panels_pay, PanelPath};
 use crate::dtype::{DType, Element};
@@ -93,9 +93,11 @@ pub struct SpmvTuning {
     /// 16-bit column indices in the row kernels (row, binned and long-row;
     /// [`spmv_compact`](super::spmv_compact)): `Some(true)` always (an `InvalidArgument` error
     /// on a matrix of more than 65536 columns, or with `merge_path` or a forced `panel_width`),
-    /// `Some(false)` never, `None` where the rules take them ([`compact_columns_pay`]: at most
-    /// 65536 columns and at least [`COMPACT_MIN_NNZ`](super::spmv_compact::COMPACT_MIN_NNZ)
-    /// nonzeros, on the row kernels only). Combines with `lanes`, `long_threshold` and `binned`.
+    /// `Some(false)` never, `None` the rules' choice: never until a GPU run has measured them
+    /// ([`COMPACT_BY_DEFAULT`](super::spmv_compact::COMPACT_BY_DEFAULT); then
+    /// [`compact_columns_pay`]: at most 65536 columns and at least
+    /// [`COMPACT_MIN_NNZ`](super::spmv_compact::COMPACT_MIN_NNZ) nonzeros, on the row kernels
+    /// only). Combines with `lanes`, `long_threshold` and `binned`.
     pub compact_columns: Option<bool>,
 }
 
@@ -359,8 +361,8 @@ pub fn choose_spmv_shape(lengths: &[usize], col_locality: f64, tuning: &SpmvTuni
 /// its lanes per row (where they exist), then the binned kernel; at most four, all with the
 /// rules' long-row threshold. Where the rules take column panels ([`panels_pay`], for a matrix
 /// of `cols` columns and `value` entries), the row kernel with the rules' lanes comes second
-/// (five in all); where they take 16-bit columns ([`compact_columns_pay`]), the rules' choice
-/// with the matrix's own indices comes second.
+/// (five in all); where 16-bit columns could pay ([`compact_columns_pay`]), the rules' choice
+/// with the other column width comes second (16-bit while they are off by default).
 pub fn spmv_candidates(lengths: &[usize], col_locality: f64, cols: usize, value: DType) -> Vec<SpmvTuning> {
     let (lanes, _) = choose_spmv_shape(lengths, col_locality, &SpmvTuning::default());
     let mut out = vec![SpmvTuning::default()];
@@ -373,7 +375,7 @@ pub fn spmv_candidates(lengths: &[usize], col_locality: f64, cols: usize, value:
     }
     if compact_columns_pay(cols, nnz) {
         out.push(SpmvTuning {
-            compact_columns: Some(false),
+            compact_columns: Some(!COMPACT_BY_DEFAULT),
             ..SpmvTuning::default()
         });
     }
@@ -784,10 +786,10 @@ mod tests {
         // 1 lane by the rules: no half; 32 lanes: no double
         assert_eq!(spmv_candidates(&[1; 10], 1.0, 10, DType::F32).len(), 3);
         assert_eq!(spmv_candidates(&vec![200; FEW_ROWS], 1.0, 100_000, DType::F32).len(), 3);
-        // a narrow large matrix (the rules take 16-bit columns): the matrix's own indices second
+        // a narrow large matrix (16-bit columns could pay): the other column width second
         let narrow = spmv_candidates(&vec![200; FEW_ROWS], 1.0, 1000, DType::F32);
         assert_eq!(narrow[0], SpmvTuning::default());
-        assert_eq!(narrow[1].compact_columns, Some(false));
+        assert_eq!(narrow[1].compact_columns, Some(!COMPACT_BY_DEFAULT));
         assert_eq!(narrow.len(), 4);
         assert!(spmv_candidates(&[], 1.0, 0, DType::F32).len() >= 2);
         // a wide matrix (the rules take panels): the row kernel at the rules' lanes second

@@ -13,8 +13,10 @@
 //! values, never indices), so it outlives `update_values`; the plans that read it are remade.
 //! Offsets and values stay the matrix's own. It costs 2 bytes per nonzero of device memory.
 //!
-//! When the rules take it: [`compact_columns_pay`]; forced on or off by
-//! [`SpmvTuning::compact_columns`](super::SpmvTuning::compact_columns).
+//! Not yet run on a GPU, so off by default ([`COMPACT_BY_DEFAULT`]): a plan reads 16-bit
+//! columns only when [`SpmvTuning::compact_columns`](super::SpmvTuning::compact_columns) asks,
+//! and the autotuner tries them where [`compact_columns_pay`] says they could pay. Once measured,
+//! the rule is that function.
 
 use super::convert::ConversionReport;
 use super::index::SparseIndex;
@@ -25,11 +27,16 @@ use crate::runtime::DeviceBuffer;
 /// Columns a matrix may have for its column indices to fit 16 bits (columns `0..=65535`).
 pub const MAX_COMPACT_COLS: usize = 1 << 16;
 
-/// The rules take 16-bit columns from this many nonzeros on: below it the streams of indices
+/// Whether the rules apply [`compact_columns_pay`] when the tuning leaves the choice open.
+/// False until a GPU run has verified and timed the 16-bit kernels (sparse/NOTES.md: the
+/// `tessera-compact` bench rows beside the default ones).
+pub const COMPACT_BY_DEFAULT: bool = false;
+
+/// The rule takes 16-bit columns from this many nonzeros on: below it the streams of indices
 /// and values are too short to be bandwidth bound (launch and tail latency dominate), so
 /// narrowing them would buy nothing for its 2 bytes per nonzero. Not measured: 2^20 nonzeros
 /// (8 MiB of fp32 values and i32 indices) is a starting point, to be placed by the
-/// `tessera-compact` / `tessera-nocompact` bench rows (sparse/NOTES.md).
+/// `tessera-compact` bench rows (sparse/NOTES.md).
 pub const COMPACT_MIN_NNZ: usize = 1 << 20;
 
 /// Whether the rules give the row kernels 16-bit columns on a matrix of `cols` columns and
@@ -58,7 +65,8 @@ pub fn check_compact_cols(cols: usize) -> Result<()> {
 /// Whether an SpMV plan of `tuning` for a matrix of `cols` columns and `nnz` nonzeros reads
 /// 16-bit columns, if it runs the row kernels: `Some(true)` forces them (an error on a matrix of
 /// more than 65536 columns, or with the merge path or forced column panels: their kernels have
-/// layouts of their own), `Some(false)` never, `None` where [`compact_columns_pay`].
+/// layouts of their own), `Some(false)` never, `None` where [`compact_columns_pay`] once
+/// [`COMPACT_BY_DEFAULT`] is on (off until measured: never).
 pub fn compact_columns_choice(tuning: &SpmvTuning, cols: usize, nnz: usize) -> Result<bool> {
     match tuning.compact_columns {
         Some(false) => Ok(false),
@@ -76,7 +84,7 @@ pub fn compact_columns_choice(tuning: &SpmvTuning, cols: usize, nnz: usize) -> R
             check_compact_cols(cols)?;
             Ok(true)
         }
-        None => Ok(compact_columns_pay(cols, nnz)),
+        None => Ok(COMPACT_BY_DEFAULT && compact_columns_pay(cols, nnz)),
     }
 }
 
@@ -240,8 +248,11 @@ mod tests {
             ..SpmvTuning::default()
         };
         let big = COMPACT_MIN_NNZ;
-        // None: the rule
-        assert!(compact_columns_choice(&t(None), 65_536, big).unwrap());
+        // None: the rule where it is on by default (off until measured: never)
+        assert_eq!(
+            compact_columns_choice(&t(None), 65_536, big).unwrap(),
+            COMPACT_BY_DEFAULT
+        );
         assert!(!compact_columns_choice(&t(None), 65_536, big - 1).unwrap());
         assert!(!compact_columns_choice(&t(None), 65_537, big).unwrap());
         // Some(false): never, whatever the matrix
