@@ -30,8 +30,8 @@ use tessera::distributed::{
 };
 use tessera::linalg::{
     istop_reason, lsmr_damps_with, lsmr_host, lsmr_host_damps, lsmr_host_many, lsmr_many_with, lsmr_with, mtx_vector,
-    sparse_operator, FnDeviceOperator, HostLinearOperator, LinearOperator, LsmrOptions, LsmrResult, LsmrRunOptions,
-    ManyRhs, Storage,
+    sparse_operator, sparse_operator_with, FnDeviceOperator, HostLinearOperator, LinearOperator, LsmrOptions,
+    LsmrResult, LsmrRunOptions, ManyRhs, SparseOperatorOptions, Storage,
 };
 use tessera::runtime::{Context, DeviceBuffer};
 use tessera::sparse::{read_mtx_csr, CsrHost};
@@ -79,6 +79,10 @@ pub struct LsmrArgs {
     /// Keep only A on the GPU (A^T x without a transposed copy) instead of A and A^T.
     #[arg(long)]
     pub single_storage: bool,
+    /// Time the SpMV kernel choices of A and A^T once before the solve and keep the fastest
+    /// (a few milliseconds; pays on solves of many iterations).
+    #[arg(long)]
+    pub autotune_spmv: bool,
     /// Use the CPU reference even when a GPU is present.
     #[arg(long)]
     pub cpu: bool,
@@ -164,7 +168,7 @@ pub fn run(args: &LsmrArgs) -> Result<bool, String> {
 }
 
 /// The GPU context and A's storage for the solve, or why the CPU reference runs instead.
-fn gpu_choice(args: &LsmrArgs) -> Result<(Context, Storage), String> {
+fn gpu_choice(args: &LsmrArgs) -> Result<(Context, SparseOperatorOptions), String> {
     if args.cpu {
         return Err("--cpu was given".into());
     }
@@ -174,7 +178,13 @@ fn gpu_choice(args: &LsmrArgs) -> Result<(Context, Storage), String> {
     } else {
         Storage::Auto
     };
-    Ok((ctx, storage))
+    Ok((
+        ctx,
+        SparseOperatorOptions {
+            storage,
+            autotune_spmv: args.autotune_spmv,
+        },
+    ))
 }
 
 /// The options of the command line (without x0; the first damp of a list).
@@ -293,7 +303,7 @@ fn run_damps(args: &LsmrArgs, a: &CsrHost<f64, i64>, b: &[f64], opts: &LsmrOptio
 fn gpu_operator<T: Element>(
     ctx: &Context,
     a: &CsrHost<f64, i64>,
-    storage: Storage,
+    storage: SparseOperatorOptions,
     what: &str,
 ) -> tessera::Result<Box<dyn LinearOperator<T>>> {
     let at = CsrHost::<T, i64> {
@@ -304,7 +314,7 @@ fn gpu_operator<T: Element>(
         values: a.values.iter().map(|&v| T::from_f64(v)).collect(),
         sorted: a.sorted,
     };
-    let op = sparse_operator(ctx, &at, storage)?;
+    let op = sparse_operator_with(ctx, &at, &storage)?;
     println!(
         "lsmr: on the GPU: {} ({}), {} storage {}{what}",
         ctx.info().name,
@@ -338,7 +348,7 @@ fn solve_gpu_damps<T: Element>(
     b: &[f64],
     damps: &[f64],
     opts: &LsmrOptions,
-    storage: Storage,
+    storage: SparseOperatorOptions,
     every: usize,
 ) -> tessera::Result<Vec<LsmrResult>> {
     let op = gpu_operator::<T>(ctx, a, storage, &format!(", {} damps together", damps.len()))?;
@@ -355,7 +365,7 @@ fn solve_gpu_many<T: Element>(
     k: usize,
     x0: Option<&[f64]>,
     opts: &LsmrOptions,
-    storage: Storage,
+    storage: SparseOperatorOptions,
     every: usize,
 ) -> tessera::Result<Vec<LsmrResult>> {
     let op = gpu_operator::<T>(ctx, a, storage, &format!(", {k} right-hand sides together"))?;
@@ -368,7 +378,7 @@ fn solve_gpu<T: Element>(
     a: &CsrHost<f64, i64>,
     b: &[f64],
     opts: &LsmrOptions,
-    storage: Storage,
+    storage: SparseOperatorOptions,
     every: usize,
 ) -> tessera::Result<LsmrResult> {
     let op = gpu_operator::<T>(ctx, a, storage, "")?;
@@ -574,6 +584,7 @@ mod tests {
             x0: None,
             dtype: Precision::F64,
             single_storage: false,
+            autotune_spmv: false,
             cpu: true,
             progress_every: 1,
             device: 0,

@@ -40,7 +40,7 @@
 
 use serde_json::{json, Value};
 
-use super::device_operator::{sparse_operator, Storage};
+use super::device_operator::{sparse_operator, sparse_operator_with, SparseOperatorOptions, Storage};
 use super::lsmr::LsmrOptions;
 use super::lsmr_device::{lsmr, lsmr_damps, lsmr_many, lsmr_with, LsmrRunOptions, ManyRhs};
 use crate::dtype::{DType, Element};
@@ -87,6 +87,10 @@ pub struct BenchCase {
     pub graph: bool,
     /// LSMR's damp (0 for the plain least-squares problem).
     pub damp: f64,
+    /// The operator's SpMV plans autotuned at construction
+    /// ([`SparseOperatorOptions::autotune_spmv`](super::SparseOperatorOptions)); impl
+    /// `tessera-autotuned` beside the rules' row of the same case.
+    pub autotune: bool,
 }
 
 impl BenchCase {
@@ -149,6 +153,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         scipy,
         graph: false,
         damp: 0.0,
+        autotune: false,
     };
     let tomo = |g: ParallelBeam, value, damp, scipy| BenchCase {
         problem: Problem::Tomography(g),
@@ -159,6 +164,7 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
         scipy,
         damp,
         graph: false,
+        autotune: false,
     };
     let small = c(30_000, 617, 18, DType::F64, Storage::Dual, true);
     let small_tomo = tomo(ParallelBeam::new(64, 45, 91), DType::F64, 0.0, true);
@@ -169,6 +175,13 @@ pub fn cases(quick: bool) -> Vec<BenchCase> {
     for value in [DType::F32, DType::F64] {
         out.push(c(306_136, 6_177, 18, value, Storage::Dual, false));
         out.push(c(936_063, 23_394, 21, value, Storage::Dual, false));
+    }
+    // the SpMV plans autotuned (16-bit columns, panels and lanes timed per matrix), fp32
+    for (rows, cols, per_row) in [(306_136, 6_177, 18), (936_063, 23_394, 21)] {
+        out.push(BenchCase {
+            autotune: true,
+            ..c(rows, cols, per_row, DType::F32, Storage::Dual, false)
+        });
     }
     out.push(c(306_136, 6_177, 18, DType::F32, Storage::Single, false));
     // batches of iterations replayed as CUDA graphs (LsmrRunOptions::graph)
@@ -227,7 +240,14 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
         write_raw(&format!("{stem}.phantom"), ph)?;
     }
 
-    let op = sparse_operator(ctx, &a, case.storage)?;
+    let op = sparse_operator_with(
+        ctx,
+        &a,
+        &SparseOperatorOptions {
+            storage: case.storage,
+            autotune_spmv: case.autotune,
+        },
+    )?;
     let db = ctx.upload(&b)?;
     let opts = LsmrOptions {
         atol: 0.0,
@@ -322,9 +342,10 @@ fn run<T: Element>(ctx: &Context, case: &BenchCase, seed: u64, timing: TimingOpt
             }
             p
         },
-        implementation: match (case.storage, case.graph) {
-            (Storage::Single, _) => "tessera-single".into(),
-            (_, true) => "tessera-graph".into(),
+        implementation: match (case.storage, case.graph, case.autotune) {
+            (Storage::Single, _, _) => "tessera-single".into(),
+            (_, true, _) => "tessera-graph".into(),
+            (_, _, true) => "tessera-autotuned".into(),
             _ => "tessera".into(),
         },
         ms: t.median_ms,
@@ -683,7 +704,17 @@ mod tests {
     fn case_names_and_params() {
         let all = cases(false);
         let names: std::collections::HashSet<String> = all.iter().map(BenchCase::name).collect();
-        assert_eq!(names.len(), all.len(), "names are unique");
+        let tuned: Vec<_> = all.iter().filter(|c| c.autotune).collect();
+        assert_eq!(
+            names.len() + tuned.len(),
+            all.len(),
+            "names are unique but for the autotuned rows"
+        );
+        // each autotuned row shares its case with a rules' row (the same baselines)
+        assert_eq!(tuned.len(), 2);
+        for c in tuned {
+            assert!(all.iter().any(|r| !r.autotune && r.name() == c.name()), "{}", c.name());
+        }
         assert!(names.contains("lsmr tomo256_180x363 65340x65536 fp32"));
         assert!(names.contains("lsmr tomo256_180x363 65340x65536 fp32 damp1"));
         assert!(names.contains("lsmr tomo512_360x725 261000x262144 fp32"));

@@ -435,25 +435,60 @@ pub fn choose_dual(storage: Storage, copy_bytes: usize, free_bytes: usize) -> bo
     }
 }
 
+/// Options of [`sparse_operator_with`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SparseOperatorOptions {
+    /// How `A^T` is stored. Default [`Storage::Auto`].
+    pub storage: Storage,
+    /// Time the SpMV kernel choices of `A` (and of the `A^T` copy with dual storage) once, at
+    /// construction ([`CsrMatrix::autotune_spmv`]: a few milliseconds and two scratch vectors
+    /// per matrix), and keep the fastest: for solves of many iterations on one matrix. The
+    /// choices include 16-bit columns and column panels where they could pay. Default false:
+    /// the rules' plans (construction times nothing).
+    pub autotune_spmv: bool,
+}
+
 /// A sparse operator for `a` with the chosen [`Storage`] (`Auto`: dual when the transposed
 /// copy fits the device's free memory, else single, so a large matrix degrades to the slower
-/// storage instead of failing).
+/// storage instead of failing). [`sparse_operator_with`] with the default options otherwise.
 pub fn sparse_operator<T: Element, I: SparseIndex>(
     ctx: &Context,
     a: &CsrHost<T, I>,
     storage: Storage,
 ) -> Result<Box<dyn LinearOperator<T>>> {
+    sparse_operator_with(
+        ctx,
+        a,
+        &SparseOperatorOptions {
+            storage,
+            ..SparseOperatorOptions::default()
+        },
+    )
+}
+
+/// A sparse operator for `a` with `options` (storage, SpMV autotune).
+pub fn sparse_operator_with<T: Element, I: SparseIndex>(
+    ctx: &Context,
+    a: &CsrHost<T, I>,
+    options: &SparseOperatorOptions,
+) -> Result<Box<dyn LinearOperator<T>>> {
     check_value_type::<T>()?;
     a.validate()?;
     check_finite_values(a)?;
     let matrix = CsrMatrix::from_host(ctx, a)?;
-    let free = if storage == Storage::Auto {
+    if options.autotune_spmv {
+        matrix.autotune_spmv()?;
+    }
+    let free = if options.storage == Storage::Auto {
         free_device_bytes(ctx)?
     } else {
         0
     };
-    if choose_dual(storage, transpose_bytes(a), free) {
+    if choose_dual(options.storage, transpose_bytes(a), free) {
         let at = CsrMatrix::from_host(ctx, &a.transpose())?;
+        if options.autotune_spmv {
+            at.autotune_spmv()?;
+        }
         Ok(Box::new(SparseDualOperator {
             a: matrix,
             at,

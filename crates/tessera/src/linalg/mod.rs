@@ -53,7 +53,8 @@ mod operator_tests;
 
 pub use dense_operator::{DenseLayout, DenseOperator};
 pub use device_operator::{
-    sparse_operator, FnDeviceOperator, LinearOperator, SparseDualOperator, SparseSingleOperator, Storage,
+    sparse_operator, sparse_operator_with, FnDeviceOperator, LinearOperator, SparseDualOperator, SparseOperatorOptions,
+    SparseSingleOperator, Storage,
 };
 pub use lsmr::{istop_reason, lsmr_host, lsmr_host_damps, lsmr_host_many, LsmrOptions, LsmrResult};
 pub use lsmr_device::{

@@ -87,7 +87,13 @@ impl Operator for Lsmr {
             .into_iter()
             .map(|c| {
                 let baseline = Some((c.name(), c.params()));
-                BenchJob::new(c.name(), baseline, c, bench::bench_case)
+                // the autotuned row shares its case (and baselines) with the rules' row
+                let job = if c.autotune {
+                    format!("{} autotuned", c.name())
+                } else {
+                    c.name()
+                };
+                BenchJob::new(job, baseline, c, bench::bench_case)
             })
             .collect();
         jobs.extend(
