@@ -145,9 +145,9 @@ pub fn run(args: &LsmrArgs) -> Result<bool, String> {
         }?
     } else {
         match gpu_choice(args) {
-            Ok((ctx, storage)) => match args.dtype {
-                Precision::F64 => solve_gpu::<f64>(&ctx, &a, &b, &opts, storage, args.progress_every),
-                Precision::F32 => solve_gpu::<f32>(&ctx, &a, &b, &opts, storage, args.progress_every),
+            Ok((ctx, operator)) => match args.dtype {
+                Precision::F64 => solve_gpu::<f64>(&ctx, &a, &b, &opts, operator, args.progress_every),
+                Precision::F32 => solve_gpu::<f32>(&ctx, &a, &b, &opts, operator, args.progress_every),
             },
             Err(why) => {
                 println!("lsmr: on the CPU (f64 reference solver): no GPU used: {why}");
@@ -167,7 +167,8 @@ pub fn run(args: &LsmrArgs) -> Result<bool, String> {
     Ok(true)
 }
 
-/// The GPU context and A's storage for the solve, or why the CPU reference runs instead.
+/// The GPU context and the sparse operator's options (storage, SpMV autotune) for the solve, or
+/// why the CPU reference runs instead.
 fn gpu_choice(args: &LsmrArgs) -> Result<(Context, SparseOperatorOptions), String> {
     if args.cpu {
         return Err("--cpu was given".into());
@@ -229,9 +230,9 @@ fn run_many(args: &LsmrArgs, a: &CsrHost<f64, i64>, k: usize, b: &[f64], t: Inst
     let t = Instant::now();
     let x0 = x0.as_deref();
     let results = match gpu_choice(args) {
-        Ok((ctx, storage)) => match args.dtype {
-            Precision::F64 => solve_gpu_many::<f64>(&ctx, a, b, k, x0, &opts, storage, args.progress_every),
-            Precision::F32 => solve_gpu_many::<f32>(&ctx, a, b, k, x0, &opts, storage, args.progress_every),
+        Ok((ctx, operator)) => match args.dtype {
+            Precision::F64 => solve_gpu_many::<f64>(&ctx, a, b, k, x0, &opts, operator, args.progress_every),
+            Precision::F32 => solve_gpu_many::<f32>(&ctx, a, b, k, x0, &opts, operator, args.progress_every),
         },
         Err(why) => {
             println!("lsmr: on the CPU (f64 reference solver): no GPU used: {why}");
@@ -265,9 +266,9 @@ fn run_damps(args: &LsmrArgs, a: &CsrHost<f64, i64>, b: &[f64], opts: &LsmrOptio
     let (n, d) = (a.cols, args.damp.len());
     let t = Instant::now();
     let results = match gpu_choice(args) {
-        Ok((ctx, storage)) => match args.dtype {
-            Precision::F64 => solve_gpu_damps::<f64>(&ctx, a, b, &args.damp, opts, storage, args.progress_every),
-            Precision::F32 => solve_gpu_damps::<f32>(&ctx, a, b, &args.damp, opts, storage, args.progress_every),
+        Ok((ctx, operator)) => match args.dtype {
+            Precision::F64 => solve_gpu_damps::<f64>(&ctx, a, b, &args.damp, opts, operator, args.progress_every),
+            Precision::F32 => solve_gpu_damps::<f32>(&ctx, a, b, &args.damp, opts, operator, args.progress_every),
         },
         Err(why) => {
             println!("lsmr: on the CPU (f64 reference solver): no GPU used: {why}");
@@ -298,12 +299,12 @@ fn run_damps(args: &LsmrArgs, a: &CsrHost<f64, i64>, b: &[f64], opts: &LsmrOptio
     Ok(true)
 }
 
-/// The device operator of `a` in `T` with `storage`, and the line saying where the solve runs
+/// The device operator of `a` in `T` with `operator`'s options, and the line saying where the solve runs
 /// (`what` appended: how many right-hand sides or damps).
 fn gpu_operator<T: Element>(
     ctx: &Context,
     a: &CsrHost<f64, i64>,
-    storage: SparseOperatorOptions,
+    operator: SparseOperatorOptions,
     what: &str,
 ) -> tessera::Result<Box<dyn LinearOperator<T>>> {
     let at = CsrHost::<T, i64> {
@@ -314,7 +315,7 @@ fn gpu_operator<T: Element>(
         values: a.values.iter().map(|&v| T::from_f64(v)).collect(),
         sorted: a.sorted,
     };
-    let op = sparse_operator_with(ctx, &at, &storage)?;
+    let op = sparse_operator_with(ctx, &at, &operator)?;
     println!(
         "lsmr: on the GPU: {} ({}), {} storage {}{what}",
         ctx.info().name,
@@ -348,10 +349,10 @@ fn solve_gpu_damps<T: Element>(
     b: &[f64],
     damps: &[f64],
     opts: &LsmrOptions,
-    storage: SparseOperatorOptions,
+    operator: SparseOperatorOptions,
     every: usize,
 ) -> tessera::Result<Vec<LsmrResult>> {
-    let op = gpu_operator::<T>(ctx, a, storage, &format!(", {} damps together", damps.len()))?;
+    let op = gpu_operator::<T>(ctx, a, operator, &format!(", {} damps together", damps.len()))?;
     let db = ctx.upload(&b.iter().map(|&v| T::from_f64(v)).collect::<Vec<T>>())?;
     let mut run = progress(every, "", " (first damp)");
     lsmr_damps_with(ctx, op.as_ref(), &db, damps, opts, &mut run)
@@ -365,10 +366,10 @@ fn solve_gpu_many<T: Element>(
     k: usize,
     x0: Option<&[f64]>,
     opts: &LsmrOptions,
-    storage: SparseOperatorOptions,
+    operator: SparseOperatorOptions,
     every: usize,
 ) -> tessera::Result<Vec<LsmrResult>> {
-    let op = gpu_operator::<T>(ctx, a, storage, &format!(", {k} right-hand sides together"))?;
+    let op = gpu_operator::<T>(ctx, a, operator, &format!(", {k} right-hand sides together"))?;
     let mut run = progress(every, "max ", "");
     lsmr_many_with(ctx, op.as_ref(), ManyRhs::Host(b), k, x0, opts, &mut run)
 }
@@ -378,10 +379,10 @@ fn solve_gpu<T: Element>(
     a: &CsrHost<f64, i64>,
     b: &[f64],
     opts: &LsmrOptions,
-    storage: SparseOperatorOptions,
+    operator: SparseOperatorOptions,
     every: usize,
 ) -> tessera::Result<LsmrResult> {
-    let op = gpu_operator::<T>(ctx, a, storage, "")?;
+    let op = gpu_operator::<T>(ctx, a, operator, "")?;
     let bt: Vec<T> = b.iter().map(|&v| T::from_f64(v)).collect();
     let db = ctx.upload(&bt)?;
     let mut run = progress(every, "", "");

@@ -476,30 +476,35 @@ pub fn sparse_operator_with<T: Element, I: SparseIndex>(
     a.validate()?;
     check_finite_values(a)?;
     let matrix = CsrMatrix::from_host(ctx, a)?;
-    if options.autotune_spmv {
-        matrix.autotune_spmv()?;
-    }
+    // storage is chosen before any autotune scratch exists (free memory as the matrix alone
+    // leaves it); each stored matrix is then tuned once
     let free = if options.storage == Storage::Auto {
         free_device_bytes(ctx)?
     } else {
         0
     };
-    if choose_dual(options.storage, transpose_bytes(a), free) {
-        let at = CsrMatrix::from_host(ctx, &a.transpose())?;
-        if options.autotune_spmv {
-            at.autotune_spmv()?;
+    let at = if choose_dual(options.storage, transpose_bytes(a), free) {
+        Some(CsrMatrix::from_host(ctx, &a.transpose())?)
+    } else {
+        None
+    };
+    if options.autotune_spmv {
+        for m in std::iter::once(&matrix).chain(at.as_ref()) {
+            m.autotune_spmv()?;
         }
-        Ok(Box::new(SparseDualOperator {
+    }
+    let column_norms = host_column_norms(a);
+    Ok(match at {
+        Some(at) => Box::new(SparseDualOperator {
             a: matrix,
             at,
-            column_norms: host_column_norms(a),
-        }))
-    } else {
-        Ok(Box::new(SparseSingleOperator {
+            column_norms,
+        }),
+        None => Box::new(SparseSingleOperator {
             a: matrix,
-            column_norms: host_column_norms(a),
-        }))
-    }
+            column_norms,
+        }),
+    })
 }
 
 /// Free device memory in bytes (`cuMemGetInfo`).
